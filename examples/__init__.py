@@ -1,0 +1,1 @@
+"""Example DLRM LightningModule and Criteo-like DataModules, reusable and the CLI defaults."""

@@ -1,0 +1,137 @@
+"""A reusable DLRM LightningModule around TorchRec's ``DLRM``: tables from config, BCE loss, AUROC and accuracy."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from torch import nn
+from torchmetrics.classification import BinaryAccuracy, BinaryAUROC
+from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+from torchrec.datasets.criteo import DEFAULT_CAT_NAMES
+from torchrec.datasets.utils import Batch
+from torchrec.models.dlrm import DLRM
+
+from lightning_dlac.strategy import dense_parameters
+
+
+def table_name(feature: str) -> str:
+    """Name of the embedding table that serves ``feature`` (one table per categorical feature)."""
+    return f"t_{feature}"
+
+
+class DLRMModule(pl.LightningModule):
+    """TorchRec's DLRM (dense MLP, one embedding table per categorical feature, dot interactions, over MLP) trained
+    with binary cross-entropy.
+
+    Under :class:`~lightning_dlac.DLACStrategy` the embedding tables are sharded across ranks and trained by the
+    strategy's fused optimizer; ``configure_optimizers`` here trains the dense parameters only.
+
+    Args:
+        num_embeddings_per_feature: Rows of each table, one per categorical feature.
+        embedding_dim: Width of every embedding table; also the output width of the dense MLP.
+        feature_names: Categorical feature names (the KeyedJaggedTensor keys); default ``cat_0`` ... ``cat_25``.
+        num_dense_features: Number of dense (continuous) input features.
+        dense_arch_layer_sizes: Dense MLP layer sizes; the last must equal ``embedding_dim``.
+        over_arch_layer_sizes: Over MLP layer sizes; the last must be 1 (the logit).
+        learning_rate: Learning rate of the dense optimizer.
+        optimizer: Dense optimizer: ``"adagrad"``, ``"adam"`` or ``"sgd"``.
+        seed: Seed for the initial weights, so that runs (and ranks) start from the same dense weights.
+    """
+
+    def __init__(
+        self,
+        num_embeddings_per_feature: Sequence[int] = (1000,) * 26,
+        embedding_dim: int = 64,
+        feature_names: Sequence[str] | None = None,
+        num_dense_features: int = 13,
+        dense_arch_layer_sizes: Sequence[int] = (256, 64),
+        over_arch_layer_sizes: Sequence[int] = (256, 128, 1),
+        learning_rate: float = 0.05,
+        optimizer: str = "adagrad",
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        feature_names = list(feature_names) if feature_names is not None else list(DEFAULT_CAT_NAMES)
+        num_embeddings_per_feature = list(num_embeddings_per_feature)
+        if len(feature_names) != len(num_embeddings_per_feature):
+            raise ValueError(
+                f"num_embeddings_per_feature has {len(num_embeddings_per_feature)} entries but there are"
+                f" {len(feature_names)} feature_names; give one table size per categorical feature."
+            )
+        if any(n <= 0 for n in num_embeddings_per_feature):
+            raise ValueError(f"num_embeddings_per_feature must be positive, got {num_embeddings_per_feature}.")
+        if not dense_arch_layer_sizes or dense_arch_layer_sizes[-1] != embedding_dim:
+            raise ValueError(
+                f"dense_arch_layer_sizes must end with embedding_dim={embedding_dim} (DLRM interacts the dense"
+                f" output with the embeddings), got {list(dense_arch_layer_sizes)}."
+            )
+        if not over_arch_layer_sizes or over_arch_layer_sizes[-1] != 1:
+            raise ValueError(f"over_arch_layer_sizes must end with 1 (the logit), got {list(over_arch_layer_sizes)}.")
+        if optimizer not in ("adagrad", "adam", "sgd"):
+            raise ValueError(f"optimizer={optimizer!r} is not supported; choose 'adagrad', 'adam' or 'sgd'.")
+        self.save_hyperparameters()
+
+        tables = [
+            EmbeddingBagConfig(
+                name=table_name(feature),
+                embedding_dim=embedding_dim,
+                num_embeddings=rows,
+                feature_names=[feature],
+            )
+            for feature, rows in zip(feature_names, num_embeddings_per_feature)
+        ]
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self.model = DLRM(
+                embedding_bag_collection=EmbeddingBagCollection(tables=tables, device=torch.device("cpu")),
+                dense_in_features=num_dense_features,
+                dense_arch_layer_sizes=list(dense_arch_layer_sizes),
+                over_arch_layer_sizes=list(over_arch_layer_sizes),
+            )
+        self.loss_fn = nn.BCEWithLogitsLoss()
+        self.val_auroc = BinaryAUROC()
+        self.val_accuracy = BinaryAccuracy()
+
+    @property
+    def embedding_bag_collection(self) -> nn.Module:
+        """The (possibly sharded) embedding tables."""
+        return self.model.sparse_arch.embedding_bag_collection
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        """Logits, shape ``[batch_size]``."""
+        return self.model(batch.dense_features, batch.sparse_features).squeeze(-1)
+
+    def _shared_step(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self(batch)
+        return self.loss_fn(logits, batch.labels.float()), logits
+
+    def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
+        loss, _ = self._shared_step(batch)
+        self.log("train/loss", loss, prog_bar=True, batch_size=batch.labels.numel())
+        return loss
+
+    def validation_step(self, batch: Batch, batch_idx: int) -> None:
+        loss, logits = self._shared_step(batch)
+        probs = torch.sigmoid(logits.detach())
+        labels = batch.labels.int()
+        self.val_auroc.update(probs, labels)
+        self.val_accuracy.update(probs, labels)
+        n = batch.labels.numel()
+        self.log("val/loss", loss, sync_dist=True, batch_size=n)
+        self.log("val/auroc", self.val_auroc, prog_bar=True, batch_size=n)
+        self.log("val/accuracy", self.val_accuracy, batch_size=n)
+
+    def test_step(self, batch: Batch, batch_idx: int) -> None:
+        self.validation_step(batch, batch_idx)
+
+    def configure_optimizers(self) -> Any:
+        params = dense_parameters(self)
+        lr = self.hparams.learning_rate
+        if self.hparams.optimizer == "adagrad":
+            return torch.optim.Adagrad(params, lr=lr)
+        if self.hparams.optimizer == "adam":
+            return torch.optim.Adam(params, lr=lr)
+        return torch.optim.SGD(params, lr=lr)

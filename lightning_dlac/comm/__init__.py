@@ -1,0 +1,1 @@
+"""Compressed all-to-all for TorchRec's sharded pooled-embedding communication."""
