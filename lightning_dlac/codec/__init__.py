@@ -1,0 +1,28 @@
+"""The DLAC codec: error-bounded quantization plus a lossless stage chosen per chunk (docs/codec.md)."""
+
+from lightning_dlac.codec._loader import native_available
+from lightning_dlac.codec.api import (
+    ChunkInfo,
+    decode,
+    decode_grid,
+    encode,
+    encode_grid,
+    inspect,
+    inspect_grid,
+    max_error,
+)
+from lightning_dlac.codec.format import CodecError, Mode
+
+__all__ = [
+    "ChunkInfo",
+    "CodecError",
+    "Mode",
+    "decode",
+    "decode_grid",
+    "encode",
+    "encode_grid",
+    "inspect",
+    "inspect_grid",
+    "max_error",
+    "native_available",
+]

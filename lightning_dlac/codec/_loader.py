@@ -1,0 +1,154 @@
+"""JIT build and load of the native codec kernels (cuda_ext/), cached per process and on disk.
+
+``DLAC_CODEC_IMPL`` = ``auto`` (default: native if it builds, else a one-time warning and the reference) | ``native``
+(fail with the build log if it does not build) | ``ref``. ``DLAC_EXTENSION_DIR`` is the cache root for builds
+(default ``~/.cache/lightning_dlac``); each build lives in a sub-directory named by a hash of the sources, the
+compiler flags and the torch version, so editing a kernel or upgrading torch rebuilds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.resources
+import logging
+import os
+import shutil
+import threading
+import warnings
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+ENV_IMPL = "DLAC_CODEC_IMPL"
+ENV_DIR = "DLAC_EXTENSION_DIR"
+IMPLS = ("auto", "ref", "native")
+
+# -ffp-contract=off: the kernels must round every float32 multiply and add separately (no FMA) to match the
+# reference bit for bit. -fopenmp: at::parallel_for is an inline OpenMP region.
+CFLAGS = ["-O3", "-std=c++17", "-ffp-contract=off", "-fno-fast-math", "-fopenmp"]
+LDFLAGS = ["-fopenmp"]
+CUDA_CFLAGS = ["-O3", "--fmad=false", "-std=c++17"]
+
+_lock = threading.Lock()
+_state: dict[str, object] = {"loaded": False, "error": None, "warned": False}
+
+
+class NativeUnavailable(RuntimeError):
+    """The native kernels could not be built or loaded."""
+
+
+def sources_dir() -> Path:
+    """Directory holding the kernel sources: the installed package ``lightning_dlac._cuda_ext``, else the checkout."""
+    try:
+        path = Path(str(importlib.resources.files("lightning_dlac._cuda_ext")))
+        if (path / "dlac_cpu.cpp").is_file():
+            return path
+    except (ModuleNotFoundError, TypeError):
+        pass
+    return Path(__file__).resolve().parents[2] / "cuda_ext"
+
+
+def _want_cuda() -> bool:
+    return torch.version.cuda is not None and torch.cuda.is_available()
+
+
+def _sources() -> tuple[list[Path], list[Path]]:
+    root = sources_dir()
+    cpp = sorted(root.glob("*.cpp"))
+    cu = sorted(root.glob("*.cu")) if _want_cuda() else []
+    headers = sorted(root.glob("*.h")) + sorted(root.glob("*.cuh"))
+    if not cpp:
+        raise NativeUnavailable(f"no C++ sources found in {root}")
+    return cpp + cu, headers
+
+
+def build_dir(sources: list[Path], headers: list[Path]) -> Path:
+    digest = hashlib.sha256()
+    for p in sources + headers:
+        digest.update(p.name.encode())
+        digest.update(p.read_bytes())
+    digest.update(" ".join(CFLAGS + LDFLAGS + CUDA_CFLAGS).encode())
+    digest.update(torch.__version__.encode())
+    root = Path(os.environ.get(ENV_DIR) or Path.home() / ".cache" / "lightning_dlac")
+    return root / digest.hexdigest()[:16]
+
+
+def load_native() -> None:
+    """Build (once per source hash) and load the native ops into ``torch.ops.dlac``; raise NativeUnavailable."""
+    with _lock:
+        if _state["loaded"]:
+            return
+        if _state["error"] is not None:
+            raise NativeUnavailable(_state["error"])
+        try:
+            _build_and_load()
+        except NativeUnavailable as e:
+            _state["error"] = str(e)
+            raise
+        _state["loaded"] = True
+
+
+def _build_and_load() -> None:
+    if shutil.which(os.environ.get("CXX", "c++")) is None:
+        raise NativeUnavailable("no C++ compiler found (install g++ or set CXX)")
+    sources, headers = _sources()
+    directory = build_dir(sources, headers)
+    directory.mkdir(parents=True, exist_ok=True)
+    name = "dlac_native_" + directory.name
+    from torch.utils import cpp_extension
+
+    try:
+        cpp_extension.load(
+            name=name,
+            sources=[str(p) for p in sources],
+            extra_cflags=CFLAGS,
+            extra_ldflags=LDFLAGS,
+            extra_cuda_cflags=CUDA_CFLAGS,
+            extra_include_paths=[str(sources_dir())],
+            build_directory=str(directory),
+            is_python_module=False,
+            verbose=False,
+        )
+    except Exception as e:  # noqa: BLE001 - any build failure becomes one explained error
+        tail = str(e)[-4000:]
+        raise NativeUnavailable(f"building the native DLAC codec in {directory} failed:\n{tail}") from e
+    from lightning_dlac.codec import _fake  # noqa: F401 - registers fake kernels for torch.compile / opcheck
+
+
+def native_available() -> bool:
+    """True if the native ops load (building them if needed); never raises."""
+    try:
+        load_native()
+        return True
+    except NativeUnavailable:
+        return False
+
+
+def resolve_impl(impl: str = "auto") -> str:
+    """Map ``impl`` (and ``DLAC_CODEC_IMPL`` when impl is "auto") to "ref" or "native"."""
+    if impl not in IMPLS:
+        raise ValueError(f"impl={impl!r} is not one of {IMPLS}")
+    if impl == "auto":
+        impl = os.environ.get(ENV_IMPL, "auto").strip().lower() or "auto"
+        if impl not in IMPLS:
+            raise ValueError(f"{ENV_IMPL}={impl!r} is not one of {IMPLS}")
+    if impl == "ref":
+        return "ref"
+    if impl == "native":
+        load_native()
+        return "native"
+    try:
+        load_native()
+        return "native"
+    except NativeUnavailable as e:
+        if not _state["warned"]:
+            _state["warned"] = True
+            warnings.warn(
+                f"lightning_dlac: native codec unavailable, using the (slower) reference codec. Cause: {e}. "
+                f"Set {ENV_IMPL}=ref to silence this, or {ENV_IMPL}=native to make it an error.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        return "ref"

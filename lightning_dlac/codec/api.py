@@ -1,0 +1,197 @@
+"""Public codec functions: validate inputs, then dispatch to the reference or the native kernels."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+import torch
+from torch.profiler import record_function
+
+from lightning_dlac.codec import reference as ref
+from lightning_dlac.codec._loader import resolve_impl
+from lightning_dlac.codec.format import HEADER, HEADER_SIZE, MAGIC, MAX_CHUNK_ELEMENTS, CodecError, Mode, parse_header
+
+Splits = torch.Tensor | Sequence[int]
+Bounds = torch.Tensor | Sequence[float] | float
+
+
+def encode(x: torch.Tensor, eps: float | None = None, abs_eb: float | None = None, impl: str = "auto") -> torch.Tensor:
+    """Encode a 2-D float32 chunk with a relative (``eps``) or absolute (``abs_eb``) bound into a uint8 buffer."""
+    ref.check_chunk(x)
+    bound, relative = ref.check_scalar_bound(eps, abs_eb)
+    rows, dim = x.shape
+    ref._check_chunk_size(rows, dim, "x")
+    with record_function("## dlac encode ##"):
+        if resolve_impl(impl) == "native":
+            bounds = torch.tensor([bound], dtype=torch.float32)
+            return torch.ops.dlac.encode_grid(x.detach(), [0, rows], [0, dim], bounds, relative)[0]
+        return ref.encode_chunk(x, bound, relative)
+
+
+def decode(buf: torch.Tensor | bytes, impl: str = "auto") -> torch.Tensor:
+    """Decode one buffer made by :func:`encode` to a float32 [rows, dim] tensor; CodecError if it is invalid."""
+    buf = _as_buffer(buf, "buf")
+    with record_function("## dlac decode ##"):
+        if resolve_impl(impl) == "native":
+            n = buf.numel()
+            if n < HEADER_SIZE:
+                raise CodecError(f"buffer: {n} bytes is shorter than the {HEADER_SIZE}-byte DLAC header (truncated?)")
+            fields = HEADER.unpack_from(buf[:HEADER_SIZE].numpy().tobytes())
+            if fields[0] != MAGIC:
+                raise CodecError(f"buffer: not a DLAC buffer (magic {fields[0]!r}, expected {MAGIC!r})")
+            rows, dim = fields[7], fields[8]
+            if rows * dim > MAX_CHUNK_ELEMENTS:
+                raise CodecError(f"buffer: {rows}x{dim} exceeds the {MAX_CHUNK_ELEMENTS}-element chunk limit")
+            sizes = torch.tensor([n], dtype=torch.int64)
+            return _native_decode(buf, sizes, [0, rows], [0, dim])
+        return ref.decode_chunk(buf)
+
+
+def encode_grid(
+    x: torch.Tensor,
+    row_splits: Splits,
+    col_splits: Splits,
+    eps: Bounds | None = None,
+    abs_eb: Bounds | None = None,
+    impl: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Encode every block x[row_splits[r]:row_splits[r+1], col_splits[c]:col_splits[c+1]] as its own chunk.
+
+    Args:
+        x: 2-D float32 tensor.
+        row_splits: row block boundaries [0, ..., rows] (one row block per destination rank).
+        col_splits: column block boundaries [0, ..., dim] (one column block per table).
+        eps: relative bound per column block (float32 [num_col_blocks], or one number for all); 0 sends raw.
+        abs_eb: absolute bound per column block instead of ``eps``; 0 sends raw.
+        impl: "auto" | "ref" | "native".
+
+    Returns:
+        (payload, sizes): the chunks concatenated in row-block-major order as a 1-D uint8 tensor, and each chunk's
+        size in bytes (int64 [num_row_blocks * num_col_blocks]).
+    """
+    ref.check_chunk(x)
+    rs = ref.check_splits(row_splits, x.shape[0], "row_splits")
+    cs = ref.check_splits(col_splits, x.shape[1], "col_splits")
+    bounds, relative = ref.check_grid_bounds(eps, abs_eb, len(cs) - 1)
+    for r in range(len(rs) - 1):
+        for c in range(len(cs) - 1):
+            ref._check_chunk_size(rs[r + 1] - rs[r], cs[c + 1] - cs[c], f"block ({r}, {c})")
+    with record_function("## dlac encode ##"):
+        if resolve_impl(impl) == "native":
+            return torch.ops.dlac.encode_grid(x.detach(), rs, cs, bounds, relative)
+        return ref.encode_grid(x.detach(), rs, cs, bounds, relative)
+
+
+def decode_grid(
+    payload: torch.Tensor, sizes: torch.Tensor | Sequence[int], row_splits: Splits, col_splits: Splits,
+    impl: str = "auto",
+) -> torch.Tensor:
+    """Decode an :func:`encode_grid` payload into a float32 [row_splits[-1], col_splits[-1]] tensor.
+
+    Raises:
+        CodecError: if the sizes do not add up to the payload, a chunk's shape does not match its block, or a chunk
+            is corrupted; the message names the chunk.
+    """
+    payload = _as_buffer(payload, "payload")
+    rs = ref.check_splits(row_splits, _last(row_splits), "row_splits")
+    cs = ref.check_splits(col_splits, _last(col_splits), "col_splits")
+    nchunks = (len(rs) - 1) * (len(cs) - 1)
+    sz = torch.as_tensor(sizes)
+    if sz.is_floating_point() or sz.dim() != 1 or sz.numel() != nchunks:
+        raise ValueError(f"sizes must be a 1-D integer tensor with one entry per chunk ({nchunks}), got {sz.shape}")
+    sz = sz.to("cpu", torch.int64).contiguous()
+    if bool((sz < 0).any()) or int(sz.sum()) != payload.numel():
+        raise CodecError(
+            f"chunk sizes sum to {int(sz.sum())} bytes but the payload holds {payload.numel()} (truncated payload?)"
+        )
+    with record_function("## dlac decode ##"):
+        if resolve_impl(impl) == "native":
+            return _native_decode(payload, sz, rs, cs)
+        return ref.decode_grid(payload, sz.tolist(), rs, cs)
+
+
+def _last(splits: Splits) -> int:
+    try:
+        return int(splits[-1])
+    except (TypeError, IndexError, ValueError) as e:
+        raise ValueError(f"split points must be a non-empty sequence of ints, got {splits!r}") from e
+
+
+def _as_buffer(buf: torch.Tensor | bytes, name: str) -> torch.Tensor:
+    if isinstance(buf, (bytes, bytearray, memoryview)):
+        return torch.frombuffer(bytearray(buf), dtype=torch.uint8) if len(buf) else torch.zeros(0, dtype=torch.uint8)
+    if not isinstance(buf, torch.Tensor) or buf.dtype != torch.uint8 or buf.dim() != 1:
+        what = f"{buf.dtype} tensor of shape {tuple(buf.shape)}" if isinstance(buf, torch.Tensor) else type(buf).__name__
+        raise TypeError(f"{name} must be a 1-D uint8 tensor (as returned by encode), got {what}")
+    return buf.detach().cpu().contiguous()
+
+
+def _native_decode(payload: torch.Tensor, sizes: torch.Tensor, rs: list[int], cs: list[int]) -> torch.Tensor:
+    try:
+        return torch.ops.dlac.decode_grid(payload, sizes, rs, cs)
+    except RuntimeError as e:
+        msg = str(e).split("\nException raised from")[0]
+        raise CodecError(msg) from None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Statistics helpers
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ChunkInfo:
+    """What one encoded chunk is: mode, shape, sizes and quantization parameters."""
+
+    mode: Mode
+    rows: int
+    dim: int
+    raw_bytes: int  # 4 * rows * dim
+    compressed_bytes: int  # header included
+    min: float
+    abs_eb: float  # 0 for CONST and RAW chunks (exact)
+    nuniq: int  # unique rows of a DEDUP chunk, else 0
+
+    @property
+    def ratio(self) -> float:
+        return self.raw_bytes / self.compressed_bytes
+
+
+def inspect(buf: torch.Tensor | bytes, where: str = "buffer") -> ChunkInfo:
+    """Describe one encoded chunk (validates its header and checksum)."""
+    data = buf.detach().cpu().contiguous().numpy().tobytes() if isinstance(buf, torch.Tensor) else bytes(buf)
+    h = parse_header(data, where)
+    return ChunkInfo(h.mode, h.rows, h.dim, 4 * h.rows * h.dim, len(data), h.min, h.abs_eb, h.nuniq)
+
+
+def inspect_grid(payload: torch.Tensor, sizes: torch.Tensor | Sequence[int]) -> list[ChunkInfo]:
+    """Describe every chunk of an :func:`encode_grid` payload, in payload order."""
+    data = payload.detach().cpu().contiguous().numpy().tobytes()
+    out = []
+    off = 0
+    for i, size in enumerate(torch.as_tensor(sizes).tolist()):
+        out.append(inspect(data[off: off + size], f"chunk {i}"))
+        off += size
+    if off != len(data):
+        raise CodecError(f"chunk sizes sum to {off} bytes but the payload holds {len(data)}")
+    return out
+
+
+def max_error(x: torch.Tensor, x_hat: torch.Tensor) -> float:
+    """Largest |x - x_hat| over finite elements (float64); inf if a non-finite element did not come back exactly."""
+    if x.shape != x_hat.shape:
+        raise ValueError(f"shapes differ: {tuple(x.shape)} vs {tuple(x_hat.shape)}")
+    if x.numel() == 0:
+        return 0.0
+    x64, h64 = x.detach().double().cpu(), x_hat.detach().double().cpu()
+    finite = torch.isfinite(x64)
+    xs, hs = x64[~finite], h64[~finite]
+    if not (torch.equal(xs.isnan(), hs.isnan()) and torch.equal(xs.nan_to_num(0.0), hs.nan_to_num(0.0))):
+        return math.inf
+    if not bool(torch.isfinite(h64[finite]).all()):
+        return math.inf
+    d = (x64[finite] - h64[finite]).abs()
+    return float(d.max()) if d.numel() else 0.0
+
