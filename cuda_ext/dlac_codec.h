@@ -1,0 +1,775 @@
+// The DLAC chunk codec, host side: the same algorithm as lightning_dlac/codec/reference.py, byte for byte.
+//
+// docs/codec.md is the specification in words. Everything here is plain C++17 on raw pointers so that the CPU
+// kernels (dlac_cpu.cpp) and, later, the CUDA host code can share it. Floating-point code must be compiled with
+// -ffp-contract=off (no FMA) and without -ffast-math: every multiply and add is rounded separately to float32.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <queue>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "the DLAC codec reads and writes little-endian buffers with memcpy; a big-endian port needs byte swaps"
+#endif
+
+namespace dlac {
+
+constexpr uint32_t kHeaderSize = 44;
+constexpr uint32_t kCrcOffset = 40;
+constexpr uint8_t kVersion = 1;
+enum Mode : uint8_t { kConst = 0, kRaw = 1, kPack = 2, kHuff = 3, kDedup = 4 };
+constexpr float kMaxQ = 8388607.0f;          // largest pre-rounding value; codes fit in 24 bits
+constexpr float kRoundMagic = 8388608.0f;    // (v + 2^23) - 2^23 == round_half_even(v) for 0 <= v <= 2^23
+constexpr uint32_t kMaxCodeBits = 24;
+constexpr uint64_t kMaxChunkElements = 1ull << 28;
+constexpr uint32_t kHuffMaxLen = 12;
+constexpr uint32_t kHuffMaxAlphabet = 1u << kHuffMaxLen;
+constexpr uint32_t kHuffBlock = 4096;
+constexpr uint32_t kHuffSectionHeader = 8;
+constexpr uint8_t kFlagSec0Huff = 1;
+constexpr uint8_t kFlagSec1Huff = 2;
+
+// A buffer that does not decode; the message says what is wrong (the caller adds which chunk).
+struct DecodeError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// ------------------------------------------------------------------------------------------------------------
+// Little helpers
+// ------------------------------------------------------------------------------------------------------------
+
+inline uint32_t load_u32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+inline uint64_t load_u64(const uint8_t* p) {
+  uint64_t v;
+  std::memcpy(&v, p, 8);
+  return v;
+}
+inline void store_u32(uint8_t* p, uint32_t v) { std::memcpy(p, &v, 4); }
+inline float bits_to_float(uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+inline uint32_t float_to_bits(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  return b;
+}
+inline uint32_t bits_for(uint32_t vmax) {
+  uint32_t w = 0;
+  while (w < 32 && (vmax >> w) != 0) ++w;
+  return w;
+}
+inline uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
+
+// CRC-32 (zlib/IEEE polynomial, reflected), slicing-by-8.
+struct Crc32Table {
+  uint32_t t[8][256];
+  Crc32Table() {
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+      t[0][i] = c;
+    }
+    for (uint32_t i = 0; i < 256; ++i)
+      for (int s = 1; s < 8; ++s) t[s][i] = (t[s - 1][i] >> 8) ^ t[0][t[s - 1][i] & 0xFF];
+  }
+};
+inline const Crc32Table& crc_table() {
+  static const Crc32Table table;
+  return table;
+}
+inline uint32_t crc32_update(uint32_t crc, const uint8_t* p, size_t n) {
+  const auto& T = crc_table().t;
+  crc = ~crc;
+  while (n >= 8) {
+    uint32_t lo = load_u32(p) ^ crc;
+    uint32_t hi = load_u32(p + 4);
+    crc = T[7][lo & 0xFF] ^ T[6][(lo >> 8) & 0xFF] ^ T[5][(lo >> 16) & 0xFF] ^ T[4][lo >> 24] ^
+          T[3][hi & 0xFF] ^ T[2][(hi >> 8) & 0xFF] ^ T[1][(hi >> 16) & 0xFF] ^ T[0][hi >> 24];
+    p += 8;
+    n -= 8;
+  }
+  while (n--) crc = T[0][(crc ^ *p++) & 0xFF] ^ (crc >> 8);
+  return ~crc;
+}
+// CRC of a whole buffer with its header's crc field taken as zero.
+inline uint32_t buffer_crc(const uint8_t* buf, size_t n) {
+  static const uint8_t zeros[4] = {0, 0, 0, 0};
+  uint32_t crc = crc32_update(0, buf, kCrcOffset);
+  crc = crc32_update(crc, zeros, 4);
+  return crc32_update(crc, buf + kCrcOffset + 4, n - kCrcOffset - 4);
+}
+
+// ------------------------------------------------------------------------------------------------------------
+// Header
+// ------------------------------------------------------------------------------------------------------------
+
+struct Header {
+  uint8_t mode = kConst, flags = 0, width0 = 0, width1 = 0;
+  uint32_t rows = 0, dim = 0;
+  float min = 0.0f, abs_eb = 0.0f;
+  uint32_t nuniq = 0, sec0 = 0, sec1 = 0, crc = 0;
+};
+
+inline void write_header(const Header& h, uint8_t* p) {
+  std::memcpy(p, "DLAC", 4);
+  p[4] = kVersion;
+  p[5] = h.mode;
+  p[6] = h.flags;
+  p[7] = h.width0;
+  p[8] = h.width1;
+  p[9] = p[10] = p[11] = 0;
+  store_u32(p + 12, h.rows);
+  store_u32(p + 16, h.dim);
+  store_u32(p + 20, float_to_bits(h.min));
+  store_u32(p + 24, float_to_bits(h.abs_eb));
+  store_u32(p + 28, h.nuniq);
+  store_u32(p + 32, h.sec0);
+  store_u32(p + 36, h.sec1);
+  store_u32(p + 40, h.crc);
+}
+
+[[noreturn]] inline void fail(const std::string& what) { throw DecodeError(what); }
+
+// Parse and validate a complete chunk buffer (docs/codec.md, "Validation"); throws DecodeError.
+inline Header parse_header(const uint8_t* p, uint64_t n) {
+  if (n < kHeaderSize)
+    fail(std::to_string(n) + " bytes is shorter than the 44-byte DLAC header (truncated?)");
+  if (std::memcmp(p, "DLAC", 4) != 0) fail("not a DLAC buffer (bad magic)");
+  if (p[4] != kVersion) fail("format version " + std::to_string(p[4]) + " is not supported (this build reads 1)");
+  Header h;
+  h.mode = p[5];
+  h.flags = p[6];
+  h.width0 = p[7];
+  h.width1 = p[8];
+  if (h.mode > kDedup) fail("unknown mode " + std::to_string(h.mode));
+  if (p[9] || p[10] || p[11]) fail("reserved header bytes are not zero");
+  h.rows = load_u32(p + 12);
+  h.dim = load_u32(p + 16);
+  h.min = bits_to_float(load_u32(p + 20));
+  h.abs_eb = bits_to_float(load_u32(p + 24));
+  h.nuniq = load_u32(p + 28);
+  h.sec0 = load_u32(p + 32);
+  h.sec1 = load_u32(p + 36);
+  h.crc = load_u32(p + 40);
+  uint64_t total = uint64_t(kHeaderSize) + h.sec0 + h.sec1;
+  if (total != n)
+    fail("header announces " + std::to_string(total) + " bytes but the buffer holds " + std::to_string(n) +
+         " (truncated or padded?)");
+  if (buffer_crc(p, n) != h.crc) fail("checksum mismatch (corrupted buffer)");
+
+  const uint64_t elems = uint64_t(h.rows) * h.dim;
+  if (elems > kMaxChunkElements) fail("shape exceeds the 2^28-element chunk limit");
+  const bool quantized = h.mode == kPack || h.mode == kHuff || h.mode == kDedup;
+  switch (h.mode) {
+    case kConst:
+      if (h.flags || h.width0 || h.width1 || h.nuniq || h.sec0 || h.sec1 || !std::isfinite(h.min))
+        fail("inconsistent CONST header");
+      break;
+    case kRaw:
+      if (h.flags || h.width0 || h.width1 || h.nuniq || h.sec1 || h.sec0 != 4 * elems) fail("inconsistent RAW header");
+      break;
+    default:
+      break;
+  }
+  if (quantized) {
+    if (elems == 0 || !std::isfinite(h.min) || !(std::isfinite(h.abs_eb) && h.abs_eb > 0.0f) ||
+        !std::isfinite(h.abs_eb + h.abs_eb) || h.width0 > kMaxCodeBits)
+      fail("inconsistent quantization parameters");
+  }
+  if (h.mode == kPack) {
+    if (h.flags || h.width1 || h.nuniq || h.sec1 || h.sec0 != ceil_div(elems * h.width0, 8))
+      fail("inconsistent PACK header");
+  } else if (h.mode == kHuff) {
+    if (h.flags != kFlagSec0Huff || h.width0 || h.width1 || h.nuniq || h.sec1) fail("inconsistent HUFF header");
+  } else if (h.mode == kDedup) {
+    if ((h.flags & ~3) || h.nuniq < 1 || h.nuniq > h.rows || h.width1 > kMaxCodeBits) fail("inconsistent DEDUP header");
+    if (h.flags & kFlagSec0Huff) {
+      if (h.width0) fail("inconsistent DEDUP header");
+    } else if (h.sec0 != ceil_div(uint64_t(h.nuniq) * h.dim * h.width0, 8)) {
+      fail("inconsistent DEDUP header");
+    }
+    if (h.flags & kFlagSec1Huff) {
+      if (h.width1) fail("inconsistent DEDUP header");
+    } else if (h.sec1 != ceil_div(uint64_t(h.rows) * h.width1, 8)) {
+      fail("inconsistent DEDUP header");
+    }
+  }
+  return h;
+}
+
+// ------------------------------------------------------------------------------------------------------------
+// Quantization
+// ------------------------------------------------------------------------------------------------------------
+
+// Exact |x - xh| <= eb in float32 arithmetic (TwoSum recovers the rounding error of x - xh).
+inline bool within(float x, float xh, float eb) {
+  float s = x - xh;
+  float bb = s - x;
+  float err = (x - (s - bb)) + ((-xh) - bb);
+  float a = std::fabs(s);
+  return (a < eb) | ((a == eb) & (((s > 0.0f) & (err <= 0.0f)) | ((s < 0.0f) & (err >= 0.0f))));
+}
+
+struct Quantized {
+  uint8_t mode;  // kConst, kRaw, or kPack meaning "quantized" (the lossless stage is chosen later)
+  float lo = 0.0f, eb = 0.0f;
+  uint32_t qmax = 0;
+};
+
+// Quantize rows x dim floats at x (row stride ld) into codes (size rows*dim). Mirrors reference.quantize.
+inline Quantized quantize(const float* x, int64_t rows, int64_t dim, int64_t ld, float bound, bool relative,
+                          std::vector<uint32_t>& codes) {
+  Quantized out{kConst};
+  const int64_t n = rows * dim;
+  if (n == 0) return out;
+  if (bound == 0.0f) return Quantized{kRaw};
+  float lo = INFINITY, hi = -INFINITY;
+  uint32_t nonfinite = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* p = x + r * ld;
+    float l = lo, h = hi;
+    uint32_t nf = 0;
+    for (int64_t j = 0; j < dim; ++j) {
+      float v = p[j];
+      nf |= uint32_t((float_to_bits(v) & 0x7F800000u) == 0x7F800000u);
+      l = v < l ? v : l;
+      h = v > h ? v : h;
+    }
+    lo = l;
+    hi = h;
+    nonfinite |= nf;
+  }
+  if (nonfinite) return Quantized{kRaw};
+  lo = lo + 0.0f;  // -0.0 -> +0.0, so the header does not depend on which zero was seen first
+  hi = hi + 0.0f;
+  if (lo == hi) {
+    out.lo = lo;
+    return out;
+  }
+  const float eb = relative ? bound * (hi - lo) : bound;
+  const float step = eb + eb;
+  if (!(std::isfinite(step) && eb > 0.0f)) return Quantized{kRaw};
+
+  codes.resize(n);
+  uint32_t overflow = 0, bad = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* p = x + r * ld;
+    uint32_t* c = codes.data() + r * dim;
+    uint32_t of = 0, bd = 0;
+    for (int64_t j = 0; j < dim; ++j) {
+      float xv = p[j];
+      float v = (xv - lo) / step;
+      uint32_t okv = v <= kMaxQ;
+      of |= okv ^ 1u;
+      v = okv ? v : 0.0f;
+      float q = (v + kRoundMagic) - kRoundMagic;
+      float xh = lo + q * step;
+      bd |= uint32_t(!within(xv, xh, eb));
+      c[j] = uint32_t(q);
+    }
+    overflow |= of;
+    bad |= bd;
+  }
+  if (overflow) return Quantized{kRaw};
+  if (bad) {
+    // Rare: the rounded code misses the bound by a rounding error. Try the neighbours, in the reference's order.
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* p = x + r * ld;
+      uint32_t* c = codes.data() + r * dim;
+      for (int64_t j = 0; j < dim; ++j) {
+        float xv = p[j];
+        float q = float(c[j]);
+        if (within(xv, lo + q * step, eb)) continue;
+        float down = q - 1.0f, up = q + 1.0f;
+        if (c[j] >= 1 && within(xv, lo + down * step, eb)) {
+          c[j] -= 1;
+        } else if (within(xv, lo + up * step, eb)) {
+          c[j] += 1;
+        } else {
+          return Quantized{kRaw};
+        }
+      }
+    }
+  }
+  uint32_t qmax = 0;
+  for (int64_t i = 0; i < n; ++i) qmax = codes[i] > qmax ? codes[i] : qmax;
+  out.mode = kPack;
+  out.lo = lo;
+  out.eb = eb;
+  out.qmax = qmax;
+  return out;
+}
+
+// ------------------------------------------------------------------------------------------------------------
+// Huffman code construction (mirrors reference.huffman_lengths / canonical_codes)
+// ------------------------------------------------------------------------------------------------------------
+
+inline std::vector<uint8_t> huffman_lengths(const std::vector<uint64_t>& freq) {
+  const uint32_t a = uint32_t(freq.size());
+  std::vector<uint8_t> lens(a, 0);
+  std::vector<uint32_t> used;
+  for (uint32_t s = 0; s < a; ++s)
+    if (freq[s]) used.push_back(s);
+  if (used.empty()) return lens;
+  if (used.size() == 1) {
+    lens[used[0]] = 1;
+    return lens;
+  }
+  using Item = std::pair<uint64_t, uint32_t>;  // (weight, id): a total order, so the pop sequence is unique
+  std::priority_queue<Item, std::vector<Item>, std::greater<Item>> heap;
+  for (uint32_t s : used) heap.push({freq[s], s});
+  std::vector<uint32_t> parent(2 * size_t(a) + used.size(), 0);
+  uint32_t next_id = a;
+  while (heap.size() > 1) {
+    Item x = heap.top();
+    heap.pop();
+    Item y = heap.top();
+    heap.pop();
+    parent[x.second] = parent[y.second] = next_id;
+    heap.push({x.first + y.first, next_id});
+    ++next_id;
+  }
+  const uint32_t root = next_id - 1;
+  std::vector<uint32_t> depth(next_id, 0);
+  for (uint32_t node = root; node-- > a;) depth[node] = depth[parent[node]] + 1;
+  std::vector<uint64_t> counts(std::max<size_t>(used.size(), kHuffMaxLen) + 1, 0);
+  for (uint32_t s : used) counts[depth[parent[s]] + 1] += 1;
+  for (size_t i = counts.size() - 1; i > kHuffMaxLen; --i) {
+    while (counts[i] > 0) {
+      size_t j = i - 2;
+      while (counts[j] == 0) --j;
+      counts[i] -= 2;
+      counts[i - 1] += 1;
+      counts[j + 1] += 2;
+      counts[j] -= 1;
+    }
+  }
+  std::vector<uint32_t> order = used;
+  std::sort(order.begin(), order.end(), [&](uint32_t u, uint32_t v) {
+    return freq[u] != freq[v] ? freq[u] > freq[v] : u < v;
+  });
+  size_t k = 0;
+  for (uint32_t len = 1; len <= kHuffMaxLen; ++len)
+    for (uint64_t c = 0; c < counts[len]; ++c) lens[order[k++]] = uint8_t(len);
+  return lens;
+}
+
+// LSB-first (bit-reversed) canonical codes, ready to be OR-ed into an LSB-first bit stream.
+inline std::vector<uint32_t> reversed_canonical_codes(const std::vector<uint8_t>& lens) {
+  uint32_t bl_count[kHuffMaxLen + 2] = {0};
+  for (uint8_t l : lens)
+    if (l) bl_count[l] += 1;
+  uint32_t next_code[kHuffMaxLen + 2] = {0};
+  uint32_t code = 0;
+  for (uint32_t len = 1; len <= kHuffMaxLen; ++len) {
+    code = (code + bl_count[len - 1]) << 1;
+    next_code[len] = code;
+  }
+  std::vector<uint32_t> rev(lens.size(), 0);
+  for (size_t s = 0; s < lens.size(); ++s) {
+    uint32_t l = lens[s];
+    if (!l) continue;
+    uint32_t c = next_code[l]++, r = 0;
+    for (uint32_t b = 0; b < l; ++b) r |= ((c >> b) & 1u) << (l - 1 - b);
+    rev[s] = r;
+  }
+  return rev;
+}
+
+// ------------------------------------------------------------------------------------------------------------
+// Streams: PACK and HUFF
+// ------------------------------------------------------------------------------------------------------------
+
+// Plan for one stream of n values in [0, vmax]: PACK or HUFF, whichever is smaller (ties go to PACK).
+struct StreamPlan {
+  bool huff = false;
+  uint32_t width = 0;
+  uint64_t size = 0;
+  uint32_t alphabet = 0;
+  std::vector<uint8_t> lens;
+};
+
+inline StreamPlan plan_stream(uint64_t n, uint32_t vmax, const std::vector<uint64_t>* freq) {
+  StreamPlan p;
+  p.width = bits_for(vmax);
+  p.size = ceil_div(n * p.width, 8);
+  if (freq != nullptr && uint64_t(vmax) + 1 <= kHuffMaxAlphabet) {
+    std::vector<uint8_t> lens = huffman_lengths(*freq);
+    uint64_t bits = 0;
+    for (size_t s = 0; s < lens.size(); ++s) bits += (*freq)[s] * lens[s];
+    uint64_t hsize = kHuffSectionHeader + ceil_div(vmax + 1, 2) + 4 * ceil_div(n, kHuffBlock) + ceil_div(bits, 8);
+    if (hsize < p.size) {
+      p.huff = true;
+      p.width = 0;
+      p.size = hsize;
+      p.alphabet = vmax + 1;
+      p.lens = std::move(lens);
+    }
+  }
+  return p;
+}
+
+// LSB-first bit writer into a pre-sized buffer.
+struct BitWriter {
+  uint8_t* out;
+  uint64_t acc = 0;
+  uint32_t nbits = 0;
+  explicit BitWriter(uint8_t* o) : out(o) {}
+  inline void put(uint32_t value, uint32_t width) {  // width <= 24
+    acc |= uint64_t(value) << nbits;
+    nbits += width;
+    if (nbits >= 32) {
+      store_u32(out, uint32_t(acc));
+      out += 4;
+      acc >>= 32;
+      nbits -= 32;
+    }
+  }
+  inline void flush() {
+    while (nbits > 0) {
+      *out++ = uint8_t(acc);
+      acc >>= 8;
+      nbits = nbits > 8 ? nbits - 8 : 0;
+    }
+  }
+};
+
+inline void pack_stream(const uint32_t* vals, uint64_t n, uint32_t width, uint8_t* out) {
+  if (width == 0) return;
+  BitWriter w(out);
+  for (uint64_t i = 0; i < n; ++i) w.put(vals[i], width);
+  w.flush();
+}
+
+inline void huff_encode(const uint32_t* vals, uint64_t n, const StreamPlan& p, uint8_t* out) {
+  const uint32_t nblocks = uint32_t(ceil_div(n, kHuffBlock));
+  store_u32(out, p.alphabet);
+  store_u32(out + 4, nblocks);
+  uint8_t* q = out + kHuffSectionHeader;
+  for (uint32_t s = 0; s < p.alphabet; s += 2) {
+    uint8_t lo = p.lens[s], hi = s + 1 < p.alphabet ? p.lens[s + 1] : 0;
+    *q++ = uint8_t(lo | (hi << 4));
+  }
+  uint8_t* ends = q;
+  q += 4 * size_t(nblocks);
+  std::vector<uint32_t> rev = reversed_canonical_codes(p.lens);
+  std::vector<uint32_t> table(p.alphabet);  // rev code | length << 24
+  for (uint32_t s = 0; s < p.alphabet; ++s) table[s] = rev[s] | (uint32_t(p.lens[s]) << 24);
+  BitWriter w(q);
+  uint64_t bitpos = 0;
+  for (uint32_t b = 0; b < nblocks; ++b) {
+    uint64_t end = std::min<uint64_t>(n, uint64_t(b + 1) * kHuffBlock);
+    for (uint64_t i = uint64_t(b) * kHuffBlock; i < end; ++i) {
+      uint32_t t = table[vals[i]];
+      uint32_t len = t >> 24;
+      w.put(t & 0xFFFFFFu, len);
+      bitpos += len;
+    }
+    store_u32(ends + 4 * size_t(b), uint32_t(bitpos));
+  }
+  w.flush();
+}
+
+// Decode n values of a PACK stream (data holds exactly ceil(n*width/8) bytes, validated by the header).
+template <typename Sink>
+inline void unpack_stream(const uint8_t* data, uint64_t nbytes, uint64_t n, uint32_t width, Sink sink) {
+  if (width == 0) {
+    for (uint64_t i = 0; i < n; ++i) sink(i, 0u);
+    return;
+  }
+  const uint64_t mask = (1ull << width) - 1;
+  // Fast path reads 8 bytes at a time while they are all inside the section; the tail goes through a copy.
+  uint64_t i = 0;
+  for (; i < n; ++i) {
+    uint64_t bit = i * width;
+    if ((bit >> 3) + 8 > nbytes) break;
+    sink(i, uint32_t((load_u64(data + (bit >> 3)) >> (bit & 7)) & mask));
+  }
+  if (i < n) {
+    uint8_t tail[16] = {0};
+    uint64_t start = (i * width) >> 3;
+    std::memcpy(tail, data + start, nbytes - start);
+    for (; i < n; ++i) {
+      uint64_t bit = i * width - start * 8;
+      sink(i, uint32_t((load_u64(tail + (bit >> 3)) >> (bit & 7)) & mask));
+    }
+  }
+}
+
+// Decode n symbols of a HUFF section into out (size n); throws DecodeError.
+inline void huff_decode(const uint8_t* data, uint64_t size, uint64_t n, uint32_t* out) {
+  const uint64_t nblocks = ceil_div(n, kHuffBlock);
+  if (size < kHuffSectionHeader) fail("truncated Huffman section");
+  const uint32_t alphabet = load_u32(data), nb = load_u32(data + 4);
+  if (alphabet < 1 || alphabet > kHuffMaxAlphabet || nb != nblocks) fail("invalid Huffman section header");
+  const uint64_t nib_bytes = ceil_div(alphabet, 2);
+  if (size < kHuffSectionHeader + nib_bytes + 4 * nblocks) fail("truncated Huffman section");
+  const uint8_t* nib = data + kHuffSectionHeader;
+  std::vector<uint8_t> lens(alphabet);
+  uint32_t maxlen = 0;
+  for (uint32_t s = 0; s < alphabet; ++s) {
+    lens[s] = (s & 1) ? (nib[s >> 1] >> 4) : (nib[s >> 1] & 15);
+    maxlen = std::max<uint32_t>(maxlen, lens[s]);
+  }
+  if ((alphabet & 1) && (nib[alphabet >> 1] >> 4)) fail("invalid Huffman code lengths");
+  if (maxlen == 0 || maxlen > kHuffMaxLen) fail("invalid Huffman code lengths");
+  {
+    uint32_t bl_count[kHuffMaxLen + 1] = {0};
+    for (uint8_t l : lens)
+      if (l) bl_count[l] += 1;
+    int64_t left = 1;
+    for (uint32_t len = 1; len <= kHuffMaxLen; ++len) {
+      left = 2 * left - bl_count[len];
+      if (left < 0) fail("oversubscribed Huffman code");
+    }
+  }
+  const uint8_t* ends = nib + nib_bytes;
+  const uint8_t* stream = ends + 4 * nblocks;
+  const uint64_t stream_bytes = size - (stream - data);
+  uint64_t start = 0;
+  for (uint64_t b = 0; b < nblocks; ++b) {
+    uint64_t end = load_u32(ends + 4 * b);
+    uint64_t count = std::min<uint64_t>(kHuffBlock, n - b * kHuffBlock);
+    if (end < start || end - start < count || end - start > kHuffMaxLen * count) fail("invalid Huffman block offsets");
+    start = end;
+  }
+  if (ceil_div(start, 8) != stream_bytes) fail("Huffman bitstream size does not match its block offsets");
+
+  // Decode table over 12-bit LSB-first windows: symbol | length << 12 (length 0: no such code).
+  std::vector<uint16_t> table(1u << kHuffMaxLen, 0);
+  std::vector<uint32_t> rev = reversed_canonical_codes(lens);
+  for (uint32_t s = 0; s < alphabet; ++s) {
+    uint32_t l = lens[s];
+    if (!l) continue;
+    for (uint32_t k = rev[s]; k < (1u << kHuffMaxLen); k += (1u << l)) table[k] = uint16_t(s | (l << 12));
+  }
+  // Pad the stream so 8-byte reads never leave the buffer.
+  std::vector<uint8_t> padded(stream_bytes + 8, 0);
+  std::memcpy(padded.data(), stream, stream_bytes);
+  const uint8_t* bits = padded.data();
+  start = 0;
+  for (uint64_t b = 0; b < nblocks; ++b) {
+    const uint64_t end = load_u32(ends + 4 * b);
+    const uint64_t first = b * kHuffBlock;
+    const uint64_t count = std::min<uint64_t>(kHuffBlock, n - first);
+    uint64_t pos = start;
+    for (uint64_t i = 0; i < count; ++i) {
+      uint32_t window = uint32_t(load_u64(bits + (pos >> 3)) >> (pos & 7)) & ((1u << kHuffMaxLen) - 1);
+      uint16_t e = table[window];
+      uint32_t len = e >> 12;
+      pos += len;
+      if (len == 0 || pos > end) fail("corrupt Huffman bitstream");
+      out[first + i] = e & 0xFFFu;
+    }
+    if (pos != end) fail("corrupt Huffman bitstream");
+    start = end;
+  }
+}
+
+// ------------------------------------------------------------------------------------------------------------
+// Row dedup: unique rows in order of first appearance + per-row index (mirrors reference.unique_rows)
+// ------------------------------------------------------------------------------------------------------------
+
+inline uint32_t dedup_rows(const uint32_t* codes, uint32_t rows, uint32_t dim, std::vector<uint32_t>& first_row,
+                           std::vector<uint32_t>& index) {
+  uint32_t cap = 16;
+  while (cap < 2 * rows) cap <<= 1;
+  std::vector<uint32_t> slots(cap, UINT32_MAX);  // unique id, or empty
+  first_row.clear();
+  index.resize(rows);
+  const size_t row_bytes = size_t(dim) * 4;
+  for (uint32_t r = 0; r < rows; ++r) {
+    const uint32_t* row = codes + size_t(r) * dim;
+    uint64_t h0 = 0x9E3779B97F4A7C15ull, h1 = 0xC2B2AE3D27D4EB4Full;
+    uint32_t j = 0;
+    for (; j + 1 < dim; j += 2) {
+      h0 = (h0 ^ row[j]) * 0x100000001B3ull;
+      h1 = (h1 ^ row[j + 1]) * 0x100000001B3ull;
+    }
+    if (j < dim) h0 = (h0 ^ row[j]) * 0x100000001B3ull;
+    uint64_t h = (h0 ^ (h1 >> 29) ^ (h1 << 7)) * 0xFF51AFD7ED558CCDull;
+    uint32_t slot = uint32_t(h >> 32) & (cap - 1);
+    while (true) {
+      uint32_t u = slots[slot];
+      if (u == UINT32_MAX) {
+        slots[slot] = uint32_t(first_row.size());
+        index[r] = uint32_t(first_row.size());
+        first_row.push_back(r);
+        break;
+      }
+      if (std::memcmp(codes + size_t(first_row[u]) * dim, row, row_bytes) == 0) {
+        index[r] = u;
+        break;
+      }
+      slot = (slot + 1) & (cap - 1);
+    }
+  }
+  return uint32_t(first_row.size());
+}
+
+// ------------------------------------------------------------------------------------------------------------
+// Chunk encode / decode
+// ------------------------------------------------------------------------------------------------------------
+
+inline void finish(std::vector<uint8_t>& out, Header h) {
+  h.crc = 0;
+  write_header(h, out.data());
+  store_u32(out.data() + kCrcOffset, buffer_crc(out.data(), out.size()));
+}
+
+inline std::vector<uint64_t> histogram(const uint32_t* vals, uint64_t n, uint32_t vmax) {
+  std::vector<uint64_t> f(size_t(vmax) + 1, 0);
+  for (uint64_t i = 0; i < n; ++i) f[vals[i]] += 1;
+  return f;
+}
+
+inline void encode_raw(const float* x, int64_t rows, int64_t dim, int64_t ld, std::vector<uint8_t>& out) {
+  Header h;
+  h.mode = kRaw;
+  h.rows = uint32_t(rows);
+  h.dim = uint32_t(dim);
+  h.sec0 = uint32_t(4 * rows * dim);
+  out.assign(kHeaderSize + h.sec0, 0);
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(out.data() + kHeaderSize + 4 * r * dim, x + r * ld, 4 * dim);
+  finish(out, h);
+}
+
+// Encode one chunk (row stride ld, unit column stride) into out. bound is float32; 0 means RAW.
+inline void encode_chunk(const float* x, int64_t rows, int64_t dim, int64_t ld, float bound, bool relative,
+                         std::vector<uint8_t>& out) {
+  std::vector<uint32_t> codes;
+  Quantized qz = quantize(x, rows, dim, ld, bound, relative, codes);
+  Header h;
+  h.rows = uint32_t(rows);
+  h.dim = uint32_t(dim);
+  if (qz.mode == kConst) {
+    h.mode = kConst;
+    h.min = qz.lo;
+    out.assign(kHeaderSize, 0);
+    finish(out, h);
+    return;
+  }
+  if (qz.mode == kRaw) return encode_raw(x, rows, dim, ld, out);
+  const uint64_t n = uint64_t(rows) * dim;
+  const uint64_t raw_size = 4 * n;
+  const bool huff_ok = uint64_t(qz.qmax) + 1 <= kHuffMaxAlphabet;
+  std::vector<uint64_t> freq;
+  if (huff_ok) freq = histogram(codes.data(), n, qz.qmax);
+  StreamPlan whole = plan_stream(n, qz.qmax, huff_ok ? &freq : nullptr);
+  uint64_t best = whole.size;
+  uint8_t mode = whole.huff ? kHuff : kPack;
+
+  std::vector<uint32_t> first_row, index, uniq;
+  StreamPlan p0, p1;
+  uint32_t nuniq = 0;
+  if (rows > 1) {
+    nuniq = dedup_rows(codes.data(), uint32_t(rows), uint32_t(dim), first_row, index);
+    if (nuniq < rows) {
+      uniq.resize(size_t(nuniq) * dim);
+      for (uint32_t u = 0; u < nuniq; ++u)
+        std::memcpy(uniq.data() + size_t(u) * dim, codes.data() + size_t(first_row[u]) * dim, 4 * size_t(dim));
+      std::vector<uint64_t> f0, f1;
+      if (huff_ok) f0 = histogram(uniq.data(), uniq.size(), qz.qmax);
+      const bool idx_huff_ok = uint64_t(nuniq) <= kHuffMaxAlphabet;
+      if (idx_huff_ok) f1 = histogram(index.data(), index.size(), nuniq - 1);
+      p0 = plan_stream(uniq.size(), qz.qmax, huff_ok ? &f0 : nullptr);
+      p1 = plan_stream(index.size(), nuniq - 1, idx_huff_ok ? &f1 : nullptr);
+      if (p0.size + p1.size < best) {
+        best = p0.size + p1.size;
+        mode = kDedup;
+      }
+    }
+  }
+  if (best >= raw_size) return encode_raw(x, rows, dim, ld, out);
+  h.mode = mode;
+  h.min = qz.lo;
+  h.abs_eb = qz.eb;
+  out.assign(kHeaderSize + best, 0);
+  uint8_t* body = out.data() + kHeaderSize;
+  if (mode == kDedup) {
+    h.flags = uint8_t((p0.huff ? kFlagSec0Huff : 0) | (p1.huff ? kFlagSec1Huff : 0));
+    h.width0 = uint8_t(p0.width);
+    h.width1 = uint8_t(p1.width);
+    h.nuniq = nuniq;
+    h.sec0 = uint32_t(p0.size);
+    h.sec1 = uint32_t(p1.size);
+    if (p0.huff) huff_encode(uniq.data(), uniq.size(), p0, body);
+    else pack_stream(uniq.data(), uniq.size(), p0.width, body);
+    if (p1.huff) huff_encode(index.data(), index.size(), p1, body + p0.size);
+    else pack_stream(index.data(), index.size(), p1.width, body + p0.size);
+  } else {
+    h.flags = whole.huff ? kFlagSec0Huff : 0;
+    h.width0 = uint8_t(whole.width);
+    h.sec0 = uint32_t(whole.size);
+    if (whole.huff) huff_encode(codes.data(), n, whole, body);
+    else pack_stream(codes.data(), n, whole.width, body);
+  }
+  finish(out, h);
+}
+
+// Decode one validated-size chunk into out (rows x dim floats, row stride ld). Throws DecodeError.
+inline void decode_chunk(const uint8_t* buf, uint64_t size, int64_t rows, int64_t dim, float* out, int64_t ld) {
+  Header h = parse_header(buf, size);
+  if (int64_t(h.rows) != rows || int64_t(h.dim) != dim)
+    fail("header shape " + std::to_string(h.rows) + "x" + std::to_string(h.dim) + " does not match the block's " +
+         std::to_string(rows) + "x" + std::to_string(dim));
+  const uint8_t* sec0 = buf + kHeaderSize;
+  const uint8_t* sec1 = sec0 + h.sec0;
+  const uint64_t n = uint64_t(rows) * dim;
+  if (h.mode == kConst) {
+    for (int64_t r = 0; r < rows; ++r) std::fill(out + r * ld, out + r * ld + dim, h.min);
+    return;
+  }
+  if (h.mode == kRaw) {
+    for (int64_t r = 0; r < rows; ++r) std::memcpy(out + r * ld, sec0 + 4 * r * dim, 4 * dim);
+    return;
+  }
+  const float lo = h.min;
+  const float step = h.abs_eb + h.abs_eb;
+  if (h.mode == kPack) {
+    unpack_stream(sec0, h.sec0, n, h.width0, [&](uint64_t i, uint32_t q) {
+      out[int64_t(i / dim) * ld + int64_t(i % dim)] = lo + float(q) * step;
+    });
+    return;
+  }
+  if (h.mode == kHuff) {
+    std::vector<uint32_t> codes(n);
+    huff_decode(sec0, h.sec0, n, codes.data());
+    for (int64_t r = 0; r < rows; ++r) {
+      const uint32_t* c = codes.data() + r * dim;
+      float* o = out + r * ld;
+      for (int64_t j = 0; j < dim; ++j) o[j] = lo + float(c[j]) * step;
+    }
+    return;
+  }
+  // DEDUP: dequantize the unique rows once, then copy one per output row.
+  const uint32_t u = h.nuniq;
+  const uint64_t nu = uint64_t(u) * dim;
+  std::vector<uint32_t> ucodes(nu), index(rows);
+  if (h.flags & kFlagSec0Huff) huff_decode(sec0, h.sec0, nu, ucodes.data());
+  else unpack_stream(sec0, h.sec0, nu, h.width0, [&](uint64_t i, uint32_t q) { ucodes[i] = q; });
+  if (h.flags & kFlagSec1Huff) huff_decode(sec1, h.sec1, rows, index.data());
+  else unpack_stream(sec1, h.sec1, rows, h.width1, [&](uint64_t i, uint32_t q) { index[i] = q; });
+  std::vector<float> table(nu);
+  for (uint64_t i = 0; i < nu; ++i) table[i] = lo + float(ucodes[i]) * step;
+  for (int64_t r = 0; r < rows; ++r) {
+    if (index[r] >= u) fail("DEDUP index out of range");
+    std::memcpy(out + r * ld, table.data() + size_t(index[r]) * dim, 4 * dim);
+  }
+}
+
+}  // namespace dlac

@@ -1,0 +1,139 @@
+// CPU kernels of the DLAC codec and the op schemas (TORCH_LIBRARY(dlac, m)).
+//
+// dlac::encode_grid / dlac::decode_grid encode or decode every (row block, column block) chunk of a 2-D float32
+// tensor in row-block-major order, in parallel over chunks. A single chunk is the 1x1 grid.
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+#include <torch/types.h>
+
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "dlac_codec.h"
+
+namespace {
+
+void check_splits(c10::IntArrayRef splits, int64_t total, const char* name) {
+  TORCH_CHECK(splits.size() >= 2, name, " must hold at least two split points [0, ..., ", total, "]");
+  TORCH_CHECK(splits.front() == 0 && splits.back() == total, name, " must start at 0 and end at ", total, ", got [",
+              splits.front(), ", ..., ", splits.back(), "]");
+  for (size_t i = 1; i < splits.size(); ++i)
+    TORCH_CHECK(splits[i] >= splits[i - 1], name, " must be non-decreasing, got ", splits[i - 1], " then ", splits[i]);
+}
+
+void check_chunk_limits(c10::IntArrayRef rs, c10::IntArrayRef cs) {
+  for (size_t r = 0; r + 1 < rs.size(); ++r)
+    for (size_t c = 0; c + 1 < cs.size(); ++c) {
+      uint64_t n = uint64_t(rs[r + 1] - rs[r]) * uint64_t(cs[c + 1] - cs[c]);
+      TORCH_CHECK(n <= dlac::kMaxChunkElements, "block (", r, ", ", c, ") has ", n,
+                  " elements, more than the 2^28 a chunk may hold; split it into more row blocks");
+    }
+}
+
+std::tuple<at::Tensor, at::Tensor> encode_grid_cpu(const at::Tensor& x_in, c10::IntArrayRef row_splits,
+                                                   c10::IntArrayRef col_splits, const at::Tensor& bounds,
+                                                   bool relative) {
+  TORCH_CHECK(x_in.device().is_cpu(), "dlac::encode_grid (CPU): x must be a CPU tensor");
+  TORCH_CHECK(x_in.scalar_type() == at::kFloat, "x must be a float32 tensor, got ", x_in.scalar_type());
+  TORCH_CHECK(x_in.dim() == 2, "x must be 2-D [rows, dim], got ", x_in.dim(), " dimensions");
+  check_splits(row_splits, x_in.size(0), "row_splits");
+  check_splits(col_splits, x_in.size(1), "col_splits");
+  check_chunk_limits(row_splits, col_splits);
+  const int64_t R = int64_t(row_splits.size()) - 1, C = int64_t(col_splits.size()) - 1;
+  TORCH_CHECK(bounds.device().is_cpu() && bounds.scalar_type() == at::kFloat && bounds.dim() == 1 &&
+                  bounds.numel() == C,
+              "bounds must be a float32 CPU tensor with one bound per column block (", C, ")");
+  at::Tensor b = bounds.contiguous();
+  const float* bp = b.data_ptr<float>();
+  for (int64_t c = 0; c < C; ++c) {
+    TORCH_CHECK(std::isfinite(bp[c]) && bp[c] >= 0.0f, "bounds must be finite and >= 0 (0 = raw), got ", bp[c]);
+    TORCH_CHECK(!relative || bp[c] < 1.0f, "relative bounds must be < 1, got ", bp[c]);
+  }
+  // Chunks read a strided view; only the column stride must be 1.
+  at::Tensor x = (x_in.size(1) <= 1 || x_in.stride(1) == 1) ? x_in : x_in.contiguous();
+  const float* xp = x.data_ptr<float>();
+  const int64_t ld = x.stride(0);
+
+  const int64_t nchunks = R * C;
+  std::vector<std::vector<uint8_t>> outs(nchunks);
+  at::parallel_for(0, nchunks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t r = i / C, c = i % C;
+      const int64_t r0 = row_splits[r], rows = row_splits[r + 1] - r0;
+      const int64_t c0 = col_splits[c], dim = col_splits[c + 1] - c0;
+      dlac::encode_chunk(xp + r0 * ld + c0, rows, dim, ld, bp[c], relative, outs[i]);
+    }
+  });
+  at::Tensor sizes = at::empty({nchunks}, at::kLong);
+  int64_t* sp = sizes.data_ptr<int64_t>();
+  std::vector<int64_t> offsets(nchunks + 1, 0);
+  for (int64_t i = 0; i < nchunks; ++i) {
+    sp[i] = int64_t(outs[i].size());
+    offsets[i + 1] = offsets[i] + sp[i];
+  }
+  at::Tensor payload = at::empty({offsets[nchunks]}, at::kByte);
+  uint8_t* pp = payload.data_ptr<uint8_t>();
+  at::parallel_for(0, nchunks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i)
+      if (!outs[i].empty()) std::memcpy(pp + offsets[i], outs[i].data(), outs[i].size());
+  });
+  return {payload, sizes};
+}
+
+at::Tensor decode_grid_cpu(const at::Tensor& payload_in, const at::Tensor& sizes_in, c10::IntArrayRef row_splits,
+                           c10::IntArrayRef col_splits) {
+  TORCH_CHECK(payload_in.device().is_cpu() && payload_in.scalar_type() == at::kByte && payload_in.dim() == 1,
+              "payload must be a 1-D uint8 CPU tensor");
+  TORCH_CHECK(sizes_in.device().is_cpu() && sizes_in.scalar_type() == at::kLong && sizes_in.dim() == 1,
+              "sizes must be a 1-D int64 CPU tensor");
+  TORCH_CHECK(row_splits.size() >= 2 && col_splits.size() >= 2, "row_splits and col_splits need >= 2 points");
+  check_splits(row_splits, row_splits.back(), "row_splits");
+  check_splits(col_splits, col_splits.back(), "col_splits");
+  const int64_t R = int64_t(row_splits.size()) - 1, C = int64_t(col_splits.size()) - 1;
+  const int64_t nchunks = R * C;
+  TORCH_CHECK(sizes_in.numel() == nchunks, "sizes must hold one entry per chunk (", nchunks, "), got ",
+              sizes_in.numel());
+  at::Tensor payload = payload_in.contiguous();
+  at::Tensor sizes = sizes_in.contiguous();
+  const int64_t* sp = sizes.data_ptr<int64_t>();
+  std::vector<int64_t> offsets(nchunks + 1, 0);
+  for (int64_t i = 0; i < nchunks; ++i) {
+    TORCH_CHECK(sp[i] >= 0, "chunk ", i, ": negative size ", sp[i]);
+    offsets[i + 1] = offsets[i] + sp[i];
+  }
+  TORCH_CHECK(offsets[nchunks] == payload.numel(), "chunk sizes sum to ", offsets[nchunks],
+              " bytes but the payload holds ", payload.numel(), " (truncated payload?)");
+  at::Tensor out = at::empty({row_splits.back(), col_splits.back()}, at::kFloat);
+  float* op = out.data_ptr<float>();
+  const int64_t ld = col_splits.back();
+  const uint8_t* pp = payload.data_ptr<uint8_t>();
+  std::vector<std::string> errors(nchunks);
+  at::parallel_for(0, nchunks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t r = i / C, c = i % C;
+      const int64_t r0 = row_splits[r], rows = row_splits[r + 1] - r0;
+      const int64_t c0 = col_splits[c], dim = col_splits[c + 1] - c0;
+      try {
+        dlac::decode_chunk(pp + offsets[i], uint64_t(sp[i]), rows, dim, op + r0 * ld + c0, ld);
+      } catch (const std::exception& e) {
+        errors[i] = "chunk " + std::to_string(i) + " (row block " + std::to_string(r) + ", column block " +
+                    std::to_string(c) + "): " + e.what();
+      }
+    }
+  });
+  for (int64_t i = 0; i < nchunks; ++i) TORCH_CHECK(errors[i].empty(), errors[i]);
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(dlac, m) {
+  m.def("encode_grid(Tensor x, int[] row_splits, int[] col_splits, Tensor bounds, bool relative) -> (Tensor, Tensor)");
+  m.def("decode_grid(Tensor payload, Tensor sizes, int[] row_splits, int[] col_splits) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(dlac, CPU, m) {
+  m.impl("encode_grid", &encode_grid_cpu);
+  m.impl("decode_grid", &decode_grid_cpu);
+}
