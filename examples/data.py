@@ -1,0 +1,611 @@
+"""Criteo-like DataModules for the example DLRM: a synthetic default and a Criteo Kaggle TSV reader.
+
+Both yield ready :class:`torchrec.datasets.utils.Batch` objects (dense ``[B, 13]`` float32, a
+:class:`~torchrec.sparse.jagged_tensor.KeyedJaggedTensor` with keys ``cat_0`` .. ``cat_25``, labels ``[B]``
+float32) from an :class:`~torch.utils.data.IterableDataset` that already holds only this rank's batches. Being
+iterable, Lightning never injects a ``DistributedSampler`` on top, so the sharding below is the only one, and
+every rank gets exactly the same number of batches (remainders are dropped) so collectives never wait on a rank
+that ran out of data.
+
+Both expose ``num_embeddings_per_feature``, ``feature_names`` and ``num_dense_features`` so a model can be
+configured from the datamodule.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import random
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+import numpy as np
+import torch
+import torch.distributed as dist
+from lightning.pytorch import LightningDataModule
+from lightning.pytorch.utilities import rank_zero_warn
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from torchrec.datasets.criteo import DEFAULT_CAT_NAMES, DEFAULT_INT_NAMES
+from torchrec.datasets.utils import Batch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+from typing_extensions import override
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "CRITEO_KAGGLE_CARDINALITIES",
+    "DEFAULT_MAX_ROWS",
+    "FEATURE_NAMES",
+    "NUM_DENSE_FEATURES",
+    "CriteoTSVDataModule",
+    "SyntheticCriteoDataModule",
+    "capped_cardinalities",
+]
+
+# Distinct values per categorical feature in Criteo Kaggle's train.txt, in column order, as the DLRM reference
+# (facebookresearch/dlrm, --data-set=kaggle, no --max-ind-range) sizes its embedding tables.
+CRITEO_KAGGLE_CARDINALITIES: tuple[int, ...] = (
+    1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194,
+    27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572,
+)  # fmt: skip
+FEATURE_NAMES: tuple[str, ...] = tuple(DEFAULT_CAT_NAMES)
+NUM_DENSE_FEATURES: int = len(DEFAULT_INT_NAMES)
+# Rows per table when none are given: 26 x 10k x dim 64 float32 is ~67 MB, comfortable on a CPU.
+DEFAULT_MAX_ROWS: int = 10_000
+# Ids index int64 tensors and the synthetic permutation multiplies two ids; 2**31 keeps that product in int64.
+_MAX_TABLE_ROWS: int = 2**31 - 1
+
+_TRAIN, _VAL, _CALIBRATION, _MODEL = 0, 1, 2, 3
+
+
+def capped_cardinalities(max_rows: int) -> list[int]:
+    """Criteo Kaggle's cardinalities with every table capped at ``max_rows`` rows (CPU-sized tables).
+
+    Args:
+        max_rows: The largest table size to allow; larger tables are hashed down to it.
+
+    Returns:
+        26 table sizes, one per feature in :data:`FEATURE_NAMES` order.
+    """
+    if max_rows < 1:
+        raise ValueError(f"max_rows must be a positive number of embedding rows, got {max_rows}.")
+    return [min(n, max_rows) for n in CRITEO_KAGGLE_CARDINALITIES]
+
+
+def _resolve_table_sizes(num_embeddings_per_feature: Sequence[int] | None, max_rows: int) -> list[int]:
+    if num_embeddings_per_feature is None:
+        return capped_cardinalities(max_rows)
+    sizes = [int(n) for n in num_embeddings_per_feature]
+    if len(sizes) != len(FEATURE_NAMES):
+        raise ValueError(
+            f"num_embeddings_per_feature needs one table size per categorical feature ({len(FEATURE_NAMES)}), "
+            f"got {len(sizes)}. Leave it unset to use the Criteo Kaggle sizes capped at max_rows."
+        )
+    bad = [(name, n) for name, n in zip(FEATURE_NAMES, sizes) if not 1 <= n <= _MAX_TABLE_ROWS]
+    if bad:
+        raise ValueError(f"Every table size must lie in [1, {_MAX_TABLE_ROWS}]; got {bad}.")
+    return sizes
+
+
+def _rank_and_world(datamodule: LightningDataModule) -> tuple[int, int]:
+    """This process's (rank, world size): the attached trainer's, else torch.distributed's, else (0, 1)."""
+    trainer = datamodule.trainer
+    if trainer is not None:
+        return int(trainer.global_rank), int(trainer.world_size)
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _check_rank(rank: int, world_size: int) -> None:
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"Need 0 <= rank < world_size, got rank={rank}, world_size={world_size}.")
+
+
+class _RankBatches(IterableDataset):
+    """This rank's batches, ``batch_fn(global_index)`` for ``global_index = rank + world_size * j``.
+
+    DataLoader workers split the rank's batches round-robin (worker ``w`` of ``K`` takes ``j % K == w``), which is
+    also the order the DataLoader collects them in, so the stream is the same for any ``num_workers``.
+    """
+
+    def __init__(self, batch_fn: Callable[[int], Batch], num_batches: int, rank: int, world_size: int) -> None:
+        self._batch_fn = batch_fn
+        self._num_batches = num_batches
+        self._rank = rank
+        self._world_size = world_size
+
+    def global_indices(self) -> list[int]:
+        """Indices into the global batch stream that this rank reads, in order."""
+        return [self._rank + self._world_size * j for j in range(self._num_batches)]
+
+    def __len__(self) -> int:
+        return self._num_batches
+
+    def __iter__(self) -> Iterator[Batch]:
+        info = get_worker_info()
+        worker, num_workers = (0, 1) if info is None else (info.id, info.num_workers)
+        for j, index in enumerate(self.global_indices()):
+            if j % num_workers == worker:
+                yield self._batch_fn(index)
+
+
+def _make_batch(dense: torch.Tensor, ids: torch.Tensor, lengths: torch.Tensor, labels: torch.Tensor) -> Batch:
+    """Assemble a Batch; ``ids`` holds values in key-major order, ``lengths`` is ``[F * B]`` int32."""
+    sparse = KeyedJaggedTensor(keys=list(FEATURE_NAMES), values=ids, lengths=lengths)
+    return Batch(dense_features=dense, sparse_features=sparse, labels=labels)
+
+
+def _dataloader(dataset: _RankBatches, num_workers: int) -> DataLoader:
+    # batch_size=None: the dataset yields whole Batches, which the DataLoader passes through untouched.
+    return DataLoader(dataset, batch_size=None, num_workers=num_workers, persistent_workers=num_workers > 0)
+
+
+def _stream_seed(seed: int, split: int, index: int) -> int:
+    """A well-mixed 63-bit seed for one (seed, split, index); nearby tuples give unrelated streams."""
+    return int(np.random.SeedSequence([seed, split, index]).generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
+
+
+class _SyntheticCriteoGenerator:
+    """The hidden model behind the synthetic data, and the sampler that draws batches from it.
+
+    Every table's ids follow a truncated Zipf law over ranks (rank 0 hottest), mapped to ids by a fixed
+    affine permutation ``id = (a * rank + b) mod n`` with ``gcd(a, n) = 1``: a bijection that needs no
+    ``n``-sized permutation table, so full Criteo sizes cost nothing. Ranks are drawn by inverting the CDF of the
+    continuous power law on ``[1, n + 1)`` and flooring, which is close to discrete Zipf and fully vectorized.
+
+    The label logit is ``bias + sum over informative tables of effect[table][rank] (mean over pooled ids)
+    + w . (dense - mean)``; ``bias`` is calibrated so that about ``positive_rate`` of labels are 1.
+    """
+
+    # Only the hottest ranks of a table carry a hidden effect, so the effect tables stay small for any table size.
+    max_effect_rows = 1 << 16
+    informative_fraction = 0.35
+    effect_scale = 0.6
+    dense_weight_scale = 0.4
+
+    def __init__(
+        self,
+        table_sizes: Sequence[int],
+        zipf_alpha: float,
+        ids_per_feature: int,
+        seed: int,
+        positive_rate: float = 0.25,
+    ) -> None:
+        self.ids_per_feature = ids_per_feature
+        self.seed = seed
+        num_tables = len(table_sizes)
+        rng = random.Random(_stream_seed(seed, _MODEL, 0))
+        gen = torch.Generator().manual_seed(_stream_seed(seed, _MODEL, 1))
+
+        n = torch.tensor(table_sizes, dtype=torch.float64).unsqueeze(1)
+        self._n = n.long()
+        if abs(zipf_alpha - 1.0) < 1e-9:
+            self._zipf = ("log", n + 1)
+        else:
+            e = 1.0 - zipf_alpha
+            self._zipf = ("pow", (n + 1) ** e - 1.0, 1.0 / e)
+
+        mult, shift = [], []
+        for size in table_sizes:
+            a = rng.randrange(1, size) if size > 2 else 1
+            while math.gcd(a, size) != 1:
+                a = rng.randrange(1, size)
+            mult.append(a)
+            shift.append(rng.randrange(size))
+        self._mult = torch.tensor(mult, dtype=torch.int64).unsqueeze(1)
+        self._shift = torch.tensor(shift, dtype=torch.int64).unsqueeze(1)
+
+        num_informative = max(1, round(self.informative_fraction * num_tables))
+        informative = set(rng.sample(range(num_tables), num_informative))
+        self.informative_tables = sorted(informative)
+        rows = [min(size, self.max_effect_rows) for size in table_sizes]
+        self._effect_rows = torch.tensor(rows, dtype=torch.int64).unsqueeze(1)
+        self._effect_offsets = torch.tensor([0, *np.cumsum(rows)[:-1].tolist()], dtype=torch.int64).unsqueeze(1)
+        effects = torch.randn(sum(rows), generator=gen) * self.effect_scale
+        keep = torch.cat([torch.full((r,), float(t in informative)) for t, r in enumerate(rows)])
+        self._effects = effects * keep
+
+        # Dense features look like Criteo's after log(1 + x): non-negative counts with a heavy tail and many zeros.
+        self._dense_mu = torch.rand(NUM_DENSE_FEATURES, generator=gen) * 4.0 - 0.5
+        self._dense_sigma = torch.rand(NUM_DENSE_FEATURES, generator=gen) * 1.0 + 0.75
+        self._dense_w = torch.randn(NUM_DENSE_FEATURES, generator=gen) * self.dense_weight_scale
+        self._dense_center = torch.zeros(NUM_DENSE_FEATURES)
+        self._bias = 0.0
+        self._calibrate(positive_rate)
+
+    def _calibrate(self, positive_rate: float, num_samples: int = 16_384) -> None:
+        gen = torch.Generator().manual_seed(_stream_seed(self.seed, _CALIBRATION, 0))
+        dense, _, _, effect = self._draw(num_samples, gen)
+        self._dense_center = dense.mean(dim=0)
+        logit = effect + (dense - self._dense_center) @ self._dense_w
+        lo, hi = -20.0, 20.0
+        for _ in range(50):
+            mid = (lo + hi) / 2
+            if torch.sigmoid(logit + mid).mean().item() < positive_rate:
+                lo = mid
+            else:
+                hi = mid
+        self._bias = (lo + hi) / 2
+
+    def _draw(
+        self, batch_size: int, gen: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Features without labels: (dense [B, 13], ids [F * B * P], lengths [F * B], summed effect [B])."""
+        num_tables, pool = self._n.shape[0], self.ids_per_feature
+        u = torch.rand(num_tables, batch_size * pool, generator=gen, dtype=torch.float64)
+        if self._zipf[0] == "log":
+            x = self._zipf[1] ** u
+        else:
+            x = (u * self._zipf[1] + 1.0) ** self._zipf[2]
+        rank = torch.minimum(x.long() - 1, self._n - 1).clamp_(min=0)
+        ids = (self._mult * rank + self._shift) % self._n
+
+        hot = rank < self._effect_rows
+        effect = self._effects[self._effect_offsets + torch.where(hot, rank, 0)] * hot
+        effect = effect.view(num_tables, batch_size, pool).mean(dim=2).sum(dim=0, dtype=torch.float32)
+
+        z = torch.randn(batch_size, NUM_DENSE_FEATURES, generator=gen)
+        dense = torch.log1p(torch.floor(torch.exp(z * self._dense_sigma + self._dense_mu)))
+        lengths = torch.full((num_tables * batch_size,), pool, dtype=torch.int32)
+        return dense, ids.view(-1), lengths, effect
+
+    def batch(self, index: int, split: int = _TRAIN, batch_size: int = 512) -> Batch:
+        """Batch ``index`` of ``split``, a pure function of (seed, split, index)."""
+        gen = torch.Generator().manual_seed(_stream_seed(self.seed, split, index))
+        dense, ids, lengths, effect = self._draw(batch_size, gen)
+        logit = self._bias + effect + (dense - self._dense_center) @ self._dense_w
+        labels = (torch.rand(batch_size, generator=gen) < torch.sigmoid(logit)).float()
+        return _make_batch(dense, ids, lengths, labels)
+
+    def logits(self, batch: Batch) -> torch.Tensor:
+        """The true logit of each sample in a batch drawn from this model (for tests and oracle AUC)."""
+        ids = batch.sparse_features.values().view(self._n.shape[0], -1)
+        # Invert the affine permutation: rank = (id - b) * a^-1 mod n.
+        inv = torch.tensor([pow(int(a), -1, int(n)) if n > 1 else 0 for a, n in zip(self._mult, self._n)])
+        rank = ((ids - self._shift) % self._n * inv.unsqueeze(1)) % self._n
+        hot = rank < self._effect_rows
+        effect = self._effects[self._effect_offsets + torch.where(hot, rank, 0)] * hot
+        effect = effect.view(self._n.shape[0], -1, self.ids_per_feature).mean(dim=2).sum(dim=0)
+        return self._bias + effect + (batch.dense_features - self._dense_center) @ self._dense_w
+
+
+class SyntheticCriteoDataModule(LightningDataModule):
+    """Synthetic Criteo-like click data with a planted, learnable signal: the embedded default dataset.
+
+    Ids are Zipf-distributed per table (a few hot ids take most lookups, as in Criteo), the hot ids scattered
+    over the table by a fixed per-table permutation. About a third of the tables carry a hidden random effect per
+    id, the 13 dense features a linear effect, and labels are ``Bernoulli(sigmoid(logit))`` with about 25% positives,
+    so AUC is meaningful and well above 0.5 once the model learns.
+
+    The data is a pure function of ``seed``: global batch ``i`` of a split is drawn from a generator seeded by
+    ``(seed, split, i)``, and rank ``r`` of ``W`` reads batches ``i = r, r + W, r + 2W, ...``. Every epoch
+    replays the same ``num_train_batches`` training batches; validation is a separate, fixed stream.
+
+    Args:
+        num_embeddings_per_feature: Rows of each of the 26 tables; ``None`` uses the Criteo Kaggle sizes capped
+            at ``max_rows``.
+        max_rows: Cap on table sizes when ``num_embeddings_per_feature`` is ``None``.
+        batch_size: Samples per batch, per rank.
+        num_train_batches: Training batches per rank per epoch.
+        num_val_batches: Validation batches per rank.
+        zipf_alpha: Zipf exponent of the id distribution (0 is uniform; larger is more skewed).
+        ids_per_feature: Ids per feature per sample; above 1 the features are multi-hot (sum/mean pooled).
+        seed: Seed of the hidden model and of every batch.
+        num_workers: DataLoader worker processes.
+    """
+
+    def __init__(
+        self,
+        num_embeddings_per_feature: list[int] | None = None,
+        max_rows: int = DEFAULT_MAX_ROWS,
+        batch_size: int = 512,
+        num_train_batches: int = 64,
+        num_val_batches: int = 8,
+        zipf_alpha: float = 1.05,
+        ids_per_feature: int = 1,
+        seed: int = 0,
+        num_workers: int = 0,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        for name, value in (("batch_size", batch_size), ("ids_per_feature", ids_per_feature)):
+            if value < 1:
+                raise ValueError(f"{name} must be at least 1, got {value}.")
+        for name, value in (("num_train_batches", num_train_batches), ("num_val_batches", num_val_batches)):
+            if value < 0:
+                raise ValueError(f"{name} must be non-negative, got {value}.")
+        if zipf_alpha < 0:
+            raise ValueError(f"zipf_alpha must be >= 0 (0 is uniform), got {zipf_alpha}.")
+        self.num_embeddings_per_feature: list[int] = _resolve_table_sizes(num_embeddings_per_feature, max_rows)
+        self.feature_names: list[str] = list(FEATURE_NAMES)
+        self.num_dense_features: int = NUM_DENSE_FEATURES
+        self.batch_size = batch_size
+        self.num_train_batches = num_train_batches
+        self.num_val_batches = num_val_batches
+        self.zipf_alpha = zipf_alpha
+        self.ids_per_feature = ids_per_feature
+        self.seed = seed
+        self.num_workers = num_workers
+        self._rank_override: tuple[int, int] | None = None
+        self._rank, self._world_size = 0, 1
+        self._generator: _SyntheticCriteoGenerator | None = None
+
+    def _set_rank(self, rank: int, world_size: int) -> None:
+        """Pin this datamodule to one rank of a world, overriding trainer and torch.distributed (for tests)."""
+        _check_rank(rank, world_size)
+        self._rank_override = (rank, world_size)
+        self._rank, self._world_size = rank, world_size
+
+    @property
+    def generator(self) -> _SyntheticCriteoGenerator:
+        """The hidden model the data is drawn from (built on first use)."""
+        if self._generator is None:
+            self._generator = _SyntheticCriteoGenerator(
+                self.num_embeddings_per_feature, self.zipf_alpha, self.ids_per_feature, self.seed
+            )
+        return self._generator
+
+    @override
+    def setup(self, stage: str) -> None:
+        self._rank, self._world_size = self._rank_override or _rank_and_world(self)
+        _check_rank(self._rank, self._world_size)
+        self.generator  # noqa: B018 - build the hidden model once, before workers fork
+
+    def _split_dataset(self, split: int, num_batches: int) -> _RankBatches:
+        batch_fn = functools.partial(self.generator.batch, split=split, batch_size=self.batch_size)
+        return _RankBatches(batch_fn, num_batches, self._rank, self._world_size)
+
+    def train_dataset(self) -> _RankBatches:
+        """This rank's training batches (an IterableDataset of ready Batches)."""
+        return self._split_dataset(_TRAIN, self.num_train_batches)
+
+    def val_dataset(self) -> _RankBatches:
+        """This rank's validation batches (an IterableDataset of ready Batches)."""
+        return self._split_dataset(_VAL, self.num_val_batches)
+
+    @override
+    def train_dataloader(self) -> DataLoader:
+        return _dataloader(self.train_dataset(), self.num_workers)
+
+    @override
+    def val_dataloader(self) -> DataLoader:
+        return _dataloader(self.val_dataset(), self.num_workers)
+
+
+_NUM_FIELDS = 1 + NUM_DENSE_FEATURES + len(FEATURE_NAMES)
+
+
+def _parse_criteo_tsv(
+    path: Path, table_sizes: Sequence[int], max_samples: int | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Parse a Criteo Kaggle TSV into (labels [N] float32, dense [N, 13] float32, ids [N, 26] int64).
+
+    Dense: missing or negative -> 0, then ``log(1 + x)``. Categoricals: ``int(hex, 16) % table_size``; a missing
+    categorical becomes id 0, which it shares with the hashed values that land on 0.
+    """
+    labels: list[int] = []
+    dense: list[list[int]] = []
+    cats: list[list[int]] = []
+    sizes = list(table_sizes)
+    with path.open("r", encoding="utf-8", errors="replace", newline="") as f:
+        for lineno, line in enumerate(f, start=1):
+            if max_samples is not None and len(labels) >= max_samples:
+                break
+            line = line.rstrip("\r\n")
+            if not line:
+                continue
+            fields = line.split("\t")
+            if len(fields) != _NUM_FIELDS:
+                raise ValueError(
+                    f"{path}, line {lineno}: expected {_NUM_FIELDS} tab-separated fields (label, "
+                    f"{NUM_DENSE_FEATURES} integer, {len(FEATURE_NAMES)} categorical), got {len(fields)}. "
+                    "Criteo's test.txt has no label column and cannot be used here."
+                )
+            try:
+                label = int(fields[0])
+                row_dense = [int(v) if v else 0 for v in fields[1 : 1 + NUM_DENSE_FEATURES]]
+                row_cats = [int(v, 16) % n if v else 0 for v, n in zip(fields[1 + NUM_DENSE_FEATURES :], sizes)]
+            except ValueError:
+                raise ValueError(f"{path}, line {lineno}: {_describe_bad_field(fields)}") from None
+            if label not in (0, 1):
+                raise ValueError(f"{path}, line {lineno}: the label must be 0 or 1, got {fields[0]!r}.")
+            # int(v, 16) also takes signs, spaces, underscores: one isalnum over the joined row rejects them cheaply.
+            joined = "".join(fields[1 + NUM_DENSE_FEATURES :])
+            if not (joined.isascii() and (joined.isalnum() or not joined)):
+                raise ValueError(f"{path}, line {lineno}: {_describe_bad_field(fields, strict_hex=True)}")
+            labels.append(label)
+            dense.append(row_dense)
+            cats.append(row_cats)
+    n = len(labels)
+    dense_arr = np.log1p(np.maximum(np.asarray(dense, dtype=np.float64).reshape(n, NUM_DENSE_FEATURES), 0.0))
+    return (
+        torch.tensor(labels, dtype=torch.float32),
+        torch.from_numpy(dense_arr.astype(np.float32)),
+        torch.tensor(cats, dtype=torch.int64).reshape(n, len(FEATURE_NAMES)),
+    )
+
+
+def _describe_bad_field(fields: list[str], strict_hex: bool = False) -> str:
+    """Name the first field of a row that does not parse, for an error message."""
+    try:
+        int(fields[0])
+    except ValueError:
+        return f"the label is not an integer: {fields[0]!r}."
+    for k, v in enumerate(fields[1 : 1 + NUM_DENSE_FEATURES]):
+        try:
+            int(v) if v else 0
+        except ValueError:
+            return f"integer feature {DEFAULT_INT_NAMES[k]} (field {2 + k}) is not an integer: {v!r}."
+    for k, v in enumerate(fields[1 + NUM_DENSE_FEATURES :]):
+        try:
+            if v:
+                int(v, 16)
+                if strict_hex and not (v.isascii() and v.isalnum()):
+                    raise ValueError
+        except ValueError:
+            field = 2 + NUM_DENSE_FEATURES + k
+            return f"categorical feature {FEATURE_NAMES[k]} (field {field}) is not a hex string: {v!r}."
+    return "the row does not parse."
+
+
+class _RowBatches:
+    """Picklable ``global_index -> Batch`` over contiguous row slices of parsed tensors."""
+
+    def __init__(self, labels: torch.Tensor, dense: torch.Tensor, ids: torch.Tensor, batch_size: int) -> None:
+        self.labels, self.dense, self.ids, self.batch_size = labels, dense, ids, batch_size
+        self.lengths = torch.ones(ids.shape[1] * batch_size, dtype=torch.int32)
+
+    def __call__(self, index: int) -> Batch:
+        rows = slice(index * self.batch_size, (index + 1) * self.batch_size)
+        # KJT values are key-major: all samples of cat_0, then cat_1, ...
+        ids = self.ids[rows].t().contiguous().view(-1)
+        return _make_batch(self.dense[rows].contiguous(), ids, self.lengths, self.labels[rows].contiguous())
+
+
+class CriteoTSVDataModule(LightningDataModule):
+    """Criteo Kaggle display-advertising TSV files (``train.txt`` format) as DLRM batches.
+
+    Each line is a 0/1 label, 13 integer features and 26 hex-hashed categoricals, tab-separated, an empty field
+    meaning missing. Dense features: missing or negative -> 0, then ``log(1 + x)``. Categoricals:
+    ``int(hex, 16) % table_size``; a missing categorical becomes id 0 (so id 0 mixes "missing" with the hashed
+    values that land on 0, as in the DLRM reference's preprocessing).
+
+    Files are parsed once in :meth:`setup` into tensors (plain Python, about 12 s per million rows here, so use
+    ``max_samples`` for large files). Without ``val_path`` the last ``val_fraction`` of the training rows (Criteo
+    is time-ordered, so the latest ones) are held out. Training rows are then shuffled once with ``seed`` (the
+    order is the same every epoch). Rows are cut into batches, the remainder dropped, and rank ``r`` of ``W`` takes
+    global batches ``r, r + W, ...`` up to the same count on every rank.
+
+    Args:
+        train_path: Path of the training TSV.
+        val_path: Path of the validation TSV; ``None`` holds out the last ``val_fraction`` of ``train_path``.
+        num_embeddings_per_feature: Rows of each of the 26 tables; ``None`` uses the Criteo Kaggle sizes capped
+            at ``max_rows``.
+        max_rows: Cap on table sizes when ``num_embeddings_per_feature`` is ``None``.
+        batch_size: Samples per batch, per rank.
+        max_samples: Read at most this many rows of each file (``None``: all).
+        val_fraction: Fraction of the training rows held out when ``val_path`` is ``None``.
+        shuffle: Shuffle the training rows (once, with ``seed``) before batching.
+        seed: Seed of the shuffle.
+        num_workers: DataLoader worker processes.
+    """
+
+    def __init__(
+        self,
+        train_path: str,
+        val_path: str | None = None,
+        num_embeddings_per_feature: list[int] | None = None,
+        max_rows: int = DEFAULT_MAX_ROWS,
+        batch_size: int = 512,
+        max_samples: int | None = None,
+        val_fraction: float = 0.2,
+        shuffle: bool = True,
+        seed: int = 0,
+        num_workers: int = 0,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}.")
+        if max_samples is not None and max_samples < 1:
+            raise ValueError(f"max_samples must be a positive row count or None, got {max_samples}.")
+        if not 0.0 <= val_fraction < 1.0:
+            raise ValueError(f"val_fraction must lie in [0, 1), got {val_fraction}.")
+        self.num_embeddings_per_feature: list[int] = _resolve_table_sizes(num_embeddings_per_feature, max_rows)
+        self.feature_names: list[str] = list(FEATURE_NAMES)
+        self.num_dense_features: int = NUM_DENSE_FEATURES
+        self.train_path = train_path
+        self.val_path = val_path
+        self.batch_size = batch_size
+        self.max_samples = max_samples
+        self.val_fraction = val_fraction
+        self.shuffle = shuffle
+        self.seed = seed
+        self.num_workers = num_workers
+        self._rank_override: tuple[int, int] | None = None
+        self._rank, self._world_size = 0, 1
+        self._train: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self._val: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    def _set_rank(self, rank: int, world_size: int) -> None:
+        """Pin this datamodule to one rank of a world, overriding trainer and torch.distributed (for tests)."""
+        _check_rank(rank, world_size)
+        self._rank_override = (rank, world_size)
+        self._rank, self._world_size = rank, world_size
+
+    def _read(self, path: str, argument: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        file = Path(path).expanduser()
+        if not file.is_file():
+            raise FileNotFoundError(
+                f"Criteo TSV file not found: {str(file)!r}. Set `{argument}` of {type(self).__name__} to an "
+                "existing Criteo Kaggle train.txt-format file."
+            )
+        return _parse_criteo_tsv(file, self.num_embeddings_per_feature, self.max_samples)
+
+    @override
+    def setup(self, stage: str) -> None:
+        self._rank, self._world_size = self._rank_override or _rank_and_world(self)
+        _check_rank(self._rank, self._world_size)
+        if self._train is not None:
+            return
+        train = self._read(self.train_path, "train_path")
+        if self.val_path is not None:
+            val = self._read(self.val_path, "val_path")
+        else:
+            num_val = int(round(self.val_fraction * train[0].shape[0]))
+            cut = train[0].shape[0] - num_val
+            val = tuple(t[cut:] for t in train)
+            train = tuple(t[:cut] for t in train)
+        if self.shuffle:
+            perm = torch.randperm(train[0].shape[0], generator=torch.Generator().manual_seed(self.seed))
+            train = tuple(t[perm] for t in train)
+        self._train, self._val = train, val  # type: ignore[assignment]
+        if self.num_train_batches == 0:
+            raise ValueError(
+                f"{self.train_path!r} gives {train[0].shape[0]} training rows, fewer than one batch per rank "
+                f"(batch_size={self.batch_size} x world_size={self._world_size}). Lower `batch_size` or raise "
+                "`max_samples`."
+            )
+        if self.num_val_batches == 0 and val[0].shape[0] > 0:
+            rank_zero_warn(
+                f"{val[0].shape[0]} validation rows make no full batch per rank (batch_size={self.batch_size} x "
+                f"world_size={self._world_size}); validation is empty."
+            )
+
+    def _batches_per_rank(self, split: tuple[torch.Tensor, ...] | None) -> int:
+        if split is None:
+            raise RuntimeError(f"Call {type(self).__name__}.setup() before asking for batches.")
+        return split[0].shape[0] // self.batch_size // self._world_size
+
+    @property
+    def num_train_batches(self) -> int:
+        """Training batches per rank per epoch (the same on every rank)."""
+        return self._batches_per_rank(self._train)
+
+    @property
+    def num_val_batches(self) -> int:
+        """Validation batches per rank (the same on every rank)."""
+        return self._batches_per_rank(self._val)
+
+    def _dataset(self, split: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None) -> _RankBatches:
+        num_batches = self._batches_per_rank(split)
+        assert split is not None
+        labels, dense, ids = split
+        return _RankBatches(_RowBatches(labels, dense, ids, self.batch_size), num_batches, self._rank, self._world_size)
+
+    def train_dataset(self) -> _RankBatches:
+        """This rank's training batches (an IterableDataset of ready Batches)."""
+        return self._dataset(self._train)
+
+    def val_dataset(self) -> _RankBatches:
+        """This rank's validation batches (an IterableDataset of ready Batches)."""
+        return self._dataset(self._val)
+
+    @override
+    def train_dataloader(self) -> DataLoader:
+        return _dataloader(self.train_dataset(), self.num_workers)
+
+    @override
+    def val_dataloader(self) -> DataLoader:
+        return _dataloader(self.val_dataset(), self.num_workers)
