@@ -24,11 +24,14 @@ from torch import nn
 from typing_extensions import override
 
 from lightning_dlac._torchrec import require_torchrec
+from lightning_dlac.comm.config import CommStats, CompressionConfig, ErrorBounds
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
     from lightning.pytorch.accelerators import Accelerator
     from torchrec.distributed.model_parallel import DistributedModelParallel
+
+    from lightning_dlac.comm import CompressedPooledEmbeddingsAllToAll
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +140,14 @@ class DLACStrategy(DDPStrategy):
         embedding_eps: Epsilon of the (row-wise) Adagrad embedding optimizer.
         memory_budget_bytes: Memory each rank may use for embedding tables and their optimizer state (device memory
             on GPU, host memory on CPU). ``None`` uses the planner's default for the device.
+        compress: Compress the pooled-embedding all-to-all. ``False`` keeps TorchRec's uncompressed path exactly
+            (for A/B runs).
+        eps: Relative error bound of every table until a policy (``DLACCallback``) sets per-table bounds.
+        backward_compression: Gradient all-to-all: ``"fp32"`` (uncompressed), ``"bf16"``, ``"fp16"`` (fixed-size
+            casts, as TorchRec's qcomm codecs) or ``"dlac"`` (error-bounded, ``backward_eps``).
+        backward_eps: Relative error bound of the gradient exchange with ``backward_compression="dlac"``.
+        codec_impl: ``"auto"`` (native kernels, falling back to the reference), ``"native"`` or ``"ref"``.
+        error_every: Measure the observed max error / bound every this many exchanges (0 = never).
         **ddp_kwargs: Passed to the ``DistributedDataParallel`` that wraps the dense parameters.
     """
 
@@ -158,6 +169,12 @@ class DLACStrategy(DDPStrategy):
         embedding_lr: float = 0.05,
         embedding_eps: float = 1e-8,
         memory_budget_bytes: int | None = None,
+        compress: bool = True,
+        eps: float = 0.01,
+        backward_compression: str = "bf16",
+        backward_eps: float = 0.01,
+        codec_impl: str = "auto",
+        error_every: int = 10,
         **ddp_kwargs: Any,
     ) -> None:
         require_torchrec()
@@ -189,6 +206,12 @@ class DLACStrategy(DDPStrategy):
         if memory_budget_bytes is not None and memory_budget_bytes <= 0:
             raise ValueError(f"memory_budget_bytes={memory_budget_bytes} must be a positive number of bytes or None.")
         self._memory_budget_bytes = memory_budget_bytes
+        self._compress = bool(compress)
+        self._compression = CompressionConfig(
+            eps=eps, backward=backward_compression, backward_eps=backward_eps, error_every=error_every, impl=codec_impl
+        )
+        self._error_bounds = ErrorBounds(default_eps=eps)
+        self._exchanges: list[CompressedPooledEmbeddingsAllToAll] = []
         self._dmp: DistributedModelParallel | None = None
 
     @classmethod
@@ -213,6 +236,40 @@ class DLACStrategy(DDPStrategy):
     def embedding_optimizer(self) -> EmbeddingOptimizer:
         """The fused optimizer that trains the embedding tables."""
         return self._embedding_optimizer
+
+    @property
+    def compress(self) -> bool:
+        """Whether the pooled-embedding all-to-all is compressed."""
+        return self._compress
+
+    @property
+    def compression(self) -> CompressionConfig:
+        """Compression settings of the all-to-all."""
+        return self._compression
+
+    @property
+    def error_bounds(self) -> ErrorBounds:
+        """The per-table bounds the compressed all-to-all reads at every call; the policy writes them."""
+        return self._error_bounds
+
+    @property
+    def exchanges(self) -> list[CompressedPooledEmbeddingsAllToAll]:
+        """The installed compressed all-to-all modules (empty before setup or with ``compress=False``)."""
+        return list(self._exchanges)
+
+    @property
+    def compressed_tables(self) -> list[str]:
+        """Tables whose pooled embeddings this rank sends compressed."""
+        return sorted({t for a2a in self._exchanges for t in a2a.local_tables})
+
+    def comm_stats(self, reset: bool = False) -> CommStats:
+        """This rank's compression counters summed over every compressed exchange, optionally resetting them."""
+        total = CommStats()
+        for a2a in self._exchanges:
+            total.merge(a2a.stats)
+            if reset:
+                a2a.stats.reset()
+        return total
 
     @property
     def distributed_model(self) -> DistributedModelParallel | None:
@@ -256,6 +313,8 @@ class DLACStrategy(DDPStrategy):
         from torchrec.distributed.types import ShardingEnv
         from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
+        from lightning_dlac.comm import install_compressed_all_to_all
+
         ebcs = [(n, m) for n, m in module.named_modules() if isinstance(m, EmbeddingBagCollection)]
         already_sharded = any(isinstance(m, ShardedEmbeddingBagCollection) for m in module.modules())
         if not ebcs and not already_sharded:
@@ -265,9 +324,6 @@ class DLACStrategy(DDPStrategy):
                 " `torchrec.EmbeddingBagCollection(tables=[EmbeddingBagConfig(...)])` (see lightning_dlac.examples), or"
                 " use Lightning's DDPStrategy for a model without embedding tables."
             )
-        tables = [table for _, ebc in ebcs for table in ebc.embedding_bag_configs()]
-        self._check_tables(tables)
-
         pg = dist.group.WORLD
         if pg is None:
             raise RuntimeError(f"{type(self).__name__}.setup() ran before the process group was initialized.")
@@ -280,6 +336,8 @@ class DLACStrategy(DDPStrategy):
                 "eps": self._embedding_eps,
             }
         )
+        tables = [table for _, ebc in ebcs for table in ebc.embedding_bag_configs()]
+        self._check_tables(tables, supported=sharder.sharding_types(device.type), device_type=device.type)
         topology = Topology(
             world_size=env.world_size,
             local_world_size=self.num_processes,
@@ -310,12 +368,14 @@ class DLACStrategy(DDPStrategy):
                 ddp_kwargs=self._ddp_kwargs or None,
             ),
         )
+        if self._compress:
+            self._exchanges = install_compressed_all_to_all(self._dmp, self._compression, self._error_bounds)
         if self.global_rank == 0:
             placement = _summarize_plan(plan)
             rank_zero_info(f"{type(self).__name__}: sharded {len(tables)} embedding tables over {env.world_size} rank(s): {placement}")
         return self._dmp
 
-    def _check_tables(self, tables: list[Any]) -> None:
+    def _check_tables(self, tables: list[Any], supported: list[str], device_type: str) -> None:
         names = {t.name for t in tables}
         unknown = sorted(set(self._table_constraints) - names)
         if unknown:
@@ -323,8 +383,17 @@ class DLACStrategy(DDPStrategy):
                 f"table_constraints names tables that the model does not have: {unknown}. Tables in the model:"
                 f" {sorted(names)}."
             )
+        for t in tables:
+            allowed = self._table_constraints.get(t.name, {}).get("sharding_types", self._sharding_types)
+            if not set(allowed) & set(supported):
+                raise ValueError(
+                    f"Table {t.name!r} may only use sharding types {list(allowed)}, none of which TorchRec supports on"
+                    f" {device_type!r} devices (supported there: {supported}). Change sharding_types (or that table's"
+                    " table_constraints)."
+                )
         if self._memory_budget_bytes is None:
             return
+        splitting = sorted(_SPLITTING_SHARDING_TYPES & set(supported))
         for t in tables:
             allowed = self._table_constraints.get(t.name, {}).get("sharding_types", self._sharding_types)
             if set(allowed) & _SPLITTING_SHARDING_TYPES:
@@ -340,9 +409,9 @@ class DLACStrategy(DDPStrategy):
                 raise ValueError(
                     f"Embedding table {t.name!r} ({t.num_embeddings} rows x {t.embedding_dim} dims, {need} bytes with"
                     f" {self._embedding_optimizer} state) does not fit in memory_budget_bytes={self._memory_budget_bytes}"
-                    f" of one rank, and sharding types {allowed} keep a table whole. Raise memory_budget_bytes, or let"
-                    f" it be split: table_constraints={{{t.name!r}: {{'sharding_types': ['row_wise']}}}} (or"
-                    " 'column_wise')."
+                    f" of one rank, and sharding types {list(allowed)} keep a table whole. Raise memory_budget_bytes,"
+                    f" or let it be split: table_constraints={{{t.name!r}: {{'sharding_types': [{splitting[0]!r}]}}}}"
+                    f" (splitting types on {device_type!r}: {splitting})."
                 )
 
     def _constraints(self, tables: list[Any]) -> dict[str, Any]:

@@ -1,0 +1,310 @@
+"""Compressed drop-in for TorchRec's ``PooledEmbeddingsAllToAll``.
+
+Forward, on every rank:
+1. encode every (destination rank, local table) chunk of ``local_embs`` with that table's current bound;
+2. exchange the per-chunk compressed byte counts (a small int64 all-to-all);
+3. exchange the payloads with one variable-split ``all_to_all_single``;
+4. decode and reassemble the columns in TorchRec's order (source rank, then its tables).
+
+Backward sends the gradients the other way, uncompressed, cast to bf16/fp16, or DLAC-encoded.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.autograd.profiler import record_function
+from torchrec.distributed import comm_ops
+from torchrec.distributed.dist_data import PooledEmbeddingsAwaitable
+from torchrec.distributed.types import Awaitable
+
+from lightning_dlac.codec import CodecError, decode_grid, encode_grid
+from lightning_dlac.comm.config import BackwardCompression, CommStats, CompressionConfig, ErrorBounds
+
+log = logging.getLogger(__name__)
+
+_CAST = {BackwardCompression.BF16: torch.bfloat16, BackwardCompression.FP16: torch.float16}
+
+
+class CompressedExchangeError(RuntimeError):
+    """A compressed payload could not be decoded on the receiving rank."""
+
+
+class _Ready(Awaitable[torch.Tensor]):
+    def __init__(self, tensor: torch.Tensor) -> None:
+        super().__init__()
+        self._tensor = tensor
+
+    def _wait_impl(self) -> torch.Tensor:
+        return self._tensor
+
+
+def _offsets(sizes: Sequence[int]) -> list[int]:
+    return [0, *itertools.accumulate(sizes)]
+
+
+def _all_to_all(out: torch.Tensor, inp: torch.Tensor, out_splits: list[int], in_splits: list[int], pg) -> None:
+    # gloo and NCCL both move raw bytes; uint8 views keep the dtype question out of the collective.
+    dist.all_to_all_single(out, inp, output_split_sizes=out_splits, input_split_sizes=in_splits, group=pg)
+
+
+class CompressedPooledEmbeddingsAllToAll(nn.Module):
+    """Error-bounded compressed replacement of TorchRec's ``PooledEmbeddingsAllToAll``: same inputs, same output
+    layout and the same awaitable behaviour.
+
+    Args:
+        pg: Process group of the exchange.
+        dims_per_rank: Embedding dimension of each column block (one per feature / column shard), per rank, in
+            the column order of that rank's ``local_embs``.
+        tables_per_rank: Table name of each column block, per rank (the key of its error bound).
+        config: Compression settings.
+        bounds: Per-table bounds, read at every call.
+        callbacks: Applied to the output on ``wait()``, as TorchRec's (e.g. the column-wise permute).
+    """
+
+    def __init__(
+        self,
+        pg: dist.ProcessGroup,
+        dims_per_rank: Sequence[Sequence[int]],
+        tables_per_rank: Sequence[Sequence[str]],
+        config: CompressionConfig,
+        bounds: ErrorBounds,
+        callbacks: Sequence[Callable[[torch.Tensor], torch.Tensor]] | None = None,
+    ) -> None:
+        super().__init__()
+        if len(dims_per_rank) != pg.size() or len(tables_per_rank) != pg.size():
+            raise ValueError(f"dims_per_rank / tables_per_rank need one entry per rank ({pg.size()}).")
+        for r, (dims, names) in enumerate(zip(dims_per_rank, tables_per_rank)):
+            if len(dims) != len(names):
+                raise ValueError(f"rank {r}: {len(dims)} column blocks but {len(names)} table names.")
+        self._pg = pg
+        self._rank = dist.get_rank(pg)
+        self._world = pg.size()
+        self._dims = [list(d) for d in dims_per_rank]
+        self._tables = [list(t) for t in tables_per_rank]
+        self._config = config
+        self._bounds = bounds
+        self._callbacks = list(callbacks or [])
+        self.stats = CommStats()
+        self._col_splits = [_offsets(d) for d in self._dims]
+        self._all_col_splits = _offsets([d for dims in self._dims for d in dims])
+
+    @property
+    def callbacks(self) -> list[Callable[[torch.Tensor], torch.Tensor]]:
+        """Output callbacks, as on TorchRec's module."""
+        return self._callbacks
+
+    @property
+    def local_tables(self) -> list[str]:
+        """Tables whose pooled embeddings this rank sends."""
+        return list(self._tables[self._rank])
+
+    @property
+    def dim_sum_per_rank(self) -> list[int]:
+        """Sum of the embedding dims each rank contributes."""
+        return [sum(d) for d in self._dims]
+
+    def forward(self, local_embs: torch.Tensor, batch_size_per_rank: list[int] | None = None) -> PooledEmbeddingsAwaitable:
+        """Exchange ``local_embs`` ([sum of batch sizes, local dim sum]) and return an awaitable of this rank's
+        pooled embeddings ([local batch size, total dim sum])."""
+        if local_embs.dim() != 2 or local_embs.size(1) != self.dim_sum_per_rank[self._rank]:
+            raise ValueError(
+                f"local_embs must be [batch, {self.dim_sum_per_rank[self._rank]}] on rank {self._rank}, got"
+                f" {list(local_embs.shape)}."
+            )
+        if not batch_size_per_rank:
+            total = local_embs.size(0)
+            if total % self._world:
+                raise ValueError(f"{self._world} ranks do not divide the global batch size {total}.")
+            batch_size_per_rank = [total // self._world] * self._world
+        out = _CompressedAllToAllFn.apply(local_embs, self, list(batch_size_per_rank))
+        awaitable = PooledEmbeddingsAwaitable(tensor_awaitable=_Ready(out))
+        awaitable.callbacks.extend(self._callbacks)
+        return awaitable
+
+    # ------------------------------------------------------------------ forward exchange
+
+    def _exchange_forward(self, x: torch.Tensor, batch_size_per_rank: list[int]) -> torch.Tensor:
+        me, world, stats = self._rank, self._world, self.stats
+        row_splits = _offsets(batch_size_per_rank)
+        my_tables = self._tables[me]
+        n_local = len(my_tables)
+        x = x.detach().float()
+        dev = x.device
+        eps = self._bounds.effective_many(my_tables)
+
+        t0 = time.perf_counter()
+        with record_function("## dlac encode ##"):
+            if n_local:
+                payload, sizes = encode_grid(x, row_splits, self._col_splits[me], eps=eps, impl=self._config.impl)
+            else:
+                payload, sizes = torch.zeros(0, dtype=torch.uint8), torch.zeros(0, dtype=torch.int64)
+            payload, sizes = payload.to(dev), sizes.to(dev)
+        t1 = time.perf_counter()
+
+        with record_function("## dlac exchange ##"):
+            chunk_counts = [len(t) for t in self._tables]
+            recv_sizes = torch.empty(sum(chunk_counts), dtype=torch.int64, device=dev)
+            _all_to_all(recv_sizes, sizes, chunk_counts, [n_local] * world, self._pg)
+            send_bytes = sizes.view(world, n_local).sum(1).tolist() if n_local else [0] * world
+            recv_per_src = [int(s.sum()) for s in recv_sizes.split(chunk_counts)]
+            received = torch.empty(sum(recv_per_src), dtype=torch.uint8, device=dev)
+            _all_to_all(received, payload, recv_per_src, send_bytes, self._pg)
+        t2 = time.perf_counter()
+
+        with record_function("## dlac decode ##"):
+            b_me = batch_size_per_rank[me]
+            try:
+                out = decode_grid(received, recv_sizes, [0, b_me], self._all_col_splits, impl=self._config.impl)
+            except CodecError as err:
+                raise self._locate_decode_error(received, recv_sizes, chunk_counts, b_me) from err
+        t3 = time.perf_counter()
+
+        stats.calls += 1
+        stats.encode_s += t1 - t0
+        stats.exchange_s += t2 - t1
+        stats.decode_s += t3 - t2
+        raw = x.numel() * 4
+        stats.raw_bytes += raw
+        stats.sent_bytes += int(payload.numel()) + sizes.numel() * 8
+        if n_local:
+            per_table = sizes.view(world, n_local).sum(0).tolist()
+            rows = x.size(0)
+            for name, dim, sent in zip(my_tables, self._dims[me], per_table):
+                stats.table_raw_bytes[name] = stats.table_raw_bytes.get(name, 0) + rows * dim * 4
+                stats.table_sent_bytes[name] = stats.table_sent_bytes.get(name, 0) + int(sent)
+            every = self._config.error_every
+            if every and (stats.calls - 1) % every == 0:
+                self._measure_error(x, payload, sizes, row_splits, eps)
+        return out
+
+    def _measure_error(
+        self, x: torch.Tensor, payload: torch.Tensor, sizes: torch.Tensor, row_splits: list[int], eps: torch.Tensor
+    ) -> None:
+        """Decode our own payload and record max |x - x_hat| / bound per table (the bound is a guarantee; this
+        makes it visible)."""
+        me = self._rank
+        x_hat = decode_grid(payload, sizes, row_splits, self._col_splits[me], impl=self._config.impl)
+        cols = self._col_splits[me]
+        for c, name in enumerate(self._tables[me]):
+            worst = 0.0
+            for r in range(self._world):
+                chunk = x[row_splits[r] : row_splits[r + 1], cols[c] : cols[c + 1]]
+                if chunk.numel() == 0:
+                    continue
+                if not torch.isfinite(chunk).all():
+                    self.stats.non_finite_tables.add(name)
+                    continue
+                bound = float(eps[c]) * float(chunk.max() - chunk.min())
+                err = float((chunk - x_hat[row_splits[r] : row_splits[r + 1], cols[c] : cols[c + 1]]).abs().max())
+                worst = max(worst, err / bound if bound > 0 else (0.0 if err == 0 else float("inf")))
+            self.stats.table_max_error_ratio[name] = max(self.stats.table_max_error_ratio.get(name, 0.0), worst)
+
+    def _locate_decode_error(
+        self, received: torch.Tensor, recv_sizes: torch.Tensor, chunk_counts: list[int], rows: int
+    ) -> CompressedExchangeError:
+        """Slow path after a failed decode: find the source rank and table whose chunk is bad."""
+        offset = 0
+        sizes = recv_sizes.tolist()
+        index = 0
+        for src, count in enumerate(chunk_counts):
+            for c in range(count):
+                size = sizes[index]
+                chunk = received[offset : offset + size]
+                try:
+                    decode_grid(chunk, [size], [0, rows], [0, self._dims[src][c]], impl=self._config.impl)
+                except CodecError as err:
+                    return CompressedExchangeError(
+                        f"rank {self._rank}: pooled embeddings of table {self._tables[src][c]!r} received from rank"
+                        f" {src} failed to decode ({err}). The payload was corrupted in transit or the ranks run"
+                        " different lightning-dlac versions."
+                    )
+                offset += size
+                index += 1
+        return CompressedExchangeError(f"rank {self._rank}: the received pooled embeddings failed to decode.")
+
+    # ------------------------------------------------------------------ backward exchange
+
+    def _exchange_backward(self, grad: torch.Tensor, batch_size_per_rank: list[int]) -> torch.Tensor:
+        """Send ``grad`` ([local batch, total dim]) back to the ranks that own each column; return this rank's
+        gradient of ``local_embs`` ([sum of batch sizes, local dim sum])."""
+        me, world = self._rank, self._world
+        mode = BackwardCompression(self._config.backward)
+        b_me = batch_size_per_rank[me]
+        d_me = self.dim_sum_per_rank[me]
+        t0 = time.perf_counter()
+        grad = grad.contiguous().float()
+        if mode is BackwardCompression.DLAC:
+            out = self._backward_dlac(grad, batch_size_per_rank)
+        else:
+            # Column block of each owner rank, flattened in rank order: TorchRec's backward all-to-all layout.
+            send = torch.cat([grad[:, a:b].reshape(-1) for a, b in itertools.pairwise(_offsets(self.dim_sum_per_rank))])
+            recv_numel = [b * d_me for b in batch_size_per_rank]
+            send_numel = [b_me * d for d in self.dim_sum_per_rank]
+            if mode is BackwardCompression.FP32:
+                wire = send
+                received = torch.empty(sum(recv_numel), dtype=torch.float32, device=grad.device)
+                _all_to_all(received, wire, recv_numel, send_numel, self._pg)
+            else:
+                wire = send.to(_CAST[mode])
+                received = torch.empty(sum(recv_numel), dtype=wire.dtype, device=grad.device)
+                _all_to_all(received.view(torch.uint8), wire.view(torch.uint8), [n * 2 for n in recv_numel],
+                            [n * 2 for n in send_numel], self._pg)
+            self.stats.backward_sent_bytes += wire.numel() * wire.element_size()
+            out = torch.cat(
+                [blk.view(b, d_me) for blk, b in zip(received.split(recv_numel), batch_size_per_rank)], dim=0
+            ).float()
+        self.stats.backward_calls += 1
+        self.stats.backward_raw_bytes += grad.numel() * 4
+        self.stats.backward_s += time.perf_counter() - t0
+        if comm_ops.get_gradient_division():
+            out = out / world  # TorchRec scales embedding gradients like DDP averages dense ones
+        return out
+
+    def _backward_dlac(self, grad: torch.Tensor, batch_size_per_rank: list[int]) -> torch.Tensor:
+        me, world = self._rank, self._world
+        b_me = grad.size(0)
+        all_tables = [t for tables in self._tables for t in tables]
+        eps = torch.full((len(all_tables),), self._config.backward_eps, dtype=torch.float32)
+        with record_function("## dlac encode grad ##"):
+            payload, sizes = encode_grid(grad, [0, b_me], self._all_col_splits, eps=eps, impl=self._config.impl)
+        dev = grad.device
+        payload, sizes = payload.to(dev), sizes.to(dev)
+        chunk_counts = [len(t) for t in self._tables]
+        n_local = chunk_counts[me]
+        recv_sizes = torch.empty(world * n_local, dtype=torch.int64, device=dev)
+        _all_to_all(recv_sizes, sizes, [n_local] * world, chunk_counts, self._pg)
+        send_bytes = [int(s.sum()) for s in sizes.split(chunk_counts)]
+        recv_bytes = recv_sizes.view(world, n_local).sum(1).tolist() if n_local else [0] * world
+        received = torch.empty(sum(recv_bytes), dtype=torch.uint8, device=dev)
+        _all_to_all(received, payload, recv_bytes, send_bytes, self._pg)
+        self.stats.backward_sent_bytes += int(payload.numel()) + sizes.numel() * 8
+        with record_function("## dlac decode grad ##"):
+            if not n_local:
+                return torch.zeros(sum(batch_size_per_rank), 0, device=dev)
+            try:
+                return decode_grid(received, recv_sizes, _offsets(batch_size_per_rank), self._col_splits[me],
+                                   impl=self._config.impl)
+            except CodecError as err:
+                raise CompressedExchangeError(
+                    f"rank {me}: embedding gradients received for tables {self._tables[me]} failed to decode ({err})."
+                ) from err
+
+
+class _CompressedAllToAllFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, local_embs: torch.Tensor, a2a: CompressedPooledEmbeddingsAllToAll, batch_size_per_rank: list[int]):  # noqa: ANN001, ANN205
+        ctx.a2a = a2a
+        ctx.batch_size_per_rank = batch_size_per_rank
+        return a2a._exchange_forward(local_embs, batch_size_per_rank).to(local_embs.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor):  # noqa: ANN001, ANN205
+        grad = ctx.a2a._exchange_backward(grad_output, ctx.batch_size_per_rank)
+        return grad.to(grad_output.dtype), None, None

@@ -1,0 +1,74 @@
+"""Install the compressed all-to-all into TorchRec's sharded EmbeddingBagCollections.
+
+This touches TorchRec internals (pinned to torchrec 1.8): ``ShardedEmbeddingBagCollection._embedding_shardings`` and
+``._output_dists`` are parallel lists, one per sharding type; the table-wise and column-wise shardings use a
+``TwPooledEmbeddingDist`` whose ``_dist`` is the pooled-embedding all-to-all. tests/test_comm.py pins the behaviour.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from torch import nn
+
+from lightning_dlac.comm.all_to_all import CompressedPooledEmbeddingsAllToAll
+from lightning_dlac.comm.config import CompressionConfig, ErrorBounds
+
+log = logging.getLogger(__name__)
+
+
+def install_compressed_all_to_all(
+    module: nn.Module, config: CompressionConfig, bounds: ErrorBounds
+) -> list[CompressedPooledEmbeddingsAllToAll]:
+    """Replace the pooled-embedding all-to-all of every table-wise / column-wise sharded EmbeddingBagCollection in
+    ``module`` by :class:`CompressedPooledEmbeddingsAllToAll`; return the installed modules.
+
+    Shardings that combine results with reduce-scatter (row-wise, table-row-wise, ...) keep TorchRec's path, and
+    this says so once in the log.
+    """
+    from torchrec.distributed.dist_data import VariableBatchPooledEmbeddingsAllToAll
+    from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
+    from torchrec.distributed.sharding.tw_sharding import TwPooledEmbeddingDist
+
+    installed: list[CompressedPooledEmbeddingsAllToAll] = []
+    skipped: set[str] = set()
+    for path, sebc in module.named_modules():
+        if not isinstance(sebc, ShardedEmbeddingBagCollection):
+            continue
+        feature_to_table = {f: cfg.name for cfg in sebc._embedding_bag_configs for f in cfg.feature_names}
+        for sharding_type, sharding, dist_module in zip(
+            sebc._sharding_types, sebc._embedding_shardings, sebc._output_dists
+        ):
+            if type(dist_module) is not TwPooledEmbeddingDist:
+                skipped.add(str(sharding_type))
+                continue
+            names_per_rank = sharding.embedding_names_per_rank()
+            dims_per_rank = dist_module._emb_dim_per_rank_per_feature
+            if [len(n) for n in names_per_rank] != [len(d) for d in dims_per_rank]:
+                log.warning(f"{path}: {sharding_type} layout not understood; its all-to-all stays uncompressed.")
+                skipped.add(str(sharding_type))
+                continue
+            a2a = CompressedPooledEmbeddingsAllToAll(
+                pg=dist_module._pg,
+                dims_per_rank=dims_per_rank,
+                tables_per_rank=[[feature_to_table.get(n, n) for n in names] for names in names_per_rank],
+                config=config,
+                bounds=bounds,
+                callbacks=dist_module._callbacks,
+            )
+            # Variable batch per feature keeps TorchRec's (uncompressed) path; it is created lazily only when
+            # _dist is None, which it no longer is.
+            dist_module._variable_dist = VariableBatchPooledEmbeddingsAllToAll(
+                pg=dist_module._pg,
+                emb_dim_per_rank_per_feature=dims_per_rank,
+                device=dist_module._device,
+                codecs=dist_module._codecs,
+            )
+            dist_module._dist = a2a
+            installed.append(a2a)
+    if skipped:
+        log.warning(
+            f"lightning-dlac: sharding type(s) {sorted(skipped)} combine results with reduce-scatter and stay"
+            " uncompressed (only table-wise and column-wise all-to-alls are compressed)."
+        )
+    return installed

@@ -1,0 +1,221 @@
+"""DLACStrategy: sharding, training, Lightning collectives, registry, and start-up errors (2-rank gloo runs)."""
+
+from __future__ import annotations
+
+import copy
+import re
+import sys
+
+import lightning.pytorch as pl
+import pytest
+import torch
+
+from lightning_dlac import DLACStrategy
+from tests._launch import run_ranks
+
+FEATURES = [f"cat_{i}" for i in range(26)]  # the Criteo layout: 26 categorical features, one table each
+ROWS = [40 + 20 * i for i in range(26)]
+
+
+def small_dlrm(seed: int = 0, **kwargs):
+    from lightning_dlac.examples.dlrm import DLRMModule
+
+    return DLRMModule(
+        num_embeddings_per_feature=ROWS,
+        feature_names=FEATURES,
+        embedding_dim=16,
+        dense_arch_layer_sizes=[32, 16],
+        over_arch_layer_sizes=[32, 1],
+        seed=seed,
+        **kwargs,
+    )
+
+
+def small_data(seed: int = 0, train_batches: int = 30, batch_size: int = 64):
+    from lightning_dlac.examples.data import SyntheticCriteoDataModule
+
+    return SyntheticCriteoDataModule(
+        num_embeddings_per_feature=ROWS,
+        batch_size=batch_size,
+        num_train_batches=train_batches,
+        num_val_batches=4,
+        seed=seed,
+    )
+
+
+def trainer(world_size: int, strategy=None, **kwargs) -> pl.Trainer:
+    defaults = dict(
+        accelerator="cpu",
+        devices=world_size,
+        strategy=strategy if strategy is not None else DLACStrategy(),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        logger=False,
+        enable_checkpointing=False,
+    )
+    defaults.update(kwargs)
+    return pl.Trainer(**defaults)
+
+
+def load_global_weights(module: torch.nn.Module, global_state: dict[str, torch.Tensor]) -> None:
+    """Copy an unsharded state dict into a sharded module: each rank fills the shards it owns."""
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+
+    with torch.no_grad():
+        for key, value in module.state_dict().items():
+            src = global_state[key]
+            if isinstance(value, ShardedTensor):
+                for shard in value.local_shards():
+                    index = tuple(slice(o, o + s) for o, s in zip(shard.metadata.shard_offsets, shard.metadata.shard_sizes))
+                    shard.tensor.copy_(src[index])
+            elif isinstance(value, torch.Tensor):
+                value.copy_(src)
+
+
+def _forward_parity(rank: int, world_size: int, sharding_type: str) -> list[str]:
+    model = small_dlrm()
+    reference = copy.deepcopy(model)  # unsharded twin with the same weights
+    data = small_data()
+    t = trainer(world_size, DLACStrategy(sharding_types=[sharding_type], compress=False), limit_val_batches=1)
+    t.validate(model, datamodule=data, verbose=False)  # sets the strategy up: the tables are now sharded
+    plan = t.strategy.sharding_plan
+    types = {spec.sharding_type for module_plan in plan.plan.values() for spec in module_plan.values()}
+    assert types == {sharding_type}, types
+    load_global_weights(model, reference.state_dict())
+    batches = list(data.val_dataloader())
+    assert batches
+    with torch.no_grad():
+        for batch in batches:
+            sharded = t.strategy.distributed_model(batch)
+            torch.testing.assert_close(sharded, reference(batch), rtol=1e-5, atol=1e-6)
+    return sorted(types)
+
+
+@pytest.mark.parametrize("sharding_type", ["table_wise", "column_wise", "table_column_wise"])
+def test_sharded_forward_equals_unsharded(sharding_type: str) -> None:
+    run_ranks(_forward_parity, 2, sharding_type)
+
+
+class _LossRecorder(pl.Callback):
+    def __init__(self) -> None:
+        self.losses: list[float] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:  # noqa: ANN001
+        self.losses.append(float(outputs["loss"]))
+
+
+def _train(rank: int, world_size: int, strategy: str | None) -> dict:
+    torch.manual_seed(0)
+    model = small_dlrm()
+    recorder = _LossRecorder()
+    t = trainer(world_size, strategy, max_epochs=3, callbacks=[recorder])
+    t.fit(model, datamodule=small_data())
+    assert isinstance(t.strategy, DLACStrategy)
+    assert t.strategy.distributed_model is not None
+    # Lightning's collectives behave as under DDP.
+    total = t.strategy.reduce(torch.tensor(float(rank + 1)), reduce_op="sum")
+    mean = t.strategy.reduce(torch.tensor(float(rank + 1)))
+    picked = t.strategy.broadcast({"from": rank})
+    t.strategy.barrier("after-fit")
+    owned = {
+        key
+        for key, value in model.state_dict().items()
+        if "embedding_bags" in key and any(s.tensor.numel() for s in getattr(value, "local_shards", list)())
+    }
+    return {
+        "losses": recorder.losses,
+        "auroc": float(t.callback_metrics["val/auroc"]),
+        "sum": float(total),
+        "mean": float(mean),
+        "picked": picked,
+        "owned": owned,
+    }
+
+
+def test_two_rank_training_loss_falls_and_collectives_work() -> None:
+    results = run_ranks(_train, 2, None)
+    for r in results:
+        losses = r["losses"]
+        assert len(losses) == 90
+        first, last = sum(losses[:10]) / 10, sum(losses[-10:]) / 10
+        assert last < 0.9 * first, (first, last)
+        assert r["auroc"] > 0.6
+        assert r["sum"] == 3.0 and r["mean"] == 1.5
+        assert r["picked"] == {"from": 0}
+    # Table-wise: every table lives on exactly one rank.
+    owned0, owned1 = results[0]["owned"], results[1]["owned"]
+    assert owned0 and owned1 and not owned0 & owned1 and len(owned0 | owned1) == len(FEATURES)
+
+
+def test_single_device_trains_with_string_alias() -> None:
+    (result,) = run_ranks(_train, 1, "dlac")
+    assert result["losses"][-1] < result["losses"][0]
+    assert len(result["owned"]) == len(FEATURES)
+
+
+def test_strategy_string_alias_resolves() -> None:
+    t = pl.Trainer(strategy="dlac", accelerator="cpu", devices=2, logger=False)
+    assert isinstance(t.strategy, DLACStrategy)
+    t = pl.Trainer(strategy=DLACStrategy(embedding_optimizer="sgd"), accelerator="cpu", devices=2, logger=False)
+    assert t.strategy.embedding_optimizer == "sgd"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"sharding_types": ["diagonal"]}, "unknown sharding type 'diagonal'"),
+        ({"sharding_types": []}, "sharding_types is empty"),
+        ({"embedding_optimizer": "lamb"}, "embedding_optimizer='lamb' is not supported"),
+        ({"embedding_lr": 0.0}, "embedding_lr=0.0 must be > 0"),
+        ({"memory_budget_bytes": -1}, "memory_budget_bytes=-1"),
+        ({"timeout": -5}, "timeout=-5"),
+        ({"table_constraints": {"t_cat_0": {"sharding": ["row_wise"]}}}, "unknown option"),
+        ({"table_constraints": {"t_cat_0": {"sharding_types": ["rowwise"]}}}, "unknown sharding type 'rowwise'"),
+    ],
+)
+def test_invalid_configuration_is_rejected_at_construction(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        DLACStrategy(**kwargs)
+
+
+def test_missing_torchrec_names_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "torchrec", None)
+    with pytest.raises(ModuleNotFoundError, match=r"needs `torchrec`.*pip install --no-deps torchrec==1\.8\.0"):
+        DLACStrategy()
+
+
+def _startup_error(rank: int, world_size: int, case: str) -> str:
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    strategy = DLACStrategy()
+    model: pl.LightningModule = small_dlrm()
+    if case == "too_large":
+        strategy = DLACStrategy(memory_budget_bytes=30_000)
+    elif case == "unknown_table":
+        strategy = DLACStrategy(table_constraints={"t_nope": {"sharding_types": ["row_wise"]}})
+    elif case == "unsupported_on_cpu":
+        strategy = DLACStrategy(sharding_types=["row_wise"])
+    elif case == "no_tables":
+        model = BoringModel()
+    elif case == "fused_in_optimizer":
+        model.configure_optimizers = lambda: torch.optim.SGD(model.parameters(), lr=0.1)  # type: ignore[method-assign]
+    try:
+        trainer(world_size, strategy, max_steps=1).fit(model, datamodule=small_data(train_batches=2))
+    except (ValueError, TypeError) as err:
+        return f"{type(err).__name__}: {err}"
+    return "no error"
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("too_large", r"ValueError: Embedding table 't_cat_10' \(240 rows x 16 dims.*Raise memory_budget_bytes"),
+        ("unknown_table", r"ValueError: table_constraints names tables that the model does not have: \['t_nope'\]"),
+        ("unsupported_on_cpu", r"ValueError: Table 't_cat_0' may only use sharding types \['row_wise'\].*supported there"),
+        ("no_tables", r"TypeError: DLACStrategy found no torchrec EmbeddingBagCollection in BoringModel"),
+        ("fused_in_optimizer", r"ValueError: An optimizer .* includes embedding-table parameters"),
+    ],
+)
+def test_wrong_configuration_fails_at_startup_with_a_fix(case: str, message: str) -> None:
+    (error,) = run_ranks(_startup_error, 1, case)
+    assert re.search(message, error, flags=re.S), error
