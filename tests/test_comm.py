@@ -1,0 +1,199 @@
+"""Compressed pooled-embedding all-to-all: bounds against TorchRec's exchange, gradients, statistics, the decode
+error path, and compression active under DLACStrategy (2-rank gloo runs)."""
+
+from __future__ import annotations
+
+import copy
+import re
+import time
+from datetime import timedelta
+
+import pytest
+import torch
+
+from tests._launch import run_ranks
+
+# Direct-module cases: batch size per rank (None: TorchRec's even split of local_embs) and column block dims per rank.
+CASES = {
+    "uneven_batches": ([3, 7], [[4, 16, 8], [32]]),  # tables of different dims, more tables than ranks
+    "empty_batch": ([0, 5], [[8, 8], [16]]),
+    "rank_without_tables": ([4, 6], [[8, 8], []]),
+    "even_default_split": (None, [[8], [8, 4]]),
+    "many_rows": ([64, 64], [[16, 16], [16]]),  # large enough for the 44-byte chunk headers not to dominate
+}
+BACKWARDS = ("fp32", "bf16", "fp16", "dlac")
+EPS, TABLE_EPS, BACKWARD_EPS = 0.01, {"t0_1": 0.05}, 0.02
+
+
+def _tables(dims_per_rank: list[list[int]]) -> list[list[str]]:
+    return [[f"t{r}_{c}" for c in range(len(dims))] for r, dims in enumerate(dims_per_rank)]
+
+
+def _inputs(src: int, rows: int, cols: int, compressible: bool) -> torch.Tensor:
+    """Rank ``src``'s local_embs; every rank can regenerate every rank's input."""
+    g = torch.Generator().manual_seed(1000 + src)
+    if not compressible:
+        return torch.randn(rows, cols, generator=g) * 3 + 1
+    vocab = torch.randn(3, cols, generator=g)  # rows drawn from a few distinct vectors, as pooled hot ids are
+    return vocab[torch.randint(0, 3, (rows,), generator=g)]
+
+
+def _upstream_grad(dst: int, rows: int, cols: int) -> torch.Tensor:
+    return torch.randn(rows, cols, generator=torch.Generator().manual_seed(2000 + dst))
+
+
+def _exchange_case(rank: int, world_size: int, case: str, backward: str, compressible: bool) -> dict:
+    """Run TorchRec's and the compressed all-to-all on the same input; return the observed error / bound ratios."""
+    import torch.distributed as dist
+    from torchrec.distributed.dist_data import PooledEmbeddingsAllToAll
+
+    from lightning_dlac.comm import CompressedPooledEmbeddingsAllToAll, CompressionConfig, ErrorBounds
+
+    batch_size_per_rank, dims_per_rank = CASES[case]
+    splits = batch_size_per_rank or [4] * world_size
+    row_splits = [0, *torch.tensor(splits).cumsum(0).tolist()]
+    tables = _tables(dims_per_rank)
+    bounds = ErrorBounds(default_eps=EPS)
+    bounds.set_table_bounds(TABLE_EPS)
+    config = CompressionConfig(backward=backward, backward_eps=BACKWARD_EPS, error_every=1)
+    pg = dist.group.WORLD
+    ours = CompressedPooledEmbeddingsAllToAll(pg, dims_per_rank, tables, config, bounds)
+    theirs = PooledEmbeddingsAllToAll(pg, [sum(d) for d in dims_per_rank])
+
+    inputs = [_inputs(r, row_splits[-1], sum(dims_per_rank[r]), compressible) for r in range(world_size)]
+    x_ours = inputs[rank].clone().requires_grad_()
+    x_theirs = inputs[rank].clone().requires_grad_()
+    out = ours(x_ours, batch_size_per_rank).wait()
+    ref = theirs(x_theirs, batch_size_per_rank).wait()
+    me_rows = slice(row_splits[rank], row_splits[rank + 1])
+    assert out.shape == ref.shape == (splits[rank], sum(map(sum, dims_per_rank))), (out.shape, ref.shape)
+
+    # Forward: each (source rank, table) block within that table's bound of the sender's chunk range.
+    fwd_ratio: dict[str, float] = {}
+    col = 0
+    for src, dims in enumerate(dims_per_rank):
+        local_col = 0
+        for name, dim in zip(tables[src], dims):
+            chunk = inputs[src][me_rows, local_col : local_col + dim]
+            err = (out[:, col : col + dim] - ref[:, col : col + dim]).abs()
+            if chunk.numel():
+                bound = bounds.effective(name) * float(chunk.max() - chunk.min())
+                fwd_ratio[name] = float(err.max()) / bound if bound else float(err.max() > 0) * float("inf")
+            col += dim
+            local_col += dim
+
+    # Backward with the same upstream gradient; TorchRec divides by the world size (comm_ops GRADIENT_DIVISION).
+    total_dim = out.size(1)
+    grad = _upstream_grad(rank, splits[rank], total_dim)
+    out.backward(grad)
+    ref.backward(grad)
+    g_ours, g_ref = x_ours.grad, x_theirs.grad
+    assert g_ours is not None and g_ours.shape == g_ref.shape == x_ours.shape
+    grad_result: dict = {"equal": torch.equal(g_ours, g_ref), "max_rel": 0.0, "dlac_ratio": 0.0}
+    if g_ref.numel():
+        diff = (g_ours - g_ref).abs()
+        grad_result["max_rel"] = float((diff / (g_ref.abs() + 1e-30)).max())
+        grad_result["max_abs"] = float(diff.max())
+        # DLAC bound per gradient chunk: rows of destination r, one of my tables' columns, over r's upstream grad.
+        my_first_col = sum(sum(d) for d in dims_per_rank[:rank])
+        local_col = 0
+        worst = 0.0
+        for dim in dims_per_rank[rank]:
+            for r in range(world_size):
+                g_r = _upstream_grad(r, splits[r], total_dim)[:, my_first_col + local_col : my_first_col + local_col + dim]
+                if not g_r.numel():
+                    continue
+                bound = BACKWARD_EPS * float(g_r.max() - g_r.min()) / world_size
+                err = float(diff[row_splits[r] : row_splits[r + 1], local_col : local_col + dim].max())
+                worst = max(worst, err / bound)
+            local_col += dim
+        grad_result["dlac_ratio"] = worst
+
+    stats = ours.stats
+    return {
+        "fwd_ratio": fwd_ratio,
+        "grad": grad_result,
+        "stats": {
+            "calls": stats.calls,
+            "raw_bytes": stats.raw_bytes,
+            "sent_bytes": stats.sent_bytes,
+            "table_raw_bytes": dict(stats.table_raw_bytes),
+            "table_sent_bytes": dict(stats.table_sent_bytes),
+            "table_max_error_ratio": dict(stats.table_max_error_ratio),
+            "backward_calls": stats.backward_calls,
+            "backward_raw_bytes": stats.backward_raw_bytes,
+            "backward_sent_bytes": stats.backward_sent_bytes,
+        },
+        "local_raw": inputs[rank].numel() * 4,
+    }
+
+
+def _all_exchange_cases(rank: int, world_size: int) -> dict:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    try:
+        results = {}
+        for case in CASES:
+            for backward in BACKWARDS:
+                results[(case, backward, False)] = _exchange_case(rank, world_size, case, backward, False)
+            results[(case, "bf16", True)] = _exchange_case(rank, world_size, case, "bf16", True)
+        return results
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def exchange_results() -> list[dict]:
+    """Every direct-module case on two real ranks, run once (process start-up dominates the cost)."""
+    return run_ranks(_all_exchange_cases, 2)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_forward_within_each_table_bound_of_torchrec(exchange_results: list[dict], case: str) -> None:
+    batch_size_per_rank, dims_per_rank = CASES[case]
+    for rank, results in enumerate(exchange_results):
+        for backward in BACKWARDS:
+            for compressible in (False, True):
+                if compressible and backward != "bf16":
+                    continue
+                ratios = results[(case, backward, compressible)]["fwd_ratio"]
+                expected = {t for tables in _tables(dims_per_rank) for t in tables}
+                if batch_size_per_rank and batch_size_per_rank[rank] == 0:
+                    expected = set()  # this rank receives no rows
+                assert set(ratios) == expected, (rank, ratios)
+                assert all(r <= 1 + 1e-4 for r in ratios.values()), (rank, backward, ratios)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_gradients_match_torchrec_per_backward_mode(exchange_results: list[dict], case: str) -> None:
+    for rank, results in enumerate(exchange_results):
+        fp32 = results[(case, "fp32", False)]["grad"]
+        assert fp32["equal"], (rank, fp32)
+        bf16 = results[(case, "bf16", False)]["grad"]
+        assert bf16["max_rel"] <= 2**-8 + 1e-6, (rank, bf16)
+        fp16 = results[(case, "fp16", False)]["grad"]
+        assert fp16["max_rel"] <= 2**-11 + 1e-6 or fp16["max_abs"] < 1e-7, (rank, fp16)
+        dlac = results[(case, "dlac", False)]["grad"]
+        assert dlac["dlac_ratio"] <= 1 + 1e-4, (rank, dlac)
+        assert not dlac["equal"] or not any(CASES[case][1][rank]), "the dlac gradient was sent exactly"
+
+
+def test_stats_count_bytes_tables_and_observed_error(exchange_results: list[dict]) -> None:
+    for rank, results in enumerate(exchange_results):
+        for case, (_, dims_per_rank) in CASES.items():
+            for compressible in (False, True):
+                stats = results[(case, "bf16", compressible)]["stats"]
+                local = _tables(dims_per_rank)[rank]
+                assert stats["calls"] == 1 and stats["backward_calls"] == 1
+                assert stats["raw_bytes"] == results[(case, "bf16", compressible)]["local_raw"]
+                assert set(stats["table_raw_bytes"]) == set(stats["table_sent_bytes"]) == set(local)
+                assert set(stats["table_max_error_ratio"]) == set(local)
+                assert all(r <= 1 + 1e-4 for r in stats["table_max_error_ratio"].values()), stats
+                assert sum(stats["table_raw_bytes"].values()) == stats["raw_bytes"]
+                if compressible and local:
+                    assert stats["sent_bytes"] < stats["raw_bytes"], stats
+                    if case == "many_rows":
+                        assert stats["sent_bytes"] * 4 < stats["raw_bytes"], stats
+                # bf16 halves the gradient bytes
+                assert stats["backward_sent_bytes"] * 2 == stats["backward_raw_bytes"]
