@@ -22,13 +22,15 @@
 
 namespace dlac {
 
-constexpr uint32_t kHeaderSize = 44;
-constexpr uint32_t kCrcOffset = 40;
+constexpr uint32_t kHeaderSize = 48;
+constexpr uint32_t kCrcOffset = 44;
 constexpr uint8_t kVersion = 1;
 enum Mode : uint8_t { kConst = 0, kRaw = 1, kPack = 2, kHuff = 3, kDedup = 4 };
 constexpr float kMaxQ = 8388607.0f;          // largest pre-rounding value; codes fit in 24 bits
 constexpr float kRoundMagic = 8388608.0f;    // (v + 2^23) - 2^23 == round_half_even(v) for 0 <= v <= 2^23
 constexpr uint32_t kMaxCodeBits = 24;
+// step = float32(abs_eb * k) for the first k that holds every element (see reference.STEP_FACTORS).
+constexpr float kStepFactors[] = {2.0f, 1.9921875f, 1.5f, 1.0f};
 constexpr uint64_t kMaxChunkElements = 1ull << 28;
 constexpr uint32_t kHuffMaxLen = 12;
 constexpr uint32_t kHuffMaxAlphabet = 1u << kHuffMaxLen;
@@ -120,7 +122,7 @@ inline uint32_t buffer_crc(const uint8_t* buf, size_t n) {
 struct Header {
   uint8_t mode = kConst, flags = 0, width0 = 0, width1 = 0;
   uint32_t rows = 0, dim = 0;
-  float min = 0.0f, abs_eb = 0.0f;
+  float min = 0.0f, abs_eb = 0.0f, step = 0.0f;
   uint32_t nuniq = 0, sec0 = 0, sec1 = 0, crc = 0;
 };
 
@@ -136,10 +138,11 @@ inline void write_header(const Header& h, uint8_t* p) {
   store_u32(p + 16, h.dim);
   store_u32(p + 20, float_to_bits(h.min));
   store_u32(p + 24, float_to_bits(h.abs_eb));
-  store_u32(p + 28, h.nuniq);
-  store_u32(p + 32, h.sec0);
-  store_u32(p + 36, h.sec1);
-  store_u32(p + 40, h.crc);
+  store_u32(p + 28, float_to_bits(h.step));
+  store_u32(p + 32, h.nuniq);
+  store_u32(p + 36, h.sec0);
+  store_u32(p + 40, h.sec1);
+  store_u32(p + 44, h.crc);
 }
 
 [[noreturn]] inline void fail(const std::string& what) { throw DecodeError(what); }
@@ -147,7 +150,7 @@ inline void write_header(const Header& h, uint8_t* p) {
 // Parse and validate a complete chunk buffer (docs/codec.md, "Validation"); throws DecodeError.
 inline Header parse_header(const uint8_t* p, uint64_t n) {
   if (n < kHeaderSize)
-    fail(std::to_string(n) + " bytes is shorter than the 44-byte DLAC header (truncated?)");
+    fail(std::to_string(n) + " bytes is shorter than the 48-byte DLAC header (truncated?)");
   if (std::memcmp(p, "DLAC", 4) != 0) fail("not a DLAC buffer (bad magic)");
   if (p[4] != kVersion) fail("format version " + std::to_string(p[4]) + " is not supported (this build reads 1)");
   Header h;
@@ -161,10 +164,11 @@ inline Header parse_header(const uint8_t* p, uint64_t n) {
   h.dim = load_u32(p + 16);
   h.min = bits_to_float(load_u32(p + 20));
   h.abs_eb = bits_to_float(load_u32(p + 24));
-  h.nuniq = load_u32(p + 28);
-  h.sec0 = load_u32(p + 32);
-  h.sec1 = load_u32(p + 36);
-  h.crc = load_u32(p + 40);
+  h.step = bits_to_float(load_u32(p + 28));
+  h.nuniq = load_u32(p + 32);
+  h.sec0 = load_u32(p + 36);
+  h.sec1 = load_u32(p + 40);
+  h.crc = load_u32(p + 44);
   uint64_t total = uint64_t(kHeaderSize) + h.sec0 + h.sec1;
   if (total != n)
     fail("header announces " + std::to_string(total) + " bytes but the buffer holds " + std::to_string(n) +
@@ -176,18 +180,21 @@ inline Header parse_header(const uint8_t* p, uint64_t n) {
   const bool quantized = h.mode == kPack || h.mode == kHuff || h.mode == kDedup;
   switch (h.mode) {
     case kConst:
-      if (h.flags || h.width0 || h.width1 || h.nuniq || h.sec0 || h.sec1 || !std::isfinite(h.min))
+      if (h.flags || h.width0 || h.width1 || h.nuniq || h.sec0 || h.sec1 || !std::isfinite(h.min) || h.abs_eb != 0.0f ||
+          h.step != 0.0f)
         fail("inconsistent CONST header");
       break;
     case kRaw:
-      if (h.flags || h.width0 || h.width1 || h.nuniq || h.sec1 || h.sec0 != 4 * elems) fail("inconsistent RAW header");
+      if (h.flags || h.width0 || h.width1 || h.nuniq || h.sec1 || h.sec0 != 4 * elems || h.min != 0.0f ||
+          h.abs_eb != 0.0f || h.step != 0.0f)
+        fail("inconsistent RAW header");
       break;
     default:
       break;
   }
   if (quantized) {
     if (elems == 0 || !std::isfinite(h.min) || !(std::isfinite(h.abs_eb) && h.abs_eb > 0.0f) ||
-        !std::isfinite(h.abs_eb + h.abs_eb) || h.width0 > kMaxCodeBits)
+        !(std::isfinite(h.step) && h.step > 0.0f && double(h.step) <= 2.0 * double(h.abs_eb)) || h.width0 > kMaxCodeBits)
       fail("inconsistent quantization parameters");
   }
   if (h.mode == kPack) {
@@ -224,9 +231,55 @@ inline bool within(float x, float xh, float eb) {
   return (a < eb) | ((a == eb) & (((s > 0.0f) & (err <= 0.0f)) | ((s < 0.0f) & (err >= 0.0f))));
 }
 
+// Codes for one step: 1 if every element holds within eb (after neighbour repair), 0 if one cannot, -1 if a code
+// would not fit in 24 bits. Mirrors reference._quantize_with_step.
+inline int quantize_with_step(const float* x, int64_t rows, int64_t dim, int64_t ld, float lo, float eb, float step,
+                              uint32_t* codes) {
+  uint32_t overflow = 0, bad = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* p = x + r * ld;
+    uint32_t* c = codes + r * dim;
+    uint32_t of = 0, bd = 0;
+    for (int64_t j = 0; j < dim; ++j) {
+      float xv = p[j];
+      float v = (xv - lo) / step;
+      uint32_t okv = v <= kMaxQ;
+      of |= okv ^ 1u;
+      v = okv ? v : 0.0f;
+      float q = (v + kRoundMagic) - kRoundMagic;
+      float xh = lo + q * step;
+      bd |= uint32_t(!within(xv, xh, eb));
+      c[j] = uint32_t(q);
+    }
+    overflow |= of;
+    bad |= bd;
+  }
+  if (overflow) return -1;
+  if (!bad) return 1;
+  // Rare: the rounded code misses the bound by a rounding error. Try the neighbours, in the reference's order.
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* p = x + r * ld;
+    uint32_t* c = codes + r * dim;
+    for (int64_t j = 0; j < dim; ++j) {
+      float xv = p[j];
+      float q = float(c[j]);
+      if (within(xv, lo + q * step, eb)) continue;
+      float down = q - 1.0f, up = q + 1.0f;
+      if (c[j] >= 1 && within(xv, lo + down * step, eb)) {
+        c[j] -= 1;
+      } else if (within(xv, lo + up * step, eb)) {
+        c[j] += 1;
+      } else {
+        return 0;
+      }
+    }
+  }
+  return 1;
+}
+
 struct Quantized {
   uint8_t mode;  // kConst, kRaw, or kPack meaning "quantized" (the lossless stage is chosen later)
-  float lo = 0.0f, eb = 0.0f;
+  float lo = 0.0f, eb = 0.0f, step = 0.0f;
   uint32_t qmax = 0;
 };
 
@@ -261,55 +314,27 @@ inline Quantized quantize(const float* x, int64_t rows, int64_t dim, int64_t ld,
     return out;
   }
   const float eb = relative ? bound * (hi - lo) : bound;
-  const float step = eb + eb;
-  if (!(std::isfinite(step) && eb > 0.0f)) return Quantized{kRaw};
-
+  if (!(std::isfinite(eb) && eb > 0.0f)) return Quantized{kRaw};
   codes.resize(n);
-  uint32_t overflow = 0, bad = 0;
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* p = x + r * ld;
-    uint32_t* c = codes.data() + r * dim;
-    uint32_t of = 0, bd = 0;
-    for (int64_t j = 0; j < dim; ++j) {
-      float xv = p[j];
-      float v = (xv - lo) / step;
-      uint32_t okv = v <= kMaxQ;
-      of |= okv ^ 1u;
-      v = okv ? v : 0.0f;
-      float q = (v + kRoundMagic) - kRoundMagic;
-      float xh = lo + q * step;
-      bd |= uint32_t(!within(xv, xh, eb));
-      c[j] = uint32_t(q);
-    }
-    overflow |= of;
-    bad |= bd;
-  }
-  if (overflow) return Quantized{kRaw};
-  if (bad) {
-    // Rare: the rounded code misses the bound by a rounding error. Try the neighbours, in the reference's order.
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* p = x + r * ld;
-      uint32_t* c = codes.data() + r * dim;
-      for (int64_t j = 0; j < dim; ++j) {
-        float xv = p[j];
-        float q = float(c[j]);
-        if (within(xv, lo + q * step, eb)) continue;
-        float down = q - 1.0f, up = q + 1.0f;
-        if (c[j] >= 1 && within(xv, lo + down * step, eb)) {
-          c[j] -= 1;
-        } else if (within(xv, lo + up * step, eb)) {
-          c[j] += 1;
-        } else {
-          return Quantized{kRaw};
-        }
-      }
+  bool held = false;
+  float step = 0.0f;
+  for (float k : kStepFactors) {
+    step = eb * k;
+    if (!(std::isfinite(step) && step > 0.0f)) return Quantized{kRaw};
+    int r = quantize_with_step(x, rows, dim, ld, lo, eb, step, codes.data());
+    if (r < 0) return Quantized{kRaw};  // code overflow: smaller steps cannot help
+    if (r > 0) {
+      held = true;
+      break;
     }
   }
+  if (!held) return Quantized{kRaw};
   uint32_t qmax = 0;
   for (int64_t i = 0; i < n; ++i) qmax = codes[i] > qmax ? codes[i] : qmax;
   out.mode = kPack;
   out.lo = lo;
   out.eb = eb;
+  out.step = step;
   out.qmax = qmax;
   return out;
 }
@@ -698,6 +723,7 @@ inline void encode_chunk(const float* x, int64_t rows, int64_t dim, int64_t ld, 
   h.mode = mode;
   h.min = qz.lo;
   h.abs_eb = qz.eb;
+  h.step = qz.step;
   out.assign(kHeaderSize + best, 0);
   uint8_t* body = out.data() + kHeaderSize;
   if (mode == kDedup) {
@@ -739,7 +765,7 @@ inline void decode_chunk(const uint8_t* buf, uint64_t size, int64_t rows, int64_
     return;
   }
   const float lo = h.min;
-  const float step = h.abs_eb + h.abs_eb;
+  const float step = h.step;
   if (h.mode == kPack) {
     unpack_stream(sec0, h.sec0, n, h.width0, [&](uint64_t i, uint32_t q) {
       out[int64_t(i / dim) * ld + int64_t(i % dim)] = lo + float(q) * step;

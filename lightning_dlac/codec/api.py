@@ -152,6 +152,7 @@ class ChunkInfo:
     compressed_bytes: int  # header included
     min: float
     abs_eb: float  # 0 for CONST and RAW chunks (exact)
+    step: float  # quantization step (2 * abs_eb unless float32 rounding needed slack), 0 for CONST and RAW
     nuniq: int  # unique rows of a DEDUP chunk, else 0
 
     @property
@@ -163,7 +164,7 @@ def inspect(buf: torch.Tensor | bytes, where: str = "buffer") -> ChunkInfo:
     """Describe one encoded chunk (validates its header and checksum)."""
     data = buf.detach().cpu().contiguous().numpy().tobytes() if isinstance(buf, torch.Tensor) else bytes(buf)
     h = parse_header(data, where)
-    return ChunkInfo(h.mode, h.rows, h.dim, 4 * h.rows * h.dim, len(data), h.min, h.abs_eb, h.nuniq)
+    return ChunkInfo(h.mode, h.rows, h.dim, 4 * h.rows * h.dim, len(data), h.min, h.abs_eb, h.step, h.nuniq)
 
 
 def inspect_grid(payload: torch.Tensor, sizes: torch.Tensor | Sequence[int]) -> list[ChunkInfo]:

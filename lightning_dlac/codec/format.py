@@ -1,6 +1,6 @@
 """The DLAC buffer format: header layout, modes, limits and header validation (docs/codec.md is the full spec).
 
-Every encoded chunk is one self-describing buffer: a fixed 44-byte little-endian header followed by up to two
+Every encoded chunk is one self-describing buffer: a fixed 48-byte little-endian header followed by up to two
 sections. Both implementations (reference.py and cuda_ext/dlac_codec.h) follow this module's constants; change one,
 change both, and bump ``VERSION``.
 """
@@ -14,14 +14,18 @@ import zlib
 
 MAGIC = b"DLAC"
 VERSION = 1
-HEADER = struct.Struct("<4sBBBBB3sIIffIIII")
-HEADER_SIZE = HEADER.size  # 44
-CRC_OFFSET = 40
+HEADER = struct.Struct("<4sBBBBB3sIIfffIIII")
+HEADER_SIZE = HEADER.size  # 48
+CRC_OFFSET = 44
 
 # Quantization codes are at most 2**23 (the largest pre-rounding value accepted is 2**23 - 1, repair may add one),
 # so codes fit in 24 bits and the float32 round-half-even "magic number" trick is exact.
 MAX_QVALUE = 8388607.0
 MAX_CODE_BITS = 24
+# Quantization step = float32(abs_eb * k) for the first k here with which every element verifies within abs_eb.
+# k = 2 is the ideal grid; the smaller ones leave slack for float32 rounding of min + q * step when the bound is
+# only a few hundred ulps of the values (otherwise values next to a cell midpoint can miss by one rounding).
+STEP_FACTORS = (2.0, 1.9921875, 1.5, 1.0)
 # At most 2**28 elements per chunk keeps every section size and every Huffman bit offset inside a uint32.
 MAX_CHUNK_ELEMENTS = 1 << 28
 
@@ -64,6 +68,7 @@ class Header:
     dim: int
     min: float
     abs_eb: float
+    step: float
     nuniq: int
     sec0: int
     sec1: int
@@ -78,7 +83,7 @@ def pack_header(h: Header) -> bytes:
     """Serialize a header (the crc field is written as given)."""
     return HEADER.pack(
         MAGIC, VERSION, int(h.mode), h.flags, h.width0, h.width1, b"\0\0\0",
-        h.rows, h.dim, h.min, h.abs_eb, h.nuniq, h.sec0, h.sec1, h.crc,
+        h.rows, h.dim, h.min, h.abs_eb, h.step, h.nuniq, h.sec0, h.sec1, h.crc,
     )
 
 
@@ -102,7 +107,7 @@ def parse_header(buf: bytes | bytearray | memoryview, where: str = "buffer") -> 
     n = len(buf)
     if n < HEADER_SIZE:
         raise CodecError(f"{where}: {n} bytes is shorter than the {HEADER_SIZE}-byte DLAC header (truncated?)")
-    magic, version, mode, flags, w0, w1, reserved, rows, dim, mn, eb, nuniq, sec0, sec1, crc = HEADER.unpack_from(
+    magic, version, mode, flags, w0, w1, reserved, rows, dim, mn, eb, step, nuniq, sec0, sec1, crc = HEADER.unpack_from(
         bytes(buf[:HEADER_SIZE])
     )
     if magic != MAGIC:
@@ -118,7 +123,7 @@ def parse_header(buf: bytes | bytearray | memoryview, where: str = "buffer") -> 
         raise CodecError(f"{where}: header announces {total} bytes but the buffer holds {n} (truncated or padded?)")
     if buffer_crc(buf) != crc:
         raise CodecError(f"{where}: checksum mismatch (corrupted buffer)")
-    h = Header(Mode(mode), flags, w0, w1, rows, dim, mn, eb, nuniq, sec0, sec1, crc)
+    h = Header(Mode(mode), flags, w0, w1, rows, dim, mn, eb, step, nuniq, sec0, sec1, crc)
     validate_header(h, where)
     return h
 
@@ -136,15 +141,15 @@ def validate_header(h: Header, where: str) -> None:
         raise CodecError(f"{where}: {h.rows}x{h.dim} exceeds the {MAX_CHUNK_ELEMENTS}-element chunk limit")
     quantized = h.mode in (Mode.PACK, Mode.HUFF, Mode.DEDUP)
     if h.mode == Mode.CONST:
-        if h.flags or h.width0 or h.width1 or h.nuniq or h.sec0 or h.sec1 or not math.isfinite(h.min):
+        if h.flags or h.width0 or h.width1 or h.nuniq or h.sec0 or h.sec1 or not math.isfinite(h.min) or h.abs_eb or h.step:
             raise _fail(where, "CONST header")
     elif h.mode == Mode.RAW:
-        if h.flags or h.width0 or h.width1 or h.nuniq or h.sec1 or h.sec0 != 4 * n:
+        if h.flags or h.width0 or h.width1 or h.nuniq or h.sec1 or h.sec0 != 4 * n or h.min or h.abs_eb or h.step:
             raise _fail(where, "RAW header")
     if quantized:
         if n == 0 or not math.isfinite(h.min) or not (math.isfinite(h.abs_eb) and h.abs_eb > 0):
             raise _fail(where, "quantization parameters")
-        if not math.isfinite(2.0 * h.abs_eb) or h.width0 > MAX_CODE_BITS:
+        if not (math.isfinite(h.step) and 0 < h.step <= 2.0 * h.abs_eb) or h.width0 > MAX_CODE_BITS:
             raise _fail(where, "quantization parameters")
     if h.mode == Mode.PACK:
         if h.flags or h.width1 or h.nuniq or h.sec1 or h.sec0 != ceil_div(n * h.width0, 8):

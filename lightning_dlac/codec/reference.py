@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import torch
 
 from lightning_dlac.codec.format import (
+    CRC_OFFSET,
     FLAG_SEC0_HUFF,
     FLAG_SEC1_HUFF,
     HEADER_SIZE,
@@ -24,6 +25,7 @@ from lightning_dlac.codec.format import (
     HUFF_SECTION_HEADER,
     MAX_CHUNK_ELEMENTS,
     MAX_QVALUE,
+    STEP_FACTORS,
     CodecError,
     Header,
     Mode,
@@ -155,7 +157,7 @@ def within(x: torch.Tensor, x_hat: torch.Tensor, eb: torch.Tensor) -> torch.Tens
 def quantize(x: torch.Tensor, bound: float, relative: bool):
     """Quantize one chunk.
 
-    Returns ``(Mode.CONST, lo)``, ``(Mode.RAW, None)`` or ``(None, (lo, eb, codes))`` with int64 codes [rows, dim].
+    Returns ``(Mode.CONST, lo)``, ``(Mode.RAW, None)`` or ``(None, (lo, eb, step, codes))`` with int64 codes.
     """
     if x.numel() == 0:
         return Mode.CONST, 0.0
@@ -168,12 +170,25 @@ def quantize(x: torch.Tensor, bound: float, relative: bool):
         return Mode.CONST, lo.item()
     b32 = torch.tensor(bound, dtype=_F32)
     eb = b32 * (hi - lo) if relative else b32
-    step = eb + eb
-    if not (bool(torch.isfinite(step)) and bool(eb > 0)):
+    if not (bool(torch.isfinite(eb)) and bool(eb > 0)):
         return Mode.RAW, None
+    for k in STEP_FACTORS:
+        step = eb * torch.tensor(k, dtype=_F32)
+        if not (bool(torch.isfinite(step)) and bool(step > 0)):
+            return Mode.RAW, None
+        q = _quantize_with_step(x, lo, eb, step)
+        if q is False:
+            return Mode.RAW, None  # a value too far from min for 24-bit codes: smaller steps cannot help
+        if q is not None:
+            return None, (lo.item(), eb.item(), step.item(), q.to(torch.int64))
+    return Mode.RAW, None
+
+
+def _quantize_with_step(x: torch.Tensor, lo: torch.Tensor, eb: torch.Tensor, step: torch.Tensor):
+    """Codes for one step (float32 tensor), None if some element cannot be held within eb, False on code overflow."""
     v = (x - lo) / step
     if not bool((v <= MAX_QVALUE).all()):
-        return Mode.RAW, None
+        return False
     q = torch.round(v)  # round half to even, exact in float32 below 2**23
     ok = within(x, lo + q * step, eb)
     if not bool(ok.all()):
@@ -184,9 +199,9 @@ def quantize(x: torch.Tensor, bound: float, relative: bool):
         up = qb + 1
         ok_up = within(xb, lo + up * step, eb)
         if not bool((ok_down | ok_up).all()):
-            return Mode.RAW, None
+            return None
         q[bad] = torch.where(ok_down, down, up)
-    return None, (lo.item(), eb.item(), q.to(torch.int64))
+    return q
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -466,12 +481,12 @@ def unique_rows(codes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def _finish(h: Header, body: bytes) -> torch.Tensor:
     buf = bytearray(pack_header(h) + body)
     crc = buffer_crc(buf)
-    buf[40:44] = struct.pack("<I", crc)
+    buf[CRC_OFFSET: CRC_OFFSET + 4] = struct.pack("<I", crc)
     return torch.frombuffer(buf, dtype=torch.uint8).clone()
 
 
 def _header(mode: Mode, rows: int, dim: int, **kw) -> Header:
-    base = dict(flags=0, width0=0, width1=0, min=0.0, abs_eb=0.0, nuniq=0, sec0=0, sec1=0, crc=0)
+    base = dict(flags=0, width0=0, width1=0, min=0.0, abs_eb=0.0, step=0.0, nuniq=0, sec0=0, sec1=0, crc=0)
     base.update(kw)
     return Header(mode=mode, rows=rows, dim=dim, **base)
 
@@ -486,7 +501,7 @@ def encode_chunk(x: torch.Tensor, bound: float, relative: bool) -> torch.Tensor:
     n = rows * dim
     raw_size = 4 * n
     if mode is None:
-        lo, eb, codes = q
+        lo, eb, step, codes = q
         flat = codes.reshape(-1)
         qmax = int(flat.max())
         choice = _best_stream(flat, qmax)
@@ -502,7 +517,7 @@ def encode_chunk(x: torch.Tensor, bound: float, relative: bool) -> torch.Tensor:
                 if c0[1] + c1[1] < best[0]:
                     best = (c0[1] + c1[1], Mode.DEDUP)
         if best[0] < raw_size:
-            common = dict(min=lo, abs_eb=eb)
+            common = dict(min=lo, abs_eb=eb, step=step)
             if best[1] == Mode.DEDUP:
                 uniq, index, c0, c1 = dedup
                 s0 = _encode_stream(uniq.reshape(-1), qmax, c0)
@@ -552,15 +567,12 @@ def decode_chunk(buf: torch.Tensor | bytes, where: str = "buffer") -> torch.Tens
         if bool((index >= u).any()):
             raise CodecError(f"{where}: DEDUP index out of range")
         codes = uniq[index]
-    return dequantize(codes, h.min, h.abs_eb)
+    return dequantize(codes, h.min, h.step)
 
 
-def dequantize(codes: torch.Tensor, lo: float, eb: float) -> torch.Tensor:
-    """x_hat = lo + float32(q) * (2 * eb), each operation rounded to float32."""
-    lo_t = torch.tensor(lo, dtype=_F32)
-    eb_t = torch.tensor(eb, dtype=_F32)
-    step = eb_t + eb_t
-    return lo_t + codes.to(_F32) * step
+def dequantize(codes: torch.Tensor, lo: float, step: float) -> torch.Tensor:
+    """x_hat = lo + float32(q) * step, each operation rounded to float32."""
+    return torch.tensor(lo, dtype=_F32) + codes.to(_F32) * torch.tensor(step, dtype=_F32)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -1,0 +1,47 @@
+"""Shared fixtures of the codec tests: the native build (once per session) and realistic payloads."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lightning_dlac.codec import _loader
+
+
+@pytest.fixture(scope="session")
+def native() -> None:
+    """Build and load the native kernels once; skip native tests where no compiler can build them."""
+    try:
+        _loader.load_native()
+    except _loader.NativeUnavailable as e:
+        pytest.skip(f"native codec unavailable: {str(e)[:500]}")
+
+
+def zipf_payload(rows: int = 4096, dim: int = 64, vocab: int = 2000, alpha: float = 1.1, seed: int = 0) -> torch.Tensor:
+    """Embedding rows looked up with Zipf-distributed ids, as in a pooling-factor-1 table's all-to-all chunk."""
+    g = torch.Generator().manual_seed(seed)
+    table = torch.randn(vocab, dim, generator=g) * 0.05
+    p = 1.0 / torch.arange(1, vocab + 1, dtype=torch.float64) ** alpha
+    ids = torch.multinomial(p, rows, replacement=True, generator=g)
+    return table[ids].contiguous()
+
+
+@pytest.fixture(scope="session")
+def zipf() -> torch.Tensor:
+    return zipf_payload()
+
+
+def assert_bound(x: torch.Tensor, y: torch.Tensor, eb: float) -> None:
+    """Every finite element within eb (checked in float64, which never rejects a correct float32 result);
+    non-finite elements bit-exact."""
+    assert y.dtype == torch.float32 and y.shape == x.shape
+    finite = torch.isfinite(x)
+    if not bool(finite.all()):
+        assert torch.equal(x.view(torch.int32), y.view(torch.int32))
+        return
+    d = (x.double() - y.double()).abs()
+    assert bool((d <= eb).all()), f"max error {float(d.max())} > bound {eb}"
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.int32)
