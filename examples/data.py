@@ -308,7 +308,11 @@ class SyntheticCriteoDataModule(LightningDataModule):
         num_workers: int = 0,
     ) -> None:
         super().__init__()
-        self.save_hyperparameters()
+        num_embeddings_per_feature = _resolve_table_sizes(num_embeddings_per_feature, max_rows)
+        # Not sent to the logger: the model sized from this datamodule logs the resolved table sizes, and Lightning
+        # refuses to log both when the CLI recorded this one's unresolved default (None). LightningCLI's saved
+        # config.yaml and the checkpoint still hold every datamodule argument.
+        self.save_hyperparameters(logger=False)
         for name, value in (("batch_size", batch_size), ("ids_per_feature", ids_per_feature)):
             if value < 1:
                 raise ValueError(f"{name} must be at least 1, got {value}.")
@@ -317,7 +321,7 @@ class SyntheticCriteoDataModule(LightningDataModule):
                 raise ValueError(f"{name} must be non-negative, got {value}.")
         if zipf_alpha < 0:
             raise ValueError(f"zipf_alpha must be >= 0 (0 is uniform), got {zipf_alpha}.")
-        self.num_embeddings_per_feature: list[int] = _resolve_table_sizes(num_embeddings_per_feature, max_rows)
+        self.num_embeddings_per_feature: list[int] = num_embeddings_per_feature
         self.feature_names: list[str] = list(FEATURE_NAMES)
         self.num_dense_features: int = NUM_DENSE_FEATURES
         self.batch_size = batch_size
@@ -505,14 +509,18 @@ class CriteoTSVDataModule(LightningDataModule):
         num_workers: int = 0,
     ) -> None:
         super().__init__()
-        self.save_hyperparameters()
+        num_embeddings_per_feature = _resolve_table_sizes(num_embeddings_per_feature, max_rows)
+        # Not sent to the logger: the model sized from this datamodule logs the resolved table sizes, and Lightning
+        # refuses to log both when the CLI recorded this one's unresolved default (None). LightningCLI's saved
+        # config.yaml and the checkpoint still hold every datamodule argument.
+        self.save_hyperparameters(logger=False)
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}.")
         if max_samples is not None and max_samples < 1:
             raise ValueError(f"max_samples must be a positive row count or None, got {max_samples}.")
         if not 0.0 <= val_fraction < 1.0:
             raise ValueError(f"val_fraction must lie in [0, 1), got {val_fraction}.")
-        self.num_embeddings_per_feature: list[int] = _resolve_table_sizes(num_embeddings_per_feature, max_rows)
+        self.num_embeddings_per_feature: list[int] = num_embeddings_per_feature
         self.feature_names: list[str] = list(FEATURE_NAMES)
         self.num_dense_features: int = NUM_DENSE_FEATURES
         self.train_path = train_path

@@ -27,12 +27,13 @@ class DLACCLI(LightningCLI):
             parser.link_arguments(f"data.{attr}", f"model.init_args.{attr}", apply_on="instantiate")
 
 
-def main(args: Sequence[str] | None = None, run: bool = True) -> DLACCLI:
-    """Entry point of the ``dlac`` console script.
+def build_cli(args: Sequence[str] | None = None, run: bool = True) -> DLACCLI:
+    """Parse ``args`` and build the trainer, model and datamodule; run the subcommand unless ``run=False``.
 
     Args:
         args: Command-line arguments; ``None`` reads ``sys.argv``.
-        run: Run the subcommand (``fit``, ``validate``, ...). With ``False`` only parse and instantiate.
+        run: Run the subcommand (``fit``, ``validate``, ...). With ``False`` only parse and instantiate, and then
+            ``args`` holds no subcommand.
     """
     import lightning_dlac  # noqa: F401 - registers strategy="dlac"
 
@@ -49,6 +50,25 @@ def main(args: Sequence[str] | None = None, run: bool = True) -> DLACCLI:
         save_config_kwargs={"overwrite": True},
         **kwargs,
     )
+
+
+def main(args: Sequence[str] | None = None) -> None:
+    """Entry point of the ``dlac`` console script: run the subcommand, then print the final metrics on rank 0."""
+    cli = build_cli(args)
+    trainer = cli.trainer
+    if trainer.is_global_zero and trainer.callback_metrics:
+        metrics = ", ".join(f"{k}={float(v):.4f}" for k, v in sorted(trainer.callback_metrics.items()))
+        print(f"dlac {cli.subcommand} finished after {trainer.global_step} steps: {metrics}")
+        strategy = trainer.strategy
+        if getattr(strategy, "exchanges", None):
+            stats = strategy.comm_stats()
+            print(
+                f"dlac: rank 0 forward all-to-all sent {stats.sent_bytes / 2**20:.1f} MiB instead of"
+                f" {stats.raw_bytes / 2**20:.1f} MiB ({stats.ratio:.1f}x smaller)"
+            )
+        log_dir = getattr(trainer.logger, "log_dir", None)  # not trainer.log_dir: that one is a collective
+        if log_dir:
+            print(f"dlac: logs in {log_dir}")
 
 
 if __name__ == "__main__":

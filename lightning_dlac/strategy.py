@@ -148,7 +148,9 @@ class DLACStrategy(DDPStrategy):
         backward_eps: Relative error bound of the gradient exchange with ``backward_compression="dlac"``.
         codec_impl: ``"auto"`` (native kernels, falling back to the reference), ``"native"`` or ``"ref"``.
         error_every: Measure the observed max error / bound every this many exchanges (0 = never).
-        **ddp_kwargs: Passed to the ``DistributedDataParallel`` that wraps the dense parameters.
+        find_unused_parameters: Of the ``DistributedDataParallel`` that TorchRec wraps the dense parameters in.
+        static_graph: Of that ``DistributedDataParallel``.
+        bucket_cap_mb: Of that ``DistributedDataParallel``.
     """
 
     strategy_name = "dlac"
@@ -175,7 +177,9 @@ class DLACStrategy(DDPStrategy):
         backward_eps: float = 0.01,
         codec_impl: str = "auto",
         error_every: int = 10,
-        **ddp_kwargs: Any,
+        find_unused_parameters: bool = False,
+        static_graph: bool = False,
+        bucket_cap_mb: int = 25,
     ) -> None:
         require_torchrec()
         if isinstance(timeout, (int, float)):
@@ -193,7 +197,13 @@ class DLACStrategy(DDPStrategy):
             start_method=start_method,
         )
         self._forward_redirection = _DMPForwardRedirection()
-        self._ddp_kwargs = ddp_kwargs
+        if bucket_cap_mb <= 0:
+            raise ValueError(f"bucket_cap_mb={bucket_cap_mb} must be > 0.")
+        self._ddp_options = {
+            "find_unused_parameters": bool(find_unused_parameters),
+            "static_graph": bool(static_graph),
+            "bucket_cap_mb": int(bucket_cap_mb),
+        }
         self._sharding_types = _validate_sharding_types(sharding_types, "sharding_types")
         self._table_constraints = self._validate_table_constraints(table_constraints or {})
         self._embedding_optimizer = _parse_enum(EmbeddingOptimizer, embedding_optimizer, "embedding_optimizer")
@@ -362,11 +372,7 @@ class DLACStrategy(DDPStrategy):
             device=device,
             plan=plan,
             sharders=[sharder],
-            data_parallel_wrapper=DefaultDataParallelWrapper(
-                static_graph=self._ddp_kwargs.pop("static_graph", False),
-                find_unused_parameters=self._ddp_kwargs.pop("find_unused_parameters", False),
-                ddp_kwargs=self._ddp_kwargs or None,
-            ),
+            data_parallel_wrapper=DefaultDataParallelWrapper(**self._ddp_options),
         )
         if self._compress:
             self._exchanges = install_compressed_all_to_all(self._dmp, self._compression, self._error_bounds)
