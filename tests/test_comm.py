@@ -197,3 +197,162 @@ def test_stats_count_bytes_tables_and_observed_error(exchange_results: list[dict
                         assert stats["sent_bytes"] * 4 < stats["raw_bytes"], stats
                 # bf16 halves the gradient bytes
                 assert stats["backward_sent_bytes"] * 2 == stats["backward_raw_bytes"]
+
+
+def _corrupted_exchange(rank: int, world_size: int, timeout_s: float) -> dict:
+    """Rank 1 corrupts the body of its chunk of table ``t1_1`` for rank 0; rank 0 must name it, rank 1 must not
+    hang in the next collective that rank 0 never joins."""
+    import torch.distributed as dist
+
+    from lightning_dlac.codec.format import HEADER_SIZE
+    from lightning_dlac.comm import CompressedExchangeError, CompressedPooledEmbeddingsAllToAll, CompressionConfig
+    from lightning_dlac.comm import ErrorBounds
+    from lightning_dlac.comm import all_to_all as a2a_module
+
+    dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_s))
+    dims_per_rank = [[8], [8, 8]]
+    if rank == 1:
+        encode_grid = a2a_module.encode_grid
+
+        def corrupting_encode_grid(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            payload, sizes = encode_grid(*args, **kwargs)
+            # Chunks are row-block-major: (destination 0, local table 1) is chunk 1.
+            payload[int(sizes[0]) + HEADER_SIZE + 3] ^= 0xFF
+            return payload, sizes
+
+        a2a_module.encode_grid = corrupting_encode_grid
+    a2a = CompressedPooledEmbeddingsAllToAll(
+        dist.group.WORLD, dims_per_rank, _tables(dims_per_rank), CompressionConfig(error_every=0), ErrorBounds()
+    )
+    x = _inputs(rank, 12, sum(dims_per_rank[rank]), compressible=False).requires_grad_()
+    try:
+        out = a2a(x, [6, 6]).wait()
+    except CompressedExchangeError as err:
+        time.sleep(timeout_s + 1)  # alive but gone from the collectives, as a rank unwinding its error would be
+        return {"error": f"{type(err).__name__}: {err}"}
+    start = time.perf_counter()
+    try:
+        out.sum().backward()  # its gradient all-to-all waits for rank 0, which has left
+    except Exception as err:  # noqa: BLE001 - whatever gloo raises, it must raise rather than hang
+        return {"error": f"{type(err).__name__}: {err}", "elapsed": time.perf_counter() - start}
+    return {"error": None}
+
+
+def test_corrupted_payload_names_source_rank_and_table_and_peer_does_not_hang() -> None:
+    timeout_s = 4.0
+    failing, peer = run_ranks(_corrupted_exchange, 2, timeout_s)
+    assert re.search(
+        r"CompressedExchangeError: rank 0: pooled embeddings of table 't1_1' received from rank 1 failed to decode",
+        failing["error"] or "",
+    ), failing
+    assert peer["error"] is not None, "rank 1's next collective succeeded without rank 0"
+    assert peer["elapsed"] < timeout_s + 3, peer
+
+
+# ---------------------------------------------------------------------------------------------- through Lightning
+
+
+def _fit(world_size: int, steps: int, **strategy_kwargs) -> tuple[list[float], object]:
+    from lightning_dlac import DLACStrategy
+    from tests.test_strategy import _LossRecorder, small_data, small_dlrm, trainer
+
+    torch.manual_seed(0)
+    recorder = _LossRecorder()
+    t = trainer(world_size, DLACStrategy(**strategy_kwargs), max_steps=steps, callbacks=[recorder], limit_val_batches=0)
+    t.fit(small_dlrm(), datamodule=small_data(train_batches=steps))
+    return recorder.losses, t.strategy
+
+
+def _pooled_embeddings_within_bound(world_size: int, eps: float, sharding_type: str) -> dict[str, float]:
+    """Sharded EBC with compression against its unsharded twin, per key: observed error / (eps * key range)."""
+    from lightning_dlac import DLACStrategy
+    from tests.test_strategy import FEATURES, load_global_weights, small_data, small_dlrm, trainer
+
+    model = small_dlrm()
+    reference = copy.deepcopy(model)
+    data = small_data()
+    # Column shards of 8 dims: the 16-dim tables are split, so one key's columns come from several chunks.
+    split = {} if sharding_type == "table_wise" else {f"t_{f}": {"min_partition": 8} for f in FEATURES}
+    strategy = DLACStrategy(eps=eps, sharding_types=[sharding_type], table_constraints=split)
+    t = trainer(world_size, strategy, limit_val_batches=1)
+    t.validate(model, datamodule=data, verbose=False)
+    assert t.strategy.exchanges, "validate() installed no compressed all-to-all"
+    load_global_weights(model, reference.state_dict())
+    ratios: dict[str, float] = {}
+    with torch.no_grad():
+        for batch in list(data.val_dataloader())[:2]:
+            sharded = model.embedding_bag_collection(batch.sparse_features).to_dict()
+            unsharded = reference.embedding_bag_collection(batch.sparse_features).to_dict()
+            assert sharded.keys() == unsharded.keys()
+            for key, exact in unsharded.items():
+                # One key = one table's columns for this rank's rows = one chunk of the sender's payload.
+                bound = eps * float(exact.max() - exact.min()) + 1e-7
+                ratio = float((sharded[key] - exact).abs().max()) / bound
+                ratios[key] = max(ratios.get(key, 0.0), ratio)
+    return ratios
+
+
+def _lightning_runs(rank: int, world_size: int) -> dict:
+    steps = 30
+    compressed, strategy = _fit(world_size, steps, error_every=1)
+    stats = strategy.comm_stats()
+    uncompressed, plain = _fit(world_size, steps, compress=False)
+    dlac_backward, dlac_strategy = _fit(world_size, steps, backward_compression="dlac")
+    return {
+        "compressed": compressed,
+        "uncompressed": uncompressed,
+        "dlac_backward": dlac_backward,
+        "exchanges": len(strategy.exchanges),
+        "plain_exchanges": len(plain.exchanges),
+        "calls": stats.calls,
+        "raw_bytes": stats.raw_bytes,
+        "sent_bytes": stats.sent_bytes,
+        "max_error_ratio": max(stats.table_max_error_ratio.values(), default=float("nan")),
+        "compressed_tables": strategy.compressed_tables,
+        "dlac_backward_calls": dlac_strategy.comm_stats().backward_calls,
+        "dlac_backward_ratio": dlac_strategy.comm_stats().backward_raw_bytes
+        / max(dlac_strategy.comm_stats().backward_sent_bytes, 1),
+        "pooled_ratios": {
+            sharding_type: _pooled_embeddings_within_bound(world_size, 0.02, sharding_type)
+            for sharding_type in ("table_wise", "column_wise", "table_column_wise")
+        },
+    }
+
+
+@pytest.fixture(scope="module")
+def lightning_results() -> list[dict]:
+    return run_ranks(_lightning_runs, 2)
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs)
+
+
+def test_training_compresses_and_tracks_uncompressed_losses(lightning_results: list[dict]) -> None:
+    for r in lightning_results:
+        assert r["exchanges"] > 0 and r["plain_exchanges"] == 0
+        assert r["calls"] > 0 and r["sent_bytes"] < r["raw_bytes"], r
+        assert r["max_error_ratio"] <= 1 + 1e-4, r
+        assert len(r["compressed"]) == len(r["uncompressed"]) == 30
+        last, last_plain = _mean(r["compressed"][-10:]), _mean(r["uncompressed"][-10:])
+        assert abs(last - last_plain) <= 0.1 * last_plain, (last, last_plain)
+    # Table-wise: each table is sent compressed by exactly one rank.
+    tables0, tables1 = lightning_results[0]["compressed_tables"], lightning_results[1]["compressed_tables"]
+    assert tables0 and tables1 and not set(tables0) & set(tables1) and len(tables0) + len(tables1) == 26
+
+
+def test_training_with_dlac_backward_reduces_the_loss(lightning_results: list[dict]) -> None:
+    for r in lightning_results:
+        losses = r["dlac_backward"]
+        assert r["dlac_backward_calls"] == len(losses) == 30
+        assert r["dlac_backward_ratio"] > 1, r
+        assert _mean(losses[-10:]) < 0.95 * _mean(losses[:10]), losses
+
+
+@pytest.mark.parametrize("sharding_type", ["table_wise", "column_wise", "table_column_wise"])
+def test_sharded_pooled_embeddings_within_bound_of_unsharded(lightning_results: list[dict], sharding_type: str) -> None:
+    for r in lightning_results:
+        ratios = r["pooled_ratios"][sharding_type]
+        assert len(ratios) == 26, ratios
+        assert max(ratios.values()) <= 1 + 1e-3, ratios
+        assert max(ratios.values()) > 0, "no key differs at all: was the exchange compressed?"
