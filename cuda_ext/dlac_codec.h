@@ -231,13 +231,13 @@ inline bool within(float x, float xh, float eb) {
   return (a < eb) | ((a == eb) & (((s > 0.0f) & (err <= 0.0f)) | ((s < 0.0f) & (err >= 0.0f))));
 }
 
-// Codes for one step: 1 if every element holds within eb (after neighbour repair), 0 if one cannot, -1 if a code
-// would not fit in 24 bits. Mirrors reference._quantize_with_step.
-inline int quantize_with_step(const float* x, int64_t rows, int64_t dim, int64_t ld, float lo, float eb, float step,
+// Codes for the rows at rowp (nrows x dim) for one step: 1 if every element holds within eb (after neighbour
+// repair), 0 if one cannot, -1 if a code would not fit in 24 bits. Mirrors reference._quantize_with_step.
+inline int quantize_with_step(const float* const* rowp, int64_t nrows, int64_t dim, float lo, float eb, float step,
                               uint32_t* codes) {
   uint32_t overflow = 0, bad = 0;
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* p = x + r * ld;
+  for (int64_t r = 0; r < nrows; ++r) {
+    const float* p = rowp[r];
     uint32_t* c = codes + r * dim;
     uint32_t of = 0, bd = 0;
     for (int64_t j = 0; j < dim; ++j) {
@@ -257,8 +257,8 @@ inline int quantize_with_step(const float* x, int64_t rows, int64_t dim, int64_t
   if (overflow) return -1;
   if (!bad) return 1;
   // Rare: the rounded code misses the bound by a rounding error. Try the neighbours, in the reference's order.
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* p = x + r * ld;
+  for (int64_t r = 0; r < nrows; ++r) {
+    const float* p = rowp[r];
     uint32_t* c = codes + r * dim;
     for (int64_t j = 0; j < dim; ++j) {
       float xv = p[j];
@@ -275,68 +275,6 @@ inline int quantize_with_step(const float* x, int64_t rows, int64_t dim, int64_t
     }
   }
   return 1;
-}
-
-struct Quantized {
-  uint8_t mode;  // kConst, kRaw, or kPack meaning "quantized" (the lossless stage is chosen later)
-  float lo = 0.0f, eb = 0.0f, step = 0.0f;
-  uint32_t qmax = 0;
-};
-
-// Quantize rows x dim floats at x (row stride ld) into codes (size rows*dim). Mirrors reference.quantize.
-inline Quantized quantize(const float* x, int64_t rows, int64_t dim, int64_t ld, float bound, bool relative,
-                          std::vector<uint32_t>& codes) {
-  Quantized out{kConst};
-  const int64_t n = rows * dim;
-  if (n == 0) return out;
-  if (bound == 0.0f) return Quantized{kRaw};
-  float lo = INFINITY, hi = -INFINITY;
-  uint32_t nonfinite = 0;
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* p = x + r * ld;
-    float l = lo, h = hi;
-    uint32_t nf = 0;
-    for (int64_t j = 0; j < dim; ++j) {
-      float v = p[j];
-      nf |= uint32_t((float_to_bits(v) & 0x7F800000u) == 0x7F800000u);
-      l = v < l ? v : l;
-      h = v > h ? v : h;
-    }
-    lo = l;
-    hi = h;
-    nonfinite |= nf;
-  }
-  if (nonfinite) return Quantized{kRaw};
-  lo = lo + 0.0f;  // -0.0 -> +0.0, so the header does not depend on which zero was seen first
-  hi = hi + 0.0f;
-  if (lo == hi) {
-    out.lo = lo;
-    return out;
-  }
-  const float eb = relative ? bound * (hi - lo) : bound;
-  if (!(std::isfinite(eb) && eb > 0.0f)) return Quantized{kRaw};
-  codes.resize(n);
-  bool held = false;
-  float step = 0.0f;
-  for (float k : kStepFactors) {
-    step = eb * k;
-    if (!(std::isfinite(step) && step > 0.0f)) return Quantized{kRaw};
-    int r = quantize_with_step(x, rows, dim, ld, lo, eb, step, codes.data());
-    if (r < 0) return Quantized{kRaw};  // code overflow: smaller steps cannot help
-    if (r > 0) {
-      held = true;
-      break;
-    }
-  }
-  if (!held) return Quantized{kRaw};
-  uint32_t qmax = 0;
-  for (int64_t i = 0; i < n; ++i) qmax = codes[i] > qmax ? codes[i] : qmax;
-  out.mode = kPack;
-  out.lo = lo;
-  out.eb = eb;
-  out.step = step;
-  out.qmax = qmax;
-  return out;
 }
 
 // ------------------------------------------------------------------------------------------------------------
@@ -609,42 +547,43 @@ inline void huff_decode(const uint8_t* data, uint64_t size, uint64_t n, uint32_t
 // Row dedup: unique rows in order of first appearance + per-row index (mirrors reference.unique_rows)
 // ------------------------------------------------------------------------------------------------------------
 
-inline uint32_t dedup_rows(const uint32_t* codes, uint32_t rows, uint32_t dim, std::vector<uint32_t>& first_row,
-                           std::vector<uint32_t>& index) {
-  uint32_t cap = 16;
-  while (cap < 2 * rows) cap <<= 1;
-  std::vector<uint32_t> slots(cap, UINT32_MAX);  // unique id, or empty
-  first_row.clear();
-  index.resize(rows);
-  const size_t row_bytes = size_t(dim) * 4;
-  for (uint32_t r = 0; r < rows; ++r) {
-    const uint32_t* row = codes + size_t(r) * dim;
-    uint64_t h0 = 0x9E3779B97F4A7C15ull, h1 = 0xC2B2AE3D27D4EB4Full;
-    uint32_t j = 0;
-    for (; j + 1 < dim; j += 2) {
-      h0 = (h0 ^ row[j]) * 0x100000001B3ull;
-      h1 = (h1 ^ row[j + 1]) * 0x100000001B3ull;
-    }
-    if (j < dim) h0 = (h0 ^ row[j]) * 0x100000001B3ull;
-    uint64_t h = (h0 ^ (h1 >> 29) ^ (h1 << 7)) * 0xFF51AFD7ED558CCDull;
-    uint32_t slot = uint32_t(h >> 32) & (cap - 1);
+inline uint64_t hash_row(const uint8_t* p, uint32_t dim) {
+  uint64_t h0 = 0x9E3779B97F4A7C15ull, h1 = 0xC2B2AE3D27D4EB4Full;
+  uint32_t j = 0;
+  for (; j + 1 < dim; j += 2) {
+    h0 = (h0 ^ load_u32(p + 4 * j)) * 0x100000001B3ull;
+    h1 = (h1 ^ load_u32(p + 4 * j + 4)) * 0x100000001B3ull;
+  }
+  if (j < dim) h0 = (h0 ^ load_u32(p + 4 * j)) * 0x100000001B3ull;
+  return (h0 ^ (h1 >> 29) ^ (h1 << 7)) * 0xFF51AFD7ED558CCDull;
+}
+
+// Hash set of rows (dim 32-bit words, compared bytewise): ids are handed out in order of first insertion.
+struct RowTable {
+  uint32_t dim, cap = 16;
+  size_t row_bytes;
+  std::vector<uint32_t> slots;
+  std::vector<const uint8_t*> first;  // the first row seen with each id
+  RowTable(uint64_t expected, uint32_t d) : dim(d), row_bytes(size_t(d) * 4) {
+    while (cap < 2 * expected) cap <<= 1;
+    slots.assign(cap, UINT32_MAX);
+    first.reserve(expected);
+  }
+  uint32_t insert(const uint8_t* row) {
+    uint32_t slot = uint32_t(hash_row(row, dim) >> 32) & (cap - 1);
     while (true) {
       uint32_t u = slots[slot];
       if (u == UINT32_MAX) {
-        slots[slot] = uint32_t(first_row.size());
-        index[r] = uint32_t(first_row.size());
-        first_row.push_back(r);
-        break;
+        slots[slot] = uint32_t(first.size());
+        first.push_back(row);
+        return slots[slot];
       }
-      if (std::memcmp(codes + size_t(first_row[u]) * dim, row, row_bytes) == 0) {
-        index[r] = u;
-        break;
-      }
+      if (std::memcmp(first[u], row, row_bytes) == 0) return u;
       slot = (slot + 1) & (cap - 1);
     }
   }
-  return uint32_t(first_row.size());
-}
+  uint32_t size() const { return uint32_t(first.size()); }
+};
 
 // ------------------------------------------------------------------------------------------------------------
 // Chunk encode / decode
@@ -674,56 +613,113 @@ inline void encode_raw(const float* x, int64_t rows, int64_t dim, int64_t ld, st
 }
 
 // Encode one chunk (row stride ld, unit column stride) into out. bound is float32; 0 means RAW.
+//
+// Identical float rows give identical codes, so rows are deduplicated on their raw bits first and only the distinct
+// ones are quantized; unique code rows are then found among those, in the same first-appearance order as the
+// reference's dedup over all rows (the first row with a given code row is always the first row of its raw row).
 inline void encode_chunk(const float* x, int64_t rows, int64_t dim, int64_t ld, float bound, bool relative,
                          std::vector<uint8_t>& out) {
-  std::vector<uint32_t> codes;
-  Quantized qz = quantize(x, rows, dim, ld, bound, relative, codes);
   Header h;
   h.rows = uint32_t(rows);
   h.dim = uint32_t(dim);
-  if (qz.mode == kConst) {
+  const uint64_t n = uint64_t(rows) * dim;
+  auto emit_const = [&](float value) {
     h.mode = kConst;
-    h.min = qz.lo;
+    h.min = value;
     out.assign(kHeaderSize, 0);
     finish(out, h);
-    return;
-  }
-  if (qz.mode == kRaw) return encode_raw(x, rows, dim, ld, out);
-  const uint64_t n = uint64_t(rows) * dim;
-  const uint64_t raw_size = 4 * n;
-  const bool huff_ok = uint64_t(qz.qmax) + 1 <= kHuffMaxAlphabet;
-  std::vector<uint64_t> freq;
-  if (huff_ok) freq = histogram(codes.data(), n, qz.qmax);
-  StreamPlan whole = plan_stream(n, qz.qmax, huff_ok ? &freq : nullptr);
-  uint64_t best = whole.size;
-  uint8_t mode = whole.huff ? kHuff : kPack;
+  };
+  if (n == 0) return emit_const(0.0f);
+  if (bound == 0.0f) return encode_raw(x, rows, dim, ld, out);
 
-  std::vector<uint32_t> first_row, index, uniq;
-  StreamPlan p0, p1;
-  uint32_t nuniq = 0;
-  if (rows > 1) {
-    nuniq = dedup_rows(codes.data(), uint32_t(rows), uint32_t(dim), first_row, index);
-    if (nuniq < rows) {
-      uniq.resize(size_t(nuniq) * dim);
-      for (uint32_t u = 0; u < nuniq; ++u)
-        std::memcpy(uniq.data() + size_t(u) * dim, codes.data() + size_t(first_row[u]) * dim, 4 * size_t(dim));
-      std::vector<uint64_t> f0, f1;
-      if (huff_ok) f0 = histogram(uniq.data(), uniq.size(), qz.qmax);
-      const bool idx_huff_ok = uint64_t(nuniq) <= kHuffMaxAlphabet;
-      if (idx_huff_ok) f1 = histogram(index.data(), index.size(), nuniq - 1);
-      p0 = plan_stream(uniq.size(), qz.qmax, huff_ok ? &f0 : nullptr);
-      p1 = plan_stream(index.size(), nuniq - 1, idx_huff_ok ? &f1 : nullptr);
-      if (p0.size + p1.size < best) {
-        best = p0.size + p1.size;
-        mode = kDedup;
-      }
+  // Pass 1: min, max, finiteness and raw-row dedup.
+  RowTable raw(rows, uint32_t(dim));
+  std::vector<uint32_t> raw_index(rows);
+  float lo = INFINITY, hi = -INFINITY;
+  uint32_t nonfinite = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* p = x + r * ld;
+    float l = lo, hh = hi;
+    uint32_t nf = 0;
+    for (int64_t j = 0; j < dim; ++j) {
+      float v = p[j];
+      nf |= uint32_t((float_to_bits(v) & 0x7F800000u) == 0x7F800000u);
+      l = v < l ? v : l;
+      hh = v > hh ? v : hh;
+    }
+    lo = l;
+    hi = hh;
+    nonfinite |= nf;
+    raw_index[r] = raw.insert(reinterpret_cast<const uint8_t*>(p));
+  }
+  if (nonfinite) return encode_raw(x, rows, dim, ld, out);
+  lo = lo + 0.0f;  // -0.0 -> +0.0, so the header does not depend on which zero was seen first
+  hi = hi + 0.0f;
+  if (lo == hi) return emit_const(lo);
+  const float eb = relative ? bound * (hi - lo) : bound;
+  if (!(std::isfinite(eb) && eb > 0.0f)) return encode_raw(x, rows, dim, ld, out);
+
+  // Pass 2: quantize the distinct raw rows with the first step that holds every element.
+  const uint32_t nraw = raw.size();
+  std::vector<const float*> rowp(nraw);
+  for (uint32_t u = 0; u < nraw; ++u) rowp[u] = reinterpret_cast<const float*>(raw.first[u]);
+  std::vector<uint32_t> rcodes(size_t(nraw) * dim);
+  float step = 0.0f;
+  int held = 0;
+  for (float k : kStepFactors) {
+    step = eb * k;
+    if (!(std::isfinite(step) && step > 0.0f)) return encode_raw(x, rows, dim, ld, out);
+    held = quantize_with_step(rowp.data(), nraw, dim, lo, eb, step, rcodes.data());
+    if (held != 0) break;  // 1: held; -1: code overflow, which smaller steps cannot help
+  }
+  if (held != 1) return encode_raw(x, rows, dim, ld, out);
+
+  // Multiplicities, code-row dedup, histograms.
+  std::vector<uint64_t> mult(nraw, 0);
+  for (int64_t r = 0; r < rows; ++r) mult[raw_index[r]] += 1;
+  uint32_t qmax = 0;
+  for (uint32_t c : rcodes) qmax = c > qmax ? c : qmax;
+  RowTable cod(nraw, uint32_t(dim));
+  std::vector<uint32_t> code_of_raw(nraw);
+  for (uint32_t u = 0; u < nraw; ++u)
+    code_of_raw[u] = cod.insert(reinterpret_cast<const uint8_t*>(rcodes.data() + size_t(u) * dim));
+  const uint32_t nuniq = cod.size();
+  const bool huff_ok = uint64_t(qmax) + 1 <= kHuffMaxAlphabet;
+  std::vector<uint64_t> freq;
+  if (huff_ok) {
+    freq.assign(size_t(qmax) + 1, 0);
+    for (uint32_t u = 0; u < nraw; ++u) {
+      const uint32_t* c = rcodes.data() + size_t(u) * dim;
+      const uint64_t m = mult[u];
+      for (int64_t j = 0; j < dim; ++j) freq[c[j]] += m;
     }
   }
-  if (best >= raw_size) return encode_raw(x, rows, dim, ld, out);
+  StreamPlan whole = plan_stream(n, qmax, huff_ok ? &freq : nullptr);
+  uint64_t best = whole.size;
+  uint8_t mode = whole.huff ? kHuff : kPack;
+  StreamPlan p0, p1;
+  std::vector<uint32_t> uniq, index;
+  if (rows > 1 && nuniq < rows) {
+    uniq.resize(size_t(nuniq) * dim);
+    for (uint32_t u = 0; u < nuniq; ++u) std::memcpy(uniq.data() + size_t(u) * dim, cod.first[u], 4 * size_t(dim));
+    index.resize(rows);
+    for (int64_t r = 0; r < rows; ++r) index[r] = code_of_raw[raw_index[r]];
+    std::vector<uint64_t> f0, f1;
+    if (huff_ok) f0 = histogram(uniq.data(), uniq.size(), qmax);
+    const bool idx_huff_ok = uint64_t(nuniq) <= kHuffMaxAlphabet;
+    if (idx_huff_ok) f1 = histogram(index.data(), index.size(), nuniq - 1);
+    p0 = plan_stream(uniq.size(), qmax, huff_ok ? &f0 : nullptr);
+    p1 = plan_stream(index.size(), nuniq - 1, idx_huff_ok ? &f1 : nullptr);
+    if (p0.size + p1.size < best) {
+      best = p0.size + p1.size;
+      mode = kDedup;
+    }
+  }
+  if (best >= 4 * n) return encode_raw(x, rows, dim, ld, out);
   h.mode = mode;
-  h.min = qz.lo;
-  h.abs_eb = qz.eb;
-  h.step = qz.step;
+  h.min = lo;
+  h.abs_eb = eb;
+  h.step = step;
   out.assign(kHeaderSize + best, 0);
   uint8_t* body = out.data() + kHeaderSize;
   if (mode == kDedup) {
@@ -738,6 +734,9 @@ inline void encode_chunk(const float* x, int64_t rows, int64_t dim, int64_t ld, 
     if (p1.huff) huff_encode(index.data(), index.size(), p1, body + p0.size);
     else pack_stream(index.data(), index.size(), p1.width, body + p0.size);
   } else {
+    std::vector<uint32_t> codes(n);
+    for (int64_t r = 0; r < rows; ++r)
+      std::memcpy(codes.data() + r * dim, rcodes.data() + size_t(raw_index[r]) * dim, 4 * size_t(dim));
     h.flags = whole.huff ? kFlagSec0Huff : 0;
     h.width0 = uint8_t(whole.width);
     h.sec0 = uint32_t(whole.size);
