@@ -4,10 +4,12 @@ rest, registered as ``Trainer(strategy="dlac")``."""
 from __future__ import annotations
 
 import logging
+import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from datetime import timedelta
 from enum import Enum
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
@@ -45,6 +47,9 @@ SHARDING_TYPES = (
     "data_parallel",
     "grid_shard",
 )
+_META_FILE = "meta.pt"
+_FUSED_OPTIMIZER_KEY = "fused_optimizer"
+
 # Sharding types that split one table over several ranks, so a table larger than one rank's budget can still fit.
 _SPLITTING_SHARDING_TYPES = frozenset(SHARDING_TYPES) - {"table_wise", "data_parallel"}
 
@@ -467,6 +472,68 @@ class DLACStrategy(DDPStrategy):
                         f" {type(self).__name__} already trains with its fused {self._embedding_optimizer} optimizer."
                         " Pass only the dense parameters: `torch.optim.Adam(lightning_dlac.dense_parameters(self))`."
                     )
+
+    # ------------------------------------------------------------------ checkpoints
+
+    @property
+    @override
+    def restore_checkpoint_after_setup(self) -> bool:
+        # Sharded tables exist only after setup; a checkpoint is loaded into them, shard by shard.
+        return True
+
+    @override
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], filepath: str | Path, storage_options: Any | None = None
+    ) -> None:
+        """Save a checkpoint directory: every rank writes its own table shards and fused-optimizer state with
+        ``torch.distributed.checkpoint``; rank 0 adds everything else (dense weights, optimizer and loop state,
+        callbacks) as ``meta.pt``. All ranks must call this (Lightning's ModelCheckpoint does)."""
+        if storage_options is not None:
+            raise TypeError(f"{type(self).__name__}.save_checkpoint takes no storage_options, got {storage_options!r}.")
+        import torch.distributed.checkpoint as dcp
+
+        path = Path(filepath)
+        if self.is_global_zero and path.is_file():
+            path.unlink()  # a single-file checkpoint of the same name is replaced by the directory
+        self.barrier("dlac_checkpoint_prepare")
+        sharded = {"state_dict": checkpoint["state_dict"], _FUSED_OPTIMIZER_KEY: self._fused_optimizer_state()}
+        dcp.save(sharded, checkpoint_id=str(path))
+        if self.is_global_zero:
+            meta = {k: v for k, v in checkpoint.items() if k != "state_dict"}
+            torch.save(meta, path / _META_FILE)
+        self.barrier("dlac_checkpoint_saved")
+
+    @override
+    def load_checkpoint(self, checkpoint_path: str | Path, weights_only: bool | None = None) -> dict[str, Any]:
+        import torch.distributed.checkpoint as dcp
+
+        path = Path(checkpoint_path)
+        if not (path / _META_FILE).is_file():
+            raise FileNotFoundError(
+                f"{path} is not a {type(self).__name__} checkpoint directory (no {_META_FILE} inside). Resume from a"
+                " checkpoint that DLACStrategy saved; single-file checkpoints cannot hold every rank's table shards."
+            )
+        # Load in place into this rank's shards (and their optimizer state), then into the modules.
+        sharded = {"state_dict": self.lightning_module.state_dict(), _FUSED_OPTIMIZER_KEY: self._fused_optimizer_state()}
+        dcp.load(sharded, checkpoint_id=str(path))
+        if self._dmp is not None:
+            self._dmp.fused_optimizer.load_state_dict(sharded[_FUSED_OPTIMIZER_KEY])
+        # meta.pt holds loop and callback state (plain Python objects) written by this strategy on rank 0.
+        checkpoint = torch.load(path / _META_FILE, map_location="cpu", weights_only=bool(weights_only))
+        checkpoint["state_dict"] = sharded["state_dict"]
+        return checkpoint
+
+    @override
+    def remove_checkpoint(self, filepath: str | Path) -> None:
+        if self.is_global_zero:
+            path = Path(filepath)
+            if path.is_dir():
+                shutil.rmtree(path)
+            elif path.exists():
+                path.unlink()
+
+    def _fused_optimizer_state(self) -> dict[str, Any]:
+        return {} if self._dmp is None else self._dmp.fused_optimizer.state_dict()
 
     # ------------------------------------------------------------------ teardown
 
