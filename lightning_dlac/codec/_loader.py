@@ -146,7 +146,9 @@ def resolve_impl(impl: str = "auto") -> str:
         if not _state["warned"]:
             _state["warned"] = True
             warnings.warn(
-                f"lightning_dlac: native codec unavailable, using the (slower) reference codec. Cause: {e}. "
+                f"lightning_dlac: native codec unavailable, using the (slower) reference codec. "
+                f"Cause: {str(e).splitlines()[0] if str(e) else type(e).__name__} "
+                f"(set {ENV_IMPL}=native to see the full build log). "
                 f"Set {ENV_IMPL}=ref to silence this, or {ENV_IMPL}=native to make it an error.",
                 RuntimeWarning,
                 stacklevel=3,

@@ -78,3 +78,21 @@ def test_cuda_matches_reference(native):
     y = torch.ops.dlac.decode_grid(ref_payload.cuda(), ref_sizes.cuda(), rs, cs)
     assert torch.equal(bits(y.cpu()), bits(decode_grid(ref_payload, ref_sizes, rs, cs, impl="ref")))
     assert torch.equal(encode(x, eps=0.01, impl="ref"), encode(x, eps=0.01, impl="native"))
+
+
+def test_auto_falls_back_with_one_warning(monkeypatch):
+    from lightning_dlac.codec import _loader
+
+    monkeypatch.delenv("DLAC_CODEC_IMPL", raising=False)
+    monkeypatch.setitem(_loader._state, "loaded", False)
+    monkeypatch.setitem(_loader._state, "error", "no C++ compiler found (install g++ or set CXX)")
+    monkeypatch.setitem(_loader._state, "warned", False)
+    with pytest.warns(RuntimeWarning, match="no C\\+\\+ compiler"):
+        assert resolve_impl("auto") == "ref"
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert resolve_impl("auto") == "ref"  # warned once only
+    with pytest.raises(_loader.NativeUnavailable, match="compiler"):
+        resolve_impl("native")
