@@ -330,6 +330,8 @@ class DLACStrategy(DDPStrategy):
 
         from lightning_dlac.comm import install_compressed_all_to_all
 
+        if self._dmp is not None and self._dmp.module is module:
+            return self._dmp  # fit, then validate/test with the same Trainer: already sharded, same plan
         ebcs = [(n, m) for n, m in module.named_modules() if isinstance(m, EmbeddingBagCollection)]
         already_sharded = any(isinstance(m, ShardedEmbeddingBagCollection) for m in module.modules())
         if not ebcs and not already_sharded:

@@ -110,6 +110,10 @@ def _train(rank: int, world_size: int, strategy: str | None) -> dict:
     recorder = _LossRecorder()
     t = trainer(world_size, strategy, max_epochs=3, callbacks=[recorder])
     t.fit(model, datamodule=small_data())
+    fit_auroc = float(t.callback_metrics["val/auroc"])
+    # Validating again with the same Trainer reuses the sharded model and gives the same result.
+    (validated,) = t.validate(model, datamodule=small_data(), verbose=False)
+    assert abs(validated["val/auroc"] - fit_auroc) < 1e-6, (validated, fit_auroc)
     assert isinstance(t.strategy, DLACStrategy)
     assert t.strategy.distributed_model is not None
     # Lightning's collectives behave as under DDP.
