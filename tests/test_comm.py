@@ -23,6 +23,8 @@ CASES = {
     "non_finite": ([4, 4], [[4, 4], [8]]),  # NaN / Inf in table t0_0's chunks for both destinations
 }
 BACKWARDS = ("fp32", "bf16", "fp16", "dlac")
+# (backward mode, codec impl, compressible data) of each direct-module run; "auto" is the native kernels here.
+RUNS = [*((b, "auto", False) for b in BACKWARDS), ("dlac", "ref", False), ("bf16", "auto", True)]
 EPS, TABLE_EPS, BACKWARD_EPS = 0.01, {"t0_1": 0.05}, 0.02
 
 
@@ -43,7 +45,7 @@ def _upstream_grad(dst: int, rows: int, cols: int) -> torch.Tensor:
     return torch.randn(rows, cols, generator=torch.Generator().manual_seed(2000 + dst))
 
 
-def _exchange_case(rank: int, world_size: int, case: str, backward: str, compressible: bool) -> dict:
+def _exchange_case(rank: int, world_size: int, case: str, backward: str, impl: str, compressible: bool) -> dict:
     """Run TorchRec's and the compressed all-to-all on the same input; return the observed error / bound ratios."""
     import torch.distributed as dist
     from torchrec.distributed.dist_data import PooledEmbeddingsAllToAll
@@ -56,7 +58,7 @@ def _exchange_case(rank: int, world_size: int, case: str, backward: str, compres
     tables = _tables(dims_per_rank)
     bounds = ErrorBounds(default_eps=EPS)
     bounds.set_table_bounds(TABLE_EPS)
-    config = CompressionConfig(backward=backward, backward_eps=BACKWARD_EPS, error_every=1)
+    config = CompressionConfig(backward=backward, backward_eps=BACKWARD_EPS, error_every=1, impl=impl)
     pg = dist.group.WORLD
     ours = CompressedPooledEmbeddingsAllToAll(pg, dims_per_rank, tables, config, bounds)
     theirs = PooledEmbeddingsAllToAll(pg, [sum(d) for d in dims_per_rank])
@@ -106,8 +108,9 @@ def _exchange_case(rank: int, world_size: int, case: str, backward: str, compres
         local_col = 0
         worst = 0.0
         for dim in dims_per_rank[rank]:
+            cols = slice(my_first_col + local_col, my_first_col + local_col + dim)
             for r in range(world_size):
-                g_r = _upstream_grad(r, splits[r], total_dim)[:, my_first_col + local_col : my_first_col + local_col + dim]
+                g_r = _upstream_grad(r, splits[r], total_dim)[:, cols]
                 if not g_r.numel():
                     continue
                 bound = BACKWARD_EPS * float(g_r.max() - g_r.min()) / world_size
@@ -141,12 +144,7 @@ def _all_exchange_cases(rank: int, world_size: int) -> dict:
 
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     try:
-        results = {}
-        for case in CASES:
-            for backward in BACKWARDS:
-                results[(case, backward, False)] = _exchange_case(rank, world_size, case, backward, False)
-            results[(case, "bf16", True)] = _exchange_case(rank, world_size, case, "bf16", True)
-        return results
+        return {(case, *run): _exchange_case(rank, world_size, case, *run) for case in CASES for run in RUNS}
     finally:
         dist.destroy_process_group()
 
@@ -161,40 +159,38 @@ def exchange_results() -> list[dict]:
 def test_forward_within_each_table_bound_of_torchrec(exchange_results: list[dict], case: str) -> None:
     batch_size_per_rank, dims_per_rank = CASES[case]
     for rank, results in enumerate(exchange_results):
-        for backward in BACKWARDS:
-            for compressible in (False, True):
-                if compressible and backward != "bf16":
-                    continue
-                ratios = results[(case, backward, compressible)]["fwd_ratio"]
-                expected = {t for tables in _tables(dims_per_rank) for t in tables}
-                if batch_size_per_rank and batch_size_per_rank[rank] == 0:
-                    expected = set()  # this rank receives no rows
-                assert set(ratios) == expected, (rank, ratios)
-                assert all(r <= 1 + 1e-4 for r in ratios.values()), (rank, backward, ratios)
+        for run in RUNS:
+            ratios = results[(case, *run)]["fwd_ratio"]
+            expected = {t for tables in _tables(dims_per_rank) for t in tables}
+            if batch_size_per_rank and batch_size_per_rank[rank] == 0:
+                expected = set()  # this rank receives no rows
+            assert set(ratios) == expected, (rank, ratios)
+            assert all(r <= 1 + 1e-4 for r in ratios.values()), (rank, run, ratios)
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_gradients_match_torchrec_per_backward_mode(exchange_results: list[dict], case: str) -> None:
     for rank, results in enumerate(exchange_results):
-        fp32 = results[(case, "fp32", False)]["grad"]
+        fp32 = results[(case, "fp32", "auto", False)]["grad"]
         assert fp32["equal"], (rank, fp32)
-        bf16 = results[(case, "bf16", False)]["grad"]
+        bf16 = results[(case, "bf16", "auto", False)]["grad"]
         assert bf16["max_rel"] <= 2**-8 + 1e-6, (rank, bf16)
-        fp16 = results[(case, "fp16", False)]["grad"]
+        fp16 = results[(case, "fp16", "auto", False)]["grad"]
         assert fp16["max_rel"] <= 2**-11 + 1e-6 or fp16["max_abs"] < 1e-7, (rank, fp16)
-        dlac = results[(case, "dlac", False)]["grad"]
-        assert dlac["dlac_ratio"] <= 1 + 1e-4, (rank, dlac)
-        assert not dlac["equal"] or not any(CASES[case][1][rank]), "the dlac gradient was sent exactly"
+        for impl in ("auto", "ref"):
+            dlac = results[(case, "dlac", impl, False)]["grad"]
+            assert dlac["dlac_ratio"] <= 1 + 1e-4, (rank, impl, dlac)
+            assert not dlac["equal"] or not any(CASES[case][1][rank]), "the dlac gradient was sent exactly"
 
 
 def test_stats_count_bytes_tables_and_observed_error(exchange_results: list[dict]) -> None:
     for rank, results in enumerate(exchange_results):
         for case, (_, dims_per_rank) in CASES.items():
             for compressible in (False, True):
-                stats = results[(case, "bf16", compressible)]["stats"]
+                stats = results[(case, "bf16", "auto", compressible)]["stats"]
                 local = _tables(dims_per_rank)[rank]
                 assert stats["calls"] == 1 and stats["backward_calls"] == 1
-                assert stats["raw_bytes"] == results[(case, "bf16", compressible)]["local_raw"]
+                assert stats["raw_bytes"] == results[(case, "bf16", "auto", compressible)]["local_raw"]
                 assert set(stats["table_raw_bytes"]) == set(stats["table_sent_bytes"]) == set(local)
                 assert set(stats["table_max_error_ratio"]) == set(local)
                 assert all(r <= 1 + 1e-4 for r in stats["table_max_error_ratio"].values()), stats
