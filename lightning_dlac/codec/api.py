@@ -45,7 +45,11 @@ def decode(buf: torch.Tensor | bytes, impl: str = "auto") -> torch.Tensor:
             if rows * dim > MAX_CHUNK_ELEMENTS:
                 raise CodecError(f"buffer: {rows}x{dim} exceeds the {MAX_CHUNK_ELEMENTS}-element chunk limit")
             sizes = torch.tensor([n], dtype=torch.int64)
-            return _native_decode(buf, sizes, [0, rows], [0, dim])
+            try:
+                return _native_decode(buf, sizes, [0, rows], [0, dim])
+            except CodecError as err:
+                # The native op decodes a 1x1 grid; name the buffer as the reference does, not "chunk 0".
+                raise CodecError(str(err).replace("chunk 0 (row block 0, column block 0)", "buffer", 1)) from None
         return ref.decode_chunk(buf)
 
 

@@ -24,7 +24,7 @@ from torchrec.distributed import comm_ops
 from torchrec.distributed.dist_data import PooledEmbeddingsAwaitable
 from torchrec.distributed.types import Awaitable
 
-from lightning_dlac.codec import CodecError, decode_grid, encode_grid
+from lightning_dlac.codec import CodecError, decode, decode_grid, encode_grid
 from lightning_dlac.comm.config import BackwardCompression, CommStats, CompressionConfig, ErrorBounds
 
 log = logging.getLogger(__name__)
@@ -218,7 +218,9 @@ class CompressedPooledEmbeddingsAllToAll(nn.Module):
                 size = sizes[index]
                 chunk = received[offset : offset + size]
                 try:
-                    decode_grid(chunk, [size], [0, rows], [0, self._dims[src][c]], impl=self._config.impl)
+                    x_hat = decode(chunk, impl=self._config.impl)
+                    if tuple(x_hat.shape) != (rows, self._dims[src][c]):
+                        raise CodecError(f"shape {list(x_hat.shape)} instead of {[rows, self._dims[src][c]]}")
                 except CodecError as err:
                     return CompressedExchangeError(
                         f"rank {self._rank}: pooled embeddings of table {self._tables[src][c]!r} received from rank"
