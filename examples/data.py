@@ -270,7 +270,48 @@ class _SyntheticCriteoGenerator:
         return self._bias + effect + (batch.dense_features - self._dense_center) @ self._dense_w
 
 
-class SyntheticCriteoDataModule(LightningDataModule):
+class _RankShardedDataModule(LightningDataModule):
+    """What both Criteo-layout datamodules share: the exposed table layout, the rank this process reads for, and
+    DataLoaders over this rank's ready batches."""
+
+    def __init__(self, num_embeddings_per_feature: list[int], batch_size: int, num_workers: int) -> None:
+        super().__init__()
+        self.num_embeddings_per_feature: list[int] = num_embeddings_per_feature
+        self.feature_names: list[str] = list(FEATURE_NAMES)
+        self.num_dense_features: int = NUM_DENSE_FEATURES
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self._rank_override: tuple[int, int] | None = None
+        self._rank, self._world_size = 0, 1
+
+    def _set_rank(self, rank: int, world_size: int) -> None:
+        """Pin this datamodule to one rank of a world, overriding trainer and torch.distributed (for tests)."""
+        _check_rank(rank, world_size)
+        self._rank_override = (rank, world_size)
+        self._rank, self._world_size = rank, world_size
+
+    def _resolve_rank(self) -> None:
+        self._rank, self._world_size = self._rank_override or _rank_and_world(self)
+        _check_rank(self._rank, self._world_size)
+
+    def train_dataset(self) -> _RankBatches:
+        """This rank's training batches (an IterableDataset of ready Batches)."""
+        raise NotImplementedError
+
+    def val_dataset(self) -> _RankBatches:
+        """This rank's validation batches (an IterableDataset of ready Batches)."""
+        raise NotImplementedError
+
+    @override
+    def train_dataloader(self) -> DataLoader:
+        return _dataloader(self.train_dataset(), self.num_workers)
+
+    @override
+    def val_dataloader(self) -> DataLoader:
+        return _dataloader(self.val_dataset(), self.num_workers)
+
+
+class SyntheticCriteoDataModule(_RankShardedDataModule):
     """Synthetic Criteo-like click data with a planted, learnable signal: the embedded default dataset.
 
     Ids are Zipf-distributed per table (a few hot ids take most lookups, as in Criteo), the hot ids scattered
@@ -307,8 +348,8 @@ class SyntheticCriteoDataModule(LightningDataModule):
         seed: int = 0,
         num_workers: int = 0,
     ) -> None:
-        super().__init__()
         num_embeddings_per_feature = _resolve_table_sizes(num_embeddings_per_feature, max_rows)
+        super().__init__(num_embeddings_per_feature, batch_size, num_workers)
         # Not sent to the logger: the model sized from this datamodule logs the resolved table sizes, and Lightning
         # refuses to log both when the CLI recorded this one's unresolved default (None). LightningCLI's saved
         # config.yaml and the checkpoint still hold every datamodule argument.
@@ -321,25 +362,12 @@ class SyntheticCriteoDataModule(LightningDataModule):
                 raise ValueError(f"{name} must be non-negative, got {value}.")
         if zipf_alpha < 0:
             raise ValueError(f"zipf_alpha must be >= 0 (0 is uniform), got {zipf_alpha}.")
-        self.num_embeddings_per_feature: list[int] = num_embeddings_per_feature
-        self.feature_names: list[str] = list(FEATURE_NAMES)
-        self.num_dense_features: int = NUM_DENSE_FEATURES
-        self.batch_size = batch_size
         self.num_train_batches = num_train_batches
         self.num_val_batches = num_val_batches
         self.zipf_alpha = zipf_alpha
         self.ids_per_feature = ids_per_feature
         self.seed = seed
-        self.num_workers = num_workers
-        self._rank_override: tuple[int, int] | None = None
-        self._rank, self._world_size = 0, 1
         self._generator: _SyntheticCriteoGenerator | None = None
-
-    def _set_rank(self, rank: int, world_size: int) -> None:
-        """Pin this datamodule to one rank of a world, overriding trainer and torch.distributed (for tests)."""
-        _check_rank(rank, world_size)
-        self._rank_override = (rank, world_size)
-        self._rank, self._world_size = rank, world_size
 
     @property
     def generator(self) -> _SyntheticCriteoGenerator:
@@ -352,8 +380,7 @@ class SyntheticCriteoDataModule(LightningDataModule):
 
     @override
     def setup(self, stage: str) -> None:
-        self._rank, self._world_size = self._rank_override or _rank_and_world(self)
-        _check_rank(self._rank, self._world_size)
+        self._resolve_rank()
         self.generator  # noqa: B018 - build the hidden model once, before workers fork
 
     def _split_dataset(self, split: int, num_batches: int) -> _RankBatches:
@@ -367,14 +394,6 @@ class SyntheticCriteoDataModule(LightningDataModule):
     def val_dataset(self) -> _RankBatches:
         """This rank's validation batches (an IterableDataset of ready Batches)."""
         return self._split_dataset(_VAL, self.num_val_batches)
-
-    @override
-    def train_dataloader(self) -> DataLoader:
-        return _dataloader(self.train_dataset(), self.num_workers)
-
-    @override
-    def val_dataloader(self) -> DataLoader:
-        return _dataloader(self.val_dataset(), self.num_workers)
 
 
 _NUM_FIELDS = 1 + NUM_DENSE_FEATURES + len(FEATURE_NAMES)
@@ -467,7 +486,7 @@ class _RowBatches:
         return _make_batch(self.dense[rows].contiguous(), ids, self.lengths, self.labels[rows].contiguous())
 
 
-class CriteoTSVDataModule(LightningDataModule):
+class CriteoTSVDataModule(_RankShardedDataModule):
     """Criteo Kaggle display-advertising TSV files (``train.txt`` format) as DLRM batches.
 
     Each line is a 0/1 label, 13 integer features and 26 hex-hashed categoricals, tab-separated, an empty field
@@ -508,8 +527,8 @@ class CriteoTSVDataModule(LightningDataModule):
         seed: int = 0,
         num_workers: int = 0,
     ) -> None:
-        super().__init__()
         num_embeddings_per_feature = _resolve_table_sizes(num_embeddings_per_feature, max_rows)
+        super().__init__(num_embeddings_per_feature, batch_size, num_workers)
         # Not sent to the logger: the model sized from this datamodule logs the resolved table sizes, and Lightning
         # refuses to log both when the CLI recorded this one's unresolved default (None). LightningCLI's saved
         # config.yaml and the checkpoint still hold every datamodule argument.
@@ -520,27 +539,14 @@ class CriteoTSVDataModule(LightningDataModule):
             raise ValueError(f"max_samples must be a positive row count or None, got {max_samples}.")
         if not 0.0 <= val_fraction < 1.0:
             raise ValueError(f"val_fraction must lie in [0, 1), got {val_fraction}.")
-        self.num_embeddings_per_feature: list[int] = num_embeddings_per_feature
-        self.feature_names: list[str] = list(FEATURE_NAMES)
-        self.num_dense_features: int = NUM_DENSE_FEATURES
         self.train_path = train_path
         self.val_path = val_path
-        self.batch_size = batch_size
         self.max_samples = max_samples
         self.val_fraction = val_fraction
         self.shuffle = shuffle
         self.seed = seed
-        self.num_workers = num_workers
-        self._rank_override: tuple[int, int] | None = None
-        self._rank, self._world_size = 0, 1
         self._train: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self._val: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-
-    def _set_rank(self, rank: int, world_size: int) -> None:
-        """Pin this datamodule to one rank of a world, overriding trainer and torch.distributed (for tests)."""
-        _check_rank(rank, world_size)
-        self._rank_override = (rank, world_size)
-        self._rank, self._world_size = rank, world_size
 
     def _read(self, path: str, argument: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         file = Path(path).expanduser()
@@ -553,8 +559,7 @@ class CriteoTSVDataModule(LightningDataModule):
 
     @override
     def setup(self, stage: str) -> None:
-        self._rank, self._world_size = self._rank_override or _rank_and_world(self)
-        _check_rank(self._rank, self._world_size)
+        self._resolve_rank()
         if self._train is not None:
             return
         train = self._read(self.train_path, "train_path")
@@ -609,11 +614,3 @@ class CriteoTSVDataModule(LightningDataModule):
     def val_dataset(self) -> _RankBatches:
         """This rank's validation batches (an IterableDataset of ready Batches)."""
         return self._dataset(self._val)
-
-    @override
-    def train_dataloader(self) -> DataLoader:
-        return _dataloader(self.train_dataset(), self.num_workers)
-
-    @override
-    def val_dataloader(self) -> DataLoader:
-        return _dataloader(self.val_dataset(), self.num_workers)
