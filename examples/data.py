@@ -19,6 +19,7 @@ import math
 import random
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+
 import numpy as np
 import torch
 import torch.distributed as dist

@@ -10,7 +10,8 @@ FBGEMM_VERSION = "1.8.0"
 TORCH_VERSION = "2.13.0"
 
 _INSTALL_HINT = (
-    f"Install the pinned set: `pip install -r requirements/cpu.txt && pip install --no-deps torchrec=={TORCHREC_VERSION}`"
+    "Install the pinned set: `pip install -r requirements/cpu.txt &&"
+    f" pip install --no-deps torchrec=={TORCHREC_VERSION}`"
     f" (on a CUDA machine use requirements/cuda.txt, which brings fbgemm-gpu=={FBGEMM_VERSION}), or run `make venv`."
     f" fbgemm-gpu {FBGEMM_VERSION} and torchrec {TORCHREC_VERSION} pair with torch {TORCH_VERSION} only."
 )
@@ -28,8 +29,10 @@ def require_torchrec() -> None:
             importlib.import_module(name)
         except ModuleNotFoundError as err:
             if err.name is not None and err.name.split(".")[0] == name:
-                raise ModuleNotFoundError(f"DLACStrategy needs `{name}`, which is not installed. {_INSTALL_HINT}") from err
-            raise ImportError(f"`{name}` is installed but one of its dependencies is missing ({err}). {_INSTALL_HINT}") from err
+                msg = f"DLACStrategy needs `{name}`, which is not installed. {_INSTALL_HINT}"
+                raise ModuleNotFoundError(msg) from err
+            msg = f"`{name}` is installed but one of its dependencies is missing ({err}). {_INSTALL_HINT}"
+            raise ImportError(msg) from err
         except (ImportError, OSError) as err:
             raise ImportError(
                 f"`{name}` is installed but failed to load ({err}). This is almost always a torch / fbgemm-gpu version"

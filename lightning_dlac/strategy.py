@@ -385,7 +385,10 @@ class DLACStrategy(DDPStrategy):
             self._exchanges = install_compressed_all_to_all(self._dmp, self._compression, self._error_bounds)
         if self.global_rank == 0:
             placement = _summarize_plan(plan)
-            rank_zero_info(f"{type(self).__name__}: sharded {len(tables)} embedding tables over {env.world_size} rank(s): {placement}")
+            rank_zero_info(
+                f"{type(self).__name__}: sharded {len(tables)} embedding tables over {env.world_size} rank(s):"
+                f" {placement}"
+            )
         return self._dmp
 
     def _check_tables(self, tables: list[Any], supported: list[str], device_type: str) -> None:
@@ -421,7 +424,8 @@ class DLACStrategy(DDPStrategy):
             if need > self._memory_budget_bytes:
                 raise ValueError(
                     f"Embedding table {t.name!r} ({t.num_embeddings} rows x {t.embedding_dim} dims, {need} bytes with"
-                    f" {self._embedding_optimizer} state) does not fit in memory_budget_bytes={self._memory_budget_bytes}"
+                    f" {self._embedding_optimizer} state) does not fit in"
+                    f" memory_budget_bytes={self._memory_budget_bytes}"
                     f" of one rank, and sharding types {list(allowed)} keep a table whole. Raise memory_budget_bytes,"
                     f" or let it be split: table_constraints={{{t.name!r}: {{'sharding_types': [{splitting[0]!r}]}}}}"
                     f" (splitting types on {device_type!r}: {splitting})."
@@ -516,7 +520,10 @@ class DLACStrategy(DDPStrategy):
                 " checkpoint that DLACStrategy saved; single-file checkpoints cannot hold every rank's table shards."
             )
         # Load in place into this rank's shards (and their optimizer state), then into the modules.
-        sharded = {"state_dict": self.lightning_module.state_dict(), _FUSED_OPTIMIZER_KEY: self._fused_optimizer_state()}
+        sharded = {
+            "state_dict": self.lightning_module.state_dict(),
+            _FUSED_OPTIMIZER_KEY: self._fused_optimizer_state(),
+        }
         dcp.load(sharded, checkpoint_id=str(path))
         if self._dmp is not None:
             self._dmp.fused_optimizer.load_state_dict(sharded[_FUSED_OPTIMIZER_KEY])
@@ -564,7 +571,7 @@ def dense_parameters(module: nn.Module) -> list[torch.nn.Parameter]:
 
 def _summarize_plan(plan: Any) -> str:
     parts = []
-    for module_path, module_plan in plan.plan.items():
+    for module_plan in plan.plan.values():
         for table, spec in module_plan.items():
             ranks = sorted(spec.ranks) if spec.ranks else []
             parts.append(f"{table}->{spec.sharding_type}{ranks}")

@@ -210,8 +210,12 @@ def _corrupted_exchange(rank: int, world_size: int, timeout_s: float) -> dict:
     import torch.distributed as dist
 
     from lightning_dlac.codec.format import HEADER_SIZE
-    from lightning_dlac.comm import CompressedExchangeError, CompressedPooledEmbeddingsAllToAll, CompressionConfig
-    from lightning_dlac.comm import ErrorBounds
+    from lightning_dlac.comm import (
+        CompressedExchangeError,
+        CompressedPooledEmbeddingsAllToAll,
+        CompressionConfig,
+        ErrorBounds,
+    )
     from lightning_dlac.comm import all_to_all as a2a_module
 
     dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_s))

@@ -9,10 +9,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 from lightning.pytorch import LightningModule, Trainer
-from torchmetrics.classification import BinaryAUROC
-from torchrec.datasets.utils import Batch
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
-
 from lightning_dlac.examples.data import (
     CRITEO_KAGGLE_CARDINALITIES,
     FEATURE_NAMES,
@@ -20,6 +16,9 @@ from lightning_dlac.examples.data import (
     SyntheticCriteoDataModule,
     capped_cardinalities,
 )
+from torchmetrics.classification import BinaryAUROC
+from torchrec.datasets.utils import Batch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 CRITEO_SAMPLE = Path(__file__).resolve().parents[2] / "shared" / "data" / "criteo_kaggle_head10k.tsv"
 needs_sample = pytest.mark.skipif(

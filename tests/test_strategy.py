@@ -66,7 +66,8 @@ def load_global_weights(module: torch.nn.Module, global_state: dict[str, torch.T
             src = global_state[key]
             if isinstance(value, ShardedTensor):
                 for shard in value.local_shards():
-                    index = tuple(slice(o, o + s) for o, s in zip(shard.metadata.shard_offsets, shard.metadata.shard_sizes))
+                    meta = shard.metadata
+                    index = tuple(slice(o, o + s) for o, s in zip(meta.shard_offsets, meta.shard_sizes))
                     shard.tensor.copy_(src[index])
             elif isinstance(value, torch.Tensor):
                 value.copy_(src)
@@ -215,7 +216,10 @@ def _startup_error(rank: int, world_size: int, case: str) -> str:
     [
         ("too_large", r"ValueError: Embedding table 't_cat_10' \(240 rows x 16 dims.*Raise memory_budget_bytes"),
         ("unknown_table", r"ValueError: table_constraints names tables that the model does not have: \['t_nope'\]"),
-        ("unsupported_on_cpu", r"ValueError: Table 't_cat_0' may only use sharding types \['row_wise'\].*supported there"),
+        (
+            "unsupported_on_cpu",
+            r"ValueError: Table 't_cat_0' may only use sharding types \['row_wise'\].*supported there",
+        ),
         ("no_tables", r"TypeError: DLACStrategy found no torchrec EmbeddingBagCollection in BoringModel"),
         ("fused_in_optimizer", r"ValueError: An optimizer .* includes embedding-table parameters"),
     ],

@@ -127,7 +127,8 @@ def _as_buffer(buf: torch.Tensor | bytes, name: str) -> torch.Tensor:
     if isinstance(buf, (bytes, bytearray, memoryview)):
         return torch.frombuffer(bytearray(buf), dtype=torch.uint8) if len(buf) else torch.zeros(0, dtype=torch.uint8)
     if not isinstance(buf, torch.Tensor) or buf.dtype != torch.uint8 or buf.dim() != 1:
-        what = f"{buf.dtype} tensor of shape {tuple(buf.shape)}" if isinstance(buf, torch.Tensor) else type(buf).__name__
+        is_tensor = isinstance(buf, torch.Tensor)
+        what = f"{buf.dtype} tensor of shape {tuple(buf.shape)}" if is_tensor else type(buf).__name__
         raise TypeError(f"{name} must be a 1-D uint8 tensor (as returned by encode), got {what}")
     return buf.detach().cpu().contiguous()
 

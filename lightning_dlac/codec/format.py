@@ -141,7 +141,10 @@ def validate_header(h: Header, where: str) -> None:
         raise CodecError(f"{where}: {h.rows}x{h.dim} exceeds the {MAX_CHUNK_ELEMENTS}-element chunk limit")
     quantized = h.mode in (Mode.PACK, Mode.HUFF, Mode.DEDUP)
     if h.mode == Mode.CONST:
-        if h.flags or h.width0 or h.width1 or h.nuniq or h.sec0 or h.sec1 or not math.isfinite(h.min) or h.abs_eb or h.step:
+        if (
+            h.flags or h.width0 or h.width1 or h.nuniq or h.sec0 or h.sec1
+            or not math.isfinite(h.min) or h.abs_eb or h.step
+        ):
             raise _fail(where, "CONST header")
     elif h.mode == Mode.RAW:
         if h.flags or h.width0 or h.width1 or h.nuniq or h.sec1 or h.sec0 != 4 * n or h.min or h.abs_eb or h.step:

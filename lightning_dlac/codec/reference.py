@@ -96,7 +96,9 @@ def check_grid_bounds(
 ) -> tuple[torch.Tensor, bool]:
     """Validate per-column-block bounds; return (float32 CPU tensor [num_col_blocks], relative?). 0 means raw."""
     if (eps is None) == (abs_eb is None):
-        raise ValueError("give exactly one of eps= (relative bounds) or abs_eb= (absolute bounds), one per column block")
+        raise ValueError(
+            "give exactly one of eps= (relative bounds) or abs_eb= (absolute bounds), one per column block"
+        )
     relative = eps is not None
     name = "eps" if relative else "abs_eb"
     value = eps if relative else abs_eb

@@ -110,7 +110,9 @@ class CompressedPooledEmbeddingsAllToAll(nn.Module):
         """Sum of the embedding dims each rank contributes."""
         return [sum(d) for d in self._dims]
 
-    def forward(self, local_embs: torch.Tensor, batch_size_per_rank: list[int] | None = None) -> PooledEmbeddingsAwaitable:
+    def forward(
+        self, local_embs: torch.Tensor, batch_size_per_rank: list[int] | None = None
+    ) -> PooledEmbeddingsAwaitable:
         """Exchange ``local_embs`` ([sum of batch sizes, local dim sum]) and return an awaitable of this rank's
         pooled embeddings ([local batch size, total dim sum])."""
         if local_embs.dim() != 2 or local_embs.size(1) != self.dim_sum_per_rank[self._rank]:

@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import assert_bound, bits, zipf_payload
 
-from lightning_dlac.codec import CodecError, Mode, decode, decode_grid, encode_grid, inspect, inspect_grid
+from lightning_dlac.codec import CodecError, Mode, decode, decode_grid, encode_grid, inspect_grid
 
 IMPLS = ["ref", "native"]
 
