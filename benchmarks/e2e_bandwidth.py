@@ -1,0 +1,465 @@
+"""End-to-end DLRM training step time under an emulated (throttled) interconnect: TorchRec fp32 and qcomm codecs
+against the DLAC compressed all-to-all, on 2 gloo CPU ranks; prints a table, writes JSON and a markdown table.
+
+Run as root on Linux (needs ``unshare -n`` and ``tc``), from the repository root:
+
+    python benchmarks/e2e_bandwidth.py --rates 1gbit,unthrottled --batch-size 4096 --steps 8 --warmup 2 \\
+        --markdown-out docs/benchmarks.md
+
+Each rate runs in its own network namespace (``unshare -n``) whose private loopback is throttled with
+``tc qdisc add dev lo root tbf rate <R> burst 1mb latency 20ms`` (nothing for ``unthrottled``); inside it, every
+variant is its own 2-rank launch (gloo, MASTER_ADDR=127.0.0.1, one thread per rank) training TorchRec's DLRM
+(26 tables of dim 64, one-hot Zipf ids from the example's synthetic Criteo generator) with a plain loop:
+DistributedModelParallel, table-wise sharding, fused Adagrad for the tables, dense Adagrad.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # tests._launch (the project's rank launcher) lives at the repository root
+    sys.path.insert(0, str(REPO))
+
+SECTION = "## End-to-end training under a throttled interconnect"
+BEGIN, END = "<!-- e2e_bandwidth:begin -->", "<!-- e2e_bandwidth:end -->"
+EMBEDDING_DIM = 64
+# Adagrad for both, at the learning rates of examples/configs/dlrm_synthetic.yaml.
+DENSE_LR, EMBEDDING_LR = 0.01, 0.02
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One way of sending the pooled-embedding all-to-all."""
+
+    name: str
+    label: str
+    kind: str  # "fp32" | "qcomm" | "dlac" | "zero"
+    forward: str = "fp32"  # qcomm forward precision, or "zero8"
+    backward: str = "fp32"  # qcomm / dlac backward encoding, or "zero8"
+
+
+VARIANTS: dict[str, Variant] = {
+    v.name: v
+    for v in (
+        Variant("fp32", "FP32 (TorchRec, uncompressed)", "fp32"),
+        Variant("qcomm_fp16_fp16", "qcomm FP16/FP16", "qcomm", "fp16", "fp16"),
+        Variant("qcomm_int8_fp16", "qcomm INT8/FP16", "qcomm", "int8", "fp16"),
+        Variant("dlac_bf16", "DLAC fwd + BF16 bwd", "dlac", "dlac", "bf16"),
+        Variant("dlac_fp16", "DLAC fwd + FP16 bwd", "dlac", "dlac", "fp16"),
+        Variant("dlac_dlac", "DLAC both directions", "dlac", "dlac", "dlac"),
+        Variant("zero8_fwd", "zero-cost 8x, fwd only", "zero", "zero8", "fp32"),
+        Variant("zero8_both", "zero-cost 8x, both directions", "zero", "zero8", "zero8"),
+    )
+}
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Codecs: a zero-cost 8x stand-in and a byte-counting wrapper around TorchRec's codecs
+
+
+class ZeroCost8xCodec:
+    """TorchRec QuantizedCommCodec that sends the first 1/8 of the elements and decodes by padding with zeros.
+
+    It costs nothing to encode or decode, so it is the ceiling any fixed 8x compression of this exchange could reach.
+    Its values are garbage (7/8 zeros): the loss stays finite but the model does not learn the tables.
+    """
+
+    def encode(self, input_tensor: torch.Tensor, ctx: Any = None) -> torch.Tensor:
+        flat = input_tensor.reshape(-1)
+        return flat[: self.calc_quantized_size(flat.numel())].clone()
+
+    def decode(self, input_grad: torch.Tensor, ctx: Any = None) -> torch.Tensor:
+        return torch.nn.functional.pad(input_grad.reshape(-1), (0, 7 * input_grad.numel()))
+
+    @property
+    def quantized_dtype(self) -> torch.dtype:
+        return torch.float32
+
+    def calc_quantized_size(self, input_len: int, ctx: Any = None) -> int:
+        return math.ceil(input_len / 8)
+
+    def create_context(self) -> Any:
+        return None
+
+    def padded_size(
+        self, input_tensor: torch.Tensor, dim_per_rank: list[int], my_rank: int, qcomm_ctx: Any
+    ) -> tuple[int, int]:
+        # ceil(n / 8) per chunk must add up to ceil(N / 8) of the whole buffer: every chunk is B_rank x D rows.
+        if any(d % 8 for d in dim_per_rank):
+            raise ValueError(f"ZeroCost8xCodec needs every rank's dim sum to be a multiple of 8, got {dim_per_rank}.")
+        return input_tensor.shape[1], 0
+
+
+class CountingCodec:
+    """Wraps a TorchRec QuantizedCommCodec and counts the float32 bytes it was given and the bytes it produced."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.calls = 0
+        self.raw_bytes = 0
+        self.sent_bytes = 0
+        self.codec_s = 0.0
+
+    def reset(self) -> None:
+        self.calls, self.raw_bytes, self.sent_bytes, self.codec_s = 0, 0, 0, 0.0
+
+    def encode(self, input_tensor: torch.Tensor, ctx: Any = None) -> torch.Tensor:
+        t0 = time.perf_counter()
+        out = self.inner.encode(input_tensor, ctx)
+        self.codec_s += time.perf_counter() - t0
+        self.calls += 1
+        self.raw_bytes += input_tensor.numel() * input_tensor.element_size()
+        self.sent_bytes += out.numel() * out.element_size()
+        return out
+
+    def decode(self, input_grad: torch.Tensor, ctx: Any = None) -> torch.Tensor:
+        t0 = time.perf_counter()
+        out = self.inner.decode(input_grad, ctx)
+        self.codec_s += time.perf_counter() - t0
+        return out
+
+    @property
+    def quantized_dtype(self) -> torch.dtype:
+        # torchrec 1.8's NoOpQuantizedCommCodec defines quantized_dtype as a method, its other codecs as a property.
+        dtype = self.inner.quantized_dtype
+        return dtype() if callable(dtype) else dtype
+
+    def calc_quantized_size(self, input_len: int, ctx: Any = None) -> int:
+        return self.inner.calc_quantized_size(input_len, ctx)
+
+    def create_context(self) -> Any:
+        return self.inner.create_context()
+
+    def padded_size(self, input_tensor: torch.Tensor, dim_per_rank: list[int], my_rank: int, qcomm_ctx: Any) -> Any:
+        return self.inner.padded_size(input_tensor, dim_per_rank, my_rank, qcomm_ctx)
+
+
+def _codecs_registry(variant: Variant) -> tuple[dict[str, Any] | None, CountingCodec | None, CountingCodec | None]:
+    """The qcomm_codecs_registry for the sharder, and the counting wrappers of the pooled all-to-all codecs."""
+    from torchrec.distributed.fbgemm_qcomm_codec import CommType, QCommsConfig, get_qcomm_codecs_registry
+    from torchrec.distributed.types import CommOp, NoOpQuantizedCommCodec, QuantizedCommCodecs
+
+    if variant.kind == "qcomm":
+        precision = {"fp16": CommType.FP16, "int8": CommType.INT8, "bf16": CommType.BF16, "fp32": CommType.FP32}
+        registry = get_qcomm_codecs_registry(
+            QCommsConfig(forward_precision=precision[variant.forward], backward_precision=precision[variant.backward])
+        )
+    elif variant.kind == "zero":
+        backward = ZeroCost8xCodec() if variant.backward == "zero8" else NoOpQuantizedCommCodec()
+        registry = {CommOp.POOLED_EMBEDDINGS_ALL_TO_ALL.name: QuantizedCommCodecs(ZeroCost8xCodec(), backward)}
+    else:
+        return None, None, None
+    key = CommOp.POOLED_EMBEDDINGS_ALL_TO_ALL.name
+    fwd, bwd = CountingCodec(registry[key].forward), CountingCodec(registry[key].backward)
+    registry[key] = QuantizedCommCodecs(forward=fwd, backward=bwd)
+    return registry, fwd, bwd
+
+
+# --------------------------------------------------------------------------------------------------------------
+# One rank
+
+
+def _train_rank(rank: int, world_size: int, variant_name: str, cfg: dict[str, Any]) -> dict[str, Any]:
+    import torch.distributed as dist
+    from lightning_dlac.examples.data import SyntheticCriteoDataModule
+    from lightning_dlac.examples.dlrm import DLRMModule
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+    from torchrec.distributed.types import ShardingEnv
+
+    from lightning_dlac.comm import CompressionConfig, ErrorBounds, install_compressed_all_to_all
+    from lightning_dlac.strategy import EmbeddingOptimizer, dense_parameters
+
+    variant = VARIANTS[variant_name]
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        batch_size, steps, warmup = cfg["batch_size"], cfg["steps"], cfg["warmup"]
+        data = SyntheticCriteoDataModule(max_rows=cfg["max_rows"], batch_size=batch_size, seed=0)
+        gen = data.generator
+        # Pre-draw every batch (rank r of W takes global batches r, r + W, ...) so that timing is training only.
+        batches = [gen.batch(i * world_size + rank, batch_size=batch_size) for i in range(warmup + steps)]
+
+        dlrm = DLRMModule(data.num_embeddings_per_feature, embedding_dim=EMBEDDING_DIM, learning_rate=DENSE_LR)
+        registry, fwd_codec, bwd_codec = _codecs_registry(variant)
+        sharder = EmbeddingBagCollectionSharder(
+            fused_params={
+                "optimizer": EmbeddingOptimizer.ADAGRAD.to_fbgemm(),
+                "learning_rate": EMBEDDING_LR,
+                "eps": 1e-8,
+            },
+            qcomm_codecs_registry=registry,
+        )
+        tables = dlrm.embedding_bag_collection.embedding_bag_configs()
+        constraints = {t.name: ParameterConstraints(sharding_types=["table_wise"]) for t in tables}
+        pg = dist.group.WORLD
+        planner = EmbeddingShardingPlanner(
+            topology=Topology(world_size=world_size, local_world_size=world_size, compute_device="cpu"),
+            constraints=constraints,
+        )
+        plan = planner.collective_plan(dlrm.model, [sharder], pg)
+        model = DistributedModelParallel(
+            dlrm.model, env=ShardingEnv.from_process_group(pg), device=torch.device("cpu"), plan=plan,
+            sharders=[sharder],
+        )
+        exchanges = []
+        if variant.kind == "dlac":
+            exchanges = install_compressed_all_to_all(
+                model, CompressionConfig(eps=0.01, backward=variant.backward), ErrorBounds(0.01)
+            )
+            if not exchanges:
+                raise RuntimeError("install_compressed_all_to_all installed nothing: the plan is not table-wise.")
+        dense_opt = torch.optim.Adagrad(dense_parameters(model), lr=DENSE_LR)
+        loss_fn = torch.nn.BCEWithLogitsLoss()
+        dims = {t.name: t.embedding_dim for t in tables}
+        local_dim = sum(dims[n] for mp in plan.plan.values() for n, spec in mp.items() if rank in (spec.ranks or []))
+
+        times, losses = [], []
+        for i, batch in enumerate(batches):
+            if i == warmup:
+                dist.barrier()
+                for a2a in exchanges:
+                    a2a.stats.reset()
+                for c in (fwd_codec, bwd_codec):
+                    if c is not None:
+                        c.reset()
+            t0 = time.perf_counter()
+            logits = model(batch.dense_features, batch.sparse_features).squeeze(-1)
+            loss = loss_fn(logits, batch.labels)
+            dense_opt.zero_grad()
+            loss.backward()
+            dense_opt.step()
+            elapsed = time.perf_counter() - t0
+            if i >= warmup:
+                times.append(elapsed)
+            losses.append(loss.item())
+
+        out: dict[str, Any] = {"times": times, "losses": losses, "local_dim": local_dim}
+        raw_fwd = world_size * batch_size * local_dim * 4 * steps  # this rank's float32 send, self chunk included
+        if exchanges:
+            from lightning_dlac.comm import CommStats
+
+            stats = CommStats()
+            for a2a in exchanges:
+                stats.merge(a2a.stats)
+            out.update(
+                fwd_raw_bytes=stats.raw_bytes, fwd_sent_bytes=stats.sent_bytes,
+                bwd_raw_bytes=stats.backward_raw_bytes, bwd_sent_bytes=stats.backward_sent_bytes,
+                fwd_encode_s=stats.encode_s, fwd_exchange_s=stats.exchange_s, fwd_decode_s=stats.decode_s,
+                bwd_s=stats.backward_s, fwd_calls=stats.calls,
+                max_error_over_bound=max(stats.table_max_error_ratio.values(), default=None),
+            )
+        elif fwd_codec is not None:
+            out.update(
+                fwd_raw_bytes=fwd_codec.raw_bytes, fwd_sent_bytes=fwd_codec.sent_bytes,
+                bwd_raw_bytes=bwd_codec.raw_bytes, bwd_sent_bytes=bwd_codec.sent_bytes,
+                fwd_codec_s=fwd_codec.codec_s, bwd_codec_s=bwd_codec.codec_s, fwd_calls=fwd_codec.calls,
+            )
+        else:
+            out.update(fwd_raw_bytes=raw_fwd, fwd_sent_bytes=raw_fwd, bwd_raw_bytes=raw_fwd, bwd_sent_bytes=raw_fwd,
+                       fwd_calls=steps)
+        return out
+    finally:
+        dist.destroy_process_group()
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Inside one network namespace: all variants at one rate
+
+
+def _summarize(variant: Variant, rate: str, per_rank: list[dict[str, Any]], cfg: dict[str, Any]) -> dict[str, Any]:
+    steps, world = cfg["steps"], len(per_rank)
+    # A step is done when the slower rank is done: take the max over ranks per step, then the median over steps.
+    step_s = [max(r["times"][i] for r in per_rank) for i in range(steps)]
+    median_s = statistics.median(step_s)
+    last = [statistics.fmean(r["losses"][-5:]) for r in per_rank]
+
+    def per_step(key: str) -> float | None:
+        vals = [r.get(key) for r in per_rank]
+        return None if any(v is None for v in vals) else statistics.fmean(vals) / steps
+
+    fwd_a2a_s = None
+    if variant.kind == "dlac":
+        fwd_a2a_s = sum(per_step(k) for k in ("fwd_encode_s", "fwd_exchange_s", "fwd_decode_s"))
+    row = dict(
+        rate=rate, variant=variant.name, label=variant.label, median_step_ms=median_s * 1e3,
+        step_ms=[s * 1e3 for s in step_s], samples_per_s=world * cfg["batch_size"] / median_s,
+        fwd_a2a_ms=None if fwd_a2a_s is None else fwd_a2a_s * 1e3,
+        fwd_a2a_share=None if fwd_a2a_s is None else fwd_a2a_s / median_s,
+        fwd_encode_ms=None if per_step("fwd_encode_s") is None else per_step("fwd_encode_s") * 1e3,
+        fwd_exchange_ms=None if per_step("fwd_exchange_s") is None else per_step("fwd_exchange_s") * 1e3,
+        fwd_decode_ms=None if per_step("fwd_decode_s") is None else per_step("fwd_decode_s") * 1e3,
+        bwd_a2a_ms=None if per_step("bwd_s") is None else per_step("bwd_s") * 1e3,
+        fwd_raw_bytes_per_step=per_step("fwd_raw_bytes"), fwd_sent_bytes_per_step=per_step("fwd_sent_bytes"),
+        bwd_raw_bytes_per_step=per_step("bwd_raw_bytes"), bwd_sent_bytes_per_step=per_step("bwd_sent_bytes"),
+        final_loss=statistics.fmean(last),
+        losses=[statistics.fmean(r["losses"][i] for r in per_rank) for i in range(len(per_rank[0]["losses"]))],
+        max_error_over_bound=max((r.get("max_error_over_bound") or 0.0 for r in per_rank), default=None)
+        if variant.kind == "dlac" else None,
+        local_dim_per_rank=[r["local_dim"] for r in per_rank],
+    )
+    row["fwd_ratio"] = row["fwd_raw_bytes_per_step"] / row["fwd_sent_bytes_per_step"]
+    if not math.isfinite(row["final_loss"]):
+        raise RuntimeError(f"{variant.name} at {rate}: the training loss is not finite ({row['final_loss']}).")
+    return row
+
+
+def _inside_namespace(rate: str, variants: list[str], cfg: dict[str, Any], out: Path) -> None:
+    from tests._launch import run_ranks
+
+    subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+    if rate != "unthrottled":
+        subprocess.run(
+            ["tc", "qdisc", "add", "dev", "lo", "root", "tbf", "rate", rate, "burst", "1mb", "latency", "20ms"],
+            check=True,
+        )
+    rows = []
+    for name in variants:
+        t0 = time.perf_counter()
+        per_rank = run_ranks(_train_rank, 2, name, cfg, timeout=cfg["timeout"])
+        row = _summarize(VARIANTS[name], rate, per_rank, cfg)
+        rows.append(row)
+        print(f"  [{rate}] {name}: {row['median_step_ms']:.0f} ms/step (launch {time.perf_counter() - t0:.0f} s)",
+              flush=True)
+        out.write_text(json.dumps(rows))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Parent: one namespace per rate, then the tables
+
+
+def _fmt_bytes(n: float | None) -> str:
+    return "-" if n is None else f"{n / 2**20:.1f}"
+
+
+def _table(rows: list[dict[str, Any]]) -> list[str]:
+    lines = [
+        "| rate | variant | median step ms | samples/s | speedup vs FP32 | fwd a2a share | fwd MiB/step raw -> sent"
+        " (ratio) | bwd MiB/step sent | final loss |",
+        "|---|---|---:|---:|---:|---:|---|---:|---:|",
+    ]
+    base = {r["rate"]: r["median_step_ms"] for r in rows if r["variant"] == "fp32"}
+    for r in rows:
+        speedup = f"{base[r['rate']] / r['median_step_ms']:.2f}x" if r["rate"] in base else "-"
+        share = "-" if r["fwd_a2a_share"] is None else f"{100 * r['fwd_a2a_share']:.0f}%"
+        lines.append(
+            f"| {r['rate']} | {r['label']} | {r['median_step_ms']:.0f} | {r['samples_per_s']:.0f} | {speedup}"
+            f" | {share} |"
+            f" {_fmt_bytes(r['fwd_raw_bytes_per_step'])} -> {_fmt_bytes(r['fwd_sent_bytes_per_step'])}"
+            f" ({r['fwd_ratio']:.1f}x) | {_fmt_bytes(r['bwd_sent_bytes_per_step'])} | {r['final_loss']:.4f} |"
+        )
+    return lines
+
+
+def _write_markdown(path: Path, rows: list[dict[str, Any]], command: str, cfg: dict[str, Any]) -> None:
+    block = "\n".join([
+        BEGIN,
+        f"Command: `{command}`",
+        "",
+        f"Machine: {os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), 2 gloo ranks, one"
+        f" thread each; torch {torch.__version__}. Batch {cfg['batch_size']} per rank, median of {cfg['steps']}"
+        f" steps after {cfg['warmup']} warm-up steps (per step, the slower rank). Bytes are per rank per step,"
+        " the chunk a rank keeps for itself included.",
+        "",
+        *_table(rows),
+        END,
+    ])
+    text = path.read_text() if path.exists() else "# Benchmarks\n"
+    if BEGIN in text and END in text:
+        text = text[: text.index(BEGIN)] + block + text[text.index(END) + len(END):]
+    elif SECTION in text:
+        # Put the generated block right under the heading; the hand-written text after it stays.
+        at = text.index(SECTION) + len(SECTION)
+        text = text[:at] + "\n\n" + block + "\n" + text[at:]
+    else:
+        text = text.rstrip("\n") + f"\n\n{SECTION}\n\n{block}\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rates", default="1gbit,10gbit,unthrottled",
+                        help="comma-separated tc rates (e.g. 1gbit, 500mbit) or 'unthrottled'")
+    parser.add_argument("--steps", type=int, default=8, help="timed steps per variant")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps before them")
+    parser.add_argument("--batch-size", type=int, default=4096, help="samples per rank per step")
+    parser.add_argument("--max-rows", type=int, default=10_000, help="cap on every table's rows")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {list(VARIANTS)}")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds a 2-rank launch may take")
+    parser.add_argument("--json-out", type=Path, default=REPO / "benchmarks/results/e2e_bandwidth.json")
+    parser.add_argument("--markdown-out", type=Path, default=None,
+                        help=f"markdown file whose '{SECTION}' section gets the table (e.g. docs/benchmarks.md)")
+    parser.add_argument("--_inside", default=None, help=argparse.SUPPRESS)  # rate, when re-executed in a namespace
+    parser.add_argument("--_rows-out", type=Path, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown:
+        parser.error(f"unknown variant(s) {unknown}; choose from {list(VARIANTS)}")
+    if args.steps < 1 or args.warmup < 0 or args.batch_size < 1:
+        parser.error("--steps and --batch-size must be >= 1, --warmup >= 0")
+    cfg = dict(batch_size=args.batch_size, steps=args.steps, warmup=args.warmup, max_rows=args.max_rows,
+               timeout=args.timeout)
+
+    if args._inside is not None:
+        _inside_namespace(args._inside, variants, cfg, args._rows_out)
+        return
+
+    rates = [r.strip() for r in args.rates.split(",") if r.strip()]
+    for r in rates:
+        if r != "unthrottled" and not re.fullmatch(r"\d+(\.\d+)?([kmg]?bit|[kmg]?bps)", r):
+            parser.error(f"rate {r!r} is not a tc rate like '1gbit' or '500mbit' (or 'unthrottled')")
+    if sys.platform != "linux" or os.geteuid() != 0:
+        sys.exit("e2e_bandwidth.py emulates the interconnect with `unshare -n` and `tc`: run it as root on Linux.")
+
+    # Build the native codec once here (a JIT build of ~40 s) so that no rank builds it while being timed.
+    from lightning_dlac.codec import native_available
+
+    if not native_available():
+        print("warning: the native DLAC codec did not build; the DLAC variants run the (slow) reference codec.")
+
+    command = "python benchmarks/e2e_bandwidth.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    rows: list[dict[str, Any]] = []
+    for rate in rates:
+        print(f"rate {rate}: {len(variants)} variant(s) in a private network namespace", flush=True)
+        with tempfile.NamedTemporaryFile(suffix=".json") as tmp:
+            cmd = ["unshare", "-n", sys.executable, str(Path(__file__).resolve()), *sys.argv[1:],
+                   "--_inside", rate, "--_rows-out", tmp.name]
+            proc = subprocess.run(cmd, cwd=REPO)
+            text = Path(tmp.name).read_text()
+            rows.extend(json.loads(text) if text else [])
+            if proc.returncode != 0:
+                sys.exit(f"rate {rate} failed (exit code {proc.returncode}); see the output above.")
+
+    print()
+    print("\n".join(_table(rows)))
+    args.json_out.parent.mkdir(parents=True, exist_ok=True)
+    args.json_out.write_text(json.dumps(dict(command=command, config=cfg, cpu_count=os.cpu_count(),
+                                             torch=torch.__version__, results=rows), indent=2))
+    print(f"\nwrote {args.json_out}")
+    if args.markdown_out is not None:
+        _write_markdown(args.markdown_out, rows, command, cfg)
+        print(f"wrote the table into {args.markdown_out}")
+
+
+if __name__ == "__main__":
+    main()
