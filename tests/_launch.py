@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -33,10 +34,17 @@ def _entry(rank: int, world_size: int, port: int, fn: Callable[..., Any], args: 
 
     torch.set_num_threads(1)
     try:
-        queue.put((rank, "ok", fn(rank, world_size, *args)))
+        result = fn(rank, world_size, *args)
     except BaseException:  # noqa: BLE001 - report every failure to the parent, which raises it
         queue.put((rank, "error", traceback.format_exc()))
         raise
+    queue.put((rank, "ok", result))
+    # The rank's work is done and reported. Skip interpreter teardown: gloo's C++ threads occasionally abort the
+    # process while being destroyed at exit ("terminate called without an active exception"), which would turn a
+    # passed test into a flaky failure that says nothing about the code under test.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def run_ranks(fn: Callable[..., Any], world_size: int = 2, *args: Any, timeout: float = 240.0) -> list[Any]:

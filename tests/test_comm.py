@@ -144,7 +144,11 @@ def _all_exchange_cases(rank: int, world_size: int) -> dict:
 
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     try:
-        return {(case, *run): _exchange_case(rank, world_size, case, *run) for case in CASES for run in RUNS}
+        results = {(case, *run): _exchange_case(rank, world_size, case, *run) for case in CASES for run in RUNS}
+        # Both ranks must be done with every collective before either tears gloo down: a peer destroying its group
+        # mid-flight aborted the other process at exit ("terminate called without an active exception").
+        dist.barrier()
+        return results
     finally:
         dist.destroy_process_group()
 
