@@ -222,7 +222,7 @@ def _train_rank(rank: int, world_size: int, variant_name: str, cfg: dict[str, An
         exchanges = []
         if variant.kind == "dlac":
             exchanges = install_compressed_all_to_all(
-                model, CompressionConfig(eps=0.01, backward=variant.backward), ErrorBounds(0.01)
+                model, CompressionConfig(backward=variant.backward), ErrorBounds(0.01)
             )
             if not exchanges:
                 raise RuntimeError("install_compressed_all_to_all installed nothing: the plan is not table-wise.")

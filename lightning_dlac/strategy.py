@@ -26,7 +26,13 @@ from torch import nn
 from typing_extensions import override
 
 from lightning_dlac._torchrec import require_torchrec
-from lightning_dlac.comm.config import CommStats, CompressionConfig, ErrorBounds
+from lightning_dlac.comm.config import (
+    BackwardCompression,
+    CommStats,
+    CompressionConfig,
+    ErrorBounds,
+    check_relative_bound,
+)
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -223,9 +229,12 @@ class DLACStrategy(DDPStrategy):
         self._memory_budget_bytes = memory_budget_bytes
         self._compress = bool(compress)
         self._compression = CompressionConfig(
-            eps=eps, backward=backward_compression, backward_eps=backward_eps, error_every=error_every, impl=codec_impl
+            backward=_parse_enum(BackwardCompression, backward_compression, "backward_compression"),
+            backward_eps=backward_eps,
+            error_every=error_every,
+            impl=codec_impl,
         )
-        self._error_bounds = ErrorBounds(default_eps=eps)
+        self._error_bounds = ErrorBounds(default_eps=check_relative_bound(eps, "eps"))
         self._exchanges: list[CompressedPooledEmbeddingsAllToAll] = []
         self._dmp: DistributedModelParallel | None = None
 

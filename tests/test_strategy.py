@@ -174,6 +174,8 @@ def test_strategy_string_alias_resolves() -> None:
         ({"embedding_lr": 0.0}, "embedding_lr=0.0 must be > 0"),
         ({"memory_budget_bytes": -1}, "memory_budget_bytes=-1"),
         ({"timeout": -5}, "timeout=-5"),
+        ({"eps": 0.0}, "eps=0.0 is out of range"),
+        ({"backward_compression": "int4"}, "backward_compression='int4' is not supported"),
         ({"table_constraints": {"t_cat_0": {"sharding": ["row_wise"]}}}, "unknown option"),
         ({"table_constraints": {"t_cat_0": {"sharding_types": ["rowwise"]}}}, "unknown sharding type 'rowwise'"),
     ],

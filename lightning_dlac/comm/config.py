@@ -23,7 +23,8 @@ class BackwardCompression(str, Enum):
         return self.value
 
 
-def _check_eps(value: float, option: str) -> float:
+def check_relative_bound(value: float, option: str) -> float:
+    """Return ``value`` as a float if it is a valid relative error bound; otherwise raise naming ``option``."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ValueError(f"{option}={value!r} must be a finite number in (0, 1).")
     if not 0 < value < 1:
@@ -38,9 +39,9 @@ def _check_eps(value: float, option: str) -> float:
 class CompressionConfig:
     """How the pooled-embedding all-to-all is compressed.
 
+    The forward exchange's bounds are not here: they live in :class:`ErrorBounds`, which the policy updates.
+
     Args:
-        eps: Default relative error bound of the forward exchange (fraction of each chunk's value range), used for
-            every table the policy has not set.
         backward: Gradient exchange: ``fp32``, ``bf16``, ``fp16`` or ``dlac``.
         backward_eps: Relative error bound of the gradient exchange when ``backward="dlac"``.
         error_every: Measure the observed max error / bound every this many calls (one extra decode on the sender);
@@ -48,15 +49,13 @@ class CompressionConfig:
         impl: Codec implementation: ``auto`` (native kernels, falling back to the reference), ``native`` or ``ref``.
     """
 
-    eps: float = 0.01  # default relative bound of the forward exchange
     backward: BackwardCompression | str = BackwardCompression.BF16  # gradient exchange encoding
     backward_eps: float = 0.01  # relative bound of the gradient exchange with backward="dlac"
     error_every: int = 10  # observed-error measurement period, in calls (0 = never)
     impl: str = "auto"  # codec implementation: auto | native | ref
 
     def __post_init__(self) -> None:
-        self.eps = _check_eps(self.eps, "eps")
-        self.backward_eps = _check_eps(self.backward_eps, "backward_eps")
+        self.backward_eps = check_relative_bound(self.backward_eps, "backward_eps")
         try:
             self.backward = BackwardCompression(self.backward)
         except ValueError:
@@ -81,8 +80,8 @@ class ErrorBounds:
     """
 
     def __init__(self, default_eps: float = 0.01, max_eps: float = 0.5) -> None:
-        self._default = _check_eps(default_eps, "default_eps")
-        self._max = _check_eps(max_eps, "max_eps")
+        self._default = check_relative_bound(default_eps, "default_eps")
+        self._max = check_relative_bound(max_eps, "max_eps")
         self._table: dict[str, float] = {}
         self._multiplier = 1.0
         self._lock = threading.Lock()
@@ -105,7 +104,7 @@ class ErrorBounds:
 
     def set_table_bounds(self, bounds: Mapping[str, float]) -> None:
         """Set the base bound of some tables (others keep theirs)."""
-        checked = {name: _check_eps(eps, f"bound of table {name!r}") for name, eps in bounds.items()}
+        checked = {name: check_relative_bound(eps, f"bound of table {name!r}") for name, eps in bounds.items()}
         with self._lock:
             self._table.update(checked)
 
