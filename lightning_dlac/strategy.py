@@ -408,20 +408,16 @@ class DLACStrategy(DDPStrategy):
                 f"table_constraints names tables that the model does not have: {unknown}. Tables in the model:"
                 f" {sorted(names)}."
             )
+        splitting = sorted(_SPLITTING_SHARDING_TYPES & set(supported))
         for t in tables:
-            allowed = self._table_constraints.get(t.name, {}).get("sharding_types", self._sharding_types)
+            allowed = self._allowed_sharding_types(t.name)
             if not set(allowed) & set(supported):
                 raise ValueError(
-                    f"Table {t.name!r} may only use sharding types {list(allowed)}, none of which TorchRec supports on"
+                    f"Table {t.name!r} may only use sharding types {allowed}, none of which TorchRec supports on"
                     f" {device_type!r} devices (supported there: {supported}). Change sharding_types (or that table's"
                     " table_constraints)."
                 )
-        if self._memory_budget_bytes is None:
-            return
-        splitting = sorted(_SPLITTING_SHARDING_TYPES & set(supported))
-        for t in tables:
-            allowed = self._table_constraints.get(t.name, {}).get("sharding_types", self._sharding_types)
-            if set(allowed) & _SPLITTING_SHARDING_TYPES:
+            if self._memory_budget_bytes is None or set(allowed) & _SPLITTING_SHARDING_TYPES:
                 continue
             # Weights plus the optimizer state, which Adagrad keeps per element and row-wise Adagrad per row.
             state = {
@@ -435,7 +431,7 @@ class DLACStrategy(DDPStrategy):
                     f"Embedding table {t.name!r} ({t.num_embeddings} rows x {t.embedding_dim} dims, {need} bytes with"
                     f" {self._embedding_optimizer} state) does not fit in"
                     f" memory_budget_bytes={self._memory_budget_bytes}"
-                    f" of one rank, and sharding types {list(allowed)} keep a table whole. Raise memory_budget_bytes,"
+                    f" of one rank, and sharding types {allowed} keep a table whole. Raise memory_budget_bytes,"
                     f" or let it be split: table_constraints={{{t.name!r}: {{'sharding_types': [{splitting[0]!r}]}}}}"
                     f" (splitting types on {device_type!r}: {splitting})."
                 )
@@ -445,10 +441,14 @@ class DLACStrategy(DDPStrategy):
 
         constraints = {}
         for t in tables:
-            kwargs: dict[str, Any] = {"sharding_types": list(self._sharding_types)}
-            kwargs.update(self._table_constraints.get(t.name, {}))
-            constraints[t.name] = ParameterConstraints(**kwargs)
+            options = dict(self._table_constraints.get(t.name, {}))
+            options["sharding_types"] = self._allowed_sharding_types(t.name)
+            constraints[t.name] = ParameterConstraints(**options)
         return constraints
+
+    def _allowed_sharding_types(self, table: str) -> list[str]:
+        """The sharding types the planner may use for ``table``: its own constraint, else the strategy-wide one."""
+        return list(self._table_constraints.get(table, {}).get("sharding_types", self._sharding_types))
 
     @staticmethod
     def _validate_table_constraints(table_constraints: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
