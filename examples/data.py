@@ -14,6 +14,7 @@ configured from the datamodule.
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import math
 import random
@@ -285,6 +286,13 @@ class _RankShardedDataModule(LightningDataModule):
         self._rank_override: tuple[int, int] | None = None
         self._rank, self._world_size = 0, 1
 
+    def _save_hyperparameters(self) -> None:
+        """Save the caller's ``__init__`` arguments (table sizes already resolved) as hparams, not for the logger:
+        the model sized from this datamodule logs the resolved table sizes, and Lightning refuses to log both when
+        the CLI recorded this one's unresolved default (None). LightningCLI's config.yaml and the checkpoint still
+        hold every datamodule argument."""
+        self.save_hyperparameters(logger=False, frame=inspect.currentframe().f_back)
+
     def _set_rank(self, rank: int, world_size: int) -> None:
         """Pin this datamodule to one rank of a world, overriding trainer and torch.distributed (for tests)."""
         _check_rank(rank, world_size)
@@ -351,10 +359,7 @@ class SyntheticCriteoDataModule(_RankShardedDataModule):
     ) -> None:
         num_embeddings_per_feature = _resolve_table_sizes(num_embeddings_per_feature, max_rows)
         super().__init__(num_embeddings_per_feature, batch_size, num_workers)
-        # Not sent to the logger: the model sized from this datamodule logs the resolved table sizes, and Lightning
-        # refuses to log both when the CLI recorded this one's unresolved default (None). LightningCLI's saved
-        # config.yaml and the checkpoint still hold every datamodule argument.
-        self.save_hyperparameters(logger=False)
+        self._save_hyperparameters()
         for name, value in (("batch_size", batch_size), ("ids_per_feature", ids_per_feature)):
             if value < 1:
                 raise ValueError(f"{name} must be at least 1, got {value}.")
@@ -530,10 +535,7 @@ class CriteoTSVDataModule(_RankShardedDataModule):
     ) -> None:
         num_embeddings_per_feature = _resolve_table_sizes(num_embeddings_per_feature, max_rows)
         super().__init__(num_embeddings_per_feature, batch_size, num_workers)
-        # Not sent to the logger: the model sized from this datamodule logs the resolved table sizes, and Lightning
-        # refuses to log both when the CLI recorded this one's unresolved default (None). LightningCLI's saved
-        # config.yaml and the checkpoint still hold every datamodule argument.
-        self.save_hyperparameters(logger=False)
+        self._save_hyperparameters()
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}.")
         if max_samples is not None and max_samples < 1:
