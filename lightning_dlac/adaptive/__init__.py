@@ -1,1 +1,36 @@
 """Error-bound policy: table-wise calibration and iteration-wise decay (plain functions, no Lightning)."""
+
+from lightning_dlac.adaptive.calibration import (
+    CalibrationStats,
+    TableStats,
+    distinct_rows,
+    homogenization_counts,
+    homogenization_index,
+)
+from lightning_dlac.adaptive.policy import (
+    ClassBounds,
+    HomogenizationThresholds,
+    TableClass,
+    class_table_bounds,
+    classify,
+    sensitivity_classes,
+    sensitivity_table_bounds,
+)
+from lightning_dlac.adaptive.schedule import DecaySchedule, ScheduleKind
+
+__all__ = [
+    "CalibrationStats",
+    "ClassBounds",
+    "DecaySchedule",
+    "HomogenizationThresholds",
+    "ScheduleKind",
+    "TableClass",
+    "TableStats",
+    "class_table_bounds",
+    "classify",
+    "distinct_rows",
+    "homogenization_counts",
+    "homogenization_index",
+    "sensitivity_classes",
+    "sensitivity_table_bounds",
+]

@@ -66,6 +66,11 @@ class CompressedPooledEmbeddingsAllToAll(nn.Module):
         config: Compression settings.
         bounds: Per-table bounds, read at every call.
         callbacks: Applied to the output on ``wait()``, as TorchRec's (e.g. the column-wise permute).
+
+    Attributes:
+        observer: If set, called as ``observer(table, chunk)`` with every (destination rank, local table) chunk this
+            rank is about to encode in the forward exchange (not during an :meth:`ErrorBounds.probe`). Calibration
+            uses it to measure each table's statistics on the real payload.
     """
 
     def __init__(
@@ -92,6 +97,7 @@ class CompressedPooledEmbeddingsAllToAll(nn.Module):
         self._bounds = bounds
         self._callbacks = list(callbacks or [])
         self.stats = CommStats()
+        self.observer: Callable[[str, torch.Tensor], None] | None = None
         self._col_splits = [_offsets(d) for d in self._dims]
         self._all_col_splits = _offsets([d for dims in self._dims for d in dims])
 
@@ -104,6 +110,11 @@ class CompressedPooledEmbeddingsAllToAll(nn.Module):
     def local_tables(self) -> list[str]:
         """Tables whose pooled embeddings this rank sends."""
         return list(self._tables[self._rank])
+
+    @property
+    def tables_per_rank(self) -> list[list[str]]:
+        """Table name of each column block, per rank (every rank's tables, not only this one's)."""
+        return [list(t) for t in self._tables]
 
     @property
     def dim_sum_per_rank(self) -> list[int]:
@@ -140,6 +151,12 @@ class CompressedPooledEmbeddingsAllToAll(nn.Module):
         x = x.detach().float()
         dev = x.device
         eps = self._bounds.effective_many(my_tables)
+        probing = self._bounds.probing
+        if self.observer is not None and not probing:
+            cols = self._col_splits[me]
+            for r in range(world):
+                for c, name in enumerate(my_tables):
+                    self.observer(name, x[row_splits[r] : row_splits[r + 1], cols[c] : cols[c + 1]])
 
         t0 = time.perf_counter()
         with record_function("## dlac encode ##"):
@@ -167,6 +184,8 @@ class CompressedPooledEmbeddingsAllToAll(nn.Module):
             except CodecError as err:
                 raise self._locate_decode_error(received, recv_sizes, chunk_counts, b_me) from err
         t3 = time.perf_counter()
+        if probing:
+            return out  # calibration probes are not traffic: they leave the statistics alone
 
         stats.calls += 1
         stats.encode_s += t1 - t0

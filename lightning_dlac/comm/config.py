@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
 import torch
+
+from lightning_dlac.adaptive.bounds import check_relative_bound
 
 
 class BackwardCompression(str, Enum):
@@ -21,18 +24,6 @@ class BackwardCompression(str, Enum):
 
     def __str__(self) -> str:
         return self.value
-
-
-def check_relative_bound(value: float, option: str) -> float:
-    """Return ``value`` as a float if it is a valid relative error bound; otherwise raise naming ``option``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{option}={value!r} must be a finite number in (0, 1).")
-    if not 0 < value < 1:
-        raise ValueError(
-            f"{option}={value} is out of range: a relative error bound must be in (0, 1) (a fraction of each chunk's"
-            " value range; the paper uses 0.01 to 0.05)."
-        )
-    return float(value)
 
 
 @dataclass
@@ -72,7 +63,8 @@ class ErrorBounds:
 
     This is the one interface between the policy (``DLACCallback``) and the communication layer: the policy sets
     table bounds and the iteration multiplier ``m(t)``; the exchange encodes table ``t`` with
-    ``min(bound[t] * multiplier, max_eps)``.
+    ``min(bound[t] * multiplier, max_eps)``. For calibration, :meth:`probe` temporarily replaces every bound: the
+    named tables get the given bound, all others are sent exactly, and the exchange records no statistics.
 
     Args:
         default_eps: Bound of every table that has not been set.
@@ -84,6 +76,7 @@ class ErrorBounds:
         self._max = check_relative_bound(max_eps, "max_eps")
         self._table: dict[str, float] = {}
         self._multiplier = 1.0
+        self._probe: dict[str, float] | None = None
         self._lock = threading.Lock()
 
     @property
@@ -108,12 +101,37 @@ class ErrorBounds:
         with self._lock:
             self._table.update(checked)
 
+    def clear_table_bounds(self) -> None:
+        """Forget every table bound set so far (tables fall back to ``default_eps``)."""
+        with self._lock:
+            self._table.clear()
+
     def table_bounds(self) -> dict[str, float]:
         """The base bounds set so far (without the multiplier)."""
         return dict(self._table)
 
+    @property
+    def probing(self) -> bool:
+        """Whether a :meth:`probe` is active (the exchange then records no statistics)."""
+        return self._probe is not None
+
+    @contextlib.contextmanager
+    def probe(self, bounds: Mapping[str, float]) -> Iterator[None]:
+        """Within the block, encode the tables in ``bounds`` with exactly those bounds (no multiplier) and every
+        other table exactly (bound 0: sent raw). Used by calibration to measure one table's sensitivity."""
+        checked = {name: check_relative_bound(eps, f"probe bound of table {name!r}") for name, eps in bounds.items()}
+        if self._probe is not None:
+            raise RuntimeError("ErrorBounds.probe blocks cannot be nested.")
+        self._probe = checked
+        try:
+            yield
+        finally:
+            self._probe = None
+
     def effective(self, table: str) -> float:
-        """The bound that table ``table`` is encoded with now."""
+        """The bound that table ``table`` is encoded with now (0 means sent exactly, during a probe)."""
+        if self._probe is not None:
+            return self._probe.get(table, 0.0)
         return min(self._table.get(table, self._default) * self._multiplier, self._max)
 
     def effective_many(self, tables: Iterable[str]) -> torch.Tensor:

@@ -1,0 +1,227 @@
+"""Table-wise calibration statistics, measured on the real pooled-embedding payload.
+
+For every table, over the chunks it sent during calibration (every destination rank, every calibration batch, and
+every rank once the statistics are reduced across ranks through :meth:`CalibrationStats.to_tensors`):
+
+- the value range (min and max over its chunks);
+- the **homogenization index**: distinct quantized vectors / distinct raw vectors at the probe bound. Quantizing
+  with the chunk's own range (exactly as the codec does) merges raw vectors that lie within one bin of each other in
+  every coordinate. An index of 1 means the bound keeps every distinct embedding distinct; a low index means the
+  error erases differences between the table's embeddings, so the table needs a tighter bound;
+- the compressed size at every candidate bound (the real codec's output), hence the ratio each bound would buy;
+- the **sensitivity** (beyond the paper): the change of the training loss when only this table's pooled embeddings
+  carry the codec's error at a candidate bound, everything else exact, summed over probe batches and ranks.
+
+Every statistic is a sum, a minimum or a maximum, so ranks combine them with three all-reduces and all end with the
+same numbers (and the same bounds).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from lightning_dlac.adaptive.bounds import check_relative_bound
+from lightning_dlac.codec import encode
+from lightning_dlac.codec import reference as ref
+from lightning_dlac.codec.format import Mode
+
+
+def distinct_rows(x: torch.Tensor) -> int:
+    """Number of distinct rows of a 2-D tensor."""
+    if x.numel() == 0:
+        return 0
+    return int(torch.unique(x, dim=0).shape[0])
+
+
+def homogenization_counts(chunk: torch.Tensor, eps: float) -> tuple[int, int]:
+    """``(distinct raw rows, distinct quantized rows)`` of one float32 chunk at relative bound ``eps``, quantized
+    exactly as the codec quantizes it (relative to the chunk's own value range)."""
+    chunk = chunk.detach().float().contiguous()
+    raw = distinct_rows(chunk)
+    if raw == 0:
+        return 0, 0
+    mode, q = ref.quantize(chunk, eps, True)
+    if mode is Mode.CONST:
+        return raw, 1
+    if mode is Mode.RAW:
+        return raw, raw  # sent exactly: nothing is merged
+    return raw, distinct_rows(q[3].view(chunk.shape))
+
+
+def homogenization_index(chunk: torch.Tensor, eps: float) -> float:
+    """Distinct quantized rows / distinct raw rows of one chunk at relative bound ``eps`` (1.0 for an empty chunk)."""
+    raw, quantized = homogenization_counts(chunk, eps)
+    return quantized / raw if raw else 1.0
+
+
+@dataclass
+class TableStats:
+    """Calibration statistics of one table (sums over its chunks; per-candidate lists follow ``candidates``)."""
+
+    candidates: tuple[float, ...]
+    chunks: int = 0
+    elements: int = 0
+    non_finite_chunks: int = 0
+    min: float = math.inf
+    max: float = -math.inf
+    distinct_raw: int = 0
+    distinct_quantized: int = 0
+    encoded_bytes: list[int] = field(default_factory=list)
+    probes: int = 0  # (batch, rank) loss measurements summed into base_loss / loss_delta
+    base_loss: float = 0.0
+    loss_delta: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        n = len(self.candidates)
+        self.encoded_bytes = list(self.encoded_bytes) or [0] * n
+        self.loss_delta = list(self.loss_delta) or [0.0] * n
+
+    @property
+    def value_range(self) -> float:
+        """max - min over every observed finite chunk (0 if none)."""
+        return self.max - self.min if self.max >= self.min else 0.0
+
+    @property
+    def homogenization_index(self) -> float:
+        """Distinct quantized / distinct raw vectors at the probe bound, over all chunks (1.0 if nothing seen)."""
+        return self.distinct_quantized / self.distinct_raw if self.distinct_raw else 1.0
+
+    @property
+    def distinct_per_chunk(self) -> float:
+        """Mean number of distinct raw vectors per chunk."""
+        return self.distinct_raw / self.chunks if self.chunks else 0.0
+
+    def ratios(self) -> dict[float, float]:
+        """Compression ratio (float32 bytes / compressed bytes) at each candidate bound."""
+        raw = self.elements * 4
+        return {eps: raw / b if b else 1.0 for eps, b in zip(self.candidates, self.encoded_bytes)}
+
+    def sensitivity(self) -> dict[float, float] | None:
+        """Mean loss change per probe at each candidate bound, relative to the exact loss (``None`` if unprobed)."""
+        if not self.probes or self.base_loss == 0:
+            return None
+        return {eps: d / self.base_loss for eps, d in zip(self.candidates, self.loss_delta)}
+
+    def as_dict(self) -> dict:
+        """Plain-data form (for checkpoints and reports)."""
+        return {
+            "candidates": list(self.candidates),
+            "chunks": self.chunks,
+            "elements": self.elements,
+            "non_finite_chunks": self.non_finite_chunks,
+            "min": self.min,
+            "max": self.max,
+            "distinct_raw": self.distinct_raw,
+            "distinct_quantized": self.distinct_quantized,
+            "encoded_bytes": list(self.encoded_bytes),
+            "probes": self.probes,
+            "base_loss": self.base_loss,
+            "loss_delta": list(self.loss_delta),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> TableStats:
+        """Inverse of :meth:`as_dict`."""
+        d = dict(d)
+        d["candidates"] = tuple(d["candidates"])
+        return cls(**d)
+
+
+# Layout of one table's sums in the all-reduce vector: fixed fields, then encoded bytes and loss deltas per candidate.
+_SUM_FIELDS = ("chunks", "elements", "non_finite_chunks", "distinct_raw", "distinct_quantized", "probes", "base_loss")
+
+
+class CalibrationStats:
+    """Accumulates :class:`TableStats` for every table while calibration runs.
+
+    Args:
+        candidates: Candidate relative bounds whose compressed size (and sensitivity) is measured, ascending.
+        probe_eps: Bound at which the homogenization index is measured.
+        codec_impl: Codec implementation used to measure compressed sizes (``auto``, ``native``, ``ref``).
+    """
+
+    def __init__(self, candidates: Sequence[float], probe_eps: float, codec_impl: str = "auto") -> None:
+        if not candidates:
+            raise ValueError("candidates must hold at least one relative bound.")
+        checked = [check_relative_bound(c, "candidate bound") for c in candidates]
+        if checked != sorted(set(checked)):
+            raise ValueError(f"candidates={list(candidates)} must be strictly increasing.")
+        self.candidates = tuple(checked)
+        self.probe_eps = check_relative_bound(probe_eps, "probe_eps")
+        self.codec_impl = codec_impl
+        self.tables: dict[str, TableStats] = {}
+
+    def table(self, name: str) -> TableStats:
+        """The statistics of table ``name`` (created empty on first use)."""
+        if name not in self.tables:
+            self.tables[name] = TableStats(self.candidates)
+        return self.tables[name]
+
+    def observe(self, name: str, chunk: torch.Tensor) -> None:
+        """Add one chunk ([rows, dim] pooled embeddings of table ``name`` bound for one rank)."""
+        s = self.table(name)
+        chunk = chunk.detach().float().cpu().contiguous()
+        s.chunks += 1
+        s.elements += chunk.numel()
+        if chunk.numel() == 0:
+            return
+        if not bool(torch.isfinite(chunk).all()):
+            s.non_finite_chunks += 1  # sent raw by the codec; says nothing about the bound
+            for i in range(len(self.candidates)):
+                s.encoded_bytes[i] += chunk.numel() * 4
+            return
+        s.min = min(s.min, float(chunk.min()))
+        s.max = max(s.max, float(chunk.max()))
+        raw, quantized = homogenization_counts(chunk, self.probe_eps)
+        s.distinct_raw += raw
+        s.distinct_quantized += quantized
+        for i, eps in enumerate(self.candidates):
+            s.encoded_bytes[i] += int(encode(chunk, eps=eps, impl=self.codec_impl).numel())
+
+    def record_loss(self, name: str, base_loss: float, probed_losses: Sequence[float]) -> None:
+        """Add one probe measurement of table ``name``: the exact loss and the loss at each candidate bound."""
+        if len(probed_losses) != len(self.candidates):
+            raise ValueError(f"need one probed loss per candidate ({len(self.candidates)}), got {len(probed_losses)}.")
+        s = self.table(name)
+        s.probes += 1
+        s.base_loss += float(base_loss)
+        for i, loss in enumerate(probed_losses):
+            s.loss_delta[i] += float(loss) - float(base_loss)
+
+    # ------------------------------------------------------------------ cross-rank reduction
+
+    def to_tensors(self, names: Sequence[str]) -> dict[str, torch.Tensor]:
+        """The statistics of ``names`` (in that order) as three float64 tensors to all-reduce with SUM, MIN and MAX
+        (keys ``"sum"``, ``"min"``, ``"max"``); every rank must pass the same ``names``."""
+        n = len(self.candidates)
+        width = len(_SUM_FIELDS) + 2 * n
+        sums = torch.zeros(len(names), width, dtype=torch.float64)
+        mins = torch.full((len(names),), math.inf, dtype=torch.float64)
+        maxs = torch.full((len(names),), -math.inf, dtype=torch.float64)
+        for i, name in enumerate(names):
+            s = self.tables.get(name)
+            if s is None:
+                continue
+            row = [getattr(s, f) for f in _SUM_FIELDS] + list(s.encoded_bytes) + list(s.loss_delta)
+            sums[i] = torch.tensor(row, dtype=torch.float64)
+            mins[i], maxs[i] = s.min, s.max
+        return {"sum": sums, "min": mins, "max": maxs}
+
+    def load_tensors(self, names: Sequence[str], tensors: Mapping[str, torch.Tensor]) -> None:
+        """Replace the statistics of ``names`` by the (reduced) tensors of :meth:`to_tensors`."""
+        n = len(self.candidates)
+        k = len(_SUM_FIELDS)
+        sums, mins, maxs = (tensors[key].detach().cpu().double() for key in ("sum", "min", "max"))
+        for i, name in enumerate(names):
+            row = sums[i].tolist()
+            s = TableStats(self.candidates)
+            for j, f in enumerate(_SUM_FIELDS):
+                setattr(s, f, row[j] if f == "base_loss" else int(round(row[j])))
+            s.encoded_bytes = [int(round(v)) for v in row[k : k + n]]
+            s.loss_delta = row[k + n : k + 2 * n]
+            s.min, s.max = float(mins[i]), float(maxs[i])
+            self.tables[name] = s

@@ -1,0 +1,135 @@
+"""Table-wise level: turn calibration statistics into one relative error bound per table.
+
+Two policies:
+
+- ``homogenization`` (the paper's): classify each table by its homogenization index at the probe bound into
+  *tight* (the bound erases differences between its embeddings: index below ``tight_below``), *loose* (it keeps
+  them: index at least ``loose_from``) or *base*, and give each class its bound (default 0.01 / 0.03 / 0.05).
+- ``sensitivity`` (beyond the paper): give each table the largest candidate bound whose measured loss change stays
+  within ``tolerance`` of the exact loss (and whose smaller candidates do too); a table whose every candidate exceeds
+  it gets the smallest candidate.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+
+from lightning_dlac.adaptive.bounds import check_relative_bound
+from lightning_dlac.adaptive.calibration import TableStats
+
+
+class TableClass(str, Enum):
+    """Error-bound class of a table."""
+
+    TIGHT = "tight"
+    BASE = "base"
+    LOOSE = "loose"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class ClassBounds:
+    """Relative bound of each class; ``tight <= base <= loose``."""
+
+    tight: float = 0.01
+    base: float = 0.03
+    loose: float = 0.05
+
+    def __post_init__(self) -> None:
+        for name in ("tight", "base", "loose"):
+            check_relative_bound(getattr(self, name), f"{name}_eps")
+        if not self.tight <= self.base <= self.loose:
+            raise ValueError(
+                f"class bounds must satisfy tight_eps <= base_eps <= loose_eps, got tight_eps={self.tight},"
+                f" base_eps={self.base}, loose_eps={self.loose}."
+            )
+
+    def __getitem__(self, cls: TableClass | str) -> float:
+        return getattr(self, TableClass(cls).value)
+
+    def candidates(self) -> tuple[float, ...]:
+        """The distinct class bounds, ascending."""
+        return tuple(sorted({self.tight, self.base, self.loose}))
+
+
+@dataclass(frozen=True)
+class HomogenizationThresholds:
+    """Class boundaries on the homogenization index: ``index < tight_below`` is tight, ``index >= loose_from`` is
+    loose, anything between is base."""
+
+    tight_below: float = 0.9
+    loose_from: float = 0.99
+
+    def __post_init__(self) -> None:
+        for name in ("tight_below", "loose_from"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+                raise ValueError(f"{name}={v!r} must be a number in [0, 1] (a homogenization index).")
+        if self.tight_below > self.loose_from:
+            raise ValueError(
+                f"tight_below={self.tight_below} must be <= loose_from={self.loose_from}: a table cannot be both"
+                " tight and loose."
+            )
+
+
+def classify(stats: Mapping[str, TableStats], thresholds: HomogenizationThresholds) -> dict[str, TableClass]:
+    """Class of every table from its homogenization index."""
+    classes = {}
+    for name, s in stats.items():
+        h = s.homogenization_index
+        if h < thresholds.tight_below:
+            classes[name] = TableClass.TIGHT
+        elif h >= thresholds.loose_from:
+            classes[name] = TableClass.LOOSE
+        else:
+            classes[name] = TableClass.BASE
+    return classes
+
+
+def class_table_bounds(classes: Mapping[str, TableClass], bounds: ClassBounds) -> dict[str, float]:
+    """The bound of every classified table."""
+    return {name: bounds[cls] for name, cls in classes.items()}
+
+
+def check_tolerance(tolerance: float) -> float:
+    """Validate a sensitivity tolerance (a relative loss change, > 0)."""
+    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not math.isfinite(tolerance):
+        raise ValueError(f"sensitivity_tolerance={tolerance!r} must be a positive finite number.")
+    if tolerance <= 0:
+        raise ValueError(
+            f"sensitivity_tolerance={tolerance} must be > 0: it is the largest relative change of the training loss"
+            " a table's error may cause (e.g. 0.001 = 0.1%)."
+        )
+    return float(tolerance)
+
+
+def sensitivity_table_bounds(stats: Mapping[str, TableStats], tolerance: float) -> dict[str, float]:
+    """Per table, the largest candidate bound such that it and every smaller candidate change the loss by at most
+    ``tolerance`` (``|mean delta| / mean exact loss``); the smallest candidate where none does. Tables without probes
+    are left out."""
+    tolerance = check_tolerance(tolerance)
+    chosen = {}
+    for name, s in stats.items():
+        sens = s.sensitivity()
+        if sens is None:
+            continue
+        best = min(s.candidates)
+        for eps in sorted(sens):  # ascending; stop at the first bound that hurts, so noise cannot skip over one
+            if abs(sens[eps]) > tolerance:
+                break
+            best = eps
+        chosen[name] = best
+    return chosen
+
+
+def sensitivity_classes(table_bounds: Mapping[str, float], bounds: ClassBounds) -> dict[str, TableClass]:
+    """Name the class of sensitivity-chosen bounds by the nearest class bound (for reporting)."""
+    out = {}
+    for name, eps in table_bounds.items():
+        out[name] = min(TableClass, key=lambda c: (abs(bounds[c] - eps), -bounds[c]))
+    return out

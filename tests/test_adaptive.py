@@ -1,0 +1,240 @@
+"""The error-bound policy (lightning_dlac.adaptive): schedules, calibration statistics, classification."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from lightning_dlac.adaptive import (
+    CalibrationStats,
+    ClassBounds,
+    DecaySchedule,
+    HomogenizationThresholds,
+    TableClass,
+    TableStats,
+    class_table_bounds,
+    classify,
+    homogenization_counts,
+    homogenization_index,
+    sensitivity_classes,
+    sensitivity_table_bounds,
+)
+from lightning_dlac.codec import encode
+
+# ---------------------------------------------------------------------------------------------------- schedules
+
+
+@pytest.mark.parametrize(
+    ("kind", "expected"),
+    [
+        # T = 100, c = 2: (t, m(t))
+        ("step", {0: 2.0, 9: 2.0, 10: 1.9, 55: 1.5, 99: 1.1, 100: 1.0, 10_000: 1.0}),
+        ("linear", {0: 2.0, 25: 1.75, 50: 1.5, 99: 1.01, 100: 1.0}),
+        ("log", {0: 2.0, 100: 1.0, 500: 1.0}),
+        ("constant", {0: 2.0, 50: 2.0, 99: 2.0, 100: 1.0}),
+    ],
+)
+def test_schedule_values_at_chosen_steps(kind: str, expected: dict[int, float]) -> None:
+    m = DecaySchedule(kind, c=2.0, T=100)
+    for t, value in expected.items():
+        assert m(t) == pytest.approx(value, abs=1e-12), (kind, t)
+
+
+def test_log_schedule_falls_fast_then_slowly() -> None:
+    m = DecaySchedule("log", c=2.0, T=100)
+    assert m(9) == pytest.approx(2.0 - math.log(10) / math.log(101))
+    assert m(9) < DecaySchedule("linear", c=2.0, T=100)(9)  # most of the decay happens early
+    values = [m(t) for t in range(101)]
+    assert all(a > b for a, b in zip(values, values[1:]))
+
+
+def test_step_schedule_has_the_requested_plateaus_and_c_one_is_off() -> None:
+    m = DecaySchedule("step", c=3.0, T=40, stages=4)
+    assert sorted({m(t) for t in range(40)}, reverse=True) == [3.0, 2.5, 2.0, 1.5]
+    kinds = ("step", "linear", "log", "constant")
+    assert all(DecaySchedule(k, c=1.0, T=10)(t) == 1.0 for k in kinds for t in range(12))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"kind": "cosine"}, "schedule='cosine' is not supported"),
+        ({"T": 0}, "T=0 must be a positive"),
+        ({"T": -5}, "T=-5 must be a positive"),
+        ({"T": 2.5}, "T=2.5 must be a positive whole number"),
+        ({"c": 0.5}, "c=0.5 must be >= 1"),
+        ({"c": float("nan")}, "must be a finite number"),
+        ({"stages": 0}, "stages=0 must be a positive"),
+    ],
+)
+def test_invalid_schedules_are_rejected(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        DecaySchedule(**kwargs)
+
+
+# ---------------------------------------------------------------------------------------------------- statistics
+
+
+def test_homogenization_counts_merge_vectors_within_one_bin() -> None:
+    # Range 0..1, eps 0.05: bins are 0.1 wide. Rows 0 and 1 differ by 0.001 (merge), row 2 is far away.
+    chunk = torch.tensor([[0.5, 0.5], [0.501, 0.5], [0.0, 1.0], [1.0, 0.0]])
+    assert homogenization_counts(chunk, 0.05) == (4, 3)
+    assert homogenization_index(chunk, 0.05) == pytest.approx(0.75)
+    # A tight enough bound keeps them apart.
+    assert homogenization_counts(chunk, 1e-4) == (4, 4)
+    # Duplicates count once on both sides; constant and empty chunks are trivially homogeneous.
+    assert homogenization_counts(torch.cat([chunk, chunk]), 0.05) == (4, 3)
+    assert homogenization_counts(torch.ones(5, 3), 0.05) == (1, 1)
+    assert homogenization_counts(torch.zeros(0, 3), 0.05) == (0, 0)
+    assert homogenization_index(torch.zeros(0, 3), 0.05) == 1.0
+
+
+def test_observe_measures_what_the_codec_sends() -> None:
+    gen = torch.Generator().manual_seed(0)
+    chunks = [torch.randn(32, 8, generator=gen) for _ in range(3)]
+    stats = CalibrationStats([0.01, 0.05], probe_eps=0.05)
+    for c in chunks:
+        stats.observe("t", c)
+    s = stats.tables["t"]
+    assert s.chunks == 3 and s.elements == 3 * 32 * 8
+    assert s.min == pytest.approx(min(float(c.min()) for c in chunks))
+    assert s.max == pytest.approx(max(float(c.max()) for c in chunks))
+    for i, eps in enumerate((0.01, 0.05)):
+        assert s.encoded_bytes[i] == sum(encode(c, eps=eps).numel() for c in chunks)
+    assert s.ratios()[0.05] > s.ratios()[0.01] > 1
+    counts = [homogenization_counts(c, 0.05) for c in chunks]
+    assert (s.distinct_raw, s.distinct_quantized) == tuple(map(sum, zip(*counts)))
+
+
+def test_non_finite_chunks_are_counted_and_sent_raw() -> None:
+    stats = CalibrationStats([0.01], probe_eps=0.01)
+    x = torch.randn(4, 4)
+    x[1, 2] = float("nan")
+    stats.observe("t", x)
+    s = stats.tables["t"]
+    assert s.non_finite_chunks == 1 and s.encoded_bytes == [64] and s.distinct_raw == 0
+    assert s.homogenization_index == 1.0
+
+
+def test_sensitivity_is_the_mean_relative_loss_change() -> None:
+    stats = CalibrationStats([0.01, 0.05], probe_eps=0.05)
+    stats.record_loss("t", 2.0, [2.0, 2.2])
+    stats.record_loss("t", 1.0, [1.0, 1.1])
+    assert stats.tables["t"].sensitivity() == pytest.approx({0.01: 0.0, 0.05: 0.3 / 3.0})
+    assert CalibrationStats([0.01], 0.01).table("u").sensitivity() is None
+    with pytest.raises(ValueError, match="one probed loss per candidate"):
+        stats.record_loss("t", 1.0, [1.0])
+
+
+def test_statistics_reduce_across_ranks_through_tensors() -> None:
+    """Two ranks' statistics summed (min/max-ed) as the all-reduce does give the statistics of all the chunks."""
+    gen = torch.Generator().manual_seed(1)
+    a, b, both = (CalibrationStats([0.01, 0.03], 0.03) for _ in range(3))
+    chunks_a = [("t0", torch.randn(16, 4, generator=gen)), ("t1", torch.rand(16, 4, generator=gen) * 9)]
+    chunks_b = [("t1", torch.randn(8, 4, generator=gen) - 5), ("t2", torch.randn(16, 4, generator=gen))]
+    for name, c in chunks_a:
+        a.observe(name, c)
+        both.observe(name, c)
+    for name, c in chunks_b:
+        b.observe(name, c)
+        both.observe(name, c)
+    a.record_loss("t0", 1.0, [1.1, 1.2])
+    b.record_loss("t0", 3.0, [3.0, 3.3])
+    both.record_loss("t0", 1.0, [1.1, 1.2])
+    both.record_loss("t0", 3.0, [3.0, 3.3])
+    names = ["t0", "t1", "t2", "t3"]  # t3 exists nowhere: it must stay empty, not break the reduction
+    ta, tb = a.to_tensors(names), b.to_tensors(names)
+    reduced = {
+        "sum": ta["sum"] + tb["sum"],
+        "min": torch.minimum(ta["min"], tb["min"]),
+        "max": torch.maximum(ta["max"], tb["max"]),
+    }
+    a.load_tensors(names, reduced)
+    for name in ("t0", "t1", "t2"):
+        got, want = a.tables[name].as_dict(), both.tables[name].as_dict()
+        assert got.pop("loss_delta") == pytest.approx(want.pop("loss_delta"))
+        assert got.pop("base_loss") == pytest.approx(want.pop("base_loss"))
+        assert got == want, name
+    assert a.tables["t3"].chunks == 0 and a.tables["t3"].homogenization_index == 1.0
+
+
+def test_table_stats_round_trip_as_plain_data() -> None:
+    s = TableStats((0.01, 0.05), chunks=3, elements=99, min=-1.0, max=2.0, distinct_raw=7, distinct_quantized=5,
+                   encoded_bytes=[40, 20], probes=2, base_loss=1.5, loss_delta=[0.0, 0.1])
+    assert TableStats.from_dict(s.as_dict()) == s
+    assert s.value_range == 3.0 and s.homogenization_index == pytest.approx(5 / 7)
+
+
+@pytest.mark.parametrize("candidates", [[], [0.05, 0.01], [0.01, 0.01], [0.0, 0.1], [1.5]])
+def test_invalid_candidates_are_rejected(candidates: list[float]) -> None:
+    with pytest.raises(ValueError):
+        CalibrationStats(candidates, 0.01)
+
+
+# ---------------------------------------------------------------------------------------------------- classes
+
+
+def _stats_with_index(h: float, probes: dict[float, float] | None = None) -> TableStats:
+    s = TableStats((0.01, 0.03, 0.05), distinct_raw=1000, distinct_quantized=round(1000 * h))
+    if probes:
+        s.probes, s.base_loss = 1, 1.0
+        s.loss_delta = [probes[e] for e in s.candidates]
+    return s
+
+
+def test_classification_by_homogenization_index() -> None:
+    stats = {
+        "diverse_merged": _stats_with_index(0.38),  # the bound erases differences: tight
+        "edge_tight": _stats_with_index(0.899),
+        "edge_base": _stats_with_index(0.9),
+        "middle": _stats_with_index(0.95),
+        "edge_loose": _stats_with_index(0.99),
+        "kept_apart": _stats_with_index(1.0),  # every vector stays distinct: loose
+        "unseen": TableStats((0.01, 0.03, 0.05)),
+    }
+    classes = classify(stats, HomogenizationThresholds(0.9, 0.99))
+    assert classes == {
+        "diverse_merged": TableClass.TIGHT,
+        "edge_tight": TableClass.TIGHT,
+        "edge_base": TableClass.BASE,
+        "middle": TableClass.BASE,
+        "edge_loose": TableClass.LOOSE,
+        "kept_apart": TableClass.LOOSE,
+        "unseen": TableClass.LOOSE,
+    }
+    bounds = class_table_bounds(classes, ClassBounds(0.01, 0.03, 0.05))
+    assert bounds["diverse_merged"] == 0.01 and bounds["middle"] == 0.03 and bounds["kept_apart"] == 0.05
+
+
+def test_sensitivity_choice_takes_the_largest_safe_prefix() -> None:
+    stats = {
+        "robust": _stats_with_index(1.0, {0.01: 0.0, 0.03: 1e-4, 0.05: -5e-4}),
+        "fragile": _stats_with_index(1.0, {0.01: 2e-3, 0.03: 5e-3, 0.05: 9e-3}),
+        "middle": _stats_with_index(1.0, {0.01: 1e-4, 0.03: 8e-4, 0.05: 3e-3}),
+        # 0.03 hurts; 0.05 looking fine is noise and must not be picked over it.
+        "noisy": _stats_with_index(1.0, {0.01: 1e-4, 0.03: 4e-3, 0.05: 1e-4}),
+        "unprobed": _stats_with_index(1.0),
+    }
+    chosen = sensitivity_table_bounds(stats, tolerance=1e-3)
+    assert chosen == {"robust": 0.05, "fragile": 0.01, "middle": 0.03, "noisy": 0.01}
+    classes = sensitivity_classes(chosen, ClassBounds())
+    assert classes == {"robust": "loose", "fragile": "tight", "middle": "base", "noisy": "tight"}
+    with pytest.raises(ValueError, match="sensitivity_tolerance=0 must be > 0"):
+        sensitivity_table_bounds(stats, tolerance=0)
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: ClassBounds(0.05, 0.03, 0.01), "tight_eps <= base_eps <= loose_eps"),
+        (lambda: ClassBounds(-0.01, 0.03, 0.05), "tight_eps=-0.01 is out of range"),
+        (lambda: ClassBounds(0.01, 0.03, float("inf")), "loose_eps=inf must be a finite number"),
+        (lambda: HomogenizationThresholds(0.99, 0.9), "tight_below=0.99 must be <= loose_from=0.9"),
+        (lambda: HomogenizationThresholds(-0.1, 0.9), "tight_below=-0.1 must be a number in"),
+    ],
+)
+def test_invalid_class_settings_are_rejected(make, message: str) -> None:  # noqa: ANN001
+    with pytest.raises(ValueError, match=message):
+        make()
