@@ -3,7 +3,8 @@
 Importing the package registers ``Trainer(strategy="dlac")``.
 """
 
+from lightning_dlac.callback import DLACCallback
 from lightning_dlac.strategy import DLACStrategy, EmbeddingOptimizer, dense_parameters
 
 __version__ = "0.1.0"
-__all__ = ["DLACStrategy", "EmbeddingOptimizer", "dense_parameters"]
+__all__ = ["DLACCallback", "DLACStrategy", "EmbeddingOptimizer", "dense_parameters"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields
 from datetime import timedelta
 from enum import Enum
@@ -285,6 +285,17 @@ class DLACStrategy(DDPStrategy):
     def compressed_tables(self) -> list[str]:
         """Tables whose pooled embeddings this rank sends compressed."""
         return sorted({t for a2a in self._exchanges for t in a2a.local_tables})
+
+    @property
+    def all_compressed_tables(self) -> list[str]:
+        """Every table whose pooled embeddings some rank sends compressed; the same sorted list on every rank."""
+        return sorted({t for a2a in self._exchanges for tables in a2a.tables_per_rank for t in tables})
+
+    def set_chunk_observer(self, observer: Callable[[str, torch.Tensor], None] | None) -> None:
+        """Call ``observer(table, chunk)`` with every chunk this rank encodes in the forward exchange (``None``
+        stops it). The calibration of ``DLACCallback`` measures the tables this way."""
+        for a2a in self._exchanges:
+            a2a.observer = observer
 
     def comm_stats(self, reset: bool = False) -> CommStats:
         """This rank's compression counters summed over every compressed exchange, optionally resetting them."""

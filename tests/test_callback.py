@@ -1,0 +1,194 @@
+"""DLACCallback: calibration agreed across ranks, the decay schedule, logged metrics, and its failure modes."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+
+from lightning_dlac import DLACCallback, DLACStrategy
+from lightning_dlac.adaptive import DecaySchedule
+from lightning_dlac.callback import _loss_of, _random_state_kept
+from tests._launch import run_ranks
+from tests.test_strategy import small_data, small_dlrm, trainer
+
+TABLES = [f"t_cat_{i}" for i in range(26)]
+
+
+class _BoundsRecorder(pl.Callback):
+    """Records, for every training batch, the multiplier and the effective bound of every table in that batch."""
+
+    def __init__(self) -> None:
+        self.multipliers: list[float] = []
+        self.effective: list[dict[str, float]] = []
+        self.calibrated_at_first_batch: bool | None = None
+        self.dlac: DLACCallback | None = None
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:  # noqa: ANN001
+        # Runs after DLACCallback's hook (callbacks run in order), i.e. with the bounds this batch is sent with.
+        bounds = trainer.strategy.error_bounds
+        self.multipliers.append(bounds.multiplier)
+        self.effective.append({t: bounds.effective(t) for t in TABLES})
+        if self.calibrated_at_first_batch is None:
+            self.calibrated_at_first_batch = self.dlac.calibrated and bool(bounds.table_bounds())
+
+
+def _read_csv(path: Path) -> list[dict[str, str]]:
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+def _fit_with_callback(rank: int, world_size: int, log_dir: str) -> dict:
+    from lightning.pytorch.loggers import CSVLogger
+
+    torch.manual_seed(0)
+    dlac = DLACCallback(
+        calibration_batches=3, sensitivity_batches=1, schedule="step", c=2.0, T=12, stages=4, log_every_n_steps=4
+    )
+    recorder = _BoundsRecorder()
+    recorder.dlac = dlac
+    t = trainer(world_size, DLACStrategy(eps=0.01), max_epochs=1, callbacks=[dlac, recorder],
+                logger=CSVLogger(log_dir, name="run", version=0))
+    t.fit(small_dlrm(), datamodule=small_data(train_batches=20))
+    return {
+        "bounds": dlac.table_bounds,
+        "classes": {k: str(v) for k, v in dlac.classes.items()},
+        "stats": {k: v.as_dict() for k, v in dlac.table_stats.items()},
+        "multipliers": recorder.multipliers,
+        "effective": recorder.effective,
+        "step": dlac.step,
+    }
+
+
+def test_two_rank_calibration_schedule_and_logged_metrics(tmp_path: Path) -> None:
+    r0, r1 = run_ranks(_fit_with_callback, 2, str(tmp_path))
+    # Every rank measured its own tables; after the all-reduce both hold every table's statistics and chose the
+    # same bounds.
+    assert r0["stats"] == r1["stats"] and r0["bounds"] == r1["bounds"] and r0["classes"] == r1["classes"]
+    assert sorted(r0["bounds"]) == sorted(TABLES)
+    for name, s in r0["stats"].items():
+        assert s["chunks"] == 3 * 2, name  # 3 calibration batches x 2 destination ranks
+        assert s["probes"] == 2, name  # 1 probe batch on each of the 2 ranks
+        assert s["distinct_raw"] > 0 and s["encoded_bytes"][0] > s["encoded_bytes"][-1] > 0
+    expected_eps = {"tight": 0.01, "base": 0.03, "loose": 0.05}
+    assert all(r0["bounds"][t] == expected_eps[c] for t, c in r0["classes"].items())
+
+    # The iteration-wise level: m(t) follows the step schedule, then 1; the effective bound is bound x m(t), with
+    # the strategy's eps until calibration ends (after batch 2).
+    schedule = DecaySchedule("step", c=2.0, T=12, stages=4)
+    assert r0["multipliers"] == [schedule(t) for t in range(20)]
+    assert r0["step"] == 20
+    for t, effective in enumerate(r0["effective"]):
+        base = r0["bounds"] if t >= 3 else dict.fromkeys(TABLES, 0.01)
+        assert effective == pytest.approx({n: base[n] * schedule(t) for n in TABLES}), t
+
+    rows = [r for r in _read_csv(tmp_path / "run" / "version_0" / "metrics.csv") if r.get("dlac/ratio")]
+    assert len(rows) == 5  # every 4 batches of 20
+    for key in ("dlac/ratio", "dlac/sent_bytes_per_step", "dlac/raw_bytes_per_step", "dlac/bytes_saved",
+                "dlac/encode_ms", "dlac/exchange_ms", "dlac/decode_ms", "dlac/backward_ms", "dlac/a2a_share",
+                "dlac/multiplier", "dlac/max_err_over_bound"):
+        assert all(r[key] != "" for r in rows), key
+    for i, row in enumerate(rows):
+        t = 4 * i + 3  # the last batch before the write
+        assert float(row["dlac/multiplier"]) == pytest.approx(schedule(t))
+        assert float(row["dlac/ratio"]) > 1
+        assert 0 < float(row["dlac/max_err_over_bound"]) <= 1
+        assert 0 < float(row["dlac/a2a_share"]) < 1
+        for name in TABLES:
+            assert float(row[f"dlac/eps/{name}"]) == pytest.approx(r0["effective"][t][name])
+            assert float(row[f"dlac/ratio/{name}"]) > 1
+            assert float(row[f"dlac/max_err_over_bound/{name}"]) <= 1
+    saved = [float(r["dlac/bytes_saved"]) for r in rows]
+    assert all(b > a > 0 for a, b in zip(saved, saved[1:]))  # cumulative
+
+
+def _fit_calibration_loader(rank: int, world_size: int) -> dict:
+    torch.manual_seed(0)
+    calib = small_data(seed=7, train_batches=6)
+    calib.setup("fit")
+    dlac = DLACCallback(mode="sensitivity", calibration_dataloader=calib.train_dataloader(), calibration_batches=2,
+                        sensitivity_batches=1, sensitivity_tolerance=1e-4, c=1.0, log_every_n_steps=100)
+    recorder = _BoundsRecorder()
+    recorder.dlac = dlac
+    t = trainer(world_size, DLACStrategy(), max_epochs=1, callbacks=[dlac, recorder])
+    t.fit(small_dlrm(), datamodule=small_data(train_batches=4))
+    return {"bounds": dlac.table_bounds, "calibrated_first": recorder.calibrated_at_first_batch,
+            "effective": recorder.effective[0], "report": dlac.calibration_report()}
+
+
+def test_sensitivity_mode_calibrates_on_a_dataloader_before_training() -> None:
+    r0, r1 = run_ranks(_fit_calibration_loader, 2)
+    assert r0["calibrated_first"] and r1["calibrated_first"]
+    assert r0["bounds"] == r1["bounds"] and sorted(r0["bounds"]) == sorted(TABLES)
+    assert set(r0["bounds"].values()) <= {0.01, 0.03, 0.05}
+    assert r0["effective"] == r0["bounds"]  # c=1: the calibrated bounds from the first batch on
+    for row in r0["report"]:
+        changes = row["loss_change"]
+        assert changes is not None and len(changes) == 3
+        # The rule: the chosen bound and every smaller candidate stay within the tolerance.
+        chosen = row["eps"]
+        ok = [abs(changes[str(e)]) <= 1e-4 for e in (0.01, 0.03, 0.05)]
+        expect = 0.01
+        for eps, fine in zip((0.01, 0.03, 0.05), ok):
+            if not fine:
+                break
+            expect = eps
+        assert chosen == expect, row
+
+
+@pytest.mark.parametrize("strategy", ["auto", "uncompressed"])
+def test_without_a_compressed_dlac_strategy_it_says_so_and_does_nothing(strategy: str) -> None:
+    dlac = DLACCallback(calibration_batches=1, log_every_n_steps=1)
+    s = "auto" if strategy == "auto" else DLACStrategy(compress=False)
+    t = trainer(1, s, max_epochs=1, callbacks=[dlac], limit_train_batches=2, limit_val_batches=0)
+    with pytest.warns(UserWarning, match="DLACCallback does nothing"):
+        t.fit(small_dlrm(), datamodule=small_data(train_batches=2))
+    assert not dlac.active and dlac.step == 0 and not dlac.calibrated
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"mode": "magic"}, "mode='magic' is not supported"),
+        ({"tight_eps": -0.01}, "tight_eps=-0.01 is out of range"),
+        ({"loose_eps": 0.0}, "loose_eps=0.0 is out of range"),
+        ({"tight_eps": 0.06, "loose_eps": 0.05}, "tight_eps <= base_eps <= loose_eps"),
+        ({"T": 0}, "T=0 must be a positive"),
+        ({"T": -3}, "T=-3 must be a positive"),
+        ({"schedule": "cosine"}, "schedule='cosine' is not supported"),
+        ({"c": 0.5}, "c=0.5 must be >= 1"),
+        ({"tight_below": 0.995}, "tight_below=0.995 must be <= loose_from=0.99"),
+        ({"calibration_batches": 0}, "calibration_batches=0 must be a whole number >= 1"),
+        ({"sensitivity_batches": 9}, "sensitivity_batches=9 exceeds calibration_batches=8"),
+        ({"mode": "sensitivity", "sensitivity_batches": 0}, "set sensitivity_batches >= 1"),
+        ({"sensitivity_tolerance": -1.0}, "sensitivity_tolerance=-1.0 must be > 0"),
+        ({"candidates": [0.05, 0.01]}, "strictly increasing"),
+        ({"probe_eps": 2.0}, "probe_eps=2.0 is out of range"),
+        ({"log_every_n_steps": 0}, "log_every_n_steps=0 must be a whole number >= 1"),
+        ({"calibration_start": 5, "calibration_dataloader": [1]}, "Set one of them"),
+    ],
+)
+def test_invalid_settings_are_rejected_at_construction(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        DLACCallback(**kwargs)
+
+
+def test_probe_forwards_replay_and_restore_the_random_state() -> None:
+    torch.manual_seed(3)
+    expected = torch.rand(3)
+    torch.manual_seed(3)
+    with _random_state_kept() as replay:
+        first = torch.rand(3)
+        replay()
+        assert torch.equal(torch.rand(3), first)  # every probe forward sees the same random numbers
+        torch.rand(100)
+    assert torch.equal(torch.rand(3), expected)  # and training draws what it would have drawn without probes
+
+
+def test_probe_needs_training_step_to_return_the_loss() -> None:
+    assert _loss_of(torch.tensor(0.5)) == 0.5 and _loss_of({"loss": torch.tensor(2.0)}) == 2.0
+    with pytest.raises(TypeError, match="needs it to return the loss"):
+        _loss_of(None)
