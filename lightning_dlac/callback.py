@@ -175,7 +175,9 @@ class DLACCallback(Callback):
         self._last_ratio: float | None = None
         self._interval_s = 0.0  # training-batch wall time since the last metrics write
         self._interval_batches = 0
+        self._interval_a2a_s = 0.0  # of which in the all-to-all (encode, exchange, decode, backward)
         self._batch_t0 = 0.0
+        self._batch_a2a0 = 0.0
         self._probe_s = 0.0
 
     # ------------------------------------------------------------------ public read-outs
@@ -280,6 +282,7 @@ class DLACCallback(Callback):
         if strategy is None:
             return
         self._batch_t0 = time.perf_counter()
+        self._batch_a2a0 = self._a2a_seconds()
         self._probe_s = 0.0
         strategy.error_bounds.set_multiplier(self.schedule(self._step))
         if self._calibrating():
@@ -302,6 +305,7 @@ class DLACCallback(Callback):
             if self._calib_seen >= self.calibration_batches:
                 self._finish_calibration()
         self._interval_s += time.perf_counter() - self._batch_t0 - self._probe_s
+        self._interval_a2a_s += self._a2a_seconds() - self._batch_a2a0
         self._interval_batches += 1
         self._step += 1
         if self._step % self.log_every_n_steps == 0:
@@ -313,8 +317,8 @@ class DLACCallback(Callback):
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._strategy is not None:
             self._strategy.set_chunk_observer(None)
-            if self._interval_batches:
-                self._write_metrics(trainer)
+            if self._interval_batches or self._strategy.comm_stats().calls:
+                self._write_metrics(trainer)  # the rest, e.g. the validation traffic after the last write
 
     # ------------------------------------------------------------------ calibration
 
@@ -398,6 +402,11 @@ class DLACCallback(Callback):
 
     # ------------------------------------------------------------------ metrics
 
+    def _a2a_seconds(self) -> float:
+        assert self._strategy is not None
+        s = self._strategy.comm_stats()
+        return s.encode_s + s.exchange_s + s.decode_s + s.backward_s
+
     def _write_metrics(self, trainer: pl.Trainer) -> None:
         assert self._strategy is not None
         strategy = self._strategy
@@ -406,7 +415,7 @@ class DLACCallback(Callback):
         world = trainer.world_size
         head = [
             s.raw_bytes, s.sent_bytes, s.encode_s, s.exchange_s, s.decode_s, s.backward_s,
-            s.backward_raw_bytes, s.backward_sent_bytes, self._interval_s,
+            s.backward_raw_bytes, s.backward_sent_bytes, self._interval_s, self._interval_a2a_s,
         ]
         per_table = [s.table_raw_bytes.get(n, 0) for n in names] + [s.table_sent_bytes.get(n, 0) for n in names]
         sums = self._all_reduce(torch.tensor(head + per_table, dtype=torch.float64), dist.ReduceOp.SUM).tolist()
@@ -414,8 +423,8 @@ class DLACCallback(Callback):
             torch.tensor([s.table_max_error_ratio.get(n, 0.0) for n in names] or [0.0], dtype=torch.float64),
             dist.ReduceOp.MAX,
         ).tolist()
-        raw, sent, enc, exch, dec, bwd, bwd_raw, bwd_sent, step_s = sums[:9]
-        t_raw, t_sent = sums[9 : 9 + len(names)], sums[9 + len(names) :]
+        raw, sent, enc, exch, dec, bwd, bwd_raw, bwd_sent, step_s, a2a_s = sums[:10]
+        t_raw, t_sent = sums[10 : 10 + len(names)], sums[10 + len(names) :]
         batches = max(self._interval_batches, 1)
         self._raw_total += int(raw)
         self._sent_total += int(sent)
@@ -433,7 +442,7 @@ class DLACCallback(Callback):
             "dlac/exchange_ms": exch * ms,
             "dlac/decode_ms": dec * ms,
             "dlac/backward_ms": bwd * ms,
-            "dlac/a2a_share": (enc + exch + dec + bwd) / step_s if step_s > 0 else 0.0,
+            "dlac/a2a_share": a2a_s / step_s if step_s > 0 else 0.0,
             "dlac/max_err_over_bound": max(errs),
         }
         if self.per_table_metrics:
@@ -441,7 +450,7 @@ class DLACCallback(Callback):
                 metrics[f"dlac/ratio/{n}"] = r / t if t else 1.0
                 metrics[f"dlac/eps/{n}"] = strategy.error_bounds.effective(n)
                 metrics[f"dlac/max_err_over_bound/{n}"] = e
-        self._interval_s = 0.0
+        self._interval_s = self._interval_a2a_s = 0.0
         self._interval_batches = 0
         if trainer.is_global_zero:
             for logger in trainer.loggers:

@@ -61,7 +61,7 @@ def main(args: Sequence[str] | None = None) -> None:
         print(f"dlac {cli.subcommand} finished after {trainer.global_step} steps: {metrics}")
         strategy = trainer.strategy
         if getattr(strategy, "exchanges", None):
-            stats = strategy.comm_stats()
+            stats = strategy.total_comm_stats()
             print(
                 f"dlac: rank 0 forward all-to-all sent {stats.sent_bytes / 2**20:.1f} MiB instead of"
                 f" {stats.raw_bytes / 2**20:.1f} MiB ({stats.ratio:.1f}x smaller)"

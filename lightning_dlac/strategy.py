@@ -236,6 +236,7 @@ class DLACStrategy(DDPStrategy):
         )
         self._error_bounds = ErrorBounds(default_eps=check_relative_bound(eps, "eps"))
         self._exchanges: list[CompressedPooledEmbeddingsAllToAll] = []
+        self._comm_stats_before_reset = CommStats()
         self._dmp: DistributedModelParallel | None = None
 
     @classmethod
@@ -298,12 +299,22 @@ class DLACStrategy(DDPStrategy):
             a2a.observer = observer
 
     def comm_stats(self, reset: bool = False) -> CommStats:
-        """This rank's compression counters summed over every compressed exchange, optionally resetting them."""
-        total = CommStats()
+        """This rank's compression counters summed over every compressed exchange since the last reset, optionally
+        resetting them (``DLACCallback`` resets them at every metrics write; :meth:`total_comm_stats` keeps all)."""
+        current = CommStats()
         for a2a in self._exchanges:
-            total.merge(a2a.stats)
+            current.merge(a2a.stats)
             if reset:
                 a2a.stats.reset()
+        if reset:
+            self._comm_stats_before_reset.merge(current)
+        return current
+
+    def total_comm_stats(self) -> CommStats:
+        """This rank's compression counters since setup, whoever reset :meth:`comm_stats` in between."""
+        total = CommStats()
+        total.merge(self._comm_stats_before_reset)
+        total.merge(self.comm_stats())
         return total
 
     @property

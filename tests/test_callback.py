@@ -60,6 +60,7 @@ def _fit_with_callback(rank: int, world_size: int, log_dir: str) -> dict:
         "multipliers": recorder.multipliers,
         "effective": recorder.effective,
         "step": dlac.step,
+        "saved_total": (lambda s: s.raw_bytes - s.sent_bytes)(t.strategy.total_comm_stats()),
     }
 
 
@@ -86,7 +87,10 @@ def test_two_rank_calibration_schedule_and_logged_metrics(tmp_path: Path) -> Non
         assert effective == pytest.approx({n: base[n] * schedule(t) for n in TABLES}), t
 
     rows = [r for r in _read_csv(tmp_path / "run" / "version_0" / "metrics.csv") if r.get("dlac/ratio")]
-    assert len(rows) == 5  # every 4 batches of 20
+    # Every 4 batches of 20, and once at the end of training (the validation traffic after the last batch).
+    assert len(rows) == 6
+    assert float(rows[-1]["dlac/bytes_saved"]) == r0["saved_total"] + r1["saved_total"]
+    rows = rows[:5]
     for key in ("dlac/ratio", "dlac/sent_bytes_per_step", "dlac/raw_bytes_per_step", "dlac/bytes_saved",
                 "dlac/encode_ms", "dlac/exchange_ms", "dlac/decode_ms", "dlac/backward_ms", "dlac/a2a_share",
                 "dlac/multiplier", "dlac/max_err_over_bound"):
