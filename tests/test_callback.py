@@ -196,3 +196,26 @@ def test_probe_needs_training_step_to_return_the_loss() -> None:
     assert _loss_of(torch.tensor(0.5)) == 0.5 and _loss_of({"loss": torch.tensor(2.0)}) == 2.0
     with pytest.raises(TypeError, match="needs it to return the loss"):
         _loss_of(None)
+
+
+def test_state_round_trips_and_a_foreign_state_is_refused() -> None:
+    from lightning_dlac.adaptive import TableStats
+
+    saved = DLACCallback(schedule="linear", T=50)
+    saved._step, saved._calibrated = 17, True
+    saved._table_bounds = {"t_a": 0.01, "t_b": 0.05}
+    saved._classes = {"t_a": "tight", "t_b": "loose"}
+    saved._table_stats = {"t_a": TableStats((0.01, 0.03, 0.05), chunks=4, distinct_raw=10, distinct_quantized=6)}
+    saved._raw_total, saved._sent_total = 1000, 40
+    state = saved.state_dict()
+    restored = DLACCallback(schedule="linear", T=50)
+    restored.load_state_dict(state)
+    assert restored.state_dict() == state
+    assert restored.step == 17 and restored.calibrated and restored.table_bounds == {"t_a": 0.01, "t_b": 0.05}
+    assert restored.table_stats["t_a"].homogenization_index == pytest.approx(0.6)
+
+    with pytest.warns(UserWarning, match="Continuing at iteration 17"):
+        DLACCallback(schedule="step", T=50).load_state_dict(state)
+    with pytest.raises(ValueError, match="state version 99"):
+        DLACCallback().load_state_dict({**state, "version": 99})
+    assert DLACCallback(mode="off").calibrated  # nothing to calibrate: bounds stay the strategy's eps
