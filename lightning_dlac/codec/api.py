@@ -21,6 +21,7 @@ def encode(x: torch.Tensor, eps: float | None = None, abs_eb: float | None = Non
     """Encode a 2-D float32 chunk with a relative (``eps``) or absolute (``abs_eb``) bound into a uint8 buffer."""
     ref.check_chunk(x)
     bound, relative = ref.check_scalar_bound(eps, abs_eb)
+    x = _on_cpu(x)
     rows, dim = x.shape
     ref._check_chunk_size(rows, dim, "x")
     with record_function("## dlac encode ##"):
@@ -76,6 +77,7 @@ def encode_grid(
         size in bytes (int64 [num_row_blocks * num_col_blocks]).
     """
     ref.check_chunk(x)
+    x = _on_cpu(x)
     rs = ref.check_splits(row_splits, x.shape[0], "row_splits")
     cs = ref.check_splits(col_splits, x.shape[1], "col_splits")
     bounds, relative = ref.check_grid_bounds(eps, abs_eb, len(cs) - 1)
@@ -121,6 +123,12 @@ def _last(splits: Splits) -> int:
         return int(splits[-1])
     except (TypeError, IndexError, ValueError) as e:
         raise ValueError(f"split points must be a non-empty sequence of ints, got {splits!r}") from e
+
+
+def _on_cpu(x: torch.Tensor) -> torch.Tensor:
+    # The kernels run on the CPU (cuda_ext/ has no CUDA kernels yet): device tensors are encoded from a host copy,
+    # and callers move the payload (and decoded tensors) back to their device.
+    return x.detach().cpu() if x.device.type != "cpu" else x
 
 
 def _as_buffer(buf: torch.Tensor | bytes, name: str) -> torch.Tensor:

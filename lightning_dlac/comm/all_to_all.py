@@ -181,6 +181,7 @@ class CompressedPooledEmbeddingsAllToAll(nn.Module):
             b_me = batch_size_per_rank[me]
             try:
                 out = decode_grid(received, recv_sizes, [0, b_me], self._all_col_splits, impl=self._config.impl)
+                out = out.to(dev)
             except CodecError as err:
                 raise self._locate_decode_error(received, recv_sizes, chunk_counts, b_me) from err
         t3 = time.perf_counter()
@@ -211,6 +212,7 @@ class CompressedPooledEmbeddingsAllToAll(nn.Module):
         """Decode our own payload and record max |x - x_hat| / bound per table (the bound is a guarantee; this
         makes it visible)."""
         me = self._rank
+        x = x.cpu()
         x_hat = decode_grid(payload, sizes, row_splits, self._col_splits[me], impl=self._config.impl)
         cols = self._col_splits[me]
         for c, name in enumerate(self._tables[me]):
@@ -313,7 +315,7 @@ class CompressedPooledEmbeddingsAllToAll(nn.Module):
                 return torch.zeros(sum(batch_size_per_rank), 0, device=dev)
             try:
                 return decode_grid(received, recv_sizes, _offsets(batch_size_per_rank), self._col_splits[me],
-                                   impl=self._config.impl)
+                                   impl=self._config.impl).to(dev)
             except CodecError as err:
                 raise CompressedExchangeError(
                     f"rank {me}: embedding gradients received for tables {self._tables[me]} failed to decode ({err})."
