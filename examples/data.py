@@ -542,6 +542,10 @@ class CriteoTSVDataModule(_RankShardedDataModule):
             raise ValueError(f"max_samples must be a positive row count or None, got {max_samples}.")
         if not 0.0 <= val_fraction < 1.0:
             raise ValueError(f"val_fraction must lie in [0, 1), got {val_fraction}.")
+        # Fail at construction (before any process is launched), naming the option; setup() checks again.
+        self._check_file(train_path, "train_path")
+        if val_path is not None:
+            self._check_file(val_path, "val_path")
         self.train_path = train_path
         self.val_path = val_path
         self.max_samples = max_samples
@@ -551,13 +555,18 @@ class CriteoTSVDataModule(_RankShardedDataModule):
         self._train: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self._val: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
-    def _read(self, path: str, argument: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        file = Path(path).expanduser()
-        if not file.is_file():
+    def _check_file(self, path: str | None, argument: str) -> Path:
+        file = Path(path).expanduser() if path is not None else None
+        if file is None or not file.is_file():
             raise FileNotFoundError(
-                f"Criteo TSV file not found: {str(file)!r}. Set `{argument}` of {type(self).__name__} to an "
-                "existing Criteo Kaggle train.txt-format file."
+                f"Criteo TSV file not found: {str(file) if file else None!r}. Set `{argument}` of"
+                f" {type(self).__name__} to an existing Criteo Kaggle train.txt-format file (on the command line:"
+                f" --data.{argument}=/path/to/train.txt)."
             )
+        return file
+
+    def _read(self, path: str, argument: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        file = self._check_file(path, argument)
         return _parse_criteo_tsv(file, self.num_embeddings_per_feature, self.max_samples)
 
     @override

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
@@ -100,6 +102,8 @@ class DLACCallback(Callback):
         log_every_n_steps: Metrics period in training batches.
         per_table_metrics: Also log ratio, bound and max error / bound of every table.
         prog_bar: Show the compression ratio on the progress bar.
+        report: At the end of fit, write ``dlac_run.json``, ``dlac_report.md`` and PNG plots into the logger's
+            directory (rank 0) and print the report's headline (see :mod:`lightning_dlac.report`).
     """
 
     def __init__(
@@ -124,6 +128,7 @@ class DLACCallback(Callback):
         log_every_n_steps: int = 50,
         per_table_metrics: bool = True,
         prog_bar: bool = True,
+        report: bool = True,
     ) -> None:
         super().__init__()
         if mode not in MODES:
@@ -160,10 +165,12 @@ class DLACCallback(Callback):
         self.log_every_n_steps = _check_count(log_every_n_steps, "log_every_n_steps", 1)
         self.per_table_metrics = bool(per_table_metrics)
         self.prog_bar = bool(prog_bar)
+        self.report = bool(report)
 
         self._strategy: DLACStrategy | None = None
         self._step = 0  # training batches seen: the schedule's t
         self._calibrated = mode == "off"
+        self._calibrated_at: int | None = 0 if mode == "off" else None  # first batch sent with calibrated bounds
         self._stats: CalibrationStats | None = None
         self._calib_seen = 0
         self._probed = 0
@@ -172,6 +179,8 @@ class DLACCallback(Callback):
         self._table_stats: dict[str, TableStats] = {}
         self._raw_total = 0
         self._sent_total = 0
+        self._totals: dict[str, Any] = _empty_totals()  # all ranks, all metrics writes: the report's figures
+        self._history: list[dict[str, Any]] = []  # every metrics write, plus the module's scalar metrics then
         self._last_ratio: float | None = None
         self._interval_s = 0.0  # training-batch wall time since the last metrics write
         self._interval_batches = 0
@@ -303,7 +312,7 @@ class DLACCallback(Callback):
             strategy.set_chunk_observer(None)
             self._calib_seen += 1
             if self._calib_seen >= self.calibration_batches:
-                self._finish_calibration()
+                self._finish_calibration(first_batch=self._step + 1)
         self._interval_s += time.perf_counter() - self._batch_t0 - self._probe_s
         self._interval_a2a_s += self._a2a_seconds() - self._batch_a2a0
         self._interval_batches += 1
@@ -319,6 +328,56 @@ class DLACCallback(Callback):
             self._strategy.set_chunk_observer(None)
             if self._interval_batches or self._strategy.comm_stats().calls:
                 self._write_metrics(trainer)  # the rest, e.g. the validation traffic after the last write
+
+    @override
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._strategy is None or not self.report or not trainer.is_global_zero:
+            return
+        from lightning_dlac.report import RUN_FILE, headline, write_report
+
+        log_dir = _log_dir(trainer)
+        log_dir.mkdir(parents=True, exist_ok=True)
+        run = self.run_summary(trainer)
+        (log_dir / RUN_FILE).write_text(json.dumps(run, indent=1))
+        path = write_report(log_dir)
+        for line in headline(run):
+            print(f"dlac: {line}")
+        print(f"dlac: report in {path}")
+
+    def run_summary(self, trainer: pl.Trainer) -> dict[str, Any]:
+        """Everything the report is made from, as plain data (what ``dlac_run.json`` holds)."""
+        t = self._totals
+        batches = max(t["batches"], 1)
+        ms = 1000.0 / (batches * trainer.world_size)
+        bounds = self._strategy.error_bounds if self._strategy is not None else None
+        return {
+            "mode": self.mode,
+            "schedule": {"kind": str(self.schedule.kind), "c": self.schedule.c, "T": self.schedule.T,
+                         "stages": self.schedule.stages},
+            "table_bounds": dict(self._table_bounds),
+            "classes": {k: str(v) for k, v in self._classes.items()},
+            "calibrated_at": self._calibrated_at,
+            "default_eps": bounds.default_eps if bounds else None,
+            "max_eps": bounds.max_eps if bounds else None,
+            "final_effective_bounds": {n: bounds.effective(n) for n in t["table_raw_bytes"]} if bounds else {},
+            "calibration": self.calibration_report(),
+            "summary": {
+                "world_size": trainer.world_size,
+                "batches": t["batches"],
+                "raw_bytes": t["raw_bytes"],
+                "sent_bytes": t["sent_bytes"],
+                "table_raw_bytes": t["table_raw_bytes"],
+                "table_sent_bytes": t["table_sent_bytes"],
+                "train_s": t["train_s"],
+                "a2a_s": t["a2a_s"],
+                "encode_ms": t["encode_s"] * ms,
+                "exchange_ms": t["exchange_s"] * ms,
+                "decode_ms": t["decode_s"] * ms,
+                "backward_ms": t["backward_s"] * ms,
+            },
+            "final_metrics": _scalar_metrics(trainer, exclude_prefix="dlac/"),
+            "history": list(self._history),
+        }
 
     # ------------------------------------------------------------------ calibration
 
@@ -346,7 +405,7 @@ class DLACCallback(Callback):
             finally:
                 self._strategy.set_chunk_observer(None)
             self._calib_seen += 1
-        self._finish_calibration()
+        self._finish_calibration(first_batch=self._step)
 
     def _probe_sensitivity(self, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
         """Loss with every table exact, then with one table at a time carrying the codec's error at each
@@ -370,7 +429,8 @@ class DLACCallback(Callback):
                 self._stats.record_loss(name, base, probed)
         self._probed += 1
 
-    def _finish_calibration(self) -> None:
+    def _finish_calibration(self, first_batch: int) -> None:
+        """Reduce the statistics, choose the bounds and apply them from training batch ``first_batch`` on."""
         assert self._strategy is not None and self._stats is not None
         names = self._strategy.all_compressed_tables
         tensors = self._stats.to_tensors(names)
@@ -386,6 +446,7 @@ class DLACCallback(Callback):
             self._table_bounds = sensitivity_table_bounds(self._table_stats, self.sensitivity_tolerance)
             self._classes = sensitivity_classes(self._table_bounds, self.class_bounds)
         self._calibrated = True
+        self._calibrated_at = first_batch
         self._stats = None
         self._apply_bounds()
         counts = {c.value: sum(1 for v in self._classes.values() if v is c) for c in TableClass}
@@ -445,11 +506,26 @@ class DLACCallback(Callback):
             "dlac/a2a_share": a2a_s / step_s if step_s > 0 else 0.0,
             "dlac/max_err_over_bound": max(errs),
         }
+        if not self._interval_batches:
+            # Only validation traffic since the last write (the flush at the end of training): no per-step figures.
+            for key in ("raw_bytes_per_step", "sent_bytes_per_step", "encode_ms", "exchange_ms", "decode_ms",
+                        "backward_ms", "a2a_share"):
+                metrics.pop(f"dlac/{key}")
         if self.per_table_metrics:
             for n, r, t, e in zip(names, t_raw, t_sent, errs):
                 metrics[f"dlac/ratio/{n}"] = r / t if t else 1.0
                 metrics[f"dlac/eps/{n}"] = strategy.error_bounds.effective(n)
                 metrics[f"dlac/max_err_over_bound/{n}"] = e
+        t = self._totals
+        t["batches"] += self._interval_batches
+        for key, value in (("raw_bytes", raw), ("sent_bytes", sent), ("encode_s", enc), ("exchange_s", exch),
+                           ("decode_s", dec), ("backward_s", bwd), ("train_s", step_s), ("a2a_s", a2a_s)):
+            t[key] += value
+        for n, r, sb in zip(names, t_raw, t_sent):
+            t["table_raw_bytes"][n] = t["table_raw_bytes"].get(n, 0) + int(r)
+            t["table_sent_bytes"][n] = t["table_sent_bytes"].get(n, 0) + int(sb)
+        self._history.append({"batch": self._step, "step": trainer.global_step, **metrics,
+                              **_scalar_metrics(trainer, exclude_prefix="dlac/")})
         self._interval_s = self._interval_a2a_s = 0.0
         self._interval_batches = 0
         if trainer.is_global_zero:
@@ -476,11 +552,14 @@ class DLACCallback(Callback):
                          "stages": self.schedule.stages},
             "step": self._step,
             "calibrated": self._calibrated,
+            "calibrated_at": self._calibrated_at,
             "table_bounds": dict(self._table_bounds),
             "classes": {k: str(v) for k, v in self._classes.items()},
             "table_stats": {k: v.as_dict() for k, v in self._table_stats.items()},
             "raw_bytes_total": self._raw_total,
             "sent_bytes_total": self._sent_total,
+            "totals": self._totals,
+            "history": self._history,
         }
 
     @override
@@ -502,11 +581,38 @@ class DLACCallback(Callback):
             )
         self._step = int(state_dict["step"])
         self._calibrated = bool(state_dict["calibrated"])
+        self._calibrated_at = state_dict.get("calibrated_at")
         self._table_bounds = {k: float(v) for k, v in state_dict["table_bounds"].items()}
         self._classes = {k: TableClass(v) for k, v in state_dict["classes"].items()}
         self._table_stats = {k: TableStats.from_dict(v) for k, v in state_dict["table_stats"].items()}
         self._raw_total = int(state_dict["raw_bytes_total"])
         self._sent_total = int(state_dict["sent_bytes_total"])
+        self._totals = state_dict.get("totals") or _empty_totals()
+        self._history = list(state_dict.get("history") or [])
+
+
+def _empty_totals() -> dict[str, Any]:
+    return {"batches": 0, "raw_bytes": 0, "sent_bytes": 0, "encode_s": 0.0, "exchange_s": 0.0, "decode_s": 0.0,
+            "backward_s": 0.0, "train_s": 0.0, "a2a_s": 0.0, "table_raw_bytes": {}, "table_sent_bytes": {}}
+
+
+def _scalar_metrics(trainer: pl.Trainer, exclude_prefix: str) -> dict[str, float]:
+    out = {}
+    for key, value in trainer.callback_metrics.items():
+        if key.startswith(exclude_prefix):
+            continue
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            out[key] = float(value)
+        elif isinstance(value, (int, float)):
+            out[key] = float(value)
+    return out
+
+
+def _log_dir(trainer: pl.Trainer) -> Path:
+    # logger.log_dir, not trainer.log_dir: the latter broadcasts (a collective), and only rank 0 gets here.
+    logger = trainer.logger
+    log_dir = getattr(logger, "log_dir", None) if logger is not None else None
+    return Path(log_dir or trainer.default_root_dir)
 
 
 def _loss_of(output: Any) -> float:

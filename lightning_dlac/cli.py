@@ -3,15 +3,19 @@ defaults.
 
 ``dlac fit --config examples/configs/dlrm_synthetic.yaml`` trains; ``dlac fit --print_config`` shows every option.
 Any LightningModule / LightningDataModule can be swapped in with ``class_path`` / ``init_args``.
+``dlac report LOG_DIR`` rebuilds the compression report of a finished run (:mod:`lightning_dlac.report`).
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import Any
 
 from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+
+from lightning_dlac.callback import DLACCallback
 
 DEFAULT_MODEL = "lightning_dlac.examples.dlrm.DLRMModule"
 DEFAULT_DATA = "lightning_dlac.examples.data.SyntheticCriteoDataModule"
@@ -53,14 +57,23 @@ def build_cli(args: Sequence[str] | None = None, run: bool = True) -> DLACCLI:
 
 
 def main(args: Sequence[str] | None = None) -> None:
-    """Entry point of the ``dlac`` console script: run the subcommand, then print the final metrics on rank 0."""
-    cli = build_cli(args)
+    """Entry point of the ``dlac`` console script: run the subcommand, then print the final metrics on rank 0.
+
+    ``dlac report LOG_DIR`` is handled here too (it is not a Trainer subcommand)."""
+    argv = list(args) if args is not None else sys.argv[1:]
+    if argv[:1] == ["report"]:
+        from lightning_dlac.report import main as report_main
+
+        report_main(argv[1:])
+        return
+    cli = build_cli(args)  # None: LightningCLI reads sys.argv itself
     trainer = cli.trainer
     if trainer.is_global_zero and trainer.callback_metrics:
         metrics = ", ".join(f"{k}={float(v):.4f}" for k, v in sorted(trainer.callback_metrics.items()))
         print(f"dlac {cli.subcommand} finished after {trainer.global_step} steps: {metrics}")
         strategy = trainer.strategy
-        if getattr(strategy, "exchanges", None):
+        reported = any(isinstance(cb, DLACCallback) and cb.active and cb.report for cb in trainer.callbacks)
+        if getattr(strategy, "exchanges", None) and not (reported and cli.subcommand == "fit"):
             stats = strategy.total_comm_stats()
             print(
                 f"dlac: rank 0 forward all-to-all sent {stats.sent_bytes / 2**20:.1f} MiB instead of"

@@ -1,4 +1,5 @@
-"""The dlac CLI: the shipped config parses, and a short 2-rank fit runs from it."""
+"""The dlac CLI: every shipped config parses, --print_config round-trips, a short 2-rank fit runs from a config
+and writes the compression report, and bad input is named."""
 
 from __future__ import annotations
 
@@ -6,11 +7,71 @@ from pathlib import Path
 
 import pytest
 
-from lightning_dlac import DLACStrategy
+from lightning_dlac import DLACCallback, DLACStrategy
 from lightning_dlac.cli import build_cli, main
 from tests._launch import run_ranks
 
-CONFIG = Path(__file__).resolve().parents[1] / "examples" / "configs" / "dlrm_synthetic.yaml"
+CONFIGS = Path(__file__).resolve().parents[1] / "examples" / "configs"
+CONFIG = CONFIGS / "dlrm_synthetic.yaml"
+CRITEO_SAMPLE = Path(__file__).resolve().parents[2] / "shared" / "data" / "criteo_kaggle_head10k.tsv"
+# What each config needs on this (CPU) machine to be built: the Criteo path, and CPU in place of the GPUs.
+OVERRIDES = {
+    "dlrm_synthetic.yaml": [],
+    "dlrm_uncompressed.yaml": [],
+    "dlrm_criteo.yaml": [f"--data.train_path={CRITEO_SAMPLE}"],
+    "dlrm_gpu.yaml": ["--trainer.accelerator=cpu", "--trainer.devices=2",
+                      "--trainer.strategy.init_args.process_group_backend=gloo"],
+}
+
+
+def _settings(cli) -> dict:  # noqa: ANN001
+    """The DLAC-relevant settings a built CLI ended up with."""
+    strategy = cli.trainer.strategy
+    dlac = [cb for cb in cli.trainer.callbacks if isinstance(cb, DLACCallback)]
+    out = {
+        "strategy": type(strategy).__name__,
+        "compress": strategy.compress,
+        "backward": str(strategy.compression.backward),
+        "eps": strategy.error_bounds.default_eps,
+        "sharding_types": strategy.sharding_types,
+        "data": type(cli.datamodule).__name__,
+        "tables": len(cli.model.hparams.num_embeddings_per_feature),
+    }
+    if dlac:
+        cb = dlac[0]
+        out["callback"] = {"mode": cb.mode, "schedule": (str(cb.schedule.kind), cb.schedule.c, cb.schedule.T),
+                           "calibration": (cb.calibration_start, cb.calibration_batches, cb.sensitivity_batches),
+                           "bounds": (cb.class_bounds.tight, cb.class_bounds.base, cb.class_bounds.loose)}
+    return out
+
+
+def test_every_config_is_shipped_and_tested() -> None:
+    assert sorted(p.name for p in CONFIGS.glob("*.yaml")) == sorted(OVERRIDES)
+
+
+@pytest.mark.parametrize("name", sorted(OVERRIDES))
+def test_each_shipped_config_builds(name: str) -> None:
+    cli = build_cli(["--config", str(CONFIGS / name), "--trainer.logger=false", *OVERRIDES[name]], run=False)
+    settings = _settings(cli)
+    assert settings["strategy"] == "DLACStrategy" and settings["tables"] == 26
+    assert settings["compress"] == (name != "dlrm_uncompressed.yaml")
+    assert ("callback" in settings) == (name != "dlrm_uncompressed.yaml")
+    assert list(cli.model.hparams.num_embeddings_per_feature) == cli.datamodule.num_embeddings_per_feature
+    if name == "dlrm_criteo.yaml":
+        assert settings["data"] == "CriteoTSVDataModule" and settings["callback"]["calibration"] == (16, 8, 1)
+
+
+def test_print_config_round_trips_into_the_same_run(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    args = ["--config", str(CONFIG), "--trainer.strategy.init_args.backward_compression=fp16",
+            "--data.batch_size=128"]
+    with pytest.raises(SystemExit):
+        build_cli([*args, "--print_config"], run=False)
+    printed = tmp_path / "printed.yaml"
+    printed.write_text(capsys.readouterr().out)
+    direct = build_cli([*args, "--trainer.logger=false"], run=False)
+    again = build_cli(["--config", str(printed), "--trainer.logger=false"], run=False)
+    assert _settings(again) == _settings(direct)
+    assert _settings(again)["backward"] == "fp16" and again.datamodule.batch_size == 128
 
 
 def test_shipped_config_builds_strategy_model_and_data() -> None:
@@ -21,20 +82,40 @@ def test_shipped_config_builds_strategy_model_and_data() -> None:
     assert list(cli.model.hparams.num_embeddings_per_feature) == cli.datamodule.num_embeddings_per_feature
 
 
-def test_unknown_yaml_key_is_named(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+@pytest.mark.parametrize(
+    ("old", "new", "named"),
+    [
+        ("embedding_lr: 0.02", "embeding_lr: 0.02", "embeding_lr"),  # unknown key
+        ("T: 96", "T: ninety-six", "T"),  # wrong type
+        ("schedule: step", "schedule: cosine", "schedule='cosine' is not supported"),  # invalid value
+    ],
+)
+def test_bad_yaml_is_named(tmp_path: Path, capsys: pytest.CaptureFixture, old: str, new: str, named: str) -> None:
     bad = tmp_path / "bad.yaml"
-    bad.write_text(CONFIG.read_text().replace("embedding_lr: 0.02", "embeding_lr: 0.02"))
-    with pytest.raises(SystemExit):
+    assert old in CONFIG.read_text()
+    bad.write_text(CONFIG.read_text().replace(old, new))
+    # Parse errors exit with jsonargparse's message; a value the callback rejects raises its ValueError, which
+    # jsonargparse wraps when instantiating the trainer's callbacks. Either way the message names the problem.
+    with pytest.raises((SystemExit, ValueError)) as info:
         build_cli(["--config", str(bad)], run=False)
-    assert "embeding_lr" in capsys.readouterr().err
+    assert named in capsys.readouterr().err + str(info.value)
 
 
-def _fit_from_config(rank: int, world_size: int, log_dir: str) -> None:
+def test_missing_data_path_is_named(capsys: pytest.CaptureFixture) -> None:
+    missing = "/nonexistent/criteo/train.txt"
+    with pytest.raises((SystemExit, ValueError)) as info:  # raised while instantiating the datamodule
+        build_cli(["--config", str(CONFIGS / "dlrm_criteo.yaml"), f"--data.train_path={missing}",
+                   "--trainer.logger=false"], run=False)
+    message = capsys.readouterr().err + str(info.value)
+    assert f"Criteo TSV file not found: {missing!r}" in message and "--data.train_path" in message
+
+
+def _fit_from_config(rank: int, world_size: int, log_dir: str, config: str) -> None:
     main(
         [
             "fit",
             "--config",
-            str(CONFIG),
+            config,
             "--trainer.max_steps=6",
             "--trainer.val_check_interval=3",
             "--trainer.log_every_n_steps=2",
@@ -51,9 +132,40 @@ def _fit_from_config(rank: int, world_size: int, log_dir: str) -> None:
     )
 
 
-def test_two_rank_fit_from_config(tmp_path: Path) -> None:
-    run_ranks(_fit_from_config, 2, str(tmp_path))
-    metrics = list(tmp_path.glob("dlrm_synthetic/version_*/metrics.csv"))
-    assert len(metrics) == 1
-    header = metrics[0].read_text().splitlines()[0]
-    assert "train/loss" in header and "val/auroc" in header
+def test_two_rank_fit_from_config_writes_metrics_and_the_report(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    # The demo config, with the callback's calibration and schedule scaled down to a 6-step run.
+    config = tmp_path / "short.yaml"
+    text = CONFIG.read_text()
+    for old, new in (("calibration_start: 48", "calibration_start: 1"), ("calibration_batches: 8",
+                     "calibration_batches: 2"), ("T: 96", "T: 4"), ("log_every_n_steps: 16", "log_every_n_steps: 2")):
+        assert old in text
+        text = text.replace(old, new)
+    config.write_text(text)
+    run_ranks(_fit_from_config, 2, str(tmp_path), str(config))
+    (run_dir,) = list(tmp_path.glob("dlrm_synthetic/version_*"))
+    header = (run_dir / "metrics.csv").read_text().splitlines()[0]
+    assert "train/loss" in header and "val/auroc" in header and "dlac/ratio" in header and "dlac/eps/t_cat_0" in header
+
+    report = (run_dir / "dlac_report.md").read_text()
+    for section in ("# DLAC compression report", "forward all-to-all:", "final metrics:", "## Tables",
+                    "## Time split", "## Plots", "| t_cat_25 |"):
+        assert section in report, section
+    pngs = ["dlac_ratio_per_table.png", "dlac_bounds.png", "dlac_bytes_per_step.png", "dlac_loss_auc.png"]
+    for png in pngs:
+        assert (run_dir / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
+        assert f"]({png})" in report
+
+    # `dlac report` rebuilds it from the run directory alone.
+    for png in pngs:
+        (run_dir / png).unlink()
+    (run_dir / "dlac_report.md").unlink()
+    main(["report", str(run_dir)])
+    assert (run_dir / "dlac_report.md").read_text() == report
+    assert all((run_dir / png).is_file() for png in pngs)
+    assert "dlac: forward all-to-all:" in capsys.readouterr().out
+
+
+def test_report_of_a_directory_without_a_run_names_it(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit):
+        main(["report", str(tmp_path)])
+    assert f"{tmp_path / 'dlac_run.json'} does not exist" in capsys.readouterr().err

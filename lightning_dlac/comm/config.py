@@ -85,6 +85,11 @@ class ErrorBounds:
         return self._default
 
     @property
+    def max_eps(self) -> float:
+        """Upper clamp of every effective bound."""
+        return self._max
+
+    @property
     def multiplier(self) -> float:
         """The iteration-wise multiplier m(t) applied to every table's bound."""
         return self._multiplier
