@@ -181,6 +181,7 @@ class DLACCallback(Callback):
         self._sent_total = 0
         self._totals: dict[str, Any] = _empty_totals()  # all ranks, all metrics writes: the report's figures
         self._history: list[dict[str, Any]] = []  # every metrics write, plus the module's scalar metrics then
+        self._non_finite_reported: set[str] = set()
         self._last_ratio: float | None = None
         self._interval_s = 0.0  # training-batch wall time since the last metrics write
         self._interval_batches = 0
@@ -375,6 +376,7 @@ class DLACCallback(Callback):
                 "decode_ms": t["decode_s"] * ms,
                 "backward_ms": t["backward_s"] * ms,
             },
+            "non_finite_tables": sorted(self._non_finite_reported),
             "final_metrics": _scalar_metrics(trainer, exclude_prefix="dlac/"),
             "history": list(self._history),
         }
@@ -479,13 +481,17 @@ class DLACCallback(Callback):
             s.backward_raw_bytes, s.backward_sent_bytes, self._interval_s, self._interval_a2a_s,
         ]
         per_table = [s.table_raw_bytes.get(n, 0) for n in names] + [s.table_sent_bytes.get(n, 0) for n in names]
+        per_table += [1.0 if n in s.non_finite_tables else 0.0 for n in names]
         sums = self._all_reduce(torch.tensor(head + per_table, dtype=torch.float64), dist.ReduceOp.SUM).tolist()
         errs = self._all_reduce(
             torch.tensor([s.table_max_error_ratio.get(n, 0.0) for n in names] or [0.0], dtype=torch.float64),
             dist.ReduceOp.MAX,
         ).tolist()
         raw, sent, enc, exch, dec, bwd, bwd_raw, bwd_sent, step_s, a2a_s = sums[:10]
-        t_raw, t_sent = sums[10 : 10 + len(names)], sums[10 + len(names) :]
+        k = len(names)
+        t_raw, t_sent, t_bad = sums[10 : 10 + k], sums[10 + k : 10 + 2 * k], sums[10 + 2 * k :]
+        bad = [n for n, flag in zip(names, t_bad) if flag > 0]
+        self._report_non_finite(bad)
         batches = max(self._interval_batches, 1)
         self._raw_total += int(raw)
         self._sent_total += int(sent)
@@ -505,6 +511,7 @@ class DLACCallback(Callback):
             "dlac/backward_ms": bwd * ms,
             "dlac/a2a_share": a2a_s / step_s if step_s > 0 else 0.0,
             "dlac/max_err_over_bound": max(errs),
+            "dlac/non_finite_tables": float(len(bad)),
         }
         if not self._interval_batches:
             # Only validation traffic since the last write (the flush at the end of training): no per-step figures.
@@ -531,6 +538,17 @@ class DLACCallback(Callback):
         if trainer.is_global_zero:
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=trainer.global_step)
+
+    def _report_non_finite(self, tables: list[str]) -> None:
+        new = [t for t in tables if t not in self._non_finite_reported]
+        if new:
+            self._non_finite_reported.update(new)
+            rank_zero_warn(
+                f"DLACCallback: the pooled embeddings of table(s) {new} held NaN or Inf by training batch {self._step};"
+                " those chunks were sent exactly (uncompressed), so the values reached the model unchanged. Check"
+                " the table's inputs and learning rate. (Reported once per table; the count per interval is logged"
+                " as dlac/non_finite_tables.)"
+            )
 
     def _all_reduce(self, t: torch.Tensor, op: Any) -> torch.Tensor:
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:

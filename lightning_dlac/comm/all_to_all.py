@@ -25,6 +25,7 @@ from torchrec.distributed.dist_data import PooledEmbeddingsAwaitable
 from torchrec.distributed.types import Awaitable
 
 from lightning_dlac.codec import CodecError, decode, decode_grid, encode_grid
+from lightning_dlac.codec.format import HEADER_SIZE
 from lightning_dlac.comm.config import BackwardCompression, CommStats, CompressionConfig, ErrorBounds
 
 log = logging.getLogger(__name__)
@@ -196,6 +197,7 @@ class CompressedPooledEmbeddingsAllToAll(nn.Module):
         stats.raw_bytes += raw
         stats.sent_bytes += int(payload.numel()) + sizes.numel() * 8
         if n_local:
+            self._note_non_finite(x, sizes, row_splits)
             per_table = sizes.view(world, n_local).sum(0).tolist()
             rows = x.size(0)
             for name, dim, sent in zip(my_tables, self._dims[me], per_table):
@@ -205,6 +207,19 @@ class CompressedPooledEmbeddingsAllToAll(nn.Module):
             if every and (stats.calls - 1) % every == 0:
                 self._measure_error(x, payload, sizes, row_splits, eps)
         return out
+
+    def _note_non_finite(self, x: torch.Tensor, sizes: torch.Tensor, row_splits: list[int]) -> None:
+        """Record tables whose chunk held NaN/Inf. The codec sends such chunks raw (exactly), so only chunks whose
+        size is exactly a raw chunk's are checked: nothing is scanned on the usual, compressed path."""
+        me, cols = self._rank, self._col_splits[self._rank]
+        n_local = len(self._tables[me])
+        for i, size in enumerate(sizes.tolist()):
+            r, c = divmod(i, n_local)
+            rows, dim = row_splits[r + 1] - row_splits[r], cols[c + 1] - cols[c]
+            if rows * dim and size == HEADER_SIZE + rows * dim * 4:
+                chunk = x[row_splits[r] : row_splits[r + 1], cols[c] : cols[c + 1]]
+                if not bool(torch.isfinite(chunk).all()):
+                    self.stats.non_finite_tables.add(self._tables[me][c])
 
     def _measure_error(
         self, x: torch.Tensor, payload: torch.Tensor, sizes: torch.Tensor, row_splits: list[int], eps: torch.Tensor
@@ -222,8 +237,7 @@ class CompressedPooledEmbeddingsAllToAll(nn.Module):
                 if chunk.numel() == 0:
                     continue
                 if not torch.isfinite(chunk).all():
-                    self.stats.non_finite_tables.add(name)
-                    continue
+                    continue  # sent raw, exactly (and recorded by _note_non_finite)
                 bound = float(eps[c]) * float(chunk.max() - chunk.min())
                 err = float((chunk - x_hat[row_splits[r] : row_splits[r + 1], cols[c] : cols[c + 1]]).abs().max())
                 worst = max(worst, err / bound if bound > 0 else (0.0 if err == 0 else float("inf")))
