@@ -6,7 +6,7 @@ import os
 import socket
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch.multiprocessing as mp
@@ -47,11 +47,19 @@ def _entry(rank: int, world_size: int, port: int, fn: Callable[..., Any], args: 
     os._exit(0)
 
 
-def run_ranks(fn: Callable[..., Any], world_size: int = 2, *args: Any, timeout: float = 240.0) -> list[Any]:
+def run_ranks(
+    fn: Callable[..., Any],
+    world_size: int = 2,
+    *args: Any,
+    timeout: float = 240.0,
+    expect_exit: Mapping[int, int] | None = None,
+) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned processes; return the results by rank.
 
-    Raises AssertionError with the failing rank's traceback if any rank fails or exits non-zero.
+    Raises AssertionError with the failing rank's traceback if any rank fails or exits non-zero, except the ranks
+    in ``expect_exit`` ({rank: exit code}), which must die with that code (their result is ``None``).
     """
+    expect_exit = dict(expect_exit or {})
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
     port = free_port()
@@ -73,5 +81,6 @@ def run_ranks(fn: Callable[..., Any], world_size: int = 2, *args: Any, timeout: 
         else:
             errors.append(f"rank {rank} failed:\n{payload}")
     codes = [p.exitcode for p in procs]
-    assert not errors and all(c == 0 for c in codes), f"exit codes {codes}\n" + "\n".join(errors)
-    return [results[r] for r in range(world_size)]
+    expected = [expect_exit.get(r, 0) for r in range(world_size)]
+    assert not errors and codes == expected, f"exit codes {codes}, expected {expected}\n" + "\n".join(errors)
+    return [results.get(r) for r in range(world_size)]

@@ -95,7 +95,15 @@ def _build_and_load() -> None:
         raise NativeUnavailable("no C++ compiler found (install g++ or set CXX)")
     sources, headers = _sources()
     directory = build_dir(sources, headers)
-    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = directory / ".writable"
+        probe.touch()
+        probe.unlink()
+    except OSError as e:
+        raise NativeUnavailable(
+            f"the build cache {directory} is not a writable directory ({e}); set {ENV_DIR} to one"
+        ) from e
     name = "dlac_native_" + directory.name
     from torch.utils import cpp_extension
 
@@ -114,7 +122,13 @@ def _build_and_load() -> None:
     except Exception as e:  # noqa: BLE001 - any build failure becomes one explained error
         tail = str(e)[-4000:]
         raise NativeUnavailable(f"building the native DLAC codec in {directory} failed:\n{tail}") from e
-    from lightning_dlac.codec import _fake  # noqa: F401 - registers fake kernels for torch.compile / opcheck
+    try:
+        from lightning_dlac.codec import _fake  # noqa: F401 - registers fake kernels for torch.compile / opcheck
+    except RuntimeError as e:  # built and loaded, but the library registered no (or other) dlac ops
+        raise NativeUnavailable(
+            f"the native library built in {directory} does not provide the dlac ops ({e}); the sources in"
+            f" {sources_dir()} are incomplete or from another version"
+        ) from e
 
 
 def native_available() -> bool:

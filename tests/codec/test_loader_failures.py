@@ -1,0 +1,82 @@
+"""Real build failures of the native codec, each in a fresh process (the loader caches its outcome per process):
+auto mode warns once naming the cause and falls back to the reference; native mode fails with the cause (and the
+build log's tail when the compiler ran)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+SCRIPT = textwrap.dedent(
+    """
+    import warnings, torch
+    from lightning_dlac.codec import _loader, decode, encode
+    {patch}
+    x = torch.randn(32, 8)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        y = decode(encode(x, eps=0.01))          # auto: falls back, still correct
+        decode(encode(x, eps=0.01))              # ... and warns only once
+    assert (x - y).abs().max() <= 0.01 * (x.max() - x.min()) + 1e-6
+    messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    print("WARNINGS", len(messages))
+    print("AUTO", messages[0] if messages else "")
+    try:
+        encode(x, eps=0.01, impl="native")
+        print("NATIVE ok")
+    except _loader.NativeUnavailable as e:
+        print("NATIVE", str(e)[-3000:])
+    """
+)
+
+
+def _run(tmp_path: Path, patch: str = "", **env: str) -> str:
+    full_env = {**os.environ, "DLAC_EXTENSION_DIR": str(tmp_path / "cache"), **env}
+    full_env.pop("DLAC_CODEC_IMPL", None)
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT.format(patch=patch)], cwd=REPO, env=full_env, capture_output=True, text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_no_compiler(tmp_path: Path) -> None:
+    out = _run(tmp_path, CXX=str(tmp_path / "no-such-c++"))
+    assert "WARNINGS 1" in out
+    assert "native codec unavailable, using the (slower) reference codec. Cause: no C++ compiler found" in out
+    assert "NATIVE no C++ compiler found (install g++ or set CXX)" in out
+
+
+def test_unusable_cache_directory(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("a file where the cache directory should be")
+    out = _run(tmp_path, DLAC_EXTENSION_DIR=str(blocker))
+    assert "WARNINGS 1" in out
+    assert f"Cause: the build cache {blocker}/" in out and "is not a writable directory" in out
+    assert "set DLAC_EXTENSION_DIR to one" in out
+
+
+def test_compile_error_shows_the_build_log(tmp_path: Path) -> None:
+    broken = tmp_path / "src"
+    broken.mkdir()
+    (broken / "dlac_cpu.cpp").write_text("this is not C++;\n")  # no torch headers: fails in a second
+    patch = f"_loader.sources_dir = lambda: __import__('pathlib').Path({str(broken)!r})"
+    out = _run(tmp_path, patch=patch)
+    assert "WARNINGS 1" in out and "Cause: building the native DLAC codec in" in out
+    native = out.split("NATIVE", 1)[1]
+    assert "failed:" in native and "error" in native.lower()  # the compiler's own message, from the log's tail
+
+
+def test_sources_that_build_but_register_no_ops(tmp_path: Path) -> None:
+    empty = tmp_path / "src"
+    empty.mkdir()
+    (empty / "dlac_cpu.cpp").write_text("int dlac_nothing_here = 0;\n")
+    patch = f"_loader.sources_dir = lambda: __import__('pathlib').Path({str(empty)!r})"
+    out = _run(tmp_path, patch=patch)
+    assert "WARNINGS 1" in out and "does not provide the dlac ops" in out
