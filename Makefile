@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.dlac-installed
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test test-fast lint clean-venv
+.PHONY: venv demo test test-fast lint asan-fuzz clean-venv
 
 venv: $(STAMP)
 
@@ -28,6 +28,10 @@ test: venv
 
 test-fast: venv
 	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+# The native codec built with AddressSanitizer + UBSan, fuzzed with mutated buffers and random encodes (~1 min).
+asan-fuzz: venv
+	$(BIN)/python tests/codec/asan_fuzz.py --n 6000
 
 lint: venv
 	$(BIN)/python -m ruff check lightning_dlac examples tests benchmarks

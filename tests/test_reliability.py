@@ -58,3 +58,37 @@ def test_a_failing_rank_makes_the_other_fail_instead_of_hanging(how: str) -> Non
     assert re.search(r"Connection (reset|closed)|[Tt]imed out|[Tt]imeout", survivor["error"]), survivor
     # It fails at the latest one collective timeout after the failure (plus start-up), never hangs.
     assert survivor["elapsed"] < 60, survivor
+
+
+def _non_finite_gradients(rank: int, world_size: int) -> dict[str, list[int]]:
+    import torch
+    import torch.distributed as dist
+
+    from lightning_dlac.comm import CompressedPooledEmbeddingsAllToAll, CompressionConfig, ErrorBounds
+    from tests.test_comm import BACKWARDS, _inputs, _tables
+
+    dist.init_process_group("gloo")
+    dims_per_rank = [[4, 4], [8]]
+    counts = {}
+    for mode in BACKWARDS:
+        a2a = CompressedPooledEmbeddingsAllToAll(
+            dist.group.WORLD, dims_per_rank, _tables(dims_per_rank), CompressionConfig(backward=mode, error_every=0),
+            ErrorBounds(),
+        )
+        x = _inputs(rank, 8, sum(dims_per_rank[rank]), compressible=True).requires_grad_()
+        out = a2a(x, [4, 4]).wait()
+        grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(rank))
+        grad[0, 1], grad[1, 5], grad[2, 12] = float("nan"), float("inf"), float("-inf")  # one per owner's columns
+        out.backward(grad)
+        local = torch.tensor([x.grad.isnan().sum(), x.grad.isposinf().sum(), x.grad.isneginf().sum()])
+        dist.all_reduce(local)
+        counts[mode] = local.tolist()
+    dist.barrier()
+    return counts
+
+
+def test_non_finite_gradients_arrive_as_sent_in_every_backward_mode() -> None:
+    counts, _ = run_ranks(_non_finite_gradients, 2)
+    # Each rank injected one NaN, one +Inf and one -Inf: all of them reach the table owners, in every mode (the
+    # casts keep them; the DLAC codec sends a chunk holding them raw).
+    assert counts == {mode: [2, 2, 2] for mode in counts}, counts
