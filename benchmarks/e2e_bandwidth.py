@@ -53,6 +53,8 @@ class Variant:
     kind: str  # "fp32" | "qcomm" | "dlac" | "zero"
     forward: str = "fp32"  # qcomm forward precision, or "zero8"
     backward: str = "fp32"  # qcomm / dlac backward encoding, or "zero8"
+    skip_when_slower: bool = False  # DLAC: DLACStrategy(compress="auto")
+    classes: bool = False  # DLAC: per-table bounds from the homogenization classes, calibrated on the warm-up steps
 
 
 VARIANTS: dict[str, Variant] = {
@@ -64,6 +66,8 @@ VARIANTS: dict[str, Variant] = {
         Variant("dlac_bf16", "DLAC fwd + BF16 bwd", "dlac", "dlac", "bf16"),
         Variant("dlac_fp16", "DLAC fwd + FP16 bwd", "dlac", "dlac", "fp16"),
         Variant("dlac_dlac", "DLAC both directions", "dlac", "dlac", "dlac"),
+        Variant("dlac_classes", "DLAC fwd (table-wise classes) + BF16 bwd", "dlac", "dlac", "bf16", classes=True),
+        Variant("dlac_auto", "DLAC fwd + BF16 bwd, compress=auto", "dlac", "dlac", "bf16", skip_when_slower=True),
         Variant("zero8_fwd", "zero-cost 8x, fwd only", "zero", "zero8", "fp32"),
         Variant("zero8_both", "zero-cost 8x, both directions", "zero", "zero8", "zero8"),
     )
@@ -220,12 +224,28 @@ def _train_rank(rank: int, world_size: int, variant_name: str, cfg: dict[str, An
             sharders=[sharder],
         )
         exchanges = []
+        bounds = ErrorBounds(0.01)
+        calibration = None
         if variant.kind == "dlac":
-            exchanges = install_compressed_all_to_all(
-                model, CompressionConfig(backward=variant.backward), ErrorBounds(0.01)
-            )
+            config = CompressionConfig(backward=variant.backward, skip_when_slower=variant.skip_when_slower,
+                                       probe_every=4)
+            exchanges = install_compressed_all_to_all(model, config, bounds)
             if not exchanges:
                 raise RuntimeError("install_compressed_all_to_all installed nothing: the plan is not table-wise.")
+            if variant.classes:
+                # The callback's policy, without Lightning: measure the warm-up steps' chunks, classify, apply. Only
+                # a table's owner encodes it, so each rank's own tables' statistics are all it needs.
+                from lightning_dlac.adaptive import (
+                    CalibrationStats,
+                    ClassBounds,
+                    HomogenizationThresholds,
+                    class_table_bounds,
+                    classify,
+                )
+
+                calibration = CalibrationStats(ClassBounds().candidates(), probe_eps=0.03)
+                for a2a in exchanges:
+                    a2a.observer = calibration.observe
         dense_opt = torch.optim.Adagrad(dense_parameters(model), lr=DENSE_LR)
         loss_fn = torch.nn.BCEWithLogitsLoss()
         dims = {t.name: t.embedding_dim for t in tables}
@@ -233,6 +253,11 @@ def _train_rank(rank: int, world_size: int, variant_name: str, cfg: dict[str, An
 
         times, losses = [], []
         for i, batch in enumerate(batches):
+            if i == warmup and calibration is not None:
+                classes = classify(calibration.tables, HomogenizationThresholds())
+                bounds.set_table_bounds(class_table_bounds(classes, ClassBounds()))
+                for a2a in exchanges:
+                    a2a.observer = None
             if i == warmup:
                 dist.barrier()
                 for a2a in exchanges:
@@ -263,7 +288,8 @@ def _train_rank(rank: int, world_size: int, variant_name: str, cfg: dict[str, An
                 fwd_raw_bytes=stats.raw_bytes, fwd_sent_bytes=stats.sent_bytes,
                 bwd_raw_bytes=stats.backward_raw_bytes, bwd_sent_bytes=stats.backward_sent_bytes,
                 fwd_encode_s=stats.encode_s, fwd_exchange_s=stats.exchange_s, fwd_decode_s=stats.decode_s,
-                bwd_s=stats.backward_s, fwd_calls=stats.calls,
+                bwd_s=stats.backward_s, fwd_calls=stats.calls, uncompressed_calls=stats.uncompressed_calls,
+                table_bounds=bounds.table_bounds(),
                 max_error_over_bound=max(stats.table_max_error_ratio.values(), default=None),
             )
         elif fwd_codec is not None:
@@ -316,6 +342,14 @@ def _summarize(variant: Variant, rate: str, per_rank: list[dict[str, Any]], cfg:
         local_dim_per_rank=[r["local_dim"] for r in per_rank],
     )
     row["fwd_ratio"] = row["fwd_raw_bytes_per_step"] / row["fwd_sent_bytes_per_step"]
+    if variant.skip_when_slower:
+        row["uncompressed_share"] = per_rank[0]["uncompressed_calls"] / max(per_rank[0]["fwd_calls"], 1)
+        row["label"] += f" ({row['uncompressed_share']:.0%} of steps uncompressed)"
+    if variant.classes:
+        chosen = {t: eps for r in per_rank for t, eps in r["table_bounds"].items()}
+        row["table_bounds"] = chosen
+        counts = [sum(1 for eps in chosen.values() if eps == e) for e in (0.01, 0.03, 0.05)]
+        row["label"] += f" ({counts[0]} tight / {counts[1]} base / {counts[2]} loose)"
     if not math.isfinite(row["final_loss"]):
         raise RuntimeError(f"{variant.name} at {rate}: the training loss is not finite ({row['final_loss']}).")
     return row

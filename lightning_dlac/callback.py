@@ -478,7 +478,8 @@ class DLACCallback(Callback):
         world = trainer.world_size
         head = [
             s.raw_bytes, s.sent_bytes, s.encode_s, s.exchange_s, s.decode_s, s.backward_s,
-            s.backward_raw_bytes, s.backward_sent_bytes, self._interval_s, self._interval_a2a_s,
+            s.backward_raw_bytes, s.backward_sent_bytes, self._interval_s, self._interval_a2a_s, s.calls,
+            s.uncompressed_calls,
         ]
         per_table = [s.table_raw_bytes.get(n, 0) for n in names] + [s.table_sent_bytes.get(n, 0) for n in names]
         per_table += [1.0 if n in s.non_finite_tables else 0.0 for n in names]
@@ -487,9 +488,9 @@ class DLACCallback(Callback):
             torch.tensor([s.table_max_error_ratio.get(n, 0.0) for n in names] or [0.0], dtype=torch.float64),
             dist.ReduceOp.MAX,
         ).tolist()
-        raw, sent, enc, exch, dec, bwd, bwd_raw, bwd_sent, step_s, a2a_s = sums[:10]
+        raw, sent, enc, exch, dec, bwd, bwd_raw, bwd_sent, step_s, a2a_s, calls, plain_calls = sums[:12]
         k = len(names)
-        t_raw, t_sent, t_bad = sums[10 : 10 + k], sums[10 + k : 10 + 2 * k], sums[10 + 2 * k :]
+        t_raw, t_sent, t_bad = sums[12 : 12 + k], sums[12 + k : 12 + 2 * k], sums[12 + 2 * k :]
         bad = [n for n, flag in zip(names, t_bad) if flag > 0]
         self._report_non_finite(bad)
         batches = max(self._interval_batches, 1)
@@ -512,6 +513,7 @@ class DLACCallback(Callback):
             "dlac/a2a_share": a2a_s / step_s if step_s > 0 else 0.0,
             "dlac/max_err_over_bound": max(errs),
             "dlac/non_finite_tables": float(len(bad)),
+            "dlac/uncompressed_share": plain_calls / calls if calls else 0.0,
         }
         if not self._interval_batches:
             # Only validation traffic since the last write (the flush at the end of training): no per-step figures.

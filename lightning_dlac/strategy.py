@@ -152,13 +152,15 @@ class DLACStrategy(DDPStrategy):
         memory_budget_bytes: Memory each rank may use for embedding tables and their optimizer state (device memory
             on GPU, host memory on CPU). ``None`` uses the planner's default for the device.
         compress: Compress the pooled-embedding all-to-all. ``False`` keeps TorchRec's uncompressed path exactly
-            (for A/B runs).
+            (for A/B runs). ``"auto"`` compresses, but times both ways and sends uncompressed while that is faster
+            (a fast interconnect, a slow codec), re-checking every ``probe_every`` exchanges.
         eps: Relative error bound of every table until a policy (``DLACCallback``) sets per-table bounds.
         backward_compression: Gradient all-to-all: ``"fp32"`` (uncompressed), ``"bf16"``, ``"fp16"`` (fixed-size
             casts, as TorchRec's qcomm codecs) or ``"dlac"`` (error-bounded, ``backward_eps``).
         backward_eps: Relative error bound of the gradient exchange with ``backward_compression="dlac"``.
         codec_impl: ``"auto"`` (native kernels, falling back to the reference), ``"native"`` or ``"ref"``.
         error_every: Measure the observed max error / bound every this many exchanges (0 = never).
+        probe_every: With ``compress="auto"``, exchanges between re-checks of the way not taken.
         find_unused_parameters: Of the ``DistributedDataParallel`` that TorchRec wraps the dense parameters in.
         static_graph: Of that ``DistributedDataParallel``.
         bucket_cap_mb: Of that ``DistributedDataParallel``.
@@ -182,12 +184,13 @@ class DLACStrategy(DDPStrategy):
         embedding_lr: float = 0.05,
         embedding_eps: float = 1e-8,
         memory_budget_bytes: int | None = None,
-        compress: bool = True,
+        compress: bool | str = True,
         eps: float = 0.01,
         backward_compression: str = "bf16",
         backward_eps: float = 0.01,
         codec_impl: str = "auto",
         error_every: int = 10,
+        probe_every: int = 64,
         find_unused_parameters: bool = False,
         static_graph: bool = False,
         bucket_cap_mb: int = 25,
@@ -227,12 +230,16 @@ class DLACStrategy(DDPStrategy):
         if memory_budget_bytes is not None and memory_budget_bytes <= 0:
             raise ValueError(f"memory_budget_bytes={memory_budget_bytes} must be a positive number of bytes or None.")
         self._memory_budget_bytes = memory_budget_bytes
-        self._compress = bool(compress)
+        if compress not in (True, False, "auto"):
+            raise ValueError(f"compress={compress!r} is not supported; choose true, false or 'auto'.")
+        self._compress = compress is not False
         self._compression = CompressionConfig(
             backward=_parse_enum(BackwardCompression, backward_compression, "backward_compression"),
             backward_eps=backward_eps,
             error_every=error_every,
             impl=codec_impl,
+            skip_when_slower=compress == "auto",
+            probe_every=probe_every,
         )
         self._error_bounds = ErrorBounds(default_eps=check_relative_bound(eps, "eps"))
         self._exchanges: list[CompressedPooledEmbeddingsAllToAll] = []
@@ -264,7 +271,8 @@ class DLACStrategy(DDPStrategy):
 
     @property
     def compress(self) -> bool:
-        """Whether the pooled-embedding all-to-all is compressed."""
+        """Whether the pooled-embedding all-to-all is compressed (also with ``compress="auto"``, which may send
+        some exchanges uncompressed)."""
         return self._compress
 
     @property

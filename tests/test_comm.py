@@ -262,6 +262,59 @@ def test_corrupted_payload_names_source_rank_and_table_and_peer_does_not_hang() 
     assert peer["elapsed"] < timeout_s + 3, peer
 
 
+def _skip_when_slower(rank: int, world_size: int) -> list[bool]:
+    """24 exchanges with skip_when_slower: the codec is made slow for the first 11 calls, then the uncompressed
+    all-to-all is; returns, per call, whether it went uncompressed (checking it then equals TorchRec's exactly)."""
+    import torch.distributed as dist
+    from torchrec.distributed.dist_data import PooledEmbeddingsAllToAll
+
+    from lightning_dlac.comm import CompressedPooledEmbeddingsAllToAll, CompressionConfig, ErrorBounds
+    from lightning_dlac.comm import all_to_all as a2a_module
+
+    dist.init_process_group("gloo")
+    dims_per_rank = [[8, 8], [16]]
+    config = CompressionConfig(skip_when_slower=True, probe_every=4, error_every=0)
+    ours = CompressedPooledEmbeddingsAllToAll(dist.group.WORLD, dims_per_rank, _tables(dims_per_rank), config,
+                                              ErrorBounds())
+    theirs = PooledEmbeddingsAllToAll(dist.group.WORLD, [sum(d) for d in dims_per_rank])
+    slow = {"codec": True}
+    encode_grid, all_to_all = a2a_module.encode_grid, a2a_module._all_to_all
+
+    def slow_encode_grid(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        if slow["codec"]:
+            time.sleep(0.03)
+        return encode_grid(*args, **kwargs)
+
+    def slow_float_all_to_all(out, inp, *args):  # noqa: ANN001, ANN002, ANN202 - the uncompressed way only
+        if not slow["codec"] and out.dtype == torch.float32:
+            time.sleep(0.03)
+        return all_to_all(out, inp, *args)
+
+    a2a_module.encode_grid, a2a_module._all_to_all = slow_encode_grid, slow_float_all_to_all
+    ways = []
+    for call in range(24):
+        slow["codec"] = call < 11
+        x = _inputs(rank, 12, sum(dims_per_rank[rank]), compressible=True)
+        before = ours.stats.uncompressed_calls
+        out = ours(x, [6, 6]).wait()
+        ways.append(ours.stats.uncompressed_calls > before)
+        if ways[-1]:
+            assert torch.equal(out, theirs(x, [6, 6]).wait())
+    assert ours.stats.calls == 24
+    dist.barrier()
+    return ways
+
+
+def test_skip_when_slower_sends_uncompressed_only_while_that_is_faster() -> None:
+    r0, r1 = run_ranks(_skip_when_slower, 2)
+    assert r0 == r1  # the same way on every rank at every call, as the collectives require
+    uncompressed = {k for k, raw in enumerate(r0) if raw}
+    # Calls 0-1 measure the codec, call 2 the plain all-to-all; the codec is slow, so the plain one is used,
+    # except at the re-checks every 4 calls (6, 10). From call 11 the plain one is slow: the re-check at 14 sees
+    # the codec faster again and switches back; the re-checks at 18 and 22 try the plain way once each.
+    assert uncompressed == {2, 3, 4, 5, 7, 8, 9, 11, 12, 13, 18, 22}, sorted(uncompressed)
+
+
 # ---------------------------------------------------------------------------------------------- through Lightning
 
 

@@ -176,6 +176,8 @@ def test_strategy_string_alias_resolves() -> None:
         ({"timeout": -5}, "timeout=-5"),
         ({"eps": 0.0}, "eps=0.0 is out of range"),
         ({"backward_compression": "int4"}, "backward_compression='int4' is not supported"),
+        ({"compress": "sometimes"}, "compress='sometimes' is not supported; choose true, false or 'auto'"),
+        ({"compress": "auto", "probe_every": 0}, "probe_every=0 must be a whole number >= 1"),
         ({"table_constraints": {"t_cat_0": {"sharding": ["row_wise"]}}}, "unknown option"),
         ({"table_constraints": {"t_cat_0": {"sharding_types": ["rowwise"]}}}, "unknown sharding type 'rowwise'"),
     ],
@@ -229,3 +231,9 @@ def _startup_error(rank: int, world_size: int, case: str) -> str:
 def test_wrong_configuration_fails_at_startup_with_a_fix(case: str, message: str) -> None:
     (error,) = run_ranks(_startup_error, 1, case)
     assert re.search(message, error, flags=re.S), error
+
+
+def test_compress_auto_compresses_with_the_skip_check() -> None:
+    auto = DLACStrategy(compress="auto", probe_every=16)
+    assert auto.compress and auto.compression.skip_when_slower and auto.compression.probe_every == 16
+    assert not DLACStrategy().compression.skip_when_slower and not DLACStrategy(compress=False).compress

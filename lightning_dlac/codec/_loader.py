@@ -95,15 +95,15 @@ def _build_and_load() -> None:
         raise NativeUnavailable("no C++ compiler found (install g++ or set CXX)")
     sources, headers = _sources()
     directory = build_dir(sources, headers)
+    # Several processes (ranks) may get here at once: nothing below may depend on another's files.
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        probe = directory / ".writable"
-        probe.touch()
-        probe.unlink()
     except OSError as e:
         raise NativeUnavailable(
             f"the build cache {directory} is not a writable directory ({e}); set {ENV_DIR} to one"
         ) from e
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise NativeUnavailable(f"the build cache {directory} is not a writable directory; set {ENV_DIR} to one")
     name = "dlac_native_" + directory.name
     from torch.utils import cpp_extension
 

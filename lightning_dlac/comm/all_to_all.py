@@ -99,6 +99,7 @@ class CompressedPooledEmbeddingsAllToAll(nn.Module):
         self._callbacks = list(callbacks or [])
         self.stats = CommStats()
         self.observer: Callable[[str, torch.Tensor], None] | None = None
+        self._skip = _SkipPolicy(pg, config.probe_every)
         self._col_splits = [_offsets(d) for d in self._dims]
         self._all_col_splits = _offsets([d for dims in self._dims for d in dims])
 
@@ -159,6 +160,9 @@ class CompressedPooledEmbeddingsAllToAll(nn.Module):
                 for c, name in enumerate(my_tables):
                     self.observer(name, x[row_splits[r] : row_splits[r + 1], cols[c] : cols[c + 1]])
 
+        if self._config.skip_when_slower and not probing and self._skip.next_is_raw():
+            return self._exchange_uncompressed(x, batch_size_per_rank)
+
         t0 = time.perf_counter()
         with record_function("## dlac encode ##"):
             if n_local:
@@ -188,6 +192,8 @@ class CompressedPooledEmbeddingsAllToAll(nn.Module):
         t3 = time.perf_counter()
         if probing:
             return out  # calibration probes are not traffic: they leave the statistics alone
+        if self._config.skip_when_slower:
+            self._skip.record(compressed=True, seconds=t3 - t0)
 
         stats.calls += 1
         stats.encode_s += t1 - t0
@@ -206,6 +212,33 @@ class CompressedPooledEmbeddingsAllToAll(nn.Module):
             every = self._config.error_every
             if every and (stats.calls - 1) % every == 0:
                 self._measure_error(x, payload, sizes, row_splits, eps)
+        return out
+
+    def _exchange_uncompressed(self, x: torch.Tensor, batch_size_per_rank: list[int]) -> torch.Tensor:
+        """TorchRec's exchange: float32 rows to their destination, in one all-to-all (``skip_when_slower``)."""
+        me = self._rank
+        d_me, b_me = self.dim_sum_per_rank[me], batch_size_per_rank[me]
+        t0 = time.perf_counter()
+        with record_function("## dlac exchange (uncompressed) ##"):
+            recv_numel = [b_me * d for d in self.dim_sum_per_rank]
+            received = torch.empty(sum(recv_numel), dtype=torch.float32, device=x.device)
+            send_numel = [b * d_me for b in batch_size_per_rank]
+            _all_to_all(received, x.contiguous().view(-1), recv_numel, send_numel, self._pg)
+            out = torch.cat([blk.view(b_me, d) for blk, d in zip(received.split(recv_numel), self.dim_sum_per_rank)],
+                            dim=1)
+        seconds = time.perf_counter() - t0
+        self._skip.record(compressed=False, seconds=seconds)
+        stats = self.stats
+        stats.calls += 1
+        stats.uncompressed_calls += 1
+        stats.exchange_s += seconds
+        raw = x.numel() * 4
+        stats.raw_bytes += raw
+        stats.sent_bytes += raw
+        rows = x.size(0)
+        for name, dim in zip(self._tables[me], self._dims[me]):
+            stats.table_raw_bytes[name] = stats.table_raw_bytes.get(name, 0) + rows * dim * 4
+            stats.table_sent_bytes[name] = stats.table_sent_bytes.get(name, 0) + rows * dim * 4
         return out
 
     def _note_non_finite(self, x: torch.Tensor, sizes: torch.Tensor, row_splits: list[int]) -> None:
@@ -334,6 +367,53 @@ class CompressedPooledEmbeddingsAllToAll(nn.Module):
                 raise CompressedExchangeError(
                     f"rank {me}: embedding gradients received for tables {self._tables[me]} failed to decode ({err})."
                 ) from err
+
+
+class _SkipPolicy:
+    """Whether the next forward exchange goes uncompressed, for ``CompressionConfig(skip_when_slower=True)``.
+
+    Both ways are timed from the caller's side (compressed: encode to decode; uncompressed: the one all-to-all),
+    each as an exponential moving average. The first calls measure each way (compressed twice, so that one-time
+    set-up does not count, then uncompressed once); after that the faster way is used, and every ``probe_every``
+    calls the other way is tried once to refresh its time. Decisions use the slowest rank's times (one all-reduce
+    of two numbers per decision), so every rank takes the same way at the same call, as the collectives require.
+    """
+
+    def __init__(self, pg: dist.ProcessGroup, probe_every: int) -> None:
+        self._pg = pg
+        self._every = probe_every
+        self._calls = 0
+        self._ema: dict[bool, float | None] = {True: None, False: None}
+        self._use_raw = False
+        self._is_trial = False  # the current call tries the way not taken (or is the first uncompressed one)
+
+    @property
+    def uses_uncompressed(self) -> bool:
+        """The current decision."""
+        return self._use_raw
+
+    def next_is_raw(self) -> bool:
+        k = self._calls
+        self._calls += 1
+        self._is_trial = k == 2 or (k > 2 and (k - 2) % self._every == 0)
+        if k < 2:
+            return False  # warm-up: measure the compressed way (its first call includes one-time costs)
+        if k == 2:
+            return True
+        return not self._use_raw if self._is_trial else self._use_raw
+
+    def record(self, compressed: bool, seconds: float) -> None:
+        prev = self._ema[compressed]
+        self._ema[compressed] = seconds if prev is None or self._calls <= 2 else 0.5 * prev + 0.5 * seconds
+        if not self._is_trial or self._ema[not compressed] is None:
+            return
+        times = torch.tensor([self._ema[True], self._ema[False]], dtype=torch.float64)
+        if dist.get_backend(self._pg) == "nccl":
+            times = times.cuda()
+        dist.all_reduce(times, op=dist.ReduceOp.MAX, group=self._pg)
+        compressed_s, raw_s = times.tolist()
+        self._use_raw = raw_s < compressed_s
+        self._is_trial = False
 
 
 class _CompressedAllToAllFn(torch.autograd.Function):

@@ -38,12 +38,17 @@ class CompressionConfig:
         error_every: Measure the observed max error / bound every this many calls (one extra decode on the sender);
             0 turns the measurement off.
         impl: Codec implementation: ``auto`` (native kernels, falling back to the reference), ``native`` or ``ref``.
+        skip_when_slower: Time the compressed and the uncompressed forward exchange and send uncompressed while
+            that is faster (a fast link, a slow codec); re-check every ``probe_every`` calls.
+        probe_every: Calls between re-checks of the way not taken.
     """
 
     backward: BackwardCompression | str = BackwardCompression.BF16  # gradient exchange encoding
     backward_eps: float = 0.01  # relative bound of the gradient exchange with backward="dlac"
     error_every: int = 10  # observed-error measurement period, in calls (0 = never)
     impl: str = "auto"  # codec implementation: auto | native | ref
+    skip_when_slower: bool = False  # send uncompressed while that is faster
+    probe_every: int = 64  # calls between re-checks of the way not taken
 
     def __post_init__(self) -> None:
         self.backward_eps = check_relative_bound(self.backward_eps, "backward_eps")
@@ -54,6 +59,8 @@ class CompressionConfig:
             raise ValueError(f"backward={self.backward!r} is not supported; choose one of {accepted}.") from None
         if self.error_every < 0:
             raise ValueError(f"error_every={self.error_every} must be >= 0 (0 disables the measurement).")
+        if isinstance(self.probe_every, bool) or not isinstance(self.probe_every, int) or self.probe_every < 1:
+            raise ValueError(f"probe_every={self.probe_every!r} must be a whole number >= 1.")
         if self.impl not in ("auto", "native", "ref"):
             raise ValueError(f"impl={self.impl!r} is not supported; choose 'auto', 'native' or 'ref'.")
 
@@ -152,6 +159,7 @@ class CommStats:
     """
 
     calls: int = 0
+    uncompressed_calls: int = 0  # forward calls sent uncompressed by skip_when_slower
     raw_bytes: int = 0  # float32 bytes the forward exchange would have sent
     sent_bytes: int = 0  # bytes it did send (payloads + size exchange)
     table_raw_bytes: dict[str, int] = field(default_factory=dict)
@@ -178,6 +186,7 @@ class CommStats:
     def merge(self, other: CommStats) -> None:
         """Add ``other``'s counters into this one (e.g. several sharded modules)."""
         self.calls += other.calls
+        self.uncompressed_calls += other.uncompressed_calls
         self.raw_bytes += other.raw_bytes
         self.sent_bytes += other.sent_bytes
         for t, v in other.table_raw_bytes.items():
