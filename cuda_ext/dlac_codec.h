@@ -7,10 +7,12 @@
 
 #include <algorithm>
 #include <cmath>
+#if defined(__SSE2__) && !defined(__CUDA_ARCH__)
+#include <emmintrin.h>
+#endif
 #include <cstdint>
 #include <cstring>
 #include <functional>
-#include <queue>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -231,6 +233,17 @@ inline bool within(float x, float xh, float eb) {
   return (a < eb) | ((a == eb) & (((s > 0.0f) & (err <= 0.0f)) | ((s < 0.0f) & (err >= 0.0f))));
 }
 
+// 1 unless |x - xh| <= eb exactly; within() as integer masks, so that loops calling it vectorize.
+inline uint32_t outside(float x, float xh, float eb) {
+  float s = x - xh;
+  float bb = s - x;
+  float err = (x - (s - bb)) + ((-xh) - bb);
+  float a = std::fabs(s);
+  uint32_t lt = a < eb, eq = a == eb;
+  uint32_t pos = uint32_t(s > 0.0f) & uint32_t(err <= 0.0f), neg = uint32_t(s < 0.0f) & uint32_t(err >= 0.0f);
+  return (lt | (eq & (pos | neg))) ^ 1u;
+}
+
 // Codes for the rows at rowp (nrows x dim) for one step: 1 if every element holds within eb (after neighbour
 // repair), 0 if one cannot, -1 if a code would not fit in 24 bits. Mirrors reference._quantize_with_step.
 inline int quantize_with_step(const float* const* rowp, int64_t nrows, int64_t dim, float lo, float eb, float step,
@@ -243,13 +256,12 @@ inline int quantize_with_step(const float* const* rowp, int64_t nrows, int64_t d
     for (int64_t j = 0; j < dim; ++j) {
       float xv = p[j];
       float v = (xv - lo) / step;
-      uint32_t okv = v <= kMaxQ;
-      of |= okv ^ 1u;
-      v = okv ? v : 0.0f;
+      of |= uint32_t(!(v <= kMaxQ));
+      v = kMaxQ < v ? kMaxQ : v;  // its codes are discarded when it overflows; clamping keeps the loop branch-free
       float q = (v + kRoundMagic) - kRoundMagic;
       float xh = lo + q * step;
-      bd |= uint32_t(!within(xv, xh, eb));
-      c[j] = uint32_t(q);
+      bd |= outside(xv, xh, eb);
+      c[j] = uint32_t(int32_t(q));  // 0 <= q <= 2^23: exact through int32 (which vectorizes; uint32 does not)
     }
     overflow |= of;
     bad |= bd;
@@ -292,18 +304,29 @@ inline std::vector<uint8_t> huffman_lengths(const std::vector<uint64_t>& freq) {
     lens[used[0]] = 1;
     return lens;
   }
-  using Item = std::pair<uint64_t, uint32_t>;  // (weight, id): a total order, so the pop sequence is unique
-  std::priority_queue<Item, std::vector<Item>, std::greater<Item>> heap;
-  for (uint32_t s : used) heap.push({freq[s], s});
+  // Merge the two lightest nodes, ordered by (weight, id), until one is left: the reference does it with a heap.
+  // Two queues give the same sequence in O(n) after one sort: leaves sorted by (weight, id), and merged nodes,
+  // which are created with non-decreasing weights and increasing ids (all above the leaves'), so each queue is
+  // already in (weight, id) order and the lighter front is the heap's next pop.
+  using Item = std::pair<uint64_t, uint32_t>;  // (weight, id)
+  std::vector<Item> leaves;
+  leaves.reserve(used.size());
+  for (uint32_t s : used) leaves.push_back({freq[s], s});
+  std::sort(leaves.begin(), leaves.end());
+  std::vector<Item> merged;
+  merged.reserve(used.size());
+  size_t li = 0, mi = 0;
+  auto pop = [&]() -> Item {
+    if (mi < merged.size() && (li == leaves.size() || merged[mi] < leaves[li])) return merged[mi++];
+    return leaves[li++];
+  };
   std::vector<uint32_t> parent(2 * size_t(a) + used.size(), 0);
   uint32_t next_id = a;
-  while (heap.size() > 1) {
-    Item x = heap.top();
-    heap.pop();
-    Item y = heap.top();
-    heap.pop();
+  for (size_t left = used.size(); left > 1; --left) {
+    Item x = pop();
+    Item y = pop();
     parent[x.second] = parent[y.second] = next_id;
-    heap.push({x.first + y.first, next_id});
+    merged.push_back({x.first + y.first, next_id});
     ++next_id;
   }
   const uint32_t root = next_id - 1;
@@ -586,6 +609,64 @@ struct RowTable {
 };
 
 // ------------------------------------------------------------------------------------------------------------
+// Range scan: min, max and "holds a NaN or Inf" over many rows
+// ------------------------------------------------------------------------------------------------------------
+
+// The order the minimum and maximum are taken in cannot matter to the encoder (a NaN or Inf sends the chunk raw,
+// and a signed zero is normalised afterwards), so they are kept per SIMD lane.
+struct RangeScan {
+#if defined(__SSE2__) && !defined(__CUDA_ARCH__)
+  __m128 lo = _mm_set1_ps(INFINITY), hi = _mm_set1_ps(-INFINITY);
+  __m128i nf = _mm_setzero_si128();
+  const __m128i exp_mask = _mm_set1_epi32(0x7F800000);
+  float slo = INFINITY, shi = -INFINITY;
+  uint32_t snf = 0;
+  void add(const float* p, int64_t n) {
+    int64_t j = 0;
+    for (; j + 4 <= n; j += 4) {
+      __m128 v = _mm_loadu_ps(p + j);
+      lo = _mm_min_ps(v, lo);  // v < lo ? v : lo, per lane
+      hi = _mm_max_ps(v, hi);
+      __m128i e = _mm_and_si128(_mm_castps_si128(v), exp_mask);
+      nf = _mm_or_si128(nf, _mm_cmpeq_epi32(e, exp_mask));
+    }
+    for (; j < n; ++j) scalar(p[j]);
+  }
+  void finish(float& out_lo, float& out_hi, bool& out_nf) {
+    alignas(16) float l[4], h[4];
+    alignas(16) uint32_t f[4];
+    _mm_store_ps(l, lo);
+    _mm_store_ps(h, hi);
+    _mm_store_si128(reinterpret_cast<__m128i*>(f), nf);
+    for (int k = 0; k < 4; ++k) {
+      slo = l[k] < slo ? l[k] : slo;
+      shi = h[k] > shi ? h[k] : shi;
+      snf |= f[k];
+    }
+    out_lo = slo;
+    out_hi = shi;
+    out_nf = snf != 0;
+  }
+#else
+  float slo = INFINITY, shi = -INFINITY;
+  uint32_t snf = 0;
+  void add(const float* p, int64_t n) {
+    for (int64_t j = 0; j < n; ++j) scalar(p[j]);
+  }
+  void finish(float& out_lo, float& out_hi, bool& out_nf) {
+    out_lo = slo;
+    out_hi = shi;
+    out_nf = snf != 0;
+  }
+#endif
+  void scalar(float v) {
+    snf |= uint32_t((float_to_bits(v) & 0x7F800000u) == 0x7F800000u);
+    slo = v < slo ? v : slo;
+    shi = v > shi ? v : shi;
+  }
+};
+
+// ------------------------------------------------------------------------------------------------------------
 // Chunk encode / decode
 // ------------------------------------------------------------------------------------------------------------
 
@@ -636,21 +717,15 @@ inline void encode_chunk(const float* x, int64_t rows, int64_t dim, int64_t ld, 
   RowTable raw(rows, uint32_t(dim));
   std::vector<uint32_t> raw_index(rows);
   float lo = INFINITY, hi = -INFINITY;
-  uint32_t nonfinite = 0;
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* p = x + r * ld;
-    float l = lo, hh = hi;
-    uint32_t nf = 0;
-    for (int64_t j = 0; j < dim; ++j) {
-      float v = p[j];
-      nf |= uint32_t((float_to_bits(v) & 0x7F800000u) == 0x7F800000u);
-      l = v < l ? v : l;
-      hh = v > hh ? v : hh;
+  bool nonfinite = false;
+  {
+    RangeScan scan;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* p = x + r * ld;
+      scan.add(p, dim);
+      raw_index[r] = raw.insert(reinterpret_cast<const uint8_t*>(p));
     }
-    lo = l;
-    hi = hh;
-    nonfinite |= nf;
-    raw_index[r] = raw.insert(reinterpret_cast<const uint8_t*>(p));
+    scan.finish(lo, hi, nonfinite);
   }
   if (nonfinite) return encode_raw(x, rows, dim, ld, out);
   lo = lo + 0.0f;  // -0.0 -> +0.0, so the header does not depend on which zero was seen first

@@ -36,6 +36,28 @@ class _BoundsRecorder(pl.Callback):
             self.calibrated_at_first_batch = self.dlac.calibrated and bool(bounds.table_bounds())
 
 
+class _MemoryLogger(pl.loggers.Logger):
+    """A logger that is neither CSV nor TensorBoard: the callback must write through the generic interface."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[tuple[int, dict[str, float]]] = []
+
+    @property
+    def name(self) -> str:
+        return "memory"
+
+    @property
+    def version(self) -> int:
+        return 0
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        self.rows.append((step, dict(metrics)))
+
+    def log_hyperparams(self, params, *args, **kwargs) -> None:  # noqa: ANN001, ANN002, ANN003
+        pass
+
+
 def _read_csv(path: Path) -> list[dict[str, str]]:
     with path.open() as f:
         return list(csv.DictReader(f))
@@ -50,8 +72,9 @@ def _fit_with_callback(rank: int, world_size: int, log_dir: str) -> dict:
     )
     recorder = _BoundsRecorder()
     recorder.dlac = dlac
+    memory = _MemoryLogger()
     t = trainer(world_size, DLACStrategy(eps=0.01), max_epochs=1, callbacks=[dlac, recorder],
-                logger=CSVLogger(log_dir, name="run", version=0))
+                logger=[CSVLogger(log_dir, name="run", version=0), memory])
     t.fit(small_dlrm(), datamodule=small_data(train_batches=20))
     return {
         "bounds": dlac.table_bounds,
@@ -61,6 +84,7 @@ def _fit_with_callback(rank: int, world_size: int, log_dir: str) -> dict:
         "effective": recorder.effective,
         "step": dlac.step,
         "saved_total": (lambda s: s.raw_bytes - s.sent_bytes)(t.strategy.total_comm_stats()),
+        "memory_logger": [(step, sorted(k for k in m if k.startswith("dlac/"))) for step, m in memory.rows],
     }
 
 
@@ -91,6 +115,10 @@ def test_two_rank_calibration_schedule_and_logged_metrics(tmp_path: Path) -> Non
     assert len(rows) == 6
     assert float(rows[-1]["dlac/bytes_saved"]) == r0["saved_total"] + r1["saved_total"]
     rows = rows[:5]
+    # The same writes reached a logger that is neither CSV nor TensorBoard (only rank 0 writes).
+    dlac_writes = [keys for _, keys in r0["memory_logger"] if keys]
+    assert len(dlac_writes) == 6 and not [k for _, k in r1["memory_logger"] if k]
+    assert all("dlac/ratio" in keys and "dlac/eps/t_cat_0" in keys for keys in dlac_writes)
     for key in ("dlac/ratio", "dlac/sent_bytes_per_step", "dlac/raw_bytes_per_step", "dlac/bytes_saved",
                 "dlac/encode_ms", "dlac/exchange_ms", "dlac/decode_ms", "dlac/backward_ms", "dlac/a2a_share",
                 "dlac/multiplier", "dlac/max_err_over_bound"):
