@@ -92,3 +92,48 @@ def test_non_finite_gradients_arrive_as_sent_in_every_backward_mode() -> None:
     # Each rank injected one NaN, one +Inf and one -Inf: all of them reach the table owners, in every mode (the
     # casts keep them; the DLAC codec sends a chunk holding them raw).
     assert counts == {mode: [2, 2, 2] for mode in counts}, counts
+
+
+def _no_lookups_for_some_features(rank: int, world_size: int) -> dict:
+    import copy
+
+    import torch
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    from tests.test_strategy import load_global_weights
+
+    model = small_dlrm()
+    reference = copy.deepcopy(model)
+    t = trainer(world_size, DLACStrategy(eps=0.01), limit_val_batches=1)
+    t.validate(model, datamodule=small_data(), verbose=False)
+    load_global_weights(model, reference.state_dict())
+    data = small_data(batch_size=32)
+    data.setup("validate")
+    kjt = next(iter(data.val_dataloader())).sparse_features
+    # cat_3 looks nothing up on rank 0 (all bags empty); cat_7 on both ranks; on rank 1 a whole batch of zero rows.
+    empty = {"cat_7"} | ({"cat_3"} if rank == 0 else set())
+    rows = 0 if rank == 1 else 32
+    lengths, values = [], []
+    for key, jt in zip(kjt.keys(), kjt.split([1] * len(kjt.keys()))):
+        n = jt.lengths()[:rows]
+        n = torch.zeros_like(n) if key in empty else n
+        lengths.append(n)
+        values.append(jt.values()[: int(n.sum())])
+    batch = KeyedJaggedTensor.from_lengths_sync(kjt.keys(), torch.cat(values), torch.cat(lengths))
+    with torch.no_grad():
+        sharded = model.embedding_bag_collection(batch).to_dict()
+        # TorchRec's unsharded EBC itself cannot take a batch of zero rows; the sharded one (ours) can.
+        unsharded = reference.embedding_bag_collection(batch).to_dict() if rows else {}
+    worst = max(
+        (float((sharded[k] - v).abs().max()) / (0.01 * float(v.max() - v.min()) + 1e-7) for k, v in unsharded.items()),
+        default=0.0,
+    )
+    zero = all(bool((sharded[k] == 0).all()) for k in empty)
+    return {"shape": list(sharded["cat_0"].shape), "worst": worst, "empty_is_zero": zero}
+
+
+def test_features_with_no_lookups_and_a_rank_with_no_rows() -> None:
+    r0, r1 = run_ranks(_no_lookups_for_some_features, 2)
+    assert r0["shape"] == [32, 16] and r1["shape"] == [0, 16]
+    assert r0["empty_is_zero"] and r1["empty_is_zero"]  # empty bags pool to exact zeros (a constant chunk)
+    assert r0["worst"] <= 1 + 1e-4 and r1["worst"] == 0.0
