@@ -547,22 +547,46 @@ inline void huff_decode(const uint8_t* data, uint64_t size, uint64_t n, uint32_t
   std::vector<uint8_t> padded(stream_bytes + 8, 0);
   std::memcpy(padded.data(), stream, stream_bytes);
   const uint8_t* bits = padded.data();
-  start = 0;
-  for (uint64_t b = 0; b < nblocks; ++b) {
-    const uint64_t end = load_u32(ends + 4 * b);
-    const uint64_t first = b * kHuffBlock;
-    const uint64_t count = std::min<uint64_t>(kHuffBlock, n - first);
-    uint64_t pos = start;
-    for (uint64_t i = 0; i < count; ++i) {
-      uint32_t window = uint32_t(load_u64(bits + (pos >> 3)) >> (pos & 7)) & ((1u << kHuffMaxLen) - 1);
-      uint16_t e = table[window];
-      uint32_t len = e >> 12;
-      pos += len;
-      if (len == 0 || pos > end) fail("corrupt Huffman bitstream");
-      out[first + i] = e & 0xFFFu;
+  // Each symbol's position depends on the previous one's length, so one block is a serial chain; blocks are
+  // independent, so kLanes of them are decoded in lock-step to overlap their chains.
+  constexpr uint64_t kLanes = 4;
+  const uint32_t mask = (1u << kHuffMaxLen) - 1;
+  for (uint64_t b0 = 0; b0 < nblocks; b0 += kLanes) {
+    const uint64_t lanes = std::min<uint64_t>(kLanes, nblocks - b0);
+    uint64_t pos[kLanes] = {0}, end[kLanes] = {0}, first[kLanes] = {0}, count[kLanes] = {0};
+    for (uint64_t k = 0; k < lanes; ++k) {
+      const uint64_t b = b0 + k;
+      pos[k] = b ? load_u32(ends + 4 * (b - 1)) : 0;
+      end[k] = load_u32(ends + 4 * b);
+      first[k] = b * kHuffBlock;
+      count[k] = std::min<uint64_t>(kHuffBlock, n - first[k]);
     }
-    if (pos != end) fail("corrupt Huffman bitstream");
-    start = end;
+    // Full blocks have kHuffBlock symbols; only the last block of the section can be shorter, and it is the last
+    // lane of the last group: run all lanes to the shortest count, then finish the others one by one.
+    uint64_t common = count[lanes - 1];
+    uint32_t bad = 0;
+    for (uint64_t i = 0; i < common; ++i) {
+      for (uint64_t k = 0; k < lanes; ++k) {
+        uint32_t window = uint32_t(load_u64(bits + (pos[k] >> 3)) >> (pos[k] & 7)) & mask;
+        uint16_t e = table[window];
+        uint32_t len = e >> 12;
+        pos[k] += len;
+        bad |= uint32_t(len == 0) | uint32_t(pos[k] > end[k]);
+        out[first[k] + i] = e & 0xFFFu;
+      }
+      if (bad) fail("corrupt Huffman bitstream");
+    }
+    for (uint64_t k = 0; k < lanes; ++k) {
+      for (uint64_t i = common; i < count[k]; ++i) {
+        uint32_t window = uint32_t(load_u64(bits + (pos[k] >> 3)) >> (pos[k] & 7)) & mask;
+        uint16_t e = table[window];
+        uint32_t len = e >> 12;
+        pos[k] += len;
+        if (len == 0 || pos[k] > end[k]) fail("corrupt Huffman bitstream");
+        out[first[k] + i] = e & 0xFFFu;
+      }
+      if (pos[k] != end[k]) fail("corrupt Huffman bitstream");
+    }
   }
 }
 
@@ -852,7 +876,7 @@ inline void decode_chunk(const uint8_t* buf, uint64_t size, int64_t rows, int64_
     for (int64_t r = 0; r < rows; ++r) {
       const uint32_t* c = codes.data() + r * dim;
       float* o = out + r * ld;
-      for (int64_t j = 0; j < dim; ++j) o[j] = lo + float(c[j]) * step;
+      for (int64_t j = 0; j < dim; ++j) o[j] = lo + float(int32_t(c[j])) * step;
     }
     return;
   }
@@ -865,7 +889,8 @@ inline void decode_chunk(const uint8_t* buf, uint64_t size, int64_t rows, int64_
   if (h.flags & kFlagSec1Huff) huff_decode(sec1, h.sec1, rows, index.data());
   else unpack_stream(sec1, h.sec1, rows, h.width1, [&](uint64_t i, uint32_t q) { index[i] = q; });
   std::vector<float> table(nu);
-  for (uint64_t i = 0; i < nu; ++i) table[i] = lo + float(ucodes[i]) * step;
+  // Codes are below 2^24: through int32 the conversion is exact and vectorizes (uint32 -> float does not).
+  for (uint64_t i = 0; i < nu; ++i) table[i] = lo + float(int32_t(ucodes[i])) * step;
   for (int64_t r = 0; r < rows; ++r) {
     if (index[r] >= u) fail("DEDUP index out of range");
     std::memcpy(out + r * ld, table.data() + size_t(index[r]) * dim, 4 * dim);
