@@ -311,7 +311,7 @@ def _train_rank(rank: int, world_size: int, variant_name: str, cfg: dict[str, An
 
 
 def _summarize(variant: Variant, rate: str, per_rank: list[dict[str, Any]], cfg: dict[str, Any]) -> dict[str, Any]:
-    steps, world = cfg["steps"], len(per_rank)
+    steps, world = len(per_rank[0]["times"]), len(per_rank)  # pooled over repeated launches
     # A step is done when the slower rank is done: take the max over ranks per step, then the median over steps.
     step_s = [max(r["times"][i] for r in per_rank) for i in range(steps)]
     median_s = statistics.median(step_s)
@@ -364,15 +364,41 @@ def _inside_namespace(rate: str, variants: list[str], cfg: dict[str, Any], out: 
             ["tc", "qdisc", "add", "dev", "lo", "root", "tbf", "rate", rate, "burst", "1mb", "latency", "20ms"],
             check=True,
         )
-    rows = []
-    for name in variants:
-        t0 = time.perf_counter()
-        per_rank = run_ranks(_train_rank, 2, name, cfg, timeout=cfg["timeout"])
-        row = _summarize(VARIANTS[name], rate, per_rank, cfg)
-        rows.append(row)
-        print(f"  [{rate}] {name}: {row['median_step_ms']:.0f} ms/step (launch {time.perf_counter() - t0:.0f} s)",
-              flush=True)
-        out.write_text(json.dumps(rows))
+    # Launches drift on a shared machine (+-20% between otherwise identical launches), so each variant is launched
+    # `repeats` times in round-robin order and its steps are pooled: slow drift then hits every variant alike.
+    launches: dict[str, list[list[dict[str, Any]]]] = {name: [] for name in variants}
+    for rep in range(cfg["repeats"]):
+        for name in variants:
+            t0 = time.perf_counter()
+            per_rank = run_ranks(_train_rank, 2, name, cfg, timeout=cfg["timeout"])
+            launches[name].append(per_rank)
+            step_ms = statistics.median(max(r["times"][i] for r in per_rank) for i in range(cfg["steps"])) * 1e3
+            print(f"  [{rate}] {name} (launch {rep + 1}/{cfg['repeats']}): {step_ms:.0f} ms/step"
+                  f" ({time.perf_counter() - t0:.0f} s)", flush=True)
+    rows = [_summarize(VARIANTS[name], rate, _pool(launches[name]), cfg) for name in variants]
+    for name, row in zip(variants, rows):
+        steps = cfg["steps"]
+        row["launch_median_ms"] = [
+            statistics.median(max(r["times"][i] for r in per_rank) for i in range(steps)) * 1e3
+            for per_rank in launches[name]
+        ]
+    out.write_text(json.dumps(rows))
+
+
+def _pool(launches: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One per-rank record over several launches: step times concatenated, counters summed, the rest from the
+    first launch (same seeds: same losses and bounds)."""
+    pooled = []
+    for rank_records in zip(*launches):
+        first = dict(rank_records[0])
+        first["times"] = [t for r in rank_records for t in r["times"]]
+        for key, value in rank_records[0].items():
+            if key.endswith(("_bytes", "_s", "_calls")) and isinstance(value, (int, float)):
+                first[key] = sum(r[key] for r in rank_records)
+            elif key == "max_error_over_bound" and value is not None:
+                first[key] = max(r[key] for r in rank_records)
+        pooled.append(first)
+    return pooled
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -383,18 +409,24 @@ def _fmt_bytes(n: float | None) -> str:
     return "-" if n is None else f"{n / 2**20:.1f}"
 
 
+def _spread(row: dict[str, Any]) -> str:
+    meds = row.get("launch_median_ms") or []
+    return f"{min(meds):.0f}-{max(meds):.0f}" if len(meds) > 1 else "-"
+
+
 def _table(rows: list[dict[str, Any]]) -> list[str]:
     lines = [
-        "| rate | variant | median step ms | samples/s | speedup vs FP32 | fwd a2a share | fwd MiB/step raw -> sent"
-        " (ratio) | bwd MiB/step sent | final loss |",
-        "|---|---|---:|---:|---:|---:|---|---:|---:|",
+        "| rate | variant | median step ms | launch medians ms | samples/s | speedup vs FP32 | fwd a2a share |"
+        " fwd MiB/step raw -> sent (ratio) | bwd MiB/step sent | final loss |",
+        "|---|---|---:|---:|---:|---:|---:|---|---:|---:|",
     ]
     base = {r["rate"]: r["median_step_ms"] for r in rows if r["variant"] == "fp32"}
     for r in rows:
         speedup = f"{base[r['rate']] / r['median_step_ms']:.2f}x" if r["rate"] in base else "-"
         share = "-" if r["fwd_a2a_share"] is None else f"{100 * r['fwd_a2a_share']:.0f}%"
         lines.append(
-            f"| {r['rate']} | {r['label']} | {r['median_step_ms']:.0f} | {r['samples_per_s']:.0f} | {speedup}"
+            f"| {r['rate']} | {r['label']} | {r['median_step_ms']:.0f} | {_spread(r)} | {r['samples_per_s']:.0f}"
+            f" | {speedup}"
             f" | {share} |"
             f" {_fmt_bytes(r['fwd_raw_bytes_per_step'])} -> {_fmt_bytes(r['fwd_sent_bytes_per_step'])}"
             f" ({r['fwd_ratio']:.1f}x) | {_fmt_bytes(r['bwd_sent_bytes_per_step'])} | {r['final_loss']:.4f} |"
@@ -408,9 +440,11 @@ def _write_markdown(path: Path, rows: list[dict[str, Any]], command: str, cfg: d
         f"Command: `{command}`",
         "",
         f"Machine: {os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), 2 gloo ranks, one"
-        f" thread each; torch {torch.__version__}. Batch {cfg['batch_size']} per rank, median of {cfg['steps']}"
-        f" steps after {cfg['warmup']} warm-up steps (per step, the slower rank). Bytes are per rank per step,"
-        " the chunk a rank keeps for itself included.",
+        f" thread each; torch {torch.__version__}. Batch {cfg['batch_size']} per rank; each variant launched"
+        f" {cfg['repeats']} time(s), round-robin over the variants, {cfg['steps']} timed steps after"
+        f" {cfg['warmup']} warm-up steps per launch; median over all timed steps (per step, the slower rank), and"
+        " the range of the per-launch medians. Bytes are per rank per step, the chunk a rank keeps for itself"
+        " included.",
         "",
         *_table(rows),
         END,
@@ -434,6 +468,8 @@ def main() -> None:
                         help="comma-separated tc rates (e.g. 1gbit, 500mbit) or 'unthrottled'")
     parser.add_argument("--steps", type=int, default=8, help="timed steps per variant")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps before them")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="launches per variant, round-robin over the variants; their steps are pooled")
     parser.add_argument("--batch-size", type=int, default=4096, help="samples per rank per step")
     parser.add_argument("--max-rows", type=int, default=10_000, help="cap on every table's rows")
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {list(VARIANTS)}")
@@ -451,8 +487,10 @@ def main() -> None:
         parser.error(f"unknown variant(s) {unknown}; choose from {list(VARIANTS)}")
     if args.steps < 1 or args.warmup < 0 or args.batch_size < 1:
         parser.error("--steps and --batch-size must be >= 1, --warmup >= 0")
+    if args.repeats < 1:
+        parser.error("--repeats must be >= 1")
     cfg = dict(batch_size=args.batch_size, steps=args.steps, warmup=args.warmup, max_rows=args.max_rows,
-               timeout=args.timeout)
+               timeout=args.timeout, repeats=args.repeats)
 
     if args._inside is not None:
         _inside_namespace(args._inside, variants, cfg, args._rows_out)
