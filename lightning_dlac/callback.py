@@ -103,7 +103,8 @@ class DLACCallback(Callback):
         per_table_metrics: Also log ratio, bound and max error / bound of every table.
         prog_bar: Show the compression ratio on the progress bar.
         report: At the end of fit, write ``dlac_run.json``, ``dlac_report.md`` and PNG plots into the logger's
-            directory (rank 0) and print the report's headline (see :mod:`lightning_dlac.report`).
+            directory (rank 0) and print the report's headline (see :mod:`lightning_dlac.report`). Without a
+            logger only the headline is printed.
     """
 
     def __init__(
@@ -337,6 +338,12 @@ class DLACCallback(Callback):
         from lightning_dlac.report import RUN_FILE, headline, write_report
 
         log_dir = _log_dir(trainer)
+        if log_dir is None:
+            # No logger: the user asked for no run directory, so nothing is written (not even into the cwd).
+            for line in headline(self.run_summary(trainer)):
+                print(f"dlac: {line}")
+            print("dlac: no logger, so no report files; attach one (e.g. CSVLogger) to get dlac_report.md and plots")
+            return
         log_dir.mkdir(parents=True, exist_ok=True)
         run = self.run_summary(trainer)
         (log_dir / RUN_FILE).write_text(json.dumps(run, indent=1))
@@ -628,10 +635,14 @@ def _scalar_metrics(trainer: pl.Trainer, exclude_prefix: str) -> dict[str, float
     return out
 
 
-def _log_dir(trainer: pl.Trainer) -> Path:
+def _log_dir(trainer: pl.Trainer) -> Path | None:
+    """The logger's run directory (``None`` without a logger, or with one that has no directory: then its
+    ``save_dir``, else the Trainer's ``default_root_dir``)."""
     # logger.log_dir, not trainer.log_dir: the latter broadcasts (a collective), and only rank 0 gets here.
     logger = trainer.logger
-    log_dir = getattr(logger, "log_dir", None) if logger is not None else None
+    if logger is None:
+        return None
+    log_dir = getattr(logger, "log_dir", None) or getattr(logger, "save_dir", None)
     return Path(log_dir or trainer.default_root_dir)
 
 

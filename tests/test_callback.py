@@ -282,3 +282,15 @@ def test_non_finite_embeddings_are_sent_exactly_and_reported_with_the_table() ->
     assert r0["reported"] == r1["reported"] == ["t_cat_3"]
     assert sorted([r0["local"], r1["local"]]) == [[], ["t_cat_3"]]
     assert r0["history"] == [1.0]
+
+
+def test_without_a_logger_no_report_files_are_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture) -> None:
+    monkeypatch.chdir(tmp_path)  # where Lightning's default_root_dir points
+    dlac = DLACCallback(calibration_batches=1, sensitivity_batches=0, log_every_n_steps=1)
+    t = trainer(1, DLACStrategy(), max_epochs=1, callbacks=[dlac], limit_train_batches=2, limit_val_batches=0)
+    t.fit(small_dlrm(), datamodule=small_data(train_batches=2))
+    assert dlac.active and dlac.step == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    out = capsys.readouterr().out
+    assert "dlac: forward all-to-all:" in out and "no logger, so no report files" in out
