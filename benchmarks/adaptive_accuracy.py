@@ -19,7 +19,6 @@ section of docs/benchmarks.md (the accuracy table and the per-table calibration 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shlex
@@ -34,6 +33,8 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # tests._launch (the project's rank launcher) lives at the repository root
     sys.path.insert(0, str(REPO))
+
+from _report import write_generated_block, write_results  # noqa: E402 - beside this script
 
 CRITEO = REPO.parent / "shared" / "data" / "criteo_kaggle_head10k.tsv"
 SECTION = "## Adaptive error bounds: accuracy and traffic"
@@ -149,7 +150,8 @@ def _table(rows: list[dict[str, Any]]) -> list[str]:
         vs_const = per_step / (c["fwd_sent_bytes"] / c["steps"]) if c and c["fwd_sent_bytes"] else float("nan")
         lines.append(
             f"| {d} | {r['variant']} | {r['val_auroc']:.4f} | {delta:+.4f} | {r['val_loss']:.4f} |"
-            f" {per_step / 1024:.1f} | {ratio:.1f}x | {vs_const:.2f} | {r['seconds']:.0f} |"
+            f" {f'{per_step / 1024:.1f}' if per_step else '-'} | {ratio:.1f}x |"
+            f" {'-' if vs_const != vs_const else f'{vs_const:.2f}'} | {r['seconds']:.0f} |"
         )
     return lines
 
@@ -176,7 +178,6 @@ def _calibration_table(row: dict[str, Any]) -> list[str]:
 
 def _write_markdown(path: Path, rows: list[dict[str, Any]], command: str, cfg: dict[str, Any]) -> None:
     parts = [
-        BEGIN,
         f"Command: `{command}`",
         "",
         f"Machine: {os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), 2 gloo ranks;"
@@ -193,17 +194,7 @@ def _write_markdown(path: Path, rows: list[dict[str, Any]], command: str, cfg: d
         if r["variant"] == "DLAC homogenization" and r.get("calibration"):
             parts += ["", f"Per-table calibration of the {r['dataset']} run (homogenization policy):", "",
                       *_calibration_table(r)]
-    parts.append(END)
-    block = "\n".join(parts)
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    if BEGIN in text and END in text:
-        text = text[: text.index(BEGIN)] + block + text[text.index(END) + len(END):]
-    elif SECTION in text:
-        at = text.index(SECTION) + len(SECTION)
-        text = text[:at] + "\n\n" + block + "\n" + text[at:]
-    else:
-        text = text.rstrip("\n") + f"\n\n{SECTION}\n\n{block}\n"
-    path.write_text(text)
+    write_generated_block(path, SECTION, BEGIN, END, parts)
 
 
 def main() -> None:
@@ -255,9 +246,7 @@ def main() -> None:
                   f" {r['seconds']:.0f} s", flush=True)
     print()
     print("\n".join(_table(rows)))
-    args.json_out.parent.mkdir(parents=True, exist_ok=True)
-    args.json_out.write_text(json.dumps(dict(command=command, config=cfg, cpu_count=os.cpu_count(),
-                                             torch=torch.__version__, results=rows), indent=2))
+    write_results(args.json_out, command, cfg, rows)
     print(f"\nwrote {args.json_out}")
     if args.markdown_out is not None:
         _write_markdown(args.markdown_out, rows, command, cfg)

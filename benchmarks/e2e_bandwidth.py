@@ -37,6 +37,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # tests._launch (the project's rank launcher) lives at the repository root
     sys.path.insert(0, str(REPO))
 
+from _report import write_generated_block, write_results  # noqa: E402 - beside this script
+
 SECTION = "## End-to-end training under a throttled interconnect"
 BEGIN, END = "<!-- e2e_bandwidth:begin -->", "<!-- e2e_bandwidth:end -->"
 EMBEDDING_DIM = 64
@@ -435,8 +437,7 @@ def _table(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def _write_markdown(path: Path, rows: list[dict[str, Any]], command: str, cfg: dict[str, Any]) -> None:
-    block = "\n".join([
-        BEGIN,
+    write_generated_block(path, SECTION, BEGIN, END, [
         f"Command: `{command}`",
         "",
         f"Machine: {os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), 2 gloo ranks, one"
@@ -447,19 +448,7 @@ def _write_markdown(path: Path, rows: list[dict[str, Any]], command: str, cfg: d
         " included.",
         "",
         *_table(rows),
-        END,
     ])
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    if BEGIN in text and END in text:
-        text = text[: text.index(BEGIN)] + block + text[text.index(END) + len(END):]
-    elif SECTION in text:
-        # Put the generated block right under the heading; the hand-written text after it stays.
-        at = text.index(SECTION) + len(SECTION)
-        text = text[:at] + "\n\n" + block + "\n" + text[at:]
-    else:
-        text = text.rstrip("\n") + f"\n\n{SECTION}\n\n{block}\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
 
 
 def main() -> None:
@@ -524,9 +513,7 @@ def main() -> None:
 
     print()
     print("\n".join(_table(rows)))
-    args.json_out.parent.mkdir(parents=True, exist_ok=True)
-    args.json_out.write_text(json.dumps(dict(command=command, config=cfg, cpu_count=os.cpu_count(),
-                                             torch=torch.__version__, results=rows), indent=2))
+    write_results(args.json_out, command, cfg, rows)
     print(f"\nwrote {args.json_out}")
     if args.markdown_out is not None:
         _write_markdown(args.markdown_out, rows, command, cfg)
