@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -155,10 +155,8 @@ class CompressedPooledEmbeddingsAllToAll(nn.Module):
         eps = self._bounds.effective_many(my_tables)
         probing = self._bounds.probing
         if self.observer is not None and not probing:
-            cols = self._col_splits[me]
-            for r in range(world):
-                for c, name in enumerate(my_tables):
-                    self.observer(name, x[row_splits[r] : row_splits[r + 1], cols[c] : cols[c + 1]])
+            for name, chunk in self._local_chunks(x, row_splits):
+                self.observer(name, chunk)
 
         if self._config.skip_when_slower and not probing and self._skip.next_is_raw():
             return self._exchange_uncompressed(x, batch_size_per_rank)
@@ -195,20 +193,13 @@ class CompressedPooledEmbeddingsAllToAll(nn.Module):
         if self._config.skip_when_slower:
             self._skip.record(compressed=True, seconds=t3 - t0)
 
-        stats.calls += 1
         stats.encode_s += t1 - t0
         stats.exchange_s += t2 - t1
         stats.decode_s += t3 - t2
-        raw = x.numel() * 4
-        stats.raw_bytes += raw
-        stats.sent_bytes += int(payload.numel()) + sizes.numel() * 8
+        per_table = sizes.view(world, n_local).sum(0).tolist() if n_local else []
+        self._count_forward(x.size(0), int(payload.numel()) + sizes.numel() * 8, per_table)
         if n_local:
             self._note_non_finite(x, sizes, row_splits)
-            per_table = sizes.view(world, n_local).sum(0).tolist()
-            rows = x.size(0)
-            for name, dim, sent in zip(my_tables, self._dims[me], per_table):
-                stats.table_raw_bytes[name] = stats.table_raw_bytes.get(name, 0) + rows * dim * 4
-                stats.table_sent_bytes[name] = stats.table_sent_bytes.get(name, 0) + int(sent)
             every = self._config.error_every
             if every and (stats.calls - 1) % every == 0:
                 self._measure_error(x, payload, sizes, row_splits, eps)
@@ -228,53 +219,54 @@ class CompressedPooledEmbeddingsAllToAll(nn.Module):
                             dim=1)
         seconds = time.perf_counter() - t0
         self._skip.record(compressed=False, seconds=seconds)
-        stats = self.stats
-        stats.calls += 1
-        stats.uncompressed_calls += 1
-        stats.exchange_s += seconds
-        raw = x.numel() * 4
-        stats.raw_bytes += raw
-        stats.sent_bytes += raw
+        self.stats.uncompressed_calls += 1
+        self.stats.exchange_s += seconds
         rows = x.size(0)
-        for name, dim in zip(self._tables[me], self._dims[me]):
-            stats.table_raw_bytes[name] = stats.table_raw_bytes.get(name, 0) + rows * dim * 4
-            stats.table_sent_bytes[name] = stats.table_sent_bytes.get(name, 0) + rows * dim * 4
+        self._count_forward(rows, x.numel() * 4, [rows * dim * 4 for dim in self._dims[me]])
         return out
+
+    def _count_forward(self, rows: int, sent_bytes: int, table_sent_bytes: Sequence[int]) -> None:
+        """Count one forward call of ``rows`` rows: float32 bytes it stands for, bytes it sent, per local table."""
+        me, stats = self._rank, self.stats
+        stats.calls += 1
+        stats.raw_bytes += rows * self.dim_sum_per_rank[me] * 4
+        stats.sent_bytes += sent_bytes
+        for name, dim, sent in zip(self._tables[me], self._dims[me], table_sent_bytes):
+            stats.table_raw_bytes[name] = stats.table_raw_bytes.get(name, 0) + rows * dim * 4
+            stats.table_sent_bytes[name] = stats.table_sent_bytes.get(name, 0) + int(sent)
+
+    def _local_chunks(self, x: torch.Tensor, row_splits: list[int]) -> Iterator[tuple[str, torch.Tensor]]:
+        """(table, chunk) of every (destination rank, local table) block of ``x``, in the codec's chunk order."""
+        cols, tables = self._col_splits[self._rank], self._tables[self._rank]
+        for r in range(self._world):
+            for c, name in enumerate(tables):
+                yield name, x[row_splits[r] : row_splits[r + 1], cols[c] : cols[c + 1]]
 
     def _note_non_finite(self, x: torch.Tensor, sizes: torch.Tensor, row_splits: list[int]) -> None:
         """Record tables whose chunk held NaN/Inf. The codec sends such chunks raw (exactly), so only chunks whose
         size is exactly a raw chunk's are checked: nothing is scanned on the usual, compressed path."""
-        me, cols = self._rank, self._col_splits[self._rank]
-        n_local = len(self._tables[me])
-        for i, size in enumerate(sizes.tolist()):
-            r, c = divmod(i, n_local)
-            rows, dim = row_splits[r + 1] - row_splits[r], cols[c + 1] - cols[c]
-            if rows * dim and size == HEADER_SIZE + rows * dim * 4:
-                chunk = x[row_splits[r] : row_splits[r + 1], cols[c] : cols[c + 1]]
-                if not bool(torch.isfinite(chunk).all()):
-                    self.stats.non_finite_tables.add(self._tables[me][c])
+        for (name, chunk), size in zip(self._local_chunks(x, row_splits), sizes.tolist()):
+            if chunk.numel() and size == HEADER_SIZE + chunk.numel() * 4 and not bool(torch.isfinite(chunk).all()):
+                self.stats.non_finite_tables.add(name)
 
     def _measure_error(
         self, x: torch.Tensor, payload: torch.Tensor, sizes: torch.Tensor, row_splits: list[int], eps: torch.Tensor
     ) -> None:
         """Decode our own payload and record max |x - x_hat| / bound per table (the bound is a guarantee; this
         makes it visible)."""
-        me = self._rank
         x = x.cpu()
-        x_hat = decode_grid(payload, sizes, row_splits, self._col_splits[me], impl=self._config.impl)
-        cols = self._col_splits[me]
-        for c, name in enumerate(self._tables[me]):
-            worst = 0.0
-            for r in range(self._world):
-                chunk = x[row_splits[r] : row_splits[r + 1], cols[c] : cols[c + 1]]
-                if chunk.numel() == 0:
-                    continue
-                if not torch.isfinite(chunk).all():
-                    continue  # sent raw, exactly (and recorded by _note_non_finite)
-                bound = float(eps[c]) * float(chunk.max() - chunk.min())
-                err = float((chunk - x_hat[row_splits[r] : row_splits[r + 1], cols[c] : cols[c + 1]]).abs().max())
-                worst = max(worst, err / bound if bound > 0 else (0.0 if err == 0 else float("inf")))
-            self.stats.table_max_error_ratio[name] = max(self.stats.table_max_error_ratio.get(name, 0.0), worst)
+        x_hat = decode_grid(payload, sizes, row_splits, self._col_splits[self._rank], impl=self._config.impl)
+        eps_of = dict(zip(self._tables[self._rank], eps.tolist()))
+        worst = dict.fromkeys(eps_of, 0.0)
+        decoded = (chunk_hat for _, chunk_hat in self._local_chunks(x_hat, row_splits))
+        for (name, chunk), chunk_hat in zip(self._local_chunks(x, row_splits), decoded):
+            if chunk.numel() == 0 or not torch.isfinite(chunk).all():
+                continue  # nothing sent, or sent raw, exactly (and recorded by _note_non_finite)
+            bound = eps_of[name] * float(chunk.max() - chunk.min())
+            err = float((chunk - chunk_hat).abs().max())
+            worst[name] = max(worst[name], err / bound if bound > 0 else (0.0 if err == 0 else float("inf")))
+        for name, w in worst.items():
+            self.stats.table_max_error_ratio[name] = max(self.stats.table_max_error_ratio.get(name, 0.0), w)
 
     def _locate_decode_error(
         self, received: torch.Tensor, recv_sizes: torch.Tensor, chunk_counts: list[int], rows: int
