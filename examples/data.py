@@ -278,6 +278,8 @@ class _RankShardedDataModule(LightningDataModule):
 
     def __init__(self, num_embeddings_per_feature: list[int], batch_size: int, num_workers: int) -> None:
         super().__init__()
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}.")
         self.num_embeddings_per_feature: list[int] = num_embeddings_per_feature
         self.feature_names: list[str] = list(FEATURE_NAMES)
         self.num_dense_features: int = NUM_DENSE_FEATURES
@@ -360,9 +362,8 @@ class SyntheticCriteoDataModule(_RankShardedDataModule):
         num_embeddings_per_feature = _resolve_table_sizes(num_embeddings_per_feature, max_rows)
         super().__init__(num_embeddings_per_feature, batch_size, num_workers)
         self._save_hyperparameters()
-        for name, value in (("batch_size", batch_size), ("ids_per_feature", ids_per_feature)):
-            if value < 1:
-                raise ValueError(f"{name} must be at least 1, got {value}.")
+        if ids_per_feature < 1:
+            raise ValueError(f"ids_per_feature must be at least 1, got {ids_per_feature}.")
         for name, value in (("num_train_batches", num_train_batches), ("num_val_batches", num_val_batches)):
             if value < 0:
                 raise ValueError(f"{name} must be non-negative, got {value}.")
@@ -536,8 +537,6 @@ class CriteoTSVDataModule(_RankShardedDataModule):
         num_embeddings_per_feature = _resolve_table_sizes(num_embeddings_per_feature, max_rows)
         super().__init__(num_embeddings_per_feature, batch_size, num_workers)
         self._save_hyperparameters()
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be at least 1, got {batch_size}.")
         if max_samples is not None and max_samples < 1:
             raise ValueError(f"max_samples must be a positive row count or None, got {max_samples}.")
         if not 0.0 <= val_fraction < 1.0:
