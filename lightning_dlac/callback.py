@@ -29,7 +29,7 @@ from lightning_dlac.adaptive import (
     sensitivity_classes,
     sensitivity_table_bounds,
 )
-from lightning_dlac.adaptive.bounds import check_relative_bound
+from lightning_dlac.adaptive.bounds import check_count, check_relative_bound
 from lightning_dlac.adaptive.policy import check_tolerance
 from lightning_dlac.strategy import DLACStrategy
 
@@ -37,12 +37,6 @@ log = logging.getLogger(__name__)
 
 MODES = ("homogenization", "sensitivity", "off")
 _STATE_VERSION = 1
-
-
-def _check_count(value: Any, option: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{option}={value!r} must be a whole number >= {minimum}.")
-    return value
 
 
 class DLACCallback(Callback):
@@ -146,14 +140,14 @@ class DLACCallback(Callback):
                 raise ValueError(f"candidates={list(candidates)} must be a non-empty, strictly increasing list.")
             self.candidates = tuple(checked)
         self.sensitivity_tolerance = check_tolerance(sensitivity_tolerance)
-        self.calibration_batches = _check_count(calibration_batches, "calibration_batches", 1)
-        self.calibration_start = _check_count(calibration_start, "calibration_start", 0)
+        self.calibration_batches = check_count(calibration_batches, "calibration_batches", 1)
+        self.calibration_start = check_count(calibration_start, "calibration_start", 0)
         if calibration_dataloader is not None and calibration_start:
             raise ValueError(
                 "calibration_start applies to calibration on training batches; with a calibration_dataloader"
                 " calibration runs before training. Set one of them."
             )
-        self.sensitivity_batches = _check_count(sensitivity_batches, "sensitivity_batches", 0)
+        self.sensitivity_batches = check_count(sensitivity_batches, "sensitivity_batches", 0)
         if self.sensitivity_batches > self.calibration_batches:
             raise ValueError(
                 f"sensitivity_batches={sensitivity_batches} exceeds calibration_batches={calibration_batches}: the"
@@ -163,7 +157,7 @@ class DLACCallback(Callback):
             raise ValueError("mode='sensitivity' chooses bounds from the probe: set sensitivity_batches >= 1.")
         self.calibration_dataloader = calibration_dataloader
         self.schedule = DecaySchedule(schedule, c, T, stages)
-        self.log_every_n_steps = _check_count(log_every_n_steps, "log_every_n_steps", 1)
+        self.log_every_n_steps = check_count(log_every_n_steps, "log_every_n_steps", 1)
         self.per_table_metrics = bool(per_table_metrics)
         self.prog_bar = bool(prog_bar)
         self.report = bool(report)
@@ -178,8 +172,6 @@ class DLACCallback(Callback):
         self._table_bounds: dict[str, float] = {}
         self._classes: dict[str, TableClass] = {}
         self._table_stats: dict[str, TableStats] = {}
-        self._raw_total = 0
-        self._sent_total = 0
         self._totals: dict[str, Any] = _empty_totals()  # all ranks, all metrics writes: the report's figures
         self._history: list[dict[str, Any]] = []  # every metrics write, plus the module's scalar metrics then
         self._non_finite_reported: set[str] = set()
@@ -337,20 +329,17 @@ class DLACCallback(Callback):
             return
         from lightning_dlac.report import RUN_FILE, headline, write_report
 
+        run = self.run_summary(trainer)
+        for line in headline(run):
+            print(f"dlac: {line}")
         log_dir = _log_dir(trainer)
         if log_dir is None:
             # No logger: the user asked for no run directory, so nothing is written (not even into the cwd).
-            for line in headline(self.run_summary(trainer)):
-                print(f"dlac: {line}")
             print("dlac: no logger, so no report files; attach one (e.g. CSVLogger) to get dlac_report.md and plots")
             return
         log_dir.mkdir(parents=True, exist_ok=True)
-        run = self.run_summary(trainer)
         (log_dir / RUN_FILE).write_text(json.dumps(run, indent=1))
-        path = write_report(log_dir)
-        for line in headline(run):
-            print(f"dlac: {line}")
-        print(f"dlac: report in {path}")
+        print(f"dlac: report in {write_report(log_dir)}")
 
     def run_summary(self, trainer: pl.Trainer) -> dict[str, Any]:
         """Everything the report is made from, as plain data (what ``dlac_run.json`` holds)."""
@@ -360,8 +349,7 @@ class DLACCallback(Callback):
         bounds = self._strategy.error_bounds if self._strategy is not None else None
         return {
             "mode": self.mode,
-            "schedule": {"kind": str(self.schedule.kind), "c": self.schedule.c, "T": self.schedule.T,
-                         "stages": self.schedule.stages},
+            "schedule": self.schedule.as_dict(),
             "table_bounds": dict(self._table_bounds),
             "classes": {k: str(v) for k, v in self._classes.items()},
             "calibrated_at": self._calibrated_at,
@@ -409,7 +397,7 @@ class DLACCallback(Callback):
                 self._probe_sensitivity(pl_module, batch, i)
             self._strategy.set_chunk_observer(self._stats.observe)
             try:
-                with torch.no_grad(), _random_state_kept() as _, _logging_muted(pl_module):
+                with torch.no_grad(), _random_state_kept(), _logging_muted(pl_module):
                     _loss_of(pl_module.training_step(batch, i))
             finally:
                 self._strategy.set_chunk_observer(None)
@@ -473,9 +461,10 @@ class DLACCallback(Callback):
     # ------------------------------------------------------------------ metrics
 
     def _a2a_seconds(self) -> float:
+        """All-to-all seconds so far (read twice per batch: summed directly, not through a merged CommStats)."""
         assert self._strategy is not None
-        s = self._strategy.comm_stats()
-        return s.encode_s + s.exchange_s + s.decode_s + s.backward_s
+        return sum(a.stats.encode_s + a.stats.exchange_s + a.stats.decode_s + a.stats.backward_s
+                   for a in self._strategy.exchanges)
 
     def _write_metrics(self, trainer: pl.Trainer) -> None:
         assert self._strategy is not None
@@ -500,9 +489,15 @@ class DLACCallback(Callback):
         t_raw, t_sent, t_bad = sums[12 : 12 + k], sums[12 + k : 12 + 2 * k], sums[12 + 2 * k :]
         bad = [n for n, flag in zip(names, t_bad) if flag > 0]
         self._report_non_finite(bad)
+        t = self._totals
+        t["batches"] += self._interval_batches
+        for key, value in (("raw_bytes", raw), ("sent_bytes", sent), ("encode_s", enc), ("exchange_s", exch),
+                           ("decode_s", dec), ("backward_s", bwd), ("train_s", step_s), ("a2a_s", a2a_s)):
+            t[key] += value
+        for n, r, sb in zip(names, t_raw, t_sent):
+            t["table_raw_bytes"][n] = t["table_raw_bytes"].get(n, 0) + int(r)
+            t["table_sent_bytes"][n] = t["table_sent_bytes"].get(n, 0) + int(sb)
         batches = max(self._interval_batches, 1)
-        self._raw_total += int(raw)
-        self._sent_total += int(sent)
         ratio = raw / sent if sent else 1.0
         self._last_ratio = ratio
         ms = 1000.0 / (batches * world)  # seconds summed over ranks -> ms per step per rank
@@ -510,7 +505,7 @@ class DLACCallback(Callback):
             "dlac/ratio": ratio,
             "dlac/raw_bytes_per_step": raw / batches,
             "dlac/sent_bytes_per_step": sent / batches,
-            "dlac/bytes_saved": float(self._raw_total - self._sent_total),
+            "dlac/bytes_saved": float(t["raw_bytes"] - t["sent_bytes"]),  # cumulative
             "dlac/backward_ratio": bwd_raw / bwd_sent if bwd_sent else 1.0,
             "dlac/multiplier": strategy.error_bounds.multiplier,
             "dlac/encode_ms": enc * ms,
@@ -528,18 +523,10 @@ class DLACCallback(Callback):
                         "backward_ms", "a2a_share"):
                 metrics.pop(f"dlac/{key}")
         if self.per_table_metrics:
-            for n, r, t, e in zip(names, t_raw, t_sent, errs):
-                metrics[f"dlac/ratio/{n}"] = r / t if t else 1.0
+            for n, r, sb, e in zip(names, t_raw, t_sent, errs):
+                metrics[f"dlac/ratio/{n}"] = r / sb if sb else 1.0
                 metrics[f"dlac/eps/{n}"] = strategy.error_bounds.effective(n)
                 metrics[f"dlac/max_err_over_bound/{n}"] = e
-        t = self._totals
-        t["batches"] += self._interval_batches
-        for key, value in (("raw_bytes", raw), ("sent_bytes", sent), ("encode_s", enc), ("exchange_s", exch),
-                           ("decode_s", dec), ("backward_s", bwd), ("train_s", step_s), ("a2a_s", a2a_s)):
-            t[key] += value
-        for n, r, sb in zip(names, t_raw, t_sent):
-            t["table_raw_bytes"][n] = t["table_raw_bytes"].get(n, 0) + int(r)
-            t["table_sent_bytes"][n] = t["table_sent_bytes"].get(n, 0) + int(sb)
         self._history.append({"batch": self._step, "step": trainer.global_step, **metrics,
                               **_scalar_metrics(trainer, exclude_prefix="dlac/")})
         self._interval_s = self._interval_a2a_s = 0.0
@@ -575,16 +562,13 @@ class DLACCallback(Callback):
         return {
             "version": _STATE_VERSION,
             "mode": self.mode,
-            "schedule": {"kind": str(self.schedule.kind), "c": self.schedule.c, "T": self.schedule.T,
-                         "stages": self.schedule.stages},
+            "schedule": self.schedule.as_dict(),
             "step": self._step,
             "calibrated": self._calibrated,
             "calibrated_at": self._calibrated_at,
             "table_bounds": dict(self._table_bounds),
             "classes": {k: str(v) for k, v in self._classes.items()},
             "table_stats": {k: v.as_dict() for k, v in self._table_stats.items()},
-            "raw_bytes_total": self._raw_total,
-            "sent_bytes_total": self._sent_total,
             "totals": self._totals,
             "history": self._history,
         }
@@ -598,8 +582,7 @@ class DLACCallback(Callback):
                 " incompatible lightning-dlac. Resume without it (the callback calibrates again) or use that version."
             )
         saved = state_dict["schedule"]
-        current = {"kind": str(self.schedule.kind), "c": self.schedule.c, "T": self.schedule.T,
-                   "stages": self.schedule.stages}
+        current = self.schedule.as_dict()
         if saved != current or state_dict["mode"] != self.mode:
             rank_zero_warn(
                 f"DLACCallback: the checkpoint was written with mode={state_dict['mode']!r}, schedule {saved}; this run"
@@ -608,14 +591,12 @@ class DLACCallback(Callback):
             )
         self._step = int(state_dict["step"])
         self._calibrated = bool(state_dict["calibrated"])
-        self._calibrated_at = state_dict.get("calibrated_at")
+        self._calibrated_at = state_dict["calibrated_at"]
         self._table_bounds = {k: float(v) for k, v in state_dict["table_bounds"].items()}
         self._classes = {k: TableClass(v) for k, v in state_dict["classes"].items()}
         self._table_stats = {k: TableStats.from_dict(v) for k, v in state_dict["table_stats"].items()}
-        self._raw_total = int(state_dict["raw_bytes_total"])
-        self._sent_total = int(state_dict["sent_bytes_total"])
-        self._totals = state_dict.get("totals") or _empty_totals()
-        self._history = list(state_dict.get("history") or [])
+        self._totals = state_dict["totals"]
+        self._history = list(state_dict["history"])
 
 
 def _empty_totals() -> dict[str, Any]:

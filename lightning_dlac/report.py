@@ -153,8 +153,7 @@ def _plot(run: dict[str, Any], log_dir: Path) -> dict[str, str]:
     save(fig, "ratio")
 
     # The schedule is a function of the batch: draw it exactly, not only at the metrics writes.
-    sched = run["schedule"]
-    m = DecaySchedule(sched["kind"], sched["c"], sched["T"], sched["stages"])
+    m = DecaySchedule(**run["schedule"])
     steps = list(range(max(run["summary"]["batches"], 1)))
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
     top.step(steps, [m(t) for t in steps], where="post", color="black")

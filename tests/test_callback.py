@@ -234,7 +234,7 @@ def test_state_round_trips_and_a_foreign_state_is_refused() -> None:
     saved._table_bounds = {"t_a": 0.01, "t_b": 0.05}
     saved._classes = {"t_a": "tight", "t_b": "loose"}
     saved._table_stats = {"t_a": TableStats((0.01, 0.03, 0.05), chunks=4, distinct_raw=10, distinct_quantized=6)}
-    saved._raw_total, saved._sent_total = 1000, 40
+    saved._totals["raw_bytes"], saved._totals["sent_bytes"] = 1000, 40
     state = saved.state_dict()
     restored = DLACCallback(schedule="linear", T=50)
     restored.load_state_dict(state)

@@ -1,8 +1,9 @@
-"""Validation of relative error bounds, shared by the policy and the layers above it."""
+"""Validation of settings shared by the policy and the layers above it: relative error bounds and counts."""
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 
 def check_relative_bound(value: float, option: str) -> float:
@@ -15,3 +16,10 @@ def check_relative_bound(value: float, option: str) -> float:
             " value range; the paper uses 0.01 to 0.05)."
         )
     return float(value)
+
+
+def check_count(value: Any, option: str, minimum: int) -> int:
+    """Return ``value`` if it is a whole number >= ``minimum``; otherwise raise naming ``option``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{option}={value!r} must be a whole number >= {minimum}.")
+    return value

@@ -66,6 +66,10 @@ class DecaySchedule:
         if isinstance(self.stages, bool) or not isinstance(self.stages, int) or self.stages <= 0:
             raise ValueError(f"stages={self.stages!r} must be a positive whole number.")
 
+    def as_dict(self) -> dict[str, str | float | int]:
+        """Plain data (for checkpoints and reports); ``DecaySchedule(**d)`` rebuilds it."""
+        return {"kind": str(self.kind), "c": self.c, "T": self.T, "stages": self.stages}
+
     def __call__(self, t: int) -> float:
         """m(t) for iteration ``t`` (counted from 0)."""
         if t < 0:

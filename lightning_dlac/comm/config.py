@@ -11,7 +11,7 @@ from enum import Enum
 
 import torch
 
-from lightning_dlac.adaptive.bounds import check_relative_bound
+from lightning_dlac.adaptive.bounds import check_count, check_relative_bound
 
 
 class BackwardCompression(str, Enum):
@@ -59,8 +59,7 @@ class CompressionConfig:
             raise ValueError(f"backward={self.backward!r} is not supported; choose one of {accepted}.") from None
         if self.error_every < 0:
             raise ValueError(f"error_every={self.error_every} must be >= 0 (0 disables the measurement).")
-        if isinstance(self.probe_every, bool) or not isinstance(self.probe_every, int) or self.probe_every < 1:
-            raise ValueError(f"probe_every={self.probe_every!r} must be a whole number >= 1.")
+        self.probe_every = check_count(self.probe_every, "probe_every", 1)
         if self.impl not in ("auto", "native", "ref"):
             raise ValueError(f"impl={self.impl!r} is not supported; choose 'auto', 'native' or 'ref'.")
 
