@@ -1,9 +1,18 @@
-// The DLAC chunk codec, host side: the same algorithm as lightning_dlac/codec/reference.py, byte for byte.
+// The DLAC chunk codec: the same algorithm as lightning_dlac/codec/reference.py, byte for byte.
 //
-// docs/codec.md is the specification in words. Everything here is plain C++17 on raw pointers so that the CPU
-// kernels (dlac_cpu.cpp) and, later, the CUDA host code can share it. Floating-point code must be compiled with
-// -ffp-contract=off (no FMA) and without -ffast-math: every multiply and add is rounded separately to float32.
+// docs/codec.md is the specification in words. Everything here is plain C++17 on raw pointers, shared by the CPU
+// kernels (dlac_cpu.cpp) and the device pipeline (dlac_grid.h, dlac_cuda.cu): functions marked DLAC_HD are also
+// compiled for the GPU, and the host-side planning (plan_chunk, Huffman lengths, header checks) is the one both
+// encoders use, so their decisions cannot drift apart. Floating-point code must be compiled with -ffp-contract=off
+// (no FMA) and without -ffast-math: every multiply and add is rounded separately to float32 (device code spells
+// each operation with its round-to-nearest intrinsic, which nvcc never contracts).
 #pragma once
+
+#if defined(__CUDACC__)
+#define DLAC_HD __host__ __device__
+#else
+#define DLAC_HD
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -50,9 +59,9 @@ struct DecodeError : std::runtime_error {
 // Little helpers
 // ------------------------------------------------------------------------------------------------------------
 
-inline uint32_t load_u32(const uint8_t* p) {
+DLAC_HD inline uint32_t load_u32(const uint8_t* p) {
   uint32_t v;
-  std::memcpy(&v, p, 4);
+  memcpy(&v, p, 4);
   return v;
 }
 inline uint64_t load_u64(const uint8_t* p) {
@@ -60,23 +69,55 @@ inline uint64_t load_u64(const uint8_t* p) {
   std::memcpy(&v, p, 8);
   return v;
 }
-inline void store_u32(uint8_t* p, uint32_t v) { std::memcpy(p, &v, 4); }
-inline float bits_to_float(uint32_t b) {
+DLAC_HD inline void store_u32(uint8_t* p, uint32_t v) { memcpy(p, &v, 4); }
+DLAC_HD inline float bits_to_float(uint32_t b) {
   float f;
-  std::memcpy(&f, &b, 4);
+  memcpy(&f, &b, 4);
   return f;
 }
-inline uint32_t float_to_bits(float f) {
+DLAC_HD inline uint32_t float_to_bits(float f) {
   uint32_t b;
-  std::memcpy(&b, &f, 4);
+  memcpy(&b, &f, 4);
   return b;
 }
-inline uint32_t bits_for(uint32_t vmax) {
+DLAC_HD inline uint32_t bits_for(uint32_t vmax) {
   uint32_t w = 0;
   while (w < 32 && (vmax >> w) != 0) ++w;
   return w;
 }
-inline uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
+DLAC_HD inline uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
+
+// float32 operations rounded to nearest one at a time. On the host these are the plain operators (the build flags
+// forbid contraction); on the device the intrinsics make it explicit whatever --fmad says.
+DLAC_HD inline float f_add(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+DLAC_HD inline float f_sub(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+DLAC_HD inline float f_mul(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+DLAC_HD inline float f_div(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+DLAC_HD inline bool f_isfinite(float v) { return (float_to_bits(v) & 0x7F800000u) != 0x7F800000u; }
 
 // CRC-32 (zlib/IEEE polynomial, reflected), slicing-by-8.
 struct Crc32Table {
@@ -109,6 +150,17 @@ inline uint32_t crc32_update(uint32_t crc, const uint8_t* p, size_t n) {
   while (n--) crc = T[0][(crc ^ *p++) & 0xFF] ^ (crc >> 8);
   return ~crc;
 }
+// The CRC register after feeding buf[begin, end) of a chunk into register r (no initial or final inversion), with
+// the bytes of the header's crc field taken as zero; t0 is the first slicing table. Bytewise, for the device,
+// where each thread feeds one segment and the segments are joined with crc_shift_tables (dlac_grid.h).
+DLAC_HD inline uint32_t crc_register(uint32_t r, const uint8_t* buf, uint64_t begin, uint64_t end, const uint32_t* t0) {
+  for (uint64_t i = begin; i < end; ++i) {
+    uint32_t b = (i >= kCrcOffset && i < kCrcOffset + 4) ? 0u : buf[i];
+    r = t0[(r ^ b) & 0xFF] ^ (r >> 8);
+  }
+  return r;
+}
+
 // CRC of a whole buffer with its header's crc field taken as zero.
 inline uint32_t buffer_crc(const uint8_t* buf, size_t n) {
   static const uint8_t zeros[4] = {0, 0, 0, 0};
@@ -149,8 +201,10 @@ inline void write_header(const Header& h, uint8_t* p) {
 
 [[noreturn]] inline void fail(const std::string& what) { throw DecodeError(what); }
 
-// Parse and validate a complete chunk buffer (docs/codec.md, "Validation"); throws DecodeError.
-inline Header parse_header(const uint8_t* p, uint64_t n) {
+// Parse and validate a complete chunk buffer of n bytes (docs/codec.md, "Validation"); throws DecodeError. Only the
+// 48 header bytes at p are read when crc, the buffer's checksum as buffer_crc computes it, is given (the device
+// decoder computes checksums where the buffers are and validates the headers here).
+inline Header parse_header(const uint8_t* p, uint64_t n, const uint32_t* crc = nullptr) {
   if (n < kHeaderSize)
     fail(std::to_string(n) + " bytes is shorter than the 48-byte DLAC header (truncated?)");
   if (std::memcmp(p, "DLAC", 4) != 0) fail("not a DLAC buffer (bad magic)");
@@ -175,7 +229,7 @@ inline Header parse_header(const uint8_t* p, uint64_t n) {
   if (total != n)
     fail("header announces " + std::to_string(total) + " bytes but the buffer holds " + std::to_string(n) +
          " (truncated or padded?)");
-  if (buffer_crc(p, n) != h.crc) fail("checksum mismatch (corrupted buffer)");
+  if ((crc != nullptr ? *crc : buffer_crc(p, n)) != h.crc) fail("checksum mismatch (corrupted buffer)");
 
   const uint64_t elems = uint64_t(h.rows) * h.dim;
   if (elems > kMaxChunkElements) fail("shape exceeds the 2^28-element chunk limit");
@@ -225,11 +279,11 @@ inline Header parse_header(const uint8_t* p, uint64_t n) {
 // ------------------------------------------------------------------------------------------------------------
 
 // Exact |x - xh| <= eb in float32 arithmetic (TwoSum recovers the rounding error of x - xh).
-inline bool within(float x, float xh, float eb) {
-  float s = x - xh;
-  float bb = s - x;
-  float err = (x - (s - bb)) + ((-xh) - bb);
-  float a = std::fabs(s);
+DLAC_HD inline bool within(float x, float xh, float eb) {
+  float s = f_sub(x, xh);
+  float bb = f_sub(s, x);
+  float err = f_add(f_sub(x, f_sub(s, bb)), f_sub(-xh, bb));
+  float a = fabsf(s);
   return (a < eb) | ((a == eb) & (((s > 0.0f) & (err <= 0.0f)) | ((s < 0.0f) & (err >= 0.0f))));
 }
 
@@ -242,6 +296,30 @@ inline uint32_t outside(float x, float xh, float eb) {
   uint32_t lt = a < eb, eq = a == eb;
   uint32_t pos = uint32_t(s > 0.0f) & uint32_t(err <= 0.0f), neg = uint32_t(s < 0.0f) & uint32_t(err >= 0.0f);
   return (lt | (eq & (pos | neg))) ^ 1u;
+}
+
+// The code of one element for one step, as quantize_with_step gives it (the device quantizes element by element):
+// kHeld with *code set, kMissed if neither the rounded code nor a neighbour holds within eb, kOverflow if the code
+// would not fit in 24 bits.
+enum QuantStatus : int { kHeld = 0, kMissed = 1, kOverflow = 2 };
+DLAC_HD inline int quantize_element(float xv, float lo, float eb, float step, uint32_t* code) {
+  float v = f_div(f_sub(xv, lo), step);
+  if (!(v <= kMaxQ)) return kOverflow;
+  float q = f_sub(f_add(v, kRoundMagic), kRoundMagic);
+  uint32_t c = uint32_t(int32_t(q));
+  if (within(xv, f_add(lo, f_mul(q, step)), eb)) {
+    *code = c;
+    return kHeld;
+  }
+  if (c >= 1 && within(xv, f_add(lo, f_mul(f_sub(q, 1.0f), step)), eb)) {
+    *code = c - 1;
+    return kHeld;
+  }
+  if (within(xv, f_add(lo, f_mul(f_add(q, 1.0f), step)), eb)) {
+    *code = c + 1;
+    return kHeld;
+  }
+  return kMissed;
 }
 
 // Codes for the rows at rowp (nrows x dim) for one step: 1 if every element holds within eb (after neighbour
@@ -441,20 +519,31 @@ inline void pack_stream(const uint32_t* vals, uint64_t n, uint32_t width, uint8_
   w.flush();
 }
 
-inline void huff_encode(const uint32_t* vals, uint64_t n, const StreamPlan& p, uint8_t* out) {
-  const uint32_t nblocks = uint32_t(ceil_div(n, kHuffBlock));
+// Bytes of a HUFF section before its block end offsets: alphabet size, block count, code lengths as nibbles.
+inline uint64_t huff_prefix_size(const StreamPlan& p) { return kHuffSectionHeader + ceil_div(p.alphabet, 2); }
+inline void write_huff_prefix(const StreamPlan& p, uint64_t n, uint8_t* out) {
   store_u32(out, p.alphabet);
-  store_u32(out + 4, nblocks);
+  store_u32(out + 4, uint32_t(ceil_div(n, kHuffBlock)));
   uint8_t* q = out + kHuffSectionHeader;
   for (uint32_t s = 0; s < p.alphabet; s += 2) {
     uint8_t lo = p.lens[s], hi = s + 1 < p.alphabet ? p.lens[s + 1] : 0;
     *q++ = uint8_t(lo | (hi << 4));
   }
-  uint8_t* ends = q;
-  q += 4 * size_t(nblocks);
+}
+// Per symbol: reversed code | length << 24, the table both encoders write codes from.
+inline std::vector<uint32_t> huff_code_table(const StreamPlan& p) {
   std::vector<uint32_t> rev = reversed_canonical_codes(p.lens);
-  std::vector<uint32_t> table(p.alphabet);  // rev code | length << 24
+  std::vector<uint32_t> table(p.alphabet);
   for (uint32_t s = 0; s < p.alphabet; ++s) table[s] = rev[s] | (uint32_t(p.lens[s]) << 24);
+  return table;
+}
+
+inline void huff_encode(const uint32_t* vals, uint64_t n, const StreamPlan& p, uint8_t* out) {
+  const uint32_t nblocks = uint32_t(ceil_div(n, kHuffBlock));
+  write_huff_prefix(p, n, out);
+  uint8_t* ends = out + huff_prefix_size(p);
+  uint8_t* q = ends + 4 * size_t(nblocks);
+  std::vector<uint32_t> table = huff_code_table(p);
   BitWriter w(q);
   uint64_t bitpos = 0;
   for (uint32_t b = 0; b < nblocks; ++b) {
@@ -496,53 +585,147 @@ inline void unpack_stream(const uint8_t* data, uint64_t nbytes, uint64_t n, uint
   }
 }
 
-// Decode n symbols of a HUFF section into out (size n); throws DecodeError.
-inline void huff_decode(const uint8_t* data, uint64_t size, uint64_t n, uint32_t* out) {
+// Value i of a PACK stream of nbytes bytes, reading no byte past the section (device decoder; the CPU decoder's
+// unpack_stream reads 8 bytes at a time and gives the same values).
+DLAC_HD inline uint32_t unpack_one(const uint8_t* data, uint64_t nbytes, uint64_t i, uint32_t width) {
+  if (width == 0) return 0;
+  const uint64_t bit = i * width;
+  const uint64_t byte = bit >> 3;
+  uint64_t v = 0;
+  for (uint32_t k = 0; k < 4 && byte + k < nbytes; ++k) v |= uint64_t(data[byte + k]) << (8 * k);
+  return uint32_t((v >> (bit & 7)) & ((1ull << width) - 1));
+}
+
+// Why a HUFF section does not decode (0: it does); huff_error_message names each.
+enum HuffError : int {
+  kHuffOk = 0,
+  kHuffTruncated,
+  kHuffBadHeader,
+  kHuffBadLengths,
+  kHuffOversubscribed,
+  kHuffBadOffsets,
+  kHuffSizeMismatch,
+  kHuffCorrupt,
+};
+inline const char* huff_error_message(int e) {
+  switch (e) {
+    case kHuffTruncated: return "truncated Huffman section";
+    case kHuffBadHeader: return "invalid Huffman section header";
+    case kHuffBadLengths: return "invalid Huffman code lengths";
+    case kHuffOversubscribed: return "oversubscribed Huffman code";
+    case kHuffBadOffsets: return "invalid Huffman block offsets";
+    case kHuffSizeMismatch: return "Huffman bitstream size does not match its block offsets";
+    default: return "corrupt Huffman bitstream";
+  }
+}
+
+// The parts of a validated HUFF section of n symbols.
+struct HuffView {
+  uint32_t alphabet = 0;
+  uint64_t nblocks = 0;
+  const uint8_t* nib = nullptr;     // code lengths, two per byte
+  const uint8_t* ends = nullptr;    // u32 end bit offset of each block
+  const uint8_t* stream = nullptr;  // the bitstream
+  uint64_t stream_bytes = 0;
+};
+
+// Validate a HUFF section (size bytes at data, n symbols) and locate its parts; returns a HuffError.
+DLAC_HD inline int huff_parse(const uint8_t* data, uint64_t size, uint64_t n, HuffView* v) {
   const uint64_t nblocks = ceil_div(n, kHuffBlock);
-  if (size < kHuffSectionHeader) fail("truncated Huffman section");
+  if (size < kHuffSectionHeader) return kHuffTruncated;
   const uint32_t alphabet = load_u32(data), nb = load_u32(data + 4);
-  if (alphabet < 1 || alphabet > kHuffMaxAlphabet || nb != nblocks) fail("invalid Huffman section header");
+  if (alphabet < 1 || alphabet > kHuffMaxAlphabet || nb != nblocks) return kHuffBadHeader;
   const uint64_t nib_bytes = ceil_div(alphabet, 2);
-  if (size < kHuffSectionHeader + nib_bytes + 4 * nblocks) fail("truncated Huffman section");
+  if (size < kHuffSectionHeader + nib_bytes + 4 * nblocks) return kHuffTruncated;
   const uint8_t* nib = data + kHuffSectionHeader;
-  std::vector<uint8_t> lens(alphabet);
+  uint32_t bl_count[kHuffMaxLen + 1] = {0};
   uint32_t maxlen = 0;
   for (uint32_t s = 0; s < alphabet; ++s) {
-    lens[s] = (s & 1) ? (nib[s >> 1] >> 4) : (nib[s >> 1] & 15);
-    maxlen = std::max<uint32_t>(maxlen, lens[s]);
+    uint32_t l = (s & 1) ? (nib[s >> 1] >> 4) : (nib[s >> 1] & 15);
+    maxlen = l > maxlen ? l : maxlen;
+    if (l && l <= kHuffMaxLen) bl_count[l] += 1;
   }
-  if ((alphabet & 1) && (nib[alphabet >> 1] >> 4)) fail("invalid Huffman code lengths");
-  if (maxlen == 0 || maxlen > kHuffMaxLen) fail("invalid Huffman code lengths");
-  {
-    uint32_t bl_count[kHuffMaxLen + 1] = {0};
-    for (uint8_t l : lens)
-      if (l) bl_count[l] += 1;
-    int64_t left = 1;
-    for (uint32_t len = 1; len <= kHuffMaxLen; ++len) {
-      left = 2 * left - bl_count[len];
-      if (left < 0) fail("oversubscribed Huffman code");
-    }
+  if ((alphabet & 1) && (nib[alphabet >> 1] >> 4)) return kHuffBadLengths;
+  if (maxlen == 0 || maxlen > kHuffMaxLen) return kHuffBadLengths;
+  int64_t left = 1;
+  for (uint32_t len = 1; len <= kHuffMaxLen; ++len) {
+    left = 2 * left - bl_count[len];
+    if (left < 0) return kHuffOversubscribed;
   }
   const uint8_t* ends = nib + nib_bytes;
   const uint8_t* stream = ends + 4 * nblocks;
-  const uint64_t stream_bytes = size - (stream - data);
+  const uint64_t stream_bytes = size - uint64_t(stream - data);
   uint64_t start = 0;
   for (uint64_t b = 0; b < nblocks; ++b) {
     uint64_t end = load_u32(ends + 4 * b);
-    uint64_t count = std::min<uint64_t>(kHuffBlock, n - b * kHuffBlock);
-    if (end < start || end - start < count || end - start > kHuffMaxLen * count) fail("invalid Huffman block offsets");
+    uint64_t count = n - b * kHuffBlock < kHuffBlock ? n - b * kHuffBlock : kHuffBlock;
+    if (end < start || end - start < count || end - start > kHuffMaxLen * count) return kHuffBadOffsets;
     start = end;
   }
-  if (ceil_div(start, 8) != stream_bytes) fail("Huffman bitstream size does not match its block offsets");
+  if (ceil_div(start, 8) != stream_bytes) return kHuffSizeMismatch;
+  v->alphabet = alphabet;
+  v->nblocks = nblocks;
+  v->nib = nib;
+  v->ends = ends;
+  v->stream = stream;
+  v->stream_bytes = stream_bytes;
+  return kHuffOk;
+}
 
-  // Decode table over 12-bit LSB-first windows: symbol | length << 12 (length 0: no such code).
-  std::vector<uint16_t> table(1u << kHuffMaxLen, 0);
-  std::vector<uint32_t> rev = reversed_canonical_codes(lens);
-  for (uint32_t s = 0; s < alphabet; ++s) {
-    uint32_t l = lens[s];
-    if (!l) continue;
-    for (uint32_t k = rev[s]; k < (1u << kHuffMaxLen); k += (1u << l)) table[k] = uint16_t(s | (l << 12));
+// Decode table over 12-bit LSB-first windows of a validated section: symbol | length << 12 (length 0: no code).
+// Canonical codes are handed out in symbol order within each length, as reversed_canonical_codes does.
+DLAC_HD inline void huff_decode_table(const HuffView& v, uint16_t* table) {
+  uint32_t bl_count[kHuffMaxLen + 2] = {0};
+  for (uint32_t s = 0; s < v.alphabet; ++s) {
+    uint32_t l = (s & 1) ? (v.nib[s >> 1] >> 4) : (v.nib[s >> 1] & 15);
+    if (l) bl_count[l] += 1;
   }
+  uint32_t next_code[kHuffMaxLen + 2] = {0};
+  uint32_t code = 0;
+  for (uint32_t len = 1; len <= kHuffMaxLen; ++len) {
+    code = (code + bl_count[len - 1]) << 1;
+    next_code[len] = code;
+  }
+  for (uint32_t k = 0; k < (1u << kHuffMaxLen); ++k) table[k] = 0;
+  for (uint32_t s = 0; s < v.alphabet; ++s) {
+    uint32_t l = (s & 1) ? (v.nib[s >> 1] >> 4) : (v.nib[s >> 1] & 15);
+    if (!l) continue;
+    uint32_t c = next_code[l]++, r = 0;
+    for (uint32_t b = 0; b < l; ++b) r |= ((c >> b) & 1u) << (l - 1 - b);
+    for (uint32_t k = r; k < (1u << kHuffMaxLen); k += (1u << l)) table[k] = uint16_t(s | (l << 12));
+  }
+}
+
+// Decode block b of a validated section into out[0, count); returns kHuffOk or kHuffCorrupt. One serial chain per
+// block, reading no byte past the stream (the device decoder runs one block per thread).
+DLAC_HD inline int huff_decode_block(const HuffView& v, const uint16_t* table, uint64_t b, uint64_t count,
+                                     uint32_t* out) {
+  uint64_t pos = b ? load_u32(v.ends + 4 * (b - 1)) : 0;
+  const uint64_t end = load_u32(v.ends + 4 * b);
+  const uint32_t mask = (1u << kHuffMaxLen) - 1;
+  for (uint64_t i = 0; i < count; ++i) {
+    const uint64_t byte = pos >> 3;
+    uint32_t w = 0;
+    for (uint32_t k = 0; k < 3 && byte + k < v.stream_bytes; ++k) w |= uint32_t(v.stream[byte + k]) << (8 * k);
+    uint16_t e = table[(w >> (pos & 7)) & mask];
+    uint32_t len = e >> 12;
+    pos += len;
+    if (len == 0 || pos > end) return kHuffCorrupt;
+    out[i] = e & 0xFFFu;
+  }
+  return pos == end ? kHuffOk : kHuffCorrupt;
+}
+
+// Decode n symbols of a HUFF section into out (size n); throws DecodeError.
+inline void huff_decode(const uint8_t* data, uint64_t size, uint64_t n, uint32_t* out) {
+  HuffView v;
+  if (int e = huff_parse(data, size, n, &v)) fail(huff_error_message(e));
+  const uint64_t nblocks = v.nblocks;
+  const uint8_t* ends = v.ends;
+  const uint8_t* stream = v.stream;
+  const uint64_t stream_bytes = v.stream_bytes;
+  std::vector<uint16_t> table(1u << kHuffMaxLen, 0);
+  huff_decode_table(v, table.data());
   // Pad the stream so 8-byte reads never leave the buffer.
   std::vector<uint8_t> padded(stream_bytes + 8, 0);
   std::memcpy(padded.data(), stream, stream_bytes);
@@ -594,7 +777,7 @@ inline void huff_decode(const uint8_t* data, uint64_t size, uint64_t n, uint32_t
 // Row dedup: unique rows in order of first appearance + per-row index (mirrors reference.unique_rows)
 // ------------------------------------------------------------------------------------------------------------
 
-inline uint64_t hash_row(const uint8_t* p, uint32_t dim) {
+DLAC_HD inline uint64_t hash_row(const uint8_t* p, uint32_t dim) {
   uint64_t h0 = 0x9E3779B97F4A7C15ull, h1 = 0xC2B2AE3D27D4EB4Full;
   uint32_t j = 0;
   for (; j + 1 < dim; j += 2) {
@@ -693,6 +876,66 @@ struct RangeScan {
 // ------------------------------------------------------------------------------------------------------------
 // Chunk encode / decode
 // ------------------------------------------------------------------------------------------------------------
+
+// Whether a chunk of rows rows with nuniq distinct code rows is worth trying as DEDUP, and whether its row index
+// can be Huffman coded.
+inline bool dedup_candidate(uint64_t rows, uint32_t nuniq) { return rows > 1 && nuniq < rows; }
+inline bool index_huff_ok(uint32_t nuniq) { return uint64_t(nuniq) <= kHuffMaxAlphabet; }
+
+// How a quantized chunk is stored, decided from its codes' statistics alone, so that the CPU and device encoders
+// (which gather those statistics differently) make the same choice: PACK or HUFF of all codes, or DEDUP (unique
+// code rows + row index) when it is strictly smaller, or kRaw when nothing beats 4 bytes per element.
+// freq: histogram of all codes (null when qmax + 1 > 4096); f0/f1: of the unique rows' codes and of the row index
+// (null when not a DEDUP candidate or too wide for Huffman).
+struct ChunkPlan {
+  uint8_t mode = kPack;
+  StreamPlan whole, p0, p1;
+  uint64_t body = 0;  // bytes after the header
+};
+inline ChunkPlan plan_chunk(uint64_t rows, uint64_t dim, uint32_t qmax, uint32_t nuniq,
+                            const std::vector<uint64_t>* freq, const std::vector<uint64_t>* f0,
+                            const std::vector<uint64_t>* f1) {
+  const uint64_t n = rows * dim;
+  ChunkPlan c;
+  c.whole = plan_stream(n, qmax, freq);
+  c.body = c.whole.size;
+  c.mode = c.whole.huff ? kHuff : kPack;
+  if (dedup_candidate(rows, nuniq)) {
+    c.p0 = plan_stream(uint64_t(nuniq) * dim, qmax, f0);
+    c.p1 = plan_stream(rows, nuniq - 1, f1);
+    if (c.p0.size + c.p1.size < c.body) {
+      c.body = c.p0.size + c.p1.size;
+      c.mode = kDedup;
+    }
+  }
+  if (c.body >= 4 * n) c.mode = kRaw;
+  return c;
+}
+
+// The header of a chunk stored as plan says (crc left 0).
+inline Header quantized_header(const ChunkPlan& plan, uint64_t rows, uint64_t dim, float lo, float eb, float step,
+                               uint32_t nuniq) {
+  Header h;
+  h.mode = plan.mode;
+  h.rows = uint32_t(rows);
+  h.dim = uint32_t(dim);
+  h.min = lo;
+  h.abs_eb = eb;
+  h.step = step;
+  if (plan.mode == kDedup) {
+    h.flags = uint8_t((plan.p0.huff ? kFlagSec0Huff : 0) | (plan.p1.huff ? kFlagSec1Huff : 0));
+    h.width0 = uint8_t(plan.p0.width);
+    h.width1 = uint8_t(plan.p1.width);
+    h.nuniq = nuniq;
+    h.sec0 = uint32_t(plan.p0.size);
+    h.sec1 = uint32_t(plan.p1.size);
+  } else {
+    h.flags = plan.whole.huff ? kFlagSec0Huff : 0;
+    h.width0 = uint8_t(plan.whole.width);
+    h.sec0 = uint32_t(plan.whole.size);
+  }
+  return h;
+}
 
 inline void finish(std::vector<uint8_t>& out, Header h) {
   h.crc = 0;
@@ -793,41 +1036,26 @@ inline void encode_chunk(const float* x, int64_t rows, int64_t dim, int64_t ld, 
       for (int64_t j = 0; j < dim; ++j) freq[c[j]] += m;
     }
   }
-  StreamPlan whole = plan_stream(n, qmax, huff_ok ? &freq : nullptr);
-  uint64_t best = whole.size;
-  uint8_t mode = whole.huff ? kHuff : kPack;
-  StreamPlan p0, p1;
   std::vector<uint32_t> uniq, index;
-  if (rows > 1 && nuniq < rows) {
+  std::vector<uint64_t> f0, f1;
+  const bool dedup = dedup_candidate(rows, nuniq);
+  if (dedup) {
     uniq.resize(size_t(nuniq) * dim);
     for (uint32_t u = 0; u < nuniq; ++u) std::memcpy(uniq.data() + size_t(u) * dim, cod.first[u], 4 * size_t(dim));
     index.resize(rows);
     for (int64_t r = 0; r < rows; ++r) index[r] = code_of_raw[raw_index[r]];
-    std::vector<uint64_t> f0, f1;
     if (huff_ok) f0 = histogram(uniq.data(), uniq.size(), qmax);
-    const bool idx_huff_ok = uint64_t(nuniq) <= kHuffMaxAlphabet;
-    if (idx_huff_ok) f1 = histogram(index.data(), index.size(), nuniq - 1);
-    p0 = plan_stream(uniq.size(), qmax, huff_ok ? &f0 : nullptr);
-    p1 = plan_stream(index.size(), nuniq - 1, idx_huff_ok ? &f1 : nullptr);
-    if (p0.size + p1.size < best) {
-      best = p0.size + p1.size;
-      mode = kDedup;
-    }
+    if (index_huff_ok(nuniq)) f1 = histogram(index.data(), index.size(), nuniq - 1);
   }
-  if (best >= 4 * n) return encode_raw(x, rows, dim, ld, out);
-  h.mode = mode;
-  h.min = lo;
-  h.abs_eb = eb;
-  h.step = step;
-  out.assign(kHeaderSize + best, 0);
+  ChunkPlan plan = plan_chunk(rows, dim, qmax, nuniq, huff_ok ? &freq : nullptr,
+                              dedup && huff_ok ? &f0 : nullptr, dedup && index_huff_ok(nuniq) ? &f1 : nullptr);
+  if (plan.mode == kRaw) return encode_raw(x, rows, dim, ld, out);
+  const uint8_t mode = plan.mode;
+  const StreamPlan &whole = plan.whole, &p0 = plan.p0, &p1 = plan.p1;
+  h = quantized_header(plan, rows, dim, lo, eb, step, nuniq);
+  out.assign(kHeaderSize + plan.body, 0);
   uint8_t* body = out.data() + kHeaderSize;
   if (mode == kDedup) {
-    h.flags = uint8_t((p0.huff ? kFlagSec0Huff : 0) | (p1.huff ? kFlagSec1Huff : 0));
-    h.width0 = uint8_t(p0.width);
-    h.width1 = uint8_t(p1.width);
-    h.nuniq = nuniq;
-    h.sec0 = uint32_t(p0.size);
-    h.sec1 = uint32_t(p1.size);
     if (p0.huff) huff_encode(uniq.data(), uniq.size(), p0, body);
     else pack_stream(uniq.data(), uniq.size(), p0.width, body);
     if (p1.huff) huff_encode(index.data(), index.size(), p1, body + p0.size);
@@ -836,9 +1064,6 @@ inline void encode_chunk(const float* x, int64_t rows, int64_t dim, int64_t ld, 
     std::vector<uint32_t> codes(n);
     for (int64_t r = 0; r < rows; ++r)
       std::memcpy(codes.data() + r * dim, rcodes.data() + size_t(raw_index[r]) * dim, 4 * size_t(dim));
-    h.flags = whole.huff ? kFlagSec0Huff : 0;
-    h.width0 = uint8_t(whole.width);
-    h.sec0 = uint32_t(whole.size);
     if (whole.huff) huff_encode(codes.data(), n, whole, body);
     else pack_stream(codes.data(), n, whole.width, body);
   }
