@@ -879,8 +879,8 @@ struct RangeScan {
 
 // Whether a chunk of rows rows with nuniq distinct code rows is worth trying as DEDUP, and whether its row index
 // can be Huffman coded.
-inline bool dedup_candidate(uint64_t rows, uint32_t nuniq) { return rows > 1 && nuniq < rows; }
-inline bool index_huff_ok(uint32_t nuniq) { return uint64_t(nuniq) <= kHuffMaxAlphabet; }
+DLAC_HD inline bool dedup_candidate(uint64_t rows, uint32_t nuniq) { return rows > 1 && nuniq < rows; }
+DLAC_HD inline bool index_huff_ok(uint32_t nuniq) { return uint64_t(nuniq) <= kHuffMaxAlphabet; }
 
 // How a quantized chunk is stored, decided from its codes' statistics alone, so that the CPU and device encoders
 // (which gather those statistics differently) make the same choice: PACK or HUFF of all codes, or DEDUP (unique

@@ -11,25 +11,12 @@
 #include <vector>
 
 #include "dlac_codec.h"
+#include "dlac_ops.h"
 
 namespace {
 
-void check_splits(c10::IntArrayRef splits, int64_t total, const char* name) {
-  TORCH_CHECK(splits.size() >= 2, name, " must hold at least two split points [0, ..., ", total, "]");
-  TORCH_CHECK(splits.front() == 0 && splits.back() == total, name, " must start at 0 and end at ", total, ", got [",
-              splits.front(), ", ..., ", splits.back(), "]");
-  for (size_t i = 1; i < splits.size(); ++i)
-    TORCH_CHECK(splits[i] >= splits[i - 1], name, " must be non-decreasing, got ", splits[i - 1], " then ", splits[i]);
-}
-
-void check_chunk_limits(c10::IntArrayRef rs, c10::IntArrayRef cs) {
-  for (size_t r = 0; r + 1 < rs.size(); ++r)
-    for (size_t c = 0; c + 1 < cs.size(); ++c) {
-      uint64_t n = uint64_t(rs[r + 1] - rs[r]) * uint64_t(cs[c + 1] - cs[c]);
-      TORCH_CHECK(n <= dlac::kMaxChunkElements, "block (", r, ", ", c, ") has ", n,
-                  " elements, more than the 2^28 a chunk may hold; split it into more row blocks");
-    }
-}
+using dlac::check_chunk_limits;
+using dlac::check_splits;
 
 std::tuple<at::Tensor, at::Tensor> encode_grid_cpu(const at::Tensor& x_in, c10::IntArrayRef row_splits,
                                                    c10::IntArrayRef col_splits, const at::Tensor& bounds,
@@ -46,10 +33,7 @@ std::tuple<at::Tensor, at::Tensor> encode_grid_cpu(const at::Tensor& x_in, c10::
               "bounds must be a float32 CPU tensor with one bound per column block (", C, ")");
   at::Tensor b = bounds.contiguous();
   const float* bp = b.data_ptr<float>();
-  for (int64_t c = 0; c < C; ++c) {
-    TORCH_CHECK(std::isfinite(bp[c]) && bp[c] >= 0.0f, "bounds must be finite and >= 0 (0 = raw), got ", bp[c]);
-    TORCH_CHECK(!relative || bp[c] < 1.0f, "relative bounds must be < 1, got ", bp[c]);
-  }
+  dlac::check_bounds(bp, C, relative);
   // Chunks read a strided view; only the column stride must be 1.
   at::Tensor x = (x_in.size(1) <= 1 || x_in.stride(1) == 1) ? x_in : x_in.contiguous();
   const float* xp = x.data_ptr<float>();

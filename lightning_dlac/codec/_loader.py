@@ -25,13 +25,16 @@ ENV_IMPL = "DLAC_CODEC_IMPL"
 ENV_DIR = "DLAC_EXTENSION_DIR"
 IMPLS = ("auto", "ref", "native")
 
+# The C++ standard is torch's own (C++17 for torch 2.13, C++20 from 2.14): the sources compile as either.
 # -ffp-contract=off: the kernels must round every float32 multiply and add separately (no FMA) to match the
 # reference bit for bit. -fopenmp: at::parallel_for is an inline OpenMP region.
 # -ffp-contract=off / -fno-fast-math keep float32 results identical to the reference; -fno-trapping-math only
 # lets the compiler vectorize branch-free float code (no value changes: floating-point exceptions are not observed).
-CFLAGS = ["-O3", "-std=c++17", "-ffp-contract=off", "-fno-fast-math", "-fno-trapping-math", "-fopenmp"]
+CFLAGS = ["-O3", "-ffp-contract=off", "-fno-fast-math", "-fno-trapping-math", "-fopenmp"]
 LDFLAGS = ["-fopenmp"]
-CUDA_CFLAGS = ["-O3", "--fmad=false", "-std=c++17"]
+# The device code spells every float32 operation with a round-to-nearest intrinsic, so these flags only restate what
+# it relies on; --extended-lambda lets dlac_grid.h write each kernel once as a __host__ __device__ lambda.
+CUDA_CFLAGS = ["-O3", "--fmad=false", "-ftz=false", "-prec-div=true", "--extended-lambda"]
 
 _lock = threading.Lock()
 _state: dict[str, object] = {"loaded": False, "error": None, "warned": False}
@@ -56,10 +59,10 @@ def _want_cuda() -> bool:
     return torch.version.cuda is not None and torch.cuda.is_available()
 
 
-def _sources() -> tuple[list[Path], list[Path]]:
+def _sources(with_cuda: bool | None = None) -> tuple[list[Path], list[Path]]:
     root = sources_dir()
     cpp = sorted(root.glob("*.cpp"))
-    cu = sorted(root.glob("*.cu")) if _want_cuda() else []
+    cu = sorted(root.glob("*.cu")) if (_want_cuda() if with_cuda is None else with_cuda) else []
     headers = sorted(root.glob("*.h")) + sorted(root.glob("*.cuh"))
     if not cpp:
         raise NativeUnavailable(f"no C++ sources found in {root}")
@@ -93,9 +96,27 @@ def load_native() -> None:
 
 
 def _build_and_load() -> None:
+    sources, headers = _sources()
+    directory = build_library(sources, headers)
+    try:
+        from lightning_dlac.codec import _fake  # noqa: F401 - registers fake kernels for torch.compile / opcheck
+    except RuntimeError as e:  # built and loaded, but the library registered no (or other) dlac ops
+        raise NativeUnavailable(
+            f"the native library built in {directory} does not provide the dlac ops ({e}); the sources in"
+            f" {sources_dir()} are incomplete or from another version"
+        ) from e
+
+
+def build_library(sources: list[Path], headers: list[Path], prefix: str = "dlac_native") -> Path:
+    """Build ``sources`` (C++ and, if any, CUDA) into a shared library in the cache and load it into this process.
+
+    The build directory is named by a hash of the sources, headers, flags and torch version, so an unchanged
+    library is only loaded again. Returns the build directory; raises NativeUnavailable with the build log's tail.
+    Also used by ``make cuda-check`` (CUDA sources, no GPU needed) and by the tests' CPU emulation of the device
+    pipeline.
+    """
     if shutil.which(os.environ.get("CXX", "c++")) is None:
         raise NativeUnavailable("no C++ compiler found (install g++ or set CXX)")
-    sources, headers = _sources()
     directory = build_dir(sources, headers)
     # Several processes (ranks) may get here at once: nothing below may depend on another's files.
     try:
@@ -106,7 +127,7 @@ def _build_and_load() -> None:
         ) from e
     if not os.access(directory, os.W_OK | os.X_OK):
         raise NativeUnavailable(f"the build cache {directory} is not a writable directory; set {ENV_DIR} to one")
-    name = "dlac_native_" + directory.name
+    name = f"{prefix}_{directory.name}"
     from torch.utils import cpp_extension
 
     try:
@@ -124,13 +145,7 @@ def _build_and_load() -> None:
     except Exception as e:  # noqa: BLE001 - any build failure becomes one explained error
         tail = str(e)[-4000:]
         raise NativeUnavailable(f"building the native DLAC codec in {directory} failed:\n{tail}") from e
-    try:
-        from lightning_dlac.codec import _fake  # noqa: F401 - registers fake kernels for torch.compile / opcheck
-    except RuntimeError as e:  # built and loaded, but the library registered no (or other) dlac ops
-        raise NativeUnavailable(
-            f"the native library built in {directory} does not provide the dlac ops ({e}); the sources in"
-            f" {sources_dir()} are incomplete or from another version"
-        ) from e
+    return directory
 
 
 def native_available() -> bool:

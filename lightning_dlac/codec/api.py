@@ -21,25 +21,27 @@ def encode(x: torch.Tensor, eps: float | None = None, abs_eb: float | None = Non
     """Encode a 2-D float32 chunk with a relative (``eps``) or absolute (``abs_eb``) bound into a uint8 buffer."""
     ref.check_chunk(x)
     bound, relative = ref.check_scalar_bound(eps, abs_eb)
-    x = _on_cpu(x)
+    impl = resolve_impl(impl)
+    x = _placed(x, impl)
     rows, dim = x.shape
     ref._check_chunk_size(rows, dim, "x")
     with record_function("## dlac encode ##"):
-        if resolve_impl(impl) == "native":
+        if impl == "native":
             bounds = torch.tensor([bound], dtype=torch.float32)
-            return torch.ops.dlac.encode_grid(x.detach(), [0, rows], [0, dim], bounds, relative)[0]
+            return torch.ops.dlac.encode_grid(x, [0, rows], [0, dim], bounds, relative)[0]
         return ref.encode_chunk(x, bound, relative)
 
 
 def decode(buf: torch.Tensor | bytes, impl: str = "auto") -> torch.Tensor:
     """Decode one buffer made by :func:`encode` to a float32 [rows, dim] tensor; CodecError if it is invalid."""
-    buf = _as_buffer(buf, "buf")
+    impl = resolve_impl(impl)
+    buf = _as_buffer(buf, "buf", impl)
     with record_function("## dlac decode ##"):
-        if resolve_impl(impl) == "native":
+        if impl == "native":
             n = buf.numel()
             if n < HEADER_SIZE:
                 raise CodecError(f"buffer: {n} bytes is shorter than the {HEADER_SIZE}-byte DLAC header (truncated?)")
-            fields = HEADER.unpack_from(buf[:HEADER_SIZE].numpy().tobytes())
+            fields = HEADER.unpack_from(buf[:HEADER_SIZE].cpu().numpy().tobytes())
             if fields[0] != MAGIC:
                 raise CodecError(f"buffer: not a DLAC buffer (magic {fields[0]!r}, expected {MAGIC!r})")
             rows, dim = fields[7], fields[8]
@@ -51,7 +53,7 @@ def decode(buf: torch.Tensor | bytes, impl: str = "auto") -> torch.Tensor:
             except CodecError as err:
                 # The native op decodes a 1x1 grid; name the buffer as the reference does, not "chunk 0".
                 raise CodecError(str(err).replace("chunk 0 (row block 0, column block 0)", "buffer", 1)) from None
-        return ref.decode_chunk(buf)
+        return ref.decode_chunk(buf.cpu())
 
 
 def encode_grid(
@@ -74,10 +76,12 @@ def encode_grid(
 
     Returns:
         (payload, sizes): the chunks concatenated in row-block-major order as a 1-D uint8 tensor, and each chunk's
-        size in bytes (int64 [num_row_blocks * num_col_blocks]).
+        size in bytes (int64 [num_row_blocks * num_col_blocks]). With the native kernels, both are on x's device
+        (the CUDA kernels encode where x is); the reference encodes a host copy and returns CPU tensors.
     """
     ref.check_chunk(x)
-    x = _on_cpu(x)
+    impl = resolve_impl(impl)
+    x = _placed(x, impl)
     rs = ref.check_splits(row_splits, x.shape[0], "row_splits")
     cs = ref.check_splits(col_splits, x.shape[1], "col_splits")
     bounds, relative = ref.check_grid_bounds(eps, abs_eb, len(cs) - 1)
@@ -85,9 +89,9 @@ def encode_grid(
         for c in range(len(cs) - 1):
             ref._check_chunk_size(rs[r + 1] - rs[r], cs[c + 1] - cs[c], f"block ({r}, {c})")
     with record_function("## dlac encode ##"):
-        if resolve_impl(impl) == "native":
-            return torch.ops.dlac.encode_grid(x.detach(), rs, cs, bounds, relative)
-        return ref.encode_grid(x.detach(), rs, cs, bounds, relative)
+        if impl == "native":
+            return torch.ops.dlac.encode_grid(x, rs, cs, bounds, relative)
+        return ref.encode_grid(x, rs, cs, bounds, relative)
 
 
 def decode_grid(
@@ -96,11 +100,15 @@ def decode_grid(
 ) -> torch.Tensor:
     """Decode an :func:`encode_grid` payload into a float32 [row_splits[-1], col_splits[-1]] tensor.
 
+    The result is on the payload's device with the native kernels (CUDA payloads decode on the GPU), else on the
+    CPU.
+
     Raises:
         CodecError: if the sizes do not add up to the payload, a chunk's shape does not match its block, or a chunk
             is corrupted; the message names the chunk.
     """
-    payload = _as_buffer(payload, "payload")
+    impl = resolve_impl(impl)
+    payload = _as_buffer(payload, "payload", impl)
     rs = ref.check_splits(row_splits, _last(row_splits), "row_splits")
     cs = ref.check_splits(col_splits, _last(col_splits), "col_splits")
     nchunks = (len(rs) - 1) * (len(cs) - 1)
@@ -113,9 +121,9 @@ def decode_grid(
             f"chunk sizes sum to {int(sz.sum())} bytes but the payload holds {payload.numel()} (truncated payload?)"
         )
     with record_function("## dlac decode ##"):
-        if resolve_impl(impl) == "native":
+        if impl == "native":
             return _native_decode(payload, sz, rs, cs)
-        return ref.decode_grid(payload, sz.tolist(), rs, cs)
+        return ref.decode_grid(payload.cpu(), sz.tolist(), rs, cs)
 
 
 def _last(splits: Splits) -> int:
@@ -125,20 +133,32 @@ def _last(splits: Splits) -> int:
         raise ValueError(f"split points must be a non-empty sequence of ints, got {splits!r}") from e
 
 
-def _on_cpu(x: torch.Tensor) -> torch.Tensor:
-    # The kernels run on the CPU (cuda_ext/ has no CUDA kernels yet): device tensors are encoded from a host copy,
-    # and callers move the payload (and decoded tensors) back to their device.
-    return x.detach().cpu() if x.device.type != "cpu" else x
+def device_kernels(device: torch.device | str) -> bool:
+    """True if the loaded native library has kernels for tensors on ``device`` (CPU always; CUDA when the CUDA
+    sources were built, i.e. torch has CUDA and a GPU was visible at build time)."""
+    key = torch.device(device).type.upper()
+    return key == "CPU" or all(
+        torch._C._dispatch_has_kernel_for_dispatch_key(op, key) for op in ("dlac::encode_grid", "dlac::decode_grid")
+    )
 
 
-def _as_buffer(buf: torch.Tensor | bytes, name: str) -> torch.Tensor:
+def _placed(x: torch.Tensor, impl: str) -> torch.Tensor:
+    """x where the kernels can read it: in place when the native library has kernels for its device, else a host
+    copy (the reference, or a device without kernels); callers move results back to their device."""
+    x = x.detach()
+    if x.device.type == "cpu" or (impl == "native" and device_kernels(x.device)):
+        return x
+    return x.cpu()
+
+
+def _as_buffer(buf: torch.Tensor | bytes, name: str, impl: str = "ref") -> torch.Tensor:
     if isinstance(buf, (bytes, bytearray, memoryview)):
         return torch.frombuffer(bytearray(buf), dtype=torch.uint8) if len(buf) else torch.zeros(0, dtype=torch.uint8)
     if not isinstance(buf, torch.Tensor) or buf.dtype != torch.uint8 or buf.dim() != 1:
         is_tensor = isinstance(buf, torch.Tensor)
         what = f"{buf.dtype} tensor of shape {tuple(buf.shape)}" if is_tensor else type(buf).__name__
         raise TypeError(f"{name} must be a 1-D uint8 tensor (as returned by encode), got {what}")
-    return buf.detach().cpu().contiguous()
+    return _placed(buf, impl).contiguous()
 
 
 def _native_decode(payload: torch.Tensor, sizes: torch.Tensor, rs: list[int], cs: list[int]) -> torch.Tensor:

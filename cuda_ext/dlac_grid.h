@@ -1,0 +1,934 @@
+// The DLAC grid codec as a data-parallel pipeline over tensors on one device: the CUDA kernels (dlac_cuda.cu) and,
+// compiled for the host with sequential loops instead of kernel launches, the CPU emulation the tests check against
+// the reference bit for bit (tests/codec/emulated_grid.cpp) on machines without a GPU.
+//
+// Every kernel is written once as a lambda over one work item (an element, a row, a symbol, a Huffman block, a
+// CRC segment, a chunk) and run with for_each. Work items only communicate through atomics whose result does not
+// depend on their order (or, min, max, add, and a compare-and-swap hash insert that keeps the smallest row), so
+// running them one after another on the host computes exactly what the GPU computes. Per-chunk decisions that must
+// equal the CPU encoder's (PACK / HUFF / DEDUP / RAW, Huffman code lengths, headers) are made on the host by the
+// same functions dlac_codec.h gives the CPU encoder, from statistics the device gathers (one synchronization).
+//
+// Encode: range and finiteness -> per-chunk kind and bound -> which of the four quantization steps holds -> codes
+// -> unique code rows (hash set keeping the first row of each, then a prefix sum gives first-appearance ids) ->
+// histograms -> [host: plan, headers, Huffman tables] -> RAW copies, every code written at its bit offset (a prefix
+// sum of code lengths), block end offsets, CRC-32 per segment joined per chunk.
+// Decode: CRC per chunk -> [host: header validation] -> Huffman sections validated and tables built per section,
+// one thread per Huffman block, PACK values per element -> dequantized output.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+#include "dlac_codec.h"
+#include "dlac_ops.h"
+
+#if defined(__CUDACC__)
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAStream.h>
+#define DLAC_LAMBDA [=] __host__ __device__
+#else
+#define DLAC_LAMBDA [=]
+#endif
+
+namespace dlac {
+namespace grid {
+
+// ------------------------------------------------------------------------------------------------------------
+// Launching and atomics
+// ------------------------------------------------------------------------------------------------------------
+
+#if defined(__CUDACC__)
+template <class F>
+__global__ void for_each_kernel(int64_t n, F f) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) f(i);
+}
+
+// f(i) for every i in [0, n), in parallel on the current stream.
+template <class F>
+void for_each(int64_t n, F f) {
+  if (n <= 0) return;
+  constexpr int kThreads = 256;
+  const int64_t blocks = std::min<int64_t>((n + kThreads - 1) / kThreads, 65535 * 8);
+  for_each_kernel<<<unsigned(blocks), kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(n, f);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+#else
+// f(i) for every i in [0, n), one after another (the emulation).
+template <class F>
+void for_each(int64_t n, F f) {
+  for (int64_t i = 0; i < n; ++i) f(i);
+}
+#endif
+
+DLAC_HD inline void atomic_or(uint32_t* p, uint32_t v) {
+#if defined(__CUDA_ARCH__)
+  atomicOr(reinterpret_cast<unsigned int*>(p), v);
+#else
+  *p |= v;
+#endif
+}
+// Minimum / maximum; reads first so that the common case (no change) costs no atomic.
+DLAC_HD inline void atomic_min(uint32_t* p, uint32_t v) {
+#if defined(__CUDA_ARCH__)
+  if (v < *reinterpret_cast<volatile uint32_t*>(p)) atomicMin(reinterpret_cast<unsigned int*>(p), v);
+#else
+  if (v < *p) *p = v;
+#endif
+}
+DLAC_HD inline void atomic_max(uint32_t* p, uint32_t v) {
+#if defined(__CUDA_ARCH__)
+  if (v > *reinterpret_cast<volatile uint32_t*>(p)) atomicMax(reinterpret_cast<unsigned int*>(p), v);
+#else
+  if (v > *p) *p = v;
+#endif
+}
+DLAC_HD inline uint32_t atomic_cas(uint32_t* p, uint32_t expected, uint32_t v) {
+#if defined(__CUDA_ARCH__)
+  return atomicCAS(reinterpret_cast<unsigned int*>(p), expected, v);
+#else
+  uint32_t old = *p;
+  if (old == expected) *p = v;
+  return old;
+#endif
+}
+// Histogram increment; lanes of a warp that hit the same bin add once (codes cluster, so bins are contended).
+DLAC_HD inline void hist_add(uint32_t* p) {
+#if defined(__CUDA_ARCH__)
+  const unsigned mask = __activemask();
+  const unsigned peers = __match_any_sync(mask, reinterpret_cast<unsigned long long>(p));
+  if (int(threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(reinterpret_cast<unsigned int*>(p), __popc(peers));
+#else
+  *p += 1;
+#endif
+}
+
+// The segment holding item e: the last i in [0, nseg) with starts[i] <= e (empty segments are skipped over).
+DLAC_HD inline int64_t find_segment(const int64_t* starts, int64_t nseg, int64_t e) {
+  int64_t lo = 0, hi = nseg;
+  while (hi - lo > 1) {
+    int64_t mid = (lo + hi) >> 1;
+    if (starts[mid] <= e) lo = mid;
+    else hi = mid;
+  }
+  return lo;
+}
+
+DLAC_HD inline bool rows_equal(const uint32_t* a, const uint32_t* b, int64_t dim) {
+  for (int64_t j = 0; j < dim; ++j)
+    if (a[j] != b[j]) return false;
+  return true;
+}
+
+// float <-> an unsigned key with the same order (for atomic min / max of floats).
+DLAC_HD inline uint32_t order_key(float v) {
+  uint32_t b = float_to_bits(v);
+  return b ^ ((b & 0x80000000u) ? 0xFFFFFFFFu : 0x80000000u);
+}
+DLAC_HD inline float key_to_float(uint32_t k) { return bits_to_float(k ^ ((k & 0x80000000u) ? 0x80000000u : 0xFFFFFFFFu)); }
+
+// kStepFactors[k], spelled out: device code cannot index a host array.
+DLAC_HD inline float step_factor(int k) { return k == 0 ? 2.0f : k == 1 ? 1.9921875f : k == 2 ? 1.5f : 1.0f; }
+static_assert(kStepFactors[0] == 2.0f && kStepFactors[1] == 1.9921875f && kStepFactors[2] == 1.5f &&
+                  kStepFactors[3] == 1.0f && sizeof(kStepFactors) == 4 * sizeof(float),
+              "step_factor must list kStepFactors");
+
+DLAC_HD inline float dequantize(float lo, uint32_t q, float step) { return f_add(lo, f_mul(float(int32_t(q)), step)); }
+
+DLAC_HD inline void store_u32_bytes(uint8_t* p, uint32_t v) {
+  for (int k = 0; k < 4; ++k) p[k] = uint8_t(v >> (8 * k));
+}
+
+// ------------------------------------------------------------------------------------------------------------
+// Host <-> device helpers
+// ------------------------------------------------------------------------------------------------------------
+
+template <class T>
+at::Tensor to_device(const std::vector<T>& v, const at::Device& device) {
+  at::Tensor host = at::empty({int64_t(v.size() * sizeof(T))}, at::kByte);
+  if (!v.empty()) std::memcpy(host.data_ptr<uint8_t>(), v.data(), v.size() * sizeof(T));
+  return host.to(device, /*non_blocking=*/false, /*copy=*/true);
+}
+template <class T>
+T* ptr(const at::Tensor& t) {
+  return reinterpret_cast<T*>(t.data_ptr());
+}
+template <class T>
+std::vector<T> to_host(const at::Tensor& t) {
+  at::Tensor h = t.contiguous().to(at::kCPU);
+  std::vector<T> v(size_t(h.nbytes() / sizeof(T)));
+  if (!v.empty()) std::memcpy(v.data(), h.data_ptr(), v.size() * sizeof(T));
+  return v;
+}
+inline at::Tensor zeros_u32(int64_t n, const at::Device& device) {
+  return at::zeros({std::max<int64_t>(n, 1)}, at::TensorOptions().dtype(at::kInt).device(device));
+}
+
+// CRC tables on the device: the bytewise table, and for joining segments of kCrcSegment bytes, the register after
+// feeding kCrcSegment zero bytes from each single-byte state (the map is linear in the register).
+constexpr uint64_t kCrcSegment = 4096;
+inline at::Tensor crc_tables(const at::Device& device) {
+  static std::mutex mu;
+  static std::unordered_map<std::string, at::Tensor> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(device.str());
+  if (it != cache.end()) return it->second;
+  std::vector<uint32_t> t(5 * 256);
+  const uint32_t* t0 = crc_table().t[0];
+  for (int i = 0; i < 256; ++i) t[i] = t0[i];
+  for (int b = 0; b < 4; ++b)
+    for (uint32_t v = 0; v < 256; ++v) {
+      uint32_t r = v << (8 * b);
+      for (uint64_t k = 0; k < kCrcSegment; ++k) r = t0[r & 0xFF] ^ (r >> 8);
+      t[256 * (b + 1) + v] = r;
+    }
+  at::Tensor d = to_device(t, device);
+  cache.emplace(device.str(), d);
+  return d;
+}
+DLAC_HD inline uint32_t crc_shift(const uint32_t* tables, uint32_t r) {
+  const uint32_t* s = tables + 256;
+  return s[r & 0xFF] ^ s[256 + ((r >> 8) & 0xFF)] ^ s[512 + ((r >> 16) & 0xFF)] ^ s[768 + (r >> 24)];
+}
+
+// CRC-32 of every chunk (offsets[i], sizes[i]) of at least a header, with the crc field taken as zero, into crc[i].
+// Chunk i is cut into segments: the first holds size % kCrcSegment bytes (or a whole segment), the rest are whole,
+// so one table joins them.
+inline void chunk_crcs(const at::Tensor& payload, const std::vector<int64_t>& offsets, const std::vector<int64_t>& sizes,
+                       const at::Tensor& crc_out) {
+  const int64_t n = int64_t(sizes.size());
+  std::vector<int64_t> seg_starts(n + 1, 0), meta(2 * n);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t nseg = sizes[i] >= int64_t(kHeaderSize) ? int64_t(ceil_div(uint64_t(sizes[i]), kCrcSegment)) : 0;
+    seg_starts[i + 1] = seg_starts[i] + nseg;
+    meta[2 * i] = offsets[i];
+    meta[2 * i + 1] = sizes[i];
+  }
+  const at::Device device = payload.device();
+  at::Tensor starts_t = to_device(seg_starts, device), meta_t = to_device(meta, device);
+  at::Tensor tables_t = crc_tables(device);
+  at::Tensor regs = zeros_u32(seg_starts[n], device);
+  const int64_t* starts = ptr<int64_t>(starts_t);
+  const int64_t* m = ptr<int64_t>(meta_t);
+  const uint32_t* tables = ptr<uint32_t>(tables_t);
+  const uint8_t* data = ptr<uint8_t>(payload);
+  uint32_t* reg = ptr<uint32_t>(regs);
+  uint32_t* crc = ptr<uint32_t>(crc_out);
+  for_each(seg_starts[n], DLAC_LAMBDA(int64_t t) {
+    const int64_t i = find_segment(starts, n, t);
+    const uint64_t size = uint64_t(m[2 * i + 1]), s = uint64_t(t - starts[i]);
+    const uint64_t first = size - (ceil_div(size, kCrcSegment) - 1) * kCrcSegment;
+    const uint64_t begin = s == 0 ? 0 : first + (s - 1) * kCrcSegment;
+    const uint64_t end = s == 0 ? first : begin + kCrcSegment;
+    reg[t] = crc_register(s == 0 ? 0xFFFFFFFFu : 0u, data + m[2 * i], begin, end, tables);
+  });
+  for_each(n, DLAC_LAMBDA(int64_t i) {
+    if (starts[i + 1] == starts[i]) return;
+    uint32_t r = reg[starts[i]];
+    for (int64_t t = starts[i] + 1; t < starts[i + 1]; ++t) r = crc_shift(tables, r) ^ reg[t];
+    crc[i] = ~r;
+  });
+}
+
+// ------------------------------------------------------------------------------------------------------------
+// Encode
+// ------------------------------------------------------------------------------------------------------------
+
+struct EncChunk {
+  int64_t r0, rows, c0, dim;
+  int64_t elem_base, row_base, hash_base, hash_cap;
+  float bound;
+  uint32_t pad;
+};
+
+// Per-chunk state words on the device.
+enum : int {
+  kStLo = 0,   // order_key of the minimum
+  kStHi,       // order_key of the maximum
+  kStNonFinite,
+  kStOverflow,  // bit k: step k overflows 24-bit codes
+  kStMissed,    // bit k: some element holds with no code at step k
+  kStKind,
+  kStMin,       // float bits: the header's min (CONST value or quantization origin)
+  kStEb,        // float bits: absolute bound
+  kStStep,      // float bits: chosen step
+  kStQmax,
+  kStNuniq,
+  kStWords,
+};
+enum : uint32_t { kKindConst = 1, kKindRaw = 2, kKindQuant = 3 };
+constexpr uint32_t kEmpty = 0xFFFFFFFFu;
+
+// One lossless stream of a chunk: values from codes / unique code rows / row index, PACK or HUFF.
+struct EncStream {
+  int64_t sym_base;   // first symbol in the flat symbol space
+  int64_t count;
+  int64_t src_base;   // first value in its source array
+  int64_t table_off;  // HUFF: this stream's (reversed code | length << 24) table
+  int64_t data_bit;   // absolute bit offset of the first code in the payload
+  int64_t ends_off;   // HUFF: absolute byte offset of the block end offsets
+  int32_t src;        // 0 codes, 1 unique rows, 2 row index
+  int32_t huff;
+  uint32_t width;     // PACK
+  uint32_t pad;
+};
+
+inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x, c10::IntArrayRef rs,
+                                                              c10::IntArrayRef cs, const float* bounds,
+                                                              bool relative) {
+  const at::Device device = x.device();
+  const int64_t R = int64_t(rs.size()) - 1, C = int64_t(cs.size()) - 1, N = R * C;
+  const int64_t ld = x.stride(0);
+  std::vector<EncChunk> chunks(N);
+  std::vector<int64_t> elem_starts(N + 1, 0), row_starts(N + 1, 0);
+  int64_t hash_total = 0;
+  for (int64_t i = 0; i < N; ++i) {
+    const int64_t r = i / C, c = i % C;
+    EncChunk& ch = chunks[i];
+    ch.r0 = rs[r];
+    ch.rows = rs[r + 1] - rs[r];
+    ch.c0 = cs[c];
+    ch.dim = cs[c + 1] - cs[c];
+    ch.elem_base = elem_starts[i];
+    ch.row_base = row_starts[i];
+    ch.hash_base = hash_total;
+    ch.hash_cap = 0;
+    if (ch.rows > 1 && ch.dim > 0) {
+      ch.hash_cap = 16;
+      while (ch.hash_cap < 2 * ch.rows) ch.hash_cap <<= 1;
+    }
+    hash_total += ch.hash_cap;
+    ch.bound = bounds[c];
+    ch.pad = 0;
+    elem_starts[i + 1] = elem_starts[i] + ch.rows * ch.dim;
+    row_starts[i + 1] = row_starts[i] + (ch.dim > 0 ? ch.rows : 0);
+  }
+  const int64_t E = elem_starts[N], RW = row_starts[N];
+  std::vector<uint32_t> state_init(size_t(N) * kStWords, 0);
+  for (int64_t i = 0; i < N; ++i) state_init[i * kStWords + kStLo] = 0xFFFFFFFFu;
+
+  at::Tensor chunks_t = to_device(chunks, device), es_t = to_device(elem_starts, device);
+  at::Tensor rws_t = to_device(row_starts, device), state_t = to_device(state_init, device);
+  at::Tensor codes_t = zeros_u32(E, device), uniq_t = zeros_u32(E, device);
+  at::Tensor first_t = zeros_u32(RW, device), rep_t = zeros_u32(RW, device), index_t = zeros_u32(RW, device);
+  at::Tensor hash_t = at::full({std::max<int64_t>(hash_total, 1)}, -1, at::TensorOptions().dtype(at::kInt).device(device));
+  at::Tensor hist_t = zeros_u32(N * 3 * int64_t(kHuffMaxAlphabet), device);
+
+  const float* xp = x.data_ptr<float>();
+  const EncChunk* CH = ptr<EncChunk>(chunks_t);
+  const int64_t* ES = ptr<int64_t>(es_t);
+  const int64_t* RWS = ptr<int64_t>(rws_t);
+  uint32_t* S = ptr<uint32_t>(state_t);
+  uint32_t* codes = ptr<uint32_t>(codes_t);
+  uint32_t* uniq = ptr<uint32_t>(uniq_t);
+  uint32_t* first = ptr<uint32_t>(first_t);
+  uint32_t* rep = ptr<uint32_t>(rep_t);
+  uint32_t* index = ptr<uint32_t>(index_t);
+  uint32_t* table = ptr<uint32_t>(hash_t);
+  uint32_t* hist = ptr<uint32_t>(hist_t);
+  constexpr int64_t A = kHuffMaxAlphabet;
+
+  // Range and finiteness.
+  for_each(E, DLAC_LAMBDA(int64_t e) {
+    const int64_t i = find_segment(ES, N, e);
+    const EncChunk& ch = CH[i];
+    const int64_t l = e - ch.elem_base, r = l / ch.dim, j = l - r * ch.dim;
+    const float v = xp[(ch.r0 + r) * ld + ch.c0 + j];
+    uint32_t* s = S + i * kStWords;
+    if (!f_isfinite(v)) atomic_or(s + kStNonFinite, 1u);
+    const uint32_t key = order_key(v);
+    atomic_min(s + kStLo, key);
+    atomic_max(s + kStHi, key);
+  });
+  // Kind and absolute bound, as encode_chunk decides them.
+  for_each(N, DLAC_LAMBDA(int64_t i) {
+    const EncChunk& ch = CH[i];
+    uint32_t* s = S + i * kStWords;
+    if (ch.rows * ch.dim == 0) {
+      s[kStKind] = kKindConst;
+      s[kStMin] = float_to_bits(0.0f);
+      return;
+    }
+    if (ch.bound == 0.0f || s[kStNonFinite]) {
+      s[kStKind] = kKindRaw;
+      return;
+    }
+    const float lo = f_add(key_to_float(s[kStLo]), 0.0f), hi = f_add(key_to_float(s[kStHi]), 0.0f);
+    if (lo == hi) {
+      s[kStKind] = kKindConst;
+      s[kStMin] = float_to_bits(lo);
+      return;
+    }
+    const float eb = relative ? f_mul(ch.bound, f_sub(hi, lo)) : ch.bound;
+    if (!(f_isfinite(eb) && eb > 0.0f)) {
+      s[kStKind] = kKindRaw;
+      return;
+    }
+    s[kStKind] = kKindQuant;
+    s[kStMin] = float_to_bits(lo);
+    s[kStEb] = float_to_bits(eb);
+  });
+  // Which steps every element holds with (the CPU tries them in order; each element's verdict is its own).
+  for_each(E, DLAC_LAMBDA(int64_t e) {
+    const int64_t i = find_segment(ES, N, e);
+    uint32_t* s = S + i * kStWords;
+    if (s[kStKind] != kKindQuant) return;
+    const EncChunk& ch = CH[i];
+    const int64_t l = e - ch.elem_base, r = l / ch.dim, j = l - r * ch.dim;
+    const float v = xp[(ch.r0 + r) * ld + ch.c0 + j];
+    const float lo = bits_to_float(s[kStMin]), eb = bits_to_float(s[kStEb]);
+    uint32_t overflow = 0, missed = 0;
+    for (int k = 0; k < 4; ++k) {
+      const float step = f_mul(eb, step_factor(k));
+      if (!(f_isfinite(step) && step > 0.0f)) continue;
+      uint32_t code;
+      const int st = quantize_element(v, lo, eb, step, &code);
+      if (st == kOverflow) overflow |= 1u << k;
+      else if (st == kMissed) missed |= 1u << k;
+    }
+    if (overflow) atomic_or(s + kStOverflow, overflow);
+    if (missed) atomic_or(s + kStMissed, missed);
+  });
+  for_each(N, DLAC_LAMBDA(int64_t i) {
+    uint32_t* s = S + i * kStWords;
+    if (s[kStKind] != kKindQuant) return;
+    const float eb = bits_to_float(s[kStEb]);
+    for (int k = 0; k < 4; ++k) {
+      const float step = f_mul(eb, step_factor(k));
+      if (!(f_isfinite(step) && step > 0.0f) || (s[kStOverflow] >> k & 1u)) break;
+      if (!(s[kStMissed] >> k & 1u)) {
+        s[kStStep] = float_to_bits(step);
+        return;
+      }
+    }
+    s[kStKind] = kKindRaw;
+  });
+  // Codes.
+  for_each(E, DLAC_LAMBDA(int64_t e) {
+    const int64_t i = find_segment(ES, N, e);
+    uint32_t* s = S + i * kStWords;
+    if (s[kStKind] != kKindQuant) return;
+    const EncChunk& ch = CH[i];
+    const int64_t l = e - ch.elem_base, r = l / ch.dim, j = l - r * ch.dim;
+    uint32_t code = 0;
+    quantize_element(xp[(ch.r0 + r) * ld + ch.c0 + j], bits_to_float(s[kStMin]), bits_to_float(s[kStEb]),
+                     bits_to_float(s[kStStep]), &code);
+    codes[e] = code;
+    atomic_max(s + kStQmax, code);
+  });
+  // Unique code rows: each slot ends up holding the smallest row with its content.
+  for_each(RW, DLAC_LAMBDA(int64_t g) {
+    const int64_t i = find_segment(RWS, N, g);
+    const EncChunk& ch = CH[i];
+    if (S[i * kStWords + kStKind] != kKindQuant || ch.rows < 2) return;
+    const uint32_t r = uint32_t(g - ch.row_base);
+    const uint32_t* base = codes + ch.elem_base;
+    const uint32_t* row = base + int64_t(r) * ch.dim;
+    uint32_t* slots = table + ch.hash_base;
+    const uint32_t mask = uint32_t(ch.hash_cap - 1);
+    uint32_t slot = uint32_t(hash_row(reinterpret_cast<const uint8_t*>(row), uint32_t(ch.dim)) >> 32) & mask;
+    while (true) {
+      const uint32_t old = atomic_cas(slots + slot, kEmpty, r);
+      if (old == kEmpty) return;
+      if (rows_equal(base + int64_t(old) * ch.dim, row, ch.dim)) {
+        atomic_min(slots + slot, r);
+        return;
+      }
+      slot = (slot + 1) & mask;
+    }
+  });
+  for_each(RW, DLAC_LAMBDA(int64_t g) {
+    const int64_t i = find_segment(RWS, N, g);
+    const EncChunk& ch = CH[i];
+    if (S[i * kStWords + kStKind] != kKindQuant || ch.rows < 2) return;
+    const uint32_t r = uint32_t(g - ch.row_base);
+    const uint32_t* base = codes + ch.elem_base;
+    const uint32_t* row = base + int64_t(r) * ch.dim;
+    const uint32_t* slots = table + ch.hash_base;
+    const uint32_t mask = uint32_t(ch.hash_cap - 1);
+    uint32_t slot = uint32_t(hash_row(reinterpret_cast<const uint8_t*>(row), uint32_t(ch.dim)) >> 32) & mask;
+    while (!rows_equal(base + int64_t(slots[slot]) * ch.dim, row, ch.dim)) slot = (slot + 1) & mask;
+    rep[g] = slots[slot];
+    first[g] = slots[slot] == r ? 1u : 0u;
+  });
+  // First-appearance ids: a running count of first rows.
+  at::Tensor incl_t = at::cumsum(first_t, 0, at::kLong);
+  const int64_t* incl = ptr<int64_t>(incl_t);
+  for_each(RW, DLAC_LAMBDA(int64_t g) {
+    const int64_t i = find_segment(RWS, N, g);
+    const EncChunk& ch = CH[i];
+    if (S[i * kStWords + kStKind] != kKindQuant || ch.rows < 2) return;
+    const int64_t before = ch.row_base > 0 ? incl[ch.row_base - 1] : 0;
+    index[g] = uint32_t(incl[ch.row_base + rep[g]] - 1 - before);
+  });
+  for_each(N, DLAC_LAMBDA(int64_t i) {
+    const EncChunk& ch = CH[i];
+    uint32_t* s = S + i * kStWords;
+    if (s[kStKind] != kKindQuant) return;
+    const int64_t before = ch.row_base > 0 ? incl[ch.row_base - 1] : 0;
+    s[kStNuniq] = ch.rows < 2 ? uint32_t(ch.rows) : uint32_t(incl[ch.row_base + ch.rows - 1] - before);
+  });
+  // Histograms: all codes, the unique rows' codes, the row index.
+  for_each(E, DLAC_LAMBDA(int64_t e) {
+    const int64_t i = find_segment(ES, N, e);
+    const uint32_t* s = S + i * kStWords;
+    if (s[kStKind] != kKindQuant || s[kStQmax] >= A) return;
+    const EncChunk& ch = CH[i];
+    const uint32_t code = codes[e];
+    hist_add(hist + (i * 3 + 0) * A + code);
+    const int64_t r = (e - ch.elem_base) / ch.dim;
+    if (dedup_candidate(uint64_t(ch.rows), s[kStNuniq]) && first[ch.row_base + r]) hist_add(hist + (i * 3 + 1) * A + code);
+  });
+  for_each(RW, DLAC_LAMBDA(int64_t g) {
+    const int64_t i = find_segment(RWS, N, g);
+    const uint32_t* s = S + i * kStWords;
+    const EncChunk& ch = CH[i];
+    if (s[kStKind] != kKindQuant || !dedup_candidate(uint64_t(ch.rows), s[kStNuniq]) || s[kStNuniq] > A) return;
+    hist_add(hist + (i * 3 + 2) * A + index[g]);
+  });
+
+  // Host: the same plan as encode_chunk, from the statistics.
+  const std::vector<uint32_t> st = to_host<uint32_t>(state_t);
+  std::vector<int64_t> hist_index;
+  std::vector<int64_t> hist_at(size_t(N) * 3, -1), hist_len(size_t(N) * 3, 0);
+  for (int64_t i = 0; i < N; ++i) {
+    const uint32_t* s = st.data() + i * kStWords;
+    if (s[kStKind] != kKindQuant) continue;
+    const bool huff_ok = uint64_t(s[kStQmax]) + 1 <= kHuffMaxAlphabet;
+    const bool dedup = dedup_candidate(uint64_t(chunks[i].rows), s[kStNuniq]);
+    const int64_t len[3] = {huff_ok ? int64_t(s[kStQmax]) + 1 : 0, dedup && huff_ok ? int64_t(s[kStQmax]) + 1 : 0,
+                            dedup && index_huff_ok(s[kStNuniq]) ? int64_t(s[kStNuniq]) : 0};
+    for (int p = 0; p < 3; ++p) {
+      if (!len[p]) continue;
+      hist_at[i * 3 + p] = int64_t(hist_index.size());
+      hist_len[i * 3 + p] = len[p];
+      for (int64_t v = 0; v < len[p]; ++v) hist_index.push_back((i * 3 + p) * A + v);
+    }
+  }
+  std::vector<int32_t> hist_h;
+  if (!hist_index.empty())
+    hist_h = to_host<int32_t>(hist_t.index_select(0, to_device(hist_index, device).view(at::kLong)));
+  auto freq_of = [&](int64_t i, int p) {
+    const int64_t from = hist_at[i * 3 + p];
+    std::vector<uint64_t> f(static_cast<size_t>(hist_len[i * 3 + p]));
+    for (size_t v = 0; v < f.size(); ++v) f[v] = uint32_t(hist_h[from + v]);
+    return f;
+  };
+
+  std::vector<int64_t> sizes(N), offsets(N + 1, 0);
+  std::vector<uint8_t> blob;       // header and Huffman prefix bytes, written at blob_dst
+  std::vector<int64_t> blob_dst;
+  std::vector<int64_t> out_meta(size_t(N) * 2, 0);  // per chunk: payload offset, mode
+  std::vector<EncStream> streams;
+  std::vector<int64_t> stream_starts{0}, block_starts{0};
+  std::vector<uint32_t> code_tables;
+  std::vector<Header> headers(N);
+  std::vector<ChunkPlan> plans(N);
+  for (int64_t i = 0; i < N; ++i) {
+    const uint32_t* s = st.data() + i * kStWords;
+    const EncChunk& ch = chunks[i];
+    Header& h = headers[i];
+    h.rows = uint32_t(ch.rows);
+    h.dim = uint32_t(ch.dim);
+    uint32_t kind = s[kStKind];
+    if (kind == kKindQuant) {
+      const bool huff_ok = hist_at[i * 3] >= 0;
+      std::vector<uint64_t> freq, f0, f1;
+      if (huff_ok) freq = freq_of(i, 0);
+      if (hist_at[i * 3 + 1] >= 0) f0 = freq_of(i, 1);
+      if (hist_at[i * 3 + 2] >= 0) f1 = freq_of(i, 2);
+      plans[i] = plan_chunk(uint64_t(ch.rows), uint64_t(ch.dim), s[kStQmax], s[kStNuniq], huff_ok ? &freq : nullptr,
+                            hist_at[i * 3 + 1] >= 0 ? &f0 : nullptr, hist_at[i * 3 + 2] >= 0 ? &f1 : nullptr);
+      if (plans[i].mode == kRaw) kind = kKindRaw;
+      else h = quantized_header(plans[i], uint64_t(ch.rows), uint64_t(ch.dim), bits_to_float(s[kStMin]),
+                                bits_to_float(s[kStEb]), bits_to_float(s[kStStep]), s[kStNuniq]);
+    }
+    if (kind == kKindConst) {
+      h.mode = kConst;
+      h.min = bits_to_float(s[kStMin]);
+    } else if (kind == kKindRaw) {
+      h.mode = kRaw;
+      h.sec0 = uint32_t(4 * ch.rows * ch.dim);
+    }
+    sizes[i] = int64_t(kHeaderSize) + h.sec0 + h.sec1;
+    offsets[i + 1] = offsets[i] + sizes[i];
+    out_meta[2 * i] = offsets[i];
+    out_meta[2 * i + 1] = h.mode;
+    uint8_t hb[kHeaderSize];
+    write_header(h, hb);
+    for (uint32_t k = 0; k < kHeaderSize; ++k) {
+      blob.push_back(hb[k]);
+      blob_dst.push_back(offsets[i] + k);
+    }
+    if (h.mode != kPack && h.mode != kHuff && h.mode != kDedup) continue;
+    // Streams: (plan, source, first value, count, section start).
+    const ChunkPlan& plan = plans[i];
+    struct Part {
+      const StreamPlan* p;
+      int32_t src;
+      int64_t base, count, start;
+    };
+    std::vector<Part> parts;
+    const int64_t body = offsets[i] + kHeaderSize;
+    if (h.mode == kDedup) {
+      parts.push_back({&plan.p0, 1, ch.elem_base, int64_t(h.nuniq) * ch.dim, body});
+      parts.push_back({&plan.p1, 2, ch.row_base, ch.rows, body + int64_t(plan.p0.size)});
+    } else {
+      parts.push_back({&plan.whole, 0, ch.elem_base, ch.rows * ch.dim, body});
+    }
+    for (const Part& part : parts) {
+      EncStream es{};
+      es.sym_base = stream_starts.back();
+      es.count = part.count;
+      es.src_base = part.base;
+      es.src = part.src;
+      es.huff = part.p->huff ? 1 : 0;
+      es.width = part.p->width;
+      if (part.p->huff) {
+        std::vector<uint8_t> prefix(huff_prefix_size(*part.p));
+        write_huff_prefix(*part.p, uint64_t(part.count), prefix.data());
+        for (size_t k = 0; k < prefix.size(); ++k) {
+          blob.push_back(prefix[k]);
+          blob_dst.push_back(part.start + int64_t(k));
+        }
+        const int64_t nblocks = int64_t(ceil_div(uint64_t(part.count), kHuffBlock));
+        es.ends_off = part.start + int64_t(prefix.size());
+        es.data_bit = 8 * (es.ends_off + 4 * nblocks);
+        es.table_off = int64_t(code_tables.size());
+        const std::vector<uint32_t> t = huff_code_table(*part.p);
+        code_tables.insert(code_tables.end(), t.begin(), t.end());
+        block_starts.push_back(block_starts.back() + nblocks);
+      } else {
+        es.data_bit = 8 * part.start;
+        block_starts.push_back(block_starts.back());
+      }
+      streams.push_back(es);
+      stream_starts.push_back(stream_starts.back() + part.count);
+    }
+  }
+  const int64_t total = offsets[N];
+  const int64_t NS = int64_t(streams.size()), SYM = stream_starts.back(), BLK = block_starts.back();
+
+  // Device: the payload, zeroed, with headers and Huffman prefixes in place.
+  at::Tensor words_t = zeros_u32((total + 3) / 4 + 1, device);
+  at::Tensor payload = words_t.view(at::kByte).narrow(0, 0, total);
+  payload.index_copy_(0, to_device(blob_dst, device).view(at::kLong), to_device(blob, device));
+  at::Tensor meta_t = to_device(out_meta, device);
+  const int64_t* meta = ptr<int64_t>(meta_t);
+  uint8_t* out = ptr<uint8_t>(words_t);
+  uint32_t* words = ptr<uint32_t>(words_t);
+  // RAW chunks: the floats as they are.
+  for_each(E, DLAC_LAMBDA(int64_t e) {
+    const int64_t i = find_segment(ES, N, e);
+    if (meta[2 * i + 1] != kRaw) return;
+    const EncChunk& ch = CH[i];
+    const int64_t l = e - ch.elem_base, r = l / ch.dim, j = l - r * ch.dim;
+    store_u32_bytes(out + meta[2 * i] + kHeaderSize + 4 * l, float_to_bits(xp[(ch.r0 + r) * ld + ch.c0 + j]));
+  });
+  // DEDUP chunks: unique code rows in id order.
+  for_each(E, DLAC_LAMBDA(int64_t e) {
+    const int64_t i = find_segment(ES, N, e);
+    if (meta[2 * i + 1] != kDedup) return;
+    const EncChunk& ch = CH[i];
+    const int64_t l = e - ch.elem_base, r = l / ch.dim, j = l - r * ch.dim;
+    if (first[ch.row_base + r]) uniq[ch.elem_base + int64_t(index[ch.row_base + r]) * ch.dim + j] = codes[e];
+  });
+  if (NS > 0) {
+    at::Tensor streams_t = to_device(streams, device), ss_t = to_device(stream_starts, device);
+    at::Tensor bs_t = to_device(block_starts, device), ct_t = to_device(code_tables, device);
+    at::Tensor bits_t = at::empty({std::max<int64_t>(SYM, 1)}, at::TensorOptions().dtype(at::kLong).device(device));
+    const EncStream* SS = ptr<EncStream>(streams_t);
+    const int64_t* SST = ptr<int64_t>(ss_t);
+    const int64_t* BST = ptr<int64_t>(bs_t);
+    const uint32_t* CT = ptr<uint32_t>(ct_t);
+    int64_t* nbits = ptr<int64_t>(bits_t);
+    const uint32_t* srcs0 = codes;
+    const uint32_t* srcs1 = uniq;
+    const uint32_t* srcs2 = index;
+    // Bits per symbol, then each symbol's offset in its stream from a running sum.
+    for_each(SYM, DLAC_LAMBDA(int64_t t) {
+      const EncStream& es = SS[find_segment(SST, NS, t)];
+      const uint32_t* src = es.src == 0 ? srcs0 : es.src == 1 ? srcs1 : srcs2;
+      const uint32_t v = src[es.src_base + (t - es.sym_base)];
+      nbits[t] = es.huff ? int64_t(CT[es.table_off + v] >> 24) : int64_t(es.width);
+    });
+    at::Tensor cum_t = at::cumsum(bits_t, 0);
+    const int64_t* cum = ptr<int64_t>(cum_t);
+    for_each(SYM, DLAC_LAMBDA(int64_t t) {
+      const EncStream& es = SS[find_segment(SST, NS, t)];
+      const uint32_t* src = es.src == 0 ? srcs0 : es.src == 1 ? srcs1 : srcs2;
+      const uint32_t v = src[es.src_base + (t - es.sym_base)];
+      const uint32_t len = uint32_t(nbits[t]);
+      if (len == 0) return;
+      const uint32_t code = es.huff ? (CT[es.table_off + v] & 0xFFFFFFu) : v;
+      const int64_t before = es.sym_base > 0 ? cum[es.sym_base - 1] : 0;
+      const int64_t bit = es.data_bit + (cum[t] - len - before);
+      const int64_t w = bit >> 5;
+      const uint32_t sh = uint32_t(bit & 31);
+      atomic_or(words + w, code << sh);
+      if (sh + len > 32) atomic_or(words + w + 1, code >> (32 - sh));
+    });
+    // Huffman block end offsets (bits from the start of the stream).
+    for_each(BLK, DLAC_LAMBDA(int64_t g) {
+      const int64_t k = find_segment(BST, NS, g);
+      const EncStream& es = SS[k];
+      const int64_t b = g - BST[k];
+      const int64_t last = ((b + 1) * int64_t(kHuffBlock) < es.count ? (b + 1) * int64_t(kHuffBlock) : es.count) - 1;
+      const int64_t before = es.sym_base > 0 ? cum[es.sym_base - 1] : 0;
+      store_u32_bytes(out + es.ends_off + 4 * b, uint32_t(cum[es.sym_base + last] - before));
+    });
+  }
+  // Checksums, written into each header.
+  at::Tensor crc_t = zeros_u32(N, device);
+  chunk_crcs(payload, offsets, sizes, crc_t);
+  const uint32_t* crc = ptr<uint32_t>(crc_t);
+  for_each(N, DLAC_LAMBDA(int64_t i) { store_u32_bytes(out + meta[2 * i] + kCrcOffset, crc[i]); });
+  at::Tensor sizes_t = at::tensor(sizes, at::kLong).to(device);
+  return {payload, sizes_t};
+}
+
+// ------------------------------------------------------------------------------------------------------------
+// Decode
+// ------------------------------------------------------------------------------------------------------------
+
+struct DecChunk {
+  int64_t r0, rows, c0, dim, elem_base, row_base, off;
+  int32_t valid, mode;
+  float lo, step;
+  uint32_t nuniq, pad;
+};
+
+// One lossless section to decode into a code array: codes (0), unique rows (1), row index (2).
+struct DecSection {
+  int64_t data_off, nbytes, count, dst_base, sym_base;
+  int32_t huff, dst;
+  uint32_t width, pad;
+};
+
+inline at::Tensor decode_grid_device(const at::Tensor& payload, const std::vector<int64_t>& sizes, c10::IntArrayRef rs,
+                                     c10::IntArrayRef cs) {
+  const at::Device device = payload.device();
+  const int64_t R = int64_t(rs.size()) - 1, C = int64_t(cs.size()) - 1, N = R * C;
+  const int64_t ld = cs.back();
+  std::vector<int64_t> offsets(N + 1, 0);
+  for (int64_t i = 0; i < N; ++i) offsets[i + 1] = offsets[i] + sizes[i];
+  at::Tensor crc_t = zeros_u32(N, device);
+  chunk_crcs(payload, offsets, sizes, crc_t);
+  std::vector<int64_t> header_index;
+  for (int64_t i = 0; i < N; ++i)
+    if (sizes[i] >= int64_t(kHeaderSize))
+      for (uint32_t k = 0; k < kHeaderSize; ++k) header_index.push_back(offsets[i] + k);
+  std::vector<uint8_t> hdr_bytes;
+  if (!header_index.empty())
+    hdr_bytes = to_host<uint8_t>(payload.index_select(0, to_device(header_index, device).view(at::kLong)));
+  const std::vector<uint32_t> crcs = to_host<uint32_t>(crc_t);
+
+  // Host: header validation (the CPU decoder's checks and messages), then what to decode where.
+  std::vector<std::string> errors(N);
+  std::vector<DecChunk> chunks(N);
+  std::vector<int64_t> elem_starts(N + 1, 0), row_starts(N + 1, 0);
+  std::vector<DecSection> huff, pack;
+  std::vector<int64_t> huff_chunk, huff_starts{0}, pack_starts{0};
+  std::vector<int> sec_slot(size_t(N) * 2, -1);  // which huff section holds section 0 / 1 of chunk i
+  size_t hdr_at = 0;
+  const uint8_t zeros[kHeaderSize] = {0};
+  for (int64_t i = 0; i < N; ++i) {
+    const int64_t r = i / C, c = i % C;
+    DecChunk& ch = chunks[i];
+    ch.r0 = rs[r];
+    ch.rows = rs[r + 1] - rs[r];
+    ch.c0 = cs[c];
+    ch.dim = cs[c + 1] - cs[c];
+    ch.elem_base = elem_starts[i];
+    ch.row_base = row_starts[i];
+    ch.off = offsets[i];
+    ch.valid = 0;
+    elem_starts[i + 1] = elem_starts[i] + ch.rows * ch.dim;
+    row_starts[i + 1] = row_starts[i] + ch.rows;
+    const uint8_t* hp = zeros;
+    if (sizes[i] >= int64_t(kHeaderSize)) {
+      hp = hdr_bytes.data() + hdr_at;
+      hdr_at += kHeaderSize;
+    }
+    Header h;
+    try {
+      h = parse_header(hp, uint64_t(sizes[i]), &crcs[i]);
+      if (int64_t(h.rows) != ch.rows || int64_t(h.dim) != ch.dim)
+        fail("header shape " + std::to_string(h.rows) + "x" + std::to_string(h.dim) + " does not match the block's " +
+             std::to_string(ch.rows) + "x" + std::to_string(ch.dim));
+    } catch (const DecodeError& e) {
+      errors[i] = e.what();
+      continue;
+    }
+    ch.valid = 1;
+    ch.mode = h.mode;
+    ch.lo = h.min;
+    ch.step = h.step;
+    ch.nuniq = h.nuniq;
+    const int64_t body = offsets[i] + kHeaderSize;
+    auto add = [&](int slot, bool is_huff, uint32_t width, int64_t start, int64_t nbytes, int64_t count, int32_t dst,
+                   int64_t dst_base) {
+      DecSection s{start, nbytes, count, dst_base, 0, is_huff ? 1 : 0, dst, width, 0};
+      if (is_huff) {
+        s.sym_base = huff_starts.back();
+        sec_slot[i * 2 + slot] = int(huff.size());
+        huff.push_back(s);
+        huff_chunk.push_back(i);
+        huff_starts.push_back(huff_starts.back() + int64_t(ceil_div(uint64_t(count), kHuffBlock)));
+      } else {
+        s.sym_base = pack_starts.back();
+        pack.push_back(s);
+        pack_starts.push_back(pack_starts.back() + count);
+      }
+    };
+    const int64_t n = ch.rows * ch.dim;
+    if (h.mode == kPack) add(0, false, h.width0, body, h.sec0, n, 0, ch.elem_base);
+    else if (h.mode == kHuff) add(0, true, 0, body, h.sec0, n, 0, ch.elem_base);
+    else if (h.mode == kDedup) {
+      add(0, (h.flags & kFlagSec0Huff) != 0, h.width0, body, h.sec0, int64_t(h.nuniq) * ch.dim, 1, ch.elem_base);
+      add(1, (h.flags & kFlagSec1Huff) != 0, h.width1, body + h.sec0, h.sec1, ch.rows, 2, ch.row_base);
+    }
+  }
+  const int64_t E = elem_starts[N], NH = int64_t(huff.size()), NP = int64_t(pack.size());
+  at::Tensor codes_t = zeros_u32(E, device), uniq_t = zeros_u32(E, device), index_t = zeros_u32(row_starts[N], device);
+  at::Tensor out_t = at::empty({rs.back(), cs.back()}, at::TensorOptions().dtype(at::kFloat).device(device));
+  at::Tensor herr_t = zeros_u32(NH, device), cerr_t = zeros_u32(N, device);
+  uint32_t* dsts0 = ptr<uint32_t>(codes_t);
+  uint32_t* dsts1 = ptr<uint32_t>(uniq_t);
+  uint32_t* dsts2 = ptr<uint32_t>(index_t);
+  const uint8_t* data = ptr<uint8_t>(payload);
+  uint32_t* herr = ptr<uint32_t>(herr_t);
+  uint32_t* cerr = ptr<uint32_t>(cerr_t);
+  if (NH > 0) {
+    at::Tensor sec_t = to_device(huff, device), hs_t = to_device(huff_starts, device);
+    at::Tensor views_t = at::empty({NH * int64_t(sizeof(HuffView))}, at::TensorOptions().dtype(at::kByte).device(device));
+    at::Tensor tables_t = at::empty({NH * int64_t(kHuffMaxAlphabet)}, at::TensorOptions().dtype(at::kShort).device(device));
+    const DecSection* HS = ptr<DecSection>(sec_t);
+    const int64_t* HST = ptr<int64_t>(hs_t);
+    HuffView* views = ptr<HuffView>(views_t);
+    uint16_t* tables = ptr<uint16_t>(tables_t);
+    for_each(NH, DLAC_LAMBDA(int64_t k) {
+      const DecSection& s = HS[k];
+      HuffView v;
+      const int e = huff_parse(data + s.data_off, uint64_t(s.nbytes), uint64_t(s.count), &v);
+      views[k] = v;
+      if (e) {
+        herr[k] = uint32_t(e);
+        return;
+      }
+      huff_decode_table(v, tables + k * int64_t(kHuffMaxAlphabet));
+    });
+    for_each(huff_starts.back(), DLAC_LAMBDA(int64_t g) {
+      const int64_t k = find_segment(HST, NH, g);
+      if (herr[k]) return;
+      const DecSection& s = HS[k];
+      const uint64_t b = uint64_t(g - HST[k]);
+      const uint64_t left = uint64_t(s.count) - b * kHuffBlock;
+      const uint64_t count = left < kHuffBlock ? left : kHuffBlock;
+      uint32_t* dst = (s.dst == 0 ? dsts0 : s.dst == 1 ? dsts1 : dsts2) + s.dst_base + int64_t(b * kHuffBlock);
+      if (huff_decode_block(views[k], tables + k * int64_t(kHuffMaxAlphabet), b, count, dst) != kHuffOk)
+        atomic_or(herr + k, uint32_t(kHuffCorrupt));
+    });
+  }
+  if (NP > 0) {
+    at::Tensor sec_t = to_device(pack, device), ps_t = to_device(pack_starts, device);
+    const DecSection* PS = ptr<DecSection>(sec_t);
+    const int64_t* PST = ptr<int64_t>(ps_t);
+    for_each(pack_starts.back(), DLAC_LAMBDA(int64_t t) {
+      const DecSection& s = PS[find_segment(PST, NP, t)];
+      const int64_t k = t - s.sym_base;
+      uint32_t* dst = s.dst == 0 ? dsts0 : s.dst == 1 ? dsts1 : dsts2;
+      dst[s.dst_base + k] = unpack_one(data + s.data_off, uint64_t(s.nbytes), uint64_t(k), s.width);
+    });
+  }
+  at::Tensor chunks_t = to_device(chunks, device), es_t = to_device(elem_starts, device);
+  const DecChunk* CH = ptr<DecChunk>(chunks_t);
+  const int64_t* ES = ptr<int64_t>(es_t);
+  float* out = out_t.data_ptr<float>();
+  for_each(E, DLAC_LAMBDA(int64_t e) {
+    const int64_t i = find_segment(ES, N, e);
+    const DecChunk& ch = CH[i];
+    if (!ch.valid) return;
+    const int64_t l = e - ch.elem_base, r = l / ch.dim, j = l - r * ch.dim;
+    float* o = out + (ch.r0 + r) * ld + ch.c0 + j;
+    switch (ch.mode) {
+      case kConst: *o = ch.lo; break;
+      case kRaw: *o = bits_to_float(load_u32(data + ch.off + kHeaderSize + 4 * l)); break;
+      case kDedup: {
+        const uint32_t u = dsts2[ch.row_base + r];
+        if (u >= ch.nuniq) {
+          atomic_or(cerr + i, 1u);
+          return;
+        }
+        *o = dequantize(ch.lo, dsts1[ch.elem_base + int64_t(u) * ch.dim + j], ch.step);
+        break;
+      }
+      default: *o = dequantize(ch.lo, dsts0[e], ch.step);
+    }
+  });
+  const std::vector<uint32_t> herrs = to_host<uint32_t>(herr_t), cerrs = to_host<uint32_t>(cerr_t);
+  for (int64_t i = 0; i < N; ++i) {
+    std::string msg = errors[i];
+    for (int slot = 0; slot < 2 && msg.empty(); ++slot) {
+      const int k = sec_slot[i * 2 + slot];
+      if (k >= 0 && herrs[k]) msg = huff_error_message(int(herrs[k]));
+    }
+    if (msg.empty() && cerrs[i]) msg = "DEDUP index out of range";
+    TORCH_CHECK(msg.empty(), "chunk ", i, " (row block ", i / C, ", column block ", i % C, "): ", msg);
+  }
+  return out_t;
+}
+
+// ------------------------------------------------------------------------------------------------------------
+// The ops (the device's TORCH_LIBRARY_IMPL calls these): same checks and messages as the CPU kernels
+// ------------------------------------------------------------------------------------------------------------
+
+inline std::tuple<at::Tensor, at::Tensor> encode_grid_op(const at::Tensor& x_in, c10::IntArrayRef rs,
+                                                          c10::IntArrayRef cs, const at::Tensor& bounds,
+                                                          bool relative) {
+  TORCH_CHECK(x_in.scalar_type() == at::kFloat, "x must be a float32 tensor, got ", x_in.scalar_type());
+  TORCH_CHECK(x_in.dim() == 2, "x must be 2-D [rows, dim], got ", x_in.dim(), " dimensions");
+  check_splits(rs, x_in.size(0), "row_splits");
+  check_splits(cs, x_in.size(1), "col_splits");
+  check_chunk_limits(rs, cs);
+  const int64_t C = int64_t(cs.size()) - 1;
+  TORCH_CHECK(bounds.scalar_type() == at::kFloat && bounds.dim() == 1 && bounds.numel() == C,
+              "bounds must be a float32 tensor with one bound per column block (", C, ")");
+  const std::vector<float> b = to_host<float>(bounds);
+  check_bounds(b.data(), C, relative);
+  // Chunks read a strided view; only the column stride must be 1.
+  at::Tensor x = (x_in.size(1) <= 1 || x_in.stride(1) == 1) ? x_in : x_in.contiguous();
+  return encode_grid_device(x, rs, cs, b.data(), relative);
+}
+
+inline at::Tensor decode_grid_op(const at::Tensor& payload_in, const at::Tensor& sizes_in, c10::IntArrayRef rs,
+                                 c10::IntArrayRef cs) {
+  TORCH_CHECK(payload_in.scalar_type() == at::kByte && payload_in.dim() == 1, "payload must be a 1-D uint8 tensor");
+  TORCH_CHECK(sizes_in.scalar_type() == at::kLong && sizes_in.dim() == 1, "sizes must be a 1-D int64 tensor");
+  TORCH_CHECK(rs.size() >= 2 && cs.size() >= 2, "row_splits and col_splits need >= 2 points");
+  check_splits(rs, rs.back(), "row_splits");
+  check_splits(cs, cs.back(), "col_splits");
+  const int64_t nchunks = (int64_t(rs.size()) - 1) * (int64_t(cs.size()) - 1);
+  TORCH_CHECK(sizes_in.numel() == nchunks, "sizes must hold one entry per chunk (", nchunks, "), got ",
+              sizes_in.numel());
+  const std::vector<int64_t> sizes = to_host<int64_t>(sizes_in);
+  int64_t total = 0;
+  for (int64_t i = 0; i < nchunks; ++i) {
+    TORCH_CHECK(sizes[i] >= 0, "chunk ", i, ": negative size ", sizes[i]);
+    total += sizes[i];
+  }
+  TORCH_CHECK(total == payload_in.numel(), "chunk sizes sum to ", total, " bytes but the payload holds ",
+              payload_in.numel(), " (truncated payload?)");
+  return decode_grid_device(payload_in.contiguous(), sizes, rs, cs);
+}
+
+}  // namespace grid
+}  // namespace dlac

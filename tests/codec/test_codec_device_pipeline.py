@@ -1,0 +1,187 @@
+"""The CUDA kernels' algorithm, checked without a GPU.
+
+cuda_ext/dlac_grid.h is the device pipeline that cuda_ext/dlac_cuda.cu launches as kernels. Compiled for the host
+(tests/codec/emulated_grid.cpp, ops ``dlac_emu::*``), each kernel runs as a loop over its work items, so every
+decision, bit offset, checksum and error of the GPU encoder and decoder is exercised here: its payloads must equal
+the reference's byte for byte, its decoded values bit for bit, and it must reject exactly the buffers the CPU
+decoder rejects, with the same message. What this cannot show (races between work items, launch configuration)
+is what the CUDA tests check where a GPU exists.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import bits, zipf_payload
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from lightning_dlac.codec import Mode, _loader, encode_grid, inspect_grid
+from lightning_dlac.codec import reference as ref
+
+EMULATION = Path(__file__).with_name("emulated_grid.cpp")
+SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@pytest.fixture(scope="session")
+def emulated(native) -> None:
+    """Build the host emulation of the device pipeline (once per source hash, like the native kernels)."""
+    headers = sorted(_loader.sources_dir().glob("*.h"))
+    try:
+        _loader.build_library([EMULATION], headers, prefix="dlac_emu")
+    except _loader.NativeUnavailable as e:
+        pytest.fail(f"the device pipeline does not compile for the host:\n{e}")
+
+
+def emu_encode(x, rs, cs, bounds, relative=True):
+    return torch.ops.dlac_emu.encode_grid(x, rs, cs, torch.tensor(bounds, dtype=torch.float32), relative)
+
+
+def _outcome(op, *args):
+    """(result, None) or (None, error message without the C++ backtrace)."""
+    try:
+        return op(*args), None
+    except RuntimeError as e:
+        return None, str(e).split("\nException raised from")[0]
+
+
+@st.composite
+def grids(draw):
+    rows = draw(st.integers(0, 60))
+    ncols = draw(st.integers(1, 4))
+    dims = [draw(st.integers(0, 9)) for _ in range(ncols)]
+    cuts = sorted(draw(st.lists(st.integers(0, rows), max_size=3)))
+    rs = [0, *cuts, rows]
+    cs = np.cumsum([0, *dims]).tolist()
+    kind = draw(st.sampled_from(["normal", "wide", "tiny", "few", "offset", "specials", "const"]))
+    rng = np.random.default_rng(draw(st.integers(0, 2**31 - 1)))
+    shape = (rows, cs[-1])
+    if kind == "normal":
+        a = rng.standard_normal(shape) * draw(st.sampled_from([1e-3, 1.0, 1e3]))
+    elif kind == "wide":
+        a = rng.standard_normal(shape) * 10.0 ** rng.integers(-30, 38, size=shape)
+    elif kind == "tiny":
+        a = rng.standard_normal(shape) * 10.0 ** rng.integers(-45, -36, size=shape)
+    elif kind == "few":
+        base = rng.standard_normal((3, cs[-1]))
+        a = base[rng.integers(0, 3, size=rows)] if rows else np.zeros(shape)
+    elif kind == "offset":
+        a = 1e6 + rng.standard_normal(shape) * 1e-2
+    elif kind == "const":
+        a = np.full(shape, draw(st.sampled_from([0.0, -0.0, 2.5])))
+    else:
+        a = rng.standard_normal(shape)
+        if a.size:
+            flat = a.reshape(-1)
+            flat[rng.integers(0, flat.size, size=2)] = rng.choice([np.nan, np.inf, -np.inf], size=2)
+    relative = draw(st.booleans())
+    choices = [0.0, 1e-6, 1e-3, 0.01, 0.05, 0.3] if relative else [0.0, 1e-30, 1e-4, 0.1, 1e30]
+    bounds = [draw(st.sampled_from(choices)) for _ in range(ncols)]
+    return torch.from_numpy(np.asarray(a, dtype=np.float32).copy()), rs, cs, bounds, relative
+
+
+@SETTINGS
+@given(g=grids())
+def test_device_pipeline_matches_reference(emulated, g):
+    x, rs, cs, bounds, relative = g
+    payload, sizes = emu_encode(x, rs, cs, bounds, relative)
+    want, want_sizes = ref.encode_grid(x, rs, cs, torch.tensor(bounds, dtype=torch.float32), relative)
+    assert torch.equal(sizes, want_sizes)
+    assert torch.equal(payload, want)
+    out = torch.ops.dlac_emu.decode_grid(payload, sizes, rs, cs)
+    assert torch.equal(bits(out), bits(ref.decode_grid(payload, sizes.tolist(), rs, cs)))
+
+
+def test_device_pipeline_on_embedding_payloads(emulated):
+    # Every mode, Huffman sections of several blocks, DEDUP with both index codings, a strided input.
+    x = zipf_payload(rows=3000, dim=64, vocab=300)
+    noise = torch.randn(3000, 40, generator=torch.Generator().manual_seed(3))
+    wide = torch.cat([x, noise, x[:, :8] * 1e3], dim=1)
+    rs, cs = [0, 1000, 1000, 3000], [0, 16, 48, 64, 104, 112]
+    bounds = [0.01, 0.05, 0.0, 0.01, 1e-7]
+    payload, sizes = emu_encode(wide, rs, cs, bounds)
+    native = torch.ops.dlac.encode_grid(wide, rs, cs, torch.tensor(bounds), True)
+    assert torch.equal(payload, native[0]) and torch.equal(sizes, native[1])
+    assert {info.mode for info in inspect_grid(payload, sizes)} == {Mode.DEDUP, Mode.HUFF, Mode.RAW, Mode.CONST}
+    out = torch.ops.dlac_emu.decode_grid(payload, sizes, rs, cs)
+    assert torch.equal(bits(out), bits(torch.ops.dlac.decode_grid(payload, sizes, rs, cs)))
+    strided = wide.t().contiguous().t()  # column stride != 1: copied, as the CPU kernel does
+    assert torch.equal(emu_encode(strided, rs, cs, bounds)[0], payload)
+    row_view = torch.cat([wide, wide], dim=1)[:, :112]  # row stride 224: read in place
+    assert torch.equal(emu_encode(row_view, rs, cs, bounds)[0], payload)
+
+
+def test_device_pipeline_uses_pack_when_it_is_smaller(emulated):
+    # Uniform codes over a wide alphabet: Huffman cannot beat fixed-width packing.
+    x = torch.rand(500, 16, generator=torch.Generator().manual_seed(1))
+    payload, sizes = emu_encode(x, [0, 500], [0, 16], [1e-4])
+    assert inspect_grid(payload, sizes)[0].mode == Mode.PACK
+    assert torch.equal(payload, encode_grid(x, [0, 500], [0, 16], eps=1e-4, impl="ref")[0])
+
+
+def _mutations(payload: torch.Tensor, sizes: torch.Tensor, n: int, seed: int):
+    """Corrupted copies of a grid payload: bit flips, structural edits behind recomputed checksums, bad sizes."""
+    from test_codec_errors import _refresh_crc
+
+    rnd = random.Random(seed)
+    data = payload.numpy().tobytes()
+    offs = np.concatenate([[0], np.cumsum(sizes.numpy())]).tolist()
+    for k in range(n):
+        chunk = rnd.randrange(len(offs) - 1)
+        buf = bytearray(data[offs[chunk]: offs[chunk + 1]])
+        new_sizes = sizes.clone()
+        if k % 3 == 0:
+            buf[rnd.randrange(len(buf))] ^= 1 << rnd.randrange(8)
+        elif k % 3 == 1:
+            for _ in range(rnd.randint(1, 4)):
+                i = rnd.randrange(len(buf)) if rnd.random() < 0.5 else rnd.randrange(min(len(buf), 64))
+                buf[i] = rnd.randrange(256)
+            _refresh_crc(buf)
+        else:
+            cut = rnd.randrange(len(buf))
+            buf = buf[:cut]
+            new_sizes[chunk] = cut
+        whole = data[: offs[chunk]] + bytes(buf) + data[offs[chunk + 1]:]
+        yield torch.frombuffer(bytearray(whole), dtype=torch.uint8), new_sizes
+
+
+def test_device_decoder_rejects_what_the_cpu_decoder_rejects(emulated):
+    x = zipf_payload(rows=600, dim=24, vocab=30)
+    x[:, 16:] = torch.randn(600, 8, generator=torch.Generator().manual_seed(2))
+    rs, cs, bounds = [0, 200, 600], [0, 8, 16, 24], [0.01, 0.0, 0.05]
+    payload, sizes = emu_encode(x, rs, cs, bounds)
+    rejected = 0
+    for mutated, new_sizes in _mutations(payload, sizes, 600, seed=5):
+        got, err = _outcome(torch.ops.dlac_emu.decode_grid, mutated, new_sizes, rs, cs)
+        want, want_err = _outcome(torch.ops.dlac.decode_grid, mutated, new_sizes, rs, cs)
+        assert err == want_err
+        if err is None:
+            assert torch.equal(bits(got), bits(want))
+        rejected += err is not None
+    assert rejected > 300
+
+
+def test_device_ops_check_their_arguments(emulated):
+    x = torch.randn(10, 4)
+    with pytest.raises(RuntimeError, match="float32"):
+        emu_encode(x.double(), [0, 10], [0, 4], [0.01])
+    with pytest.raises(RuntimeError, match="one bound per column block"):
+        emu_encode(x, [0, 10], [0, 2, 4], [0.01])
+    with pytest.raises(RuntimeError, match="< 1"):
+        emu_encode(x, [0, 10], [0, 4], [1.5])
+    with pytest.raises(RuntimeError, match="col_splits"):
+        emu_encode(x, [0, 10], [0, 5], [0.01])
+    payload, sizes = emu_encode(x, [0, 10], [0, 4], [0.01])
+    with pytest.raises(RuntimeError, match="sum to"):
+        torch.ops.dlac_emu.decode_grid(payload[:-1], sizes, [0, 10], [0, 4])
+    with pytest.raises(RuntimeError, match="one entry per chunk"):
+        torch.ops.dlac_emu.decode_grid(payload, sizes, [0, 5, 10], [0, 4])
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(pytest.main([__file__, "-q"]))
