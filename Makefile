@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.dlac-installed
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test test-fast lint asan-fuzz clean-venv
+.PHONY: venv demo test test-fast lint asan-fuzz cuda-check clean-venv
 
 venv: $(STAMP)
 
@@ -33,8 +33,21 @@ test-fast: venv
 asan-fuzz: venv
 	$(BIN)/python tests/codec/asan_fuzz.py --n 6000
 
+# Compile-check the CUDA kernels without a GPU: a CUDA build of torch in .venv-cuda (~5.5 GB, once), nvcc from
+# CUDA_HOME or PATH, TORCH_CUDA_ARCH_LIST=9.0 unless set; builds cuda_ext/ as the loader does on a GPU machine.
+CUDA_VENV ?= .venv-cuda
+CUDA_STAMP := $(CUDA_VENV)/.dlac-installed
+$(CUDA_STAMP): requirements/cuda-check.txt
+	test -x $(CUDA_VENV)/bin/python || $(PYTHON) -m venv $(CUDA_VENV)
+	$(CUDA_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(CUDA_VENV)/bin/python -m pip install --quiet -r requirements/cuda-check.txt
+	touch $@
+
+cuda-check: $(CUDA_STAMP)
+	$(CUDA_VENV)/bin/python tests/codec/cuda_compile_check.py
+
 lint: venv
 	$(BIN)/python -m ruff check lightning_dlac examples tests benchmarks
 
 clean-venv:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(CUDA_VENV)
