@@ -67,17 +67,65 @@ def test_single_thread_and_multi_thread_agree(native):
     assert torch.equal(bits(decode_grid(p1, s1, rs, cs, impl="native")), bits(decode_grid(p1, s1, rs, cs, impl="ref")))
 
 
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def _all_modes_grid():
+    x = zipf_payload(rows=4096, dim=64, vocab=300)
+    noise = torch.randn(4096, 40, generator=torch.Generator().manual_seed(3))
+    x = torch.cat([x, noise, torch.rand(4096, 16, generator=torch.Generator().manual_seed(4))], dim=1)
+    rs, cs = [0, 1024, 1024, 4096], [0, 16, 48, 64, 104, 120]
+    return x, rs, cs, torch.tensor([0.01, 0.05, 0.0, 0.01, 1e-4])  # DEDUP, DEDUP, RAW, HUFF, PACK (+ empty CONST)
+
+
 @pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@CUDA
 def test_cuda_matches_reference(native):
-    x = zipf_payload()
-    rs, cs = [0, 2048, 4096], [0, 32, 64]
-    ref_payload, ref_sizes = encode_grid(x, rs, cs, eps=0.01, impl="ref")
-    payload, sizes = torch.ops.dlac.encode_grid(x.cuda(), rs, cs, torch.tensor([0.01, 0.01]), True)
-    assert torch.equal(payload.cpu(), ref_payload) and torch.equal(sizes.cpu(), ref_sizes)
+    from lightning_dlac.codec.api import device_kernels
+
+    assert device_kernels("cuda"), "torch has CUDA and a GPU, so the loader must have built the CUDA kernels"
+    x, rs, cs, eps = _all_modes_grid()
+    ref_payload, ref_sizes = encode_grid(x, rs, cs, eps=eps, impl="ref")
+    payload, sizes = torch.ops.dlac.encode_grid(x.cuda(), rs, cs, eps, True)
+    assert payload.is_cuda and sizes.is_cuda
+    assert torch.equal(sizes.cpu(), ref_sizes) and torch.equal(payload.cpu(), ref_payload)
     y = torch.ops.dlac.decode_grid(ref_payload.cuda(), ref_sizes.cuda(), rs, cs)
+    assert y.is_cuda
     assert torch.equal(bits(y.cpu()), bits(decode_grid(ref_payload, ref_sizes, rs, cs, impl="ref")))
-    assert torch.equal(encode(x, eps=0.01, impl="ref"), encode(x, eps=0.01, impl="native"))
+    # The public API keeps device tensors on the device with the native kernels.
+    p2, s2 = encode_grid(x.cuda(), rs, cs, eps=eps, impl="native")
+    assert p2.is_cuda and torch.equal(p2.cpu(), ref_payload)
+    assert decode_grid(p2, s2, rs, cs, impl="native").is_cuda
+    assert torch.equal(encode(x, eps=0.01, impl="ref"), encode(x.cuda(), eps=0.01, impl="native").cpu())
+
+
+@pytest.mark.cuda
+@CUDA
+def test_cuda_large_batch_and_repeated_calls(native):
+    # 26 tables x 8 destinations, as the all-to-all sends them: the same bytes as the CPU kernels, every time.
+    x = zipf_payload(rows=8 * 2048, dim=26 * 16, vocab=5000)
+    rs, cs = list(range(0, 8 * 2048 + 1, 2048)), list(range(0, 26 * 16 + 1, 16))
+    eps = torch.full((26,), 0.01)
+    want = torch.ops.dlac.encode_grid(x, rs, cs, eps, True)
+    xc = x.cuda()
+    for _ in range(3):
+        got = torch.ops.dlac.encode_grid(xc, rs, cs, eps, True)
+        assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])
+
+
+@pytest.mark.cuda
+@CUDA
+def test_cuda_decoder_rejects_what_the_cpu_decoder_rejects(native):
+    from test_codec_device_pipeline import _mutations, _outcome
+
+    x, rs, cs, eps = _all_modes_grid()
+    payload, sizes = torch.ops.dlac.encode_grid(x[:600], [0, 200, 600], cs, eps, True)
+    for mutated, new_sizes in _mutations(payload, sizes, 300, seed=9):
+        got, err = _outcome(torch.ops.dlac.decode_grid, mutated.cuda(), new_sizes, [0, 200, 600], cs)
+        want, want_err = _outcome(torch.ops.dlac.decode_grid, mutated, new_sizes, [0, 200, 600], cs)
+        assert err == want_err
+        if err is None:
+            assert torch.equal(bits(got.cpu()), bits(want))
 
 
 def test_auto_falls_back_with_one_warning(monkeypatch):
