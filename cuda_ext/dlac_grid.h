@@ -644,12 +644,12 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
   if (NS > 0) {
     at::Tensor streams_t = to_device(streams, device), ss_t = to_device(stream_starts, device);
     at::Tensor bs_t = to_device(block_starts, device), ct_t = to_device(code_tables, device);
-    at::Tensor bits_t = at::empty({std::max<int64_t>(SYM, 1)}, at::TensorOptions().dtype(at::kLong).device(device));
+    at::Tensor bits_t = at::empty({std::max<int64_t>(SYM, 1)}, at::TensorOptions().dtype(at::kInt).device(device));
     const EncStream* SS = ptr<EncStream>(streams_t);
     const int64_t* SST = ptr<int64_t>(ss_t);
     const int64_t* BST = ptr<int64_t>(bs_t);
     const uint32_t* CT = ptr<uint32_t>(ct_t);
-    int64_t* nbits = ptr<int64_t>(bits_t);
+    int32_t* nbits = ptr<int32_t>(bits_t);
     const uint32_t* srcs0 = codes;
     const uint32_t* srcs1 = uniq;
     const uint32_t* srcs2 = index;
@@ -658,9 +658,9 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
       const EncStream& es = SS[find_segment(SST, NS, t)];
       const uint32_t* src = es.src == 0 ? srcs0 : es.src == 1 ? srcs1 : srcs2;
       const uint32_t v = src[es.src_base + (t - es.sym_base)];
-      nbits[t] = es.huff ? int64_t(CT[es.table_off + v] >> 24) : int64_t(es.width);
+      nbits[t] = es.huff ? int32_t(CT[es.table_off + v] >> 24) : int32_t(es.width);
     });
-    at::Tensor cum_t = at::cumsum(bits_t, 0);
+    at::Tensor cum_t = at::cumsum(bits_t, 0, at::kLong);
     const int64_t* cum = ptr<int64_t>(cum_t);
     for_each(SYM, DLAC_LAMBDA(int64_t t) {
       const EncStream& es = SS[find_segment(SST, NS, t)];
