@@ -1,12 +1,15 @@
 """Compressed drop-in for TorchRec's ``PooledEmbeddingsAllToAll``.
 
 Forward, on every rank:
-1. encode every (destination rank, local table) chunk of ``local_embs`` with that table's current bound;
+1. encode every (destination rank, local table) chunk of ``local_embs`` for the other ranks with that table's
+   current bound; the rows a rank keeps for itself never leave it, so they are neither encoded nor sent and arrive
+   exactly (their chunk sizes are exchanged as 0);
 2. exchange the per-chunk compressed byte counts (a small int64 all-to-all);
 3. exchange the payloads with one variable-split ``all_to_all_single``;
 4. decode and reassemble the columns in TorchRec's order (source rank, then its tables).
 
-Backward sends the gradients the other way, uncompressed, cast to bf16/fp16, or DLAC-encoded.
+Backward sends the gradients the other way, uncompressed, cast to bf16/fp16, or DLAC-encoded (again keeping the
+rank's own block local).
 """
 
 from __future__ import annotations
@@ -163,11 +166,8 @@ class CompressedPooledEmbeddingsAllToAll(nn.Module):
 
         t0 = time.perf_counter()
         with record_function("## dlac encode ##"):
-            if n_local:
-                payload, sizes = encode_grid(x, row_splits, self._col_splits[me], eps=eps, impl=self._config.impl)
-            else:
-                payload, sizes = torch.zeros(0, dtype=torch.uint8), torch.zeros(0, dtype=torch.int64)
-            payload, sizes = payload.to(dev), sizes.to(dev)
+            sides = self._encode_for_others(x, row_splits, eps)
+            payload, sizes = self._join(sides, n_local, dev)
         t1 = time.perf_counter()
 
         with record_function("## dlac exchange ##"):
@@ -182,11 +182,18 @@ class CompressedPooledEmbeddingsAllToAll(nn.Module):
 
         with record_function("## dlac decode ##"):
             b_me = batch_size_per_rank[me]
-            try:
-                out = decode_grid(received, recv_sizes, [0, b_me], self._all_col_splits, impl=self._config.impl)
-                out = out.to(dev)
-            except CodecError as err:
-                raise self._locate_decode_error(received, recv_sizes, chunk_counts, b_me) from err
+            others = [s for s in range(world) if s != me]
+            cols = _offsets([d for s in others for d in self._dims[s]])
+            decoded = x.new_empty(b_me, 0)
+            if len(cols) > 1:
+                mine = _offsets(chunk_counts)
+                keep = torch.cat([recv_sizes[: mine[me]], recv_sizes[mine[me + 1]:]])
+                try:
+                    decoded = decode_grid(received, keep, [0, b_me], cols, impl=self._config.impl).to(dev)
+                except CodecError as err:
+                    raise self._locate_decode_error(received, recv_sizes, chunk_counts, b_me) from err
+            first = sum(self.dim_sum_per_rank[:me])  # this rank's columns in the output
+            out = torch.cat([decoded[:, :first], x[row_splits[me]: row_splits[me + 1]], decoded[:, first:]], dim=1)
         t3 = time.perf_counter()
         if probing:
             return out  # calibration probes are not traffic: they leave the statistics alone
@@ -197,13 +204,39 @@ class CompressedPooledEmbeddingsAllToAll(nn.Module):
         stats.exchange_s += t2 - t1
         stats.decode_s += t3 - t2
         per_table = sizes.view(world, n_local).sum(0).tolist() if n_local else []
-        self._count_forward(x.size(0), int(payload.numel()) + sizes.numel() * 8, per_table)
+        remote_rows = x.size(0) - batch_size_per_rank[me]
+        self._count_forward(remote_rows, int(payload.numel()) + (world - 1) * n_local * 8, per_table)
         if n_local:
             self._note_non_finite(x, sizes, row_splits)
             every = self._config.error_every
             if every and (stats.calls - 1) % every == 0:
-                self._measure_error(x, payload, sizes, row_splits, eps)
+                self._measure_error(x, sides[0] + sides[1], eps)
         return out
+
+    def _encode_for_others(
+        self, x: torch.Tensor, row_splits: list[int], eps: torch.Tensor
+    ) -> list[list[tuple[int, list[int], torch.Tensor, torch.Tensor]]]:
+        """Encode the (destination, local table) chunks of ``x`` for every rank but this one, as at most two grids:
+        [[grid of the destinations before this rank], [grid of those after it]] (either list may be empty), each
+        grid as (first row, row splits, payload, sizes)."""
+        me, cols = self._rank, self._col_splits[self._rank]
+        sides: list[list[tuple[int, list[int], torch.Tensor, torch.Tensor]]] = [[], []]
+        for side, (lo, hi) in enumerate(((0, me), (me + 1, self._world))):
+            if hi > lo and len(cols) > 1:
+                r0 = row_splits[lo]
+                rs = [r - r0 for r in row_splits[lo: hi + 1]]
+                payload, sizes = encode_grid(x[r0: row_splits[hi]], rs, cols, eps=eps, impl=self._config.impl)
+                sides[side].append((r0, rs, payload, sizes))
+        return sides
+
+    @staticmethod
+    def _join(sides: list[list[tuple]], n_local: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """One payload for the all-to-all, and every destination's chunk sizes with 0 for this rank's own."""
+        own = torch.zeros(n_local, dtype=torch.int64, device=dev)
+        sizes = torch.cat([*(p[-1].to(dev) for p in sides[0]), own, *(p[-1].to(dev) for p in sides[1])])
+        parts = sides[0] + sides[1]
+        payload = torch.cat([p[-2].to(dev) for p in parts]) if parts else torch.zeros(0, dtype=torch.uint8, device=dev)
+        return payload, sizes
 
     def _exchange_uncompressed(self, x: torch.Tensor, batch_size_per_rank: list[int]) -> torch.Tensor:
         """TorchRec's exchange: float32 rows to their destination, in one all-to-all (``skip_when_slower``)."""
@@ -221,12 +254,13 @@ class CompressedPooledEmbeddingsAllToAll(nn.Module):
         self._skip.record(compressed=False, seconds=seconds)
         self.stats.uncompressed_calls += 1
         self.stats.exchange_s += seconds
-        rows = x.size(0)
-        self._count_forward(rows, x.numel() * 4, [rows * dim * 4 for dim in self._dims[me]])
+        rows = x.size(0) - batch_size_per_rank[me]  # the rows this rank keeps are not traffic
+        self._count_forward(rows, rows * d_me * 4, [rows * dim * 4 for dim in self._dims[me]])
         return out
 
     def _count_forward(self, rows: int, sent_bytes: int, table_sent_bytes: Sequence[int]) -> None:
-        """Count one forward call of ``rows`` rows: float32 bytes it stands for, bytes it sent, per local table."""
+        """Count one forward call that sent ``rows`` rows to other ranks: float32 bytes they stand for, bytes it
+        sent, per local table."""
         me, stats = self._rank, self.stats
         stats.calls += 1
         stats.raw_bytes += rows * self.dim_sum_per_rank[me] * 4
@@ -243,28 +277,32 @@ class CompressedPooledEmbeddingsAllToAll(nn.Module):
                 yield name, x[row_splits[r] : row_splits[r + 1], cols[c] : cols[c + 1]]
 
     def _note_non_finite(self, x: torch.Tensor, sizes: torch.Tensor, row_splits: list[int]) -> None:
-        """Record tables whose chunk held NaN/Inf. The codec sends such chunks raw (exactly), so only chunks whose
-        size is exactly a raw chunk's are checked: nothing is scanned on the usual, compressed path."""
+        """Record tables whose chunk for another rank held NaN/Inf. The codec sends such chunks raw (exactly), so
+        only chunks whose size is exactly a raw chunk's are checked: nothing is scanned on the usual, compressed
+        path (and the rows a rank keeps for itself, passed on as they are, are not scanned at all)."""
         for (name, chunk), size in zip(self._local_chunks(x, row_splits), sizes.tolist()):
             if chunk.numel() and size == HEADER_SIZE + chunk.numel() * 4 and not bool(torch.isfinite(chunk).all()):
                 self.stats.non_finite_tables.add(name)
 
-    def _measure_error(
-        self, x: torch.Tensor, payload: torch.Tensor, sizes: torch.Tensor, row_splits: list[int], eps: torch.Tensor
-    ) -> None:
+    def _measure_error(self, x: torch.Tensor, parts: list, eps: torch.Tensor) -> None:
         """Decode our own payload and record max |x - x_hat| / bound per table (the bound is a guarantee; this
         makes it visible)."""
         x = x.cpu()
-        x_hat = decode_grid(payload, sizes, row_splits, self._col_splits[self._rank], impl=self._config.impl)
-        eps_of = dict(zip(self._tables[self._rank], eps.tolist()))
+        cols, tables = self._col_splits[self._rank], self._tables[self._rank]
+        eps_of = dict(zip(tables, eps.tolist()))
         worst = dict.fromkeys(eps_of, 0.0)
-        decoded = (chunk_hat for _, chunk_hat in self._local_chunks(x_hat, row_splits))
-        for (name, chunk), chunk_hat in zip(self._local_chunks(x, row_splits), decoded):
-            if chunk.numel() == 0 or not torch.isfinite(chunk).all():
-                continue  # nothing sent, or sent raw, exactly (and recorded by _note_non_finite)
-            bound = eps_of[name] * float(chunk.max() - chunk.min())
-            err = float((chunk - chunk_hat).abs().max())
-            worst[name] = max(worst[name], err / bound if bound > 0 else (0.0 if err == 0 else float("inf")))
+        for r0, rs, payload, sizes in parts:
+            x_hat = decode_grid(payload, sizes, rs, cols, impl=self._config.impl).cpu()
+            for r, c in itertools.product(range(len(rs) - 1), range(len(tables))):
+                rows, columns = slice(rs[r], rs[r + 1]), slice(cols[c], cols[c + 1])
+                chunk, chunk_hat = x[r0:][rows, columns], x_hat[rows, columns]
+                if chunk.numel() == 0 or not torch.isfinite(chunk).all():
+                    continue  # nothing sent, or sent raw, exactly (and recorded by _note_non_finite)
+                bound = eps_of[tables[c]] * float(chunk.max() - chunk.min())
+                err = float((chunk - chunk_hat).abs().max())
+                worst[tables[c]] = max(
+                    worst[tables[c]], err / bound if bound > 0 else (0.0 if err == 0 else float("inf"))
+                )
         for name, w in worst.items():
             self.stats.table_max_error_ratio[name] = max(self.stats.table_max_error_ratio.get(name, 0.0), w)
 
@@ -276,6 +314,9 @@ class CompressedPooledEmbeddingsAllToAll(nn.Module):
         sizes = recv_sizes.tolist()
         index = 0
         for src, count in enumerate(chunk_counts):
+            if src == self._rank:  # nothing of ours was sent
+                index += count
+                continue
             for c in range(count):
                 size = sizes[index]
                 chunk = received[offset : offset + size]
@@ -320,12 +361,13 @@ class CompressedPooledEmbeddingsAllToAll(nn.Module):
                 received = torch.empty(sum(recv_numel), dtype=wire.dtype, device=grad.device)
                 _all_to_all(received.view(torch.uint8), wire.view(torch.uint8), [n * 2 for n in recv_numel],
                             [n * 2 for n in send_numel], self._pg)
-            self.stats.backward_sent_bytes += wire.numel() * wire.element_size()
+            # Bytes to other ranks: this rank's own block is a local copy.
+            self.stats.backward_sent_bytes += b_me * (grad.size(1) - d_me) * wire.element_size()
             out = torch.cat(
                 [blk.view(b, d_me) for blk, b in zip(received.split(recv_numel), batch_size_per_rank)], dim=0
             ).float()
         self.stats.backward_calls += 1
-        self.stats.backward_raw_bytes += grad.numel() * 4
+        self.stats.backward_raw_bytes += b_me * (grad.size(1) - d_me) * 4
         self.stats.backward_s += time.perf_counter() - t0
         if comm_ops.get_gradient_division():
             out = out / world  # TorchRec scales embedding gradients like DDP averages dense ones
@@ -334,31 +376,43 @@ class CompressedPooledEmbeddingsAllToAll(nn.Module):
     def _backward_dlac(self, grad: torch.Tensor, batch_size_per_rank: list[int]) -> torch.Tensor:
         me, world = self._rank, self._world
         b_me = grad.size(0)
-        all_tables = [t for tables in self._tables for t in tables]
-        eps = torch.full((len(all_tables),), self._config.backward_eps, dtype=torch.float32)
-        with record_function("## dlac encode grad ##"):
-            payload, sizes = encode_grid(grad, [0, b_me], self._all_col_splits, eps=eps, impl=self._config.impl)
         dev = grad.device
-        payload, sizes = payload.to(dev), sizes.to(dev)
         chunk_counts = [len(t) for t in self._tables]
         n_local = chunk_counts[me]
+        owners = _offsets(self.dim_sum_per_rank)  # each owner rank's columns of grad
+        # The columns of the other owners' tables, as at most two grids (owners before and after this rank); this
+        # rank's own columns stay here, exactly.
+        sides: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[], []]
+        with record_function("## dlac encode grad ##"):
+            for side, (lo, hi) in enumerate(((0, me), (me + 1, world))):
+                dims = [d for r in range(lo, hi) for d in self._dims[r]]
+                if dims:
+                    eps = torch.full((len(dims),), self._config.backward_eps, dtype=torch.float32)
+                    block = grad[:, owners[lo]: owners[hi]]
+                    sides[side].append(encode_grid(block, [0, b_me], _offsets(dims), eps=eps, impl=self._config.impl))
+        payload, sizes = self._join(sides, n_local, dev)
         recv_sizes = torch.empty(world * n_local, dtype=torch.int64, device=dev)
         _all_to_all(recv_sizes, sizes, [n_local] * world, chunk_counts, self._pg)
         send_bytes = [int(s.sum()) for s in sizes.split(chunk_counts)]
         recv_bytes = recv_sizes.view(world, n_local).sum(1).tolist() if n_local else [0] * world
         received = torch.empty(sum(recv_bytes), dtype=torch.uint8, device=dev)
         _all_to_all(received, payload, recv_bytes, send_bytes, self._pg)
-        self.stats.backward_sent_bytes += int(payload.numel()) + sizes.numel() * 8
+        self.stats.backward_sent_bytes += int(payload.numel()) + (sizes.numel() - n_local) * 8
         with record_function("## dlac decode grad ##"):
             if not n_local:
                 return torch.zeros(sum(batch_size_per_rank), 0, device=dev)
+            others = [b for r, b in enumerate(batch_size_per_rank) if r != me]
+            keep = torch.cat([recv_sizes[: me * n_local], recv_sizes[(me + 1) * n_local:]])
             try:
-                return decode_grid(received, recv_sizes, _offsets(batch_size_per_rank), self._col_splits[me],
-                                   impl=self._config.impl).to(dev)
+                decoded = decode_grid(received, keep, _offsets(others), self._col_splits[me],
+                                      impl=self._config.impl).to(dev)
             except CodecError as err:
                 raise CompressedExchangeError(
                     f"rank {me}: embedding gradients received for tables {self._tables[me]} failed to decode ({err})."
                 ) from err
+            first = sum(batch_size_per_rank[:me])  # the rows of this rank's own batch in the result
+            own = grad[:, owners[me]: owners[me + 1]]
+            return torch.cat([decoded[:first], own, decoded[first:]], dim=0)
 
 
 class _SkipPolicy:

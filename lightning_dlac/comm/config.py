@@ -154,12 +154,14 @@ class ErrorBounds:
 class CommStats:
     """Counters of the compressed exchanges since the last :meth:`reset`, per rank.
 
-    Byte counts include the chunk a rank sends to itself, as TorchRec's all-to-all does.
+    Byte counts are traffic to other ranks: the block a rank keeps for itself is neither encoded nor sent (it is
+    passed on exactly), so it counts in neither the raw nor the sent bytes, and ratios are those of the codec on
+    what crosses the network.
     """
 
     calls: int = 0
     uncompressed_calls: int = 0  # forward calls sent uncompressed by skip_when_slower
-    raw_bytes: int = 0  # float32 bytes the forward exchange would have sent
+    raw_bytes: int = 0  # float32 bytes the forward exchange would have sent to other ranks
     sent_bytes: int = 0  # bytes it did send (payloads + size exchange)
     table_raw_bytes: dict[str, int] = field(default_factory=dict)
     table_sent_bytes: dict[str, int] = field(default_factory=dict)
