@@ -76,9 +76,15 @@ DLAC_HD inline void atomic_or(uint32_t* p, uint32_t v) {
   *p |= v;
 #endif
 }
-// Minimum / maximum; reads first so that the common case (no change) costs no atomic.
+// Minimum / maximum. On the device, lanes of a warp that target the same word first reduce among themselves
+// (sm_80+), and the word is read before the atomic, so the common case (no change) costs no atomic.
 DLAC_HD inline void atomic_min(uint32_t* p, uint32_t v) {
 #if defined(__CUDA_ARCH__)
+#if __CUDA_ARCH__ >= 800
+  const unsigned peers = __match_any_sync(__activemask(), reinterpret_cast<unsigned long long>(p));
+  v = __reduce_min_sync(peers, v);
+  if (int(threadIdx.x & 31) != __ffs(peers) - 1) return;
+#endif
   if (v < *reinterpret_cast<volatile uint32_t*>(p)) atomicMin(reinterpret_cast<unsigned int*>(p), v);
 #else
   if (v < *p) *p = v;
@@ -86,6 +92,11 @@ DLAC_HD inline void atomic_min(uint32_t* p, uint32_t v) {
 }
 DLAC_HD inline void atomic_max(uint32_t* p, uint32_t v) {
 #if defined(__CUDA_ARCH__)
+#if __CUDA_ARCH__ >= 800
+  const unsigned peers = __match_any_sync(__activemask(), reinterpret_cast<unsigned long long>(p));
+  v = __reduce_max_sync(peers, v);
+  if (int(threadIdx.x & 31) != __ffs(peers) - 1) return;
+#endif
   if (v > *reinterpret_cast<volatile uint32_t*>(p)) atomicMax(reinterpret_cast<unsigned int*>(p), v);
 #else
   if (v > *p) *p = v;
