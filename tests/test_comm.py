@@ -45,8 +45,11 @@ def _upstream_grad(dst: int, rows: int, cols: int) -> torch.Tensor:
     return torch.randn(rows, cols, generator=torch.Generator().manual_seed(2000 + dst))
 
 
-def _exchange_case(rank: int, world_size: int, case: str, backward: str, impl: str, compressible: bool) -> dict:
-    """Run TorchRec's and the compressed all-to-all on the same input; return the observed error / bound ratios."""
+def _exchange_case(
+    rank: int, world_size: int, case: str, backward: str, impl: str, compressible: bool, device: str = "cpu"
+) -> dict:
+    """Run TorchRec's and the compressed all-to-all on the same input; return the observed error / bound ratios.
+    Inputs live on ``device`` (the process group's backend must reach it); results are compared on the CPU."""
     import torch.distributed as dist
     from torchrec.distributed.dist_data import PooledEmbeddingsAllToAll
 
@@ -66,10 +69,12 @@ def _exchange_case(rank: int, world_size: int, case: str, backward: str, impl: s
     inputs = [_inputs(r, row_splits[-1], sum(dims_per_rank[r]), compressible) for r in range(world_size)]
     if case == "non_finite":
         inputs[0][0, 0], inputs[0][1, 1], inputs[0][5, 2] = float("nan"), float("inf"), float("-inf")
-    x_ours = inputs[rank].clone().requires_grad_()
-    x_theirs = inputs[rank].clone().requires_grad_()
-    out = ours(x_ours, batch_size_per_rank).wait()
-    ref = theirs(x_theirs, batch_size_per_rank).wait()
+    x_ours = inputs[rank].to(device, copy=True).requires_grad_()
+    x_theirs = inputs[rank].to(device, copy=True).requires_grad_()
+    out_dev = ours(x_ours, batch_size_per_rank).wait()
+    ref_dev = theirs(x_theirs, batch_size_per_rank).wait()
+    assert out_dev.device == x_ours.device, "the exchange must return its output on the input's device"
+    out, ref = out_dev.detach().cpu(), ref_dev.detach().cpu()
     me_rows = slice(row_splits[rank], row_splits[rank + 1])
     assert out.shape == ref.shape == (splits[rank], sum(map(sum, dims_per_rank))), (out.shape, ref.shape)
 
@@ -97,9 +102,9 @@ def _exchange_case(rank: int, world_size: int, case: str, backward: str, impl: s
     # Backward with the same upstream gradient; TorchRec divides by the world size (comm_ops GRADIENT_DIVISION).
     total_dim = out.size(1)
     grad = _upstream_grad(rank, splits[rank], total_dim)
-    out.backward(grad)
-    ref.backward(grad)
-    g_ours, g_ref = x_ours.grad, x_theirs.grad
+    out_dev.backward(grad.to(device))
+    ref_dev.backward(grad.to(device))
+    g_ours, g_ref = x_ours.grad.cpu(), x_theirs.grad.cpu()
     assert g_ours is not None and g_ours.shape == g_ref.shape == x_ours.shape
     grad_result: dict = {"equal": torch.equal(g_ours, g_ref), "max_rel": 0.0, "dlac_ratio": 0.0,
                          "own_rows_equal": torch.equal(g_ours[me_rows], g_ref[me_rows])}
@@ -435,3 +440,33 @@ def test_sharded_pooled_embeddings_within_bound_of_unsharded(lightning_results: 
         assert len(ratios) == 26, ratios
         assert max(ratios.values()) <= 1 + 1e-3, ratios
         assert max(ratios.values()) > 0, "no key differs at all: was the exchange compressed?"
+
+
+def _nccl_exchange_cases(rank: int, world_size: int) -> dict:
+    import torch.distributed as dist
+
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", timeout=timedelta(seconds=120))
+    try:
+        cases = ("uneven_batches", "many_rows", "rank_without_tables")
+        results = {
+            (case, b): _exchange_case(rank, world_size, case, b, "auto", True, device=f"cuda:{rank}")
+            for case in cases for b in ("bf16", "dlac")
+        }
+        dist.barrier()
+        return results
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices (NCCL)")
+def test_exchange_over_nccl_on_gpus() -> None:
+    """The same cases over NCCL with CUDA tensors: payloads, sizes and outputs stay on the GPUs."""
+    for rank, results in enumerate(run_ranks(_nccl_exchange_cases, 2)):
+        for (case, backward), r in results.items():
+            assert all(v <= 1 + 1e-4 for v in r["fwd_ratio"].values()), (rank, case, r["fwd_ratio"])
+            if backward == "dlac":
+                assert r["grad"]["dlac_ratio"] <= 1 + 1e-4 and r["grad"]["own_rows_equal"], (rank, case, r["grad"])
+            if r["stats"]["raw_bytes"] and any(CASES[case][1][rank]):
+                assert r["stats"]["sent_bytes"] < r["stats"]["raw_bytes"], (rank, case, r["stats"])

@@ -101,6 +101,20 @@ def test_cuda_matches_reference(native):
 
 @pytest.mark.cuda
 @CUDA
+def test_opcheck_cuda(native):
+    # The fake kernels put the payload and the sizes on x's device, as the CUDA kernels do.
+    x, rs, cs, b = _args()
+    payload, sizes = torch.ops.dlac.encode_grid(x.cuda(), rs, cs, b, True)
+    assert payload.is_cuda and sizes.is_cuda
+    torch.library.opcheck(torch.ops.dlac.decode_grid.default, (payload, sizes, rs, cs))
+    torch.library.opcheck(
+        torch.ops.dlac.encode_grid.default, (x.cuda(), rs, cs, b, True),
+        test_utils=("test_schema", "test_autograd_registration", "test_faketensor"),
+    )
+
+
+@pytest.mark.cuda
+@CUDA
 def test_cuda_large_batch_and_repeated_calls(native):
     # 26 tables x 8 destinations, as the all-to-all sends them: the same bytes as the CPU kernels, every time.
     x = zipf_payload(rows=8 * 2048, dim=26 * 16, vocab=5000)
