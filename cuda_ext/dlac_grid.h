@@ -21,7 +21,11 @@
 #include <c10/util/Exception.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <mutex>
+#include <numeric>
+#include <random>
 #include <string>
 #include <tuple>
 #include <unordered_map>
@@ -62,10 +66,28 @@ void for_each(int64_t n, F f) {
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 #else
-// f(i) for every i in [0, n), one after another (the emulation).
+// f(i) for every i in [0, n), one after another (the emulation). In index order, unless DLAC_EMULATE_ORDER is
+// "reverse" or "shuffle" (a permutation seeded by DLAC_EMULATE_SEED): the tests run the pipeline in other orders to
+// show that no result depends on the order in which work items run, which is what makes the GPU's answer the same.
 template <class F>
 void for_each(int64_t n, F f) {
-  for (int64_t i = 0; i < n; ++i) f(i);
+  const char* order = std::getenv("DLAC_EMULATE_ORDER");
+  if (order == nullptr || *order == 0 || std::strcmp(order, "forward") == 0) {
+    for (int64_t i = 0; i < n; ++i) f(i);
+    return;
+  }
+  std::vector<int64_t> items(size_t(std::max<int64_t>(n, 0)));
+  std::iota(items.begin(), items.end(), int64_t(0));
+  if (std::strcmp(order, "reverse") == 0) {
+    std::reverse(items.begin(), items.end());
+  } else {
+    TORCH_CHECK(std::strcmp(order, "shuffle") == 0, "DLAC_EMULATE_ORDER must be forward, reverse or shuffle, got ",
+                order);
+    const char* seed = std::getenv("DLAC_EMULATE_SEED");
+    std::mt19937_64 rng(seed != nullptr ? std::strtoull(seed, nullptr, 10) : 0);
+    std::shuffle(items.begin(), items.end(), rng);
+  }
+  for (int64_t i : items) f(i);
 }
 #endif
 

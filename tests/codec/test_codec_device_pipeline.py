@@ -97,6 +97,23 @@ def test_device_pipeline_matches_reference(emulated, g):
     assert torch.equal(bits(out), bits(ref.decode_grid(payload, sizes.tolist(), rs, cs)))
 
 
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(g=grids(), seed=st.integers(0, 2**31 - 1))
+def test_device_pipeline_does_not_depend_on_the_order_of_work_items(emulated, monkeypatch, g, seed):
+    # On the GPU, work items run in any order and interleave; here they run reversed and shuffled. Every atomic
+    # (min, max, or, add, the hash insert keeping the smallest row) must give the in-order result.
+    x, rs, cs, bounds, relative = g
+    want = emu_encode(x, rs, cs, bounds, relative)
+    decoded = torch.ops.dlac_emu.decode_grid(want[0], want[1], rs, cs)
+    for order in ("reverse", "shuffle"):
+        monkeypatch.setenv("DLAC_EMULATE_ORDER", order)
+        monkeypatch.setenv("DLAC_EMULATE_SEED", str(seed))
+        got = emu_encode(x, rs, cs, bounds, relative)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), order
+        assert torch.equal(bits(torch.ops.dlac_emu.decode_grid(got[0], got[1], rs, cs)), bits(decoded)), order
+    monkeypatch.delenv("DLAC_EMULATE_ORDER")
+
+
 def test_device_pipeline_on_embedding_payloads(emulated):
     # Every mode, Huffman sections of several blocks, DEDUP with both index codings, a strided input.
     x = zipf_payload(rows=3000, dim=64, vocab=300)
