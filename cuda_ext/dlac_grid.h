@@ -18,6 +18,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
 #include <cstdint>
@@ -565,32 +566,40 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
   std::vector<uint32_t> code_tables;
   std::vector<Header> headers(N);
   std::vector<ChunkPlan> plans(N);
+  // Each chunk's plan (Huffman code lengths included) is independent of the others: in parallel on the host.
+  at::parallel_for(0, N, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const uint32_t* s = st.data() + i * kStWords;
+      const EncChunk& ch = chunks[i];
+      Header& h = headers[i];
+      h.rows = uint32_t(ch.rows);
+      h.dim = uint32_t(ch.dim);
+      uint32_t kind = s[kStKind];
+      if (kind == kKindQuant) {
+        const bool huff_ok = hist_at[i * 3] >= 0;
+        std::vector<uint64_t> freq, f0, f1;
+        if (huff_ok) freq = freq_of(i, 0);
+        if (hist_at[i * 3 + 1] >= 0) f0 = freq_of(i, 1);
+        if (hist_at[i * 3 + 2] >= 0) f1 = freq_of(i, 2);
+        plans[i] = plan_chunk(uint64_t(ch.rows), uint64_t(ch.dim), s[kStQmax], s[kStNuniq],
+                              huff_ok ? &freq : nullptr, hist_at[i * 3 + 1] >= 0 ? &f0 : nullptr,
+                              hist_at[i * 3 + 2] >= 0 ? &f1 : nullptr);
+        if (plans[i].mode == kRaw) kind = kKindRaw;
+        else h = quantized_header(plans[i], uint64_t(ch.rows), uint64_t(ch.dim), bits_to_float(s[kStMin]),
+                                  bits_to_float(s[kStEb]), bits_to_float(s[kStStep]), s[kStNuniq]);
+      }
+      if (kind == kKindConst) {
+        h.mode = kConst;
+        h.min = bits_to_float(s[kStMin]);
+      } else if (kind == kKindRaw) {
+        h.mode = kRaw;
+        h.sec0 = uint32_t(4 * ch.rows * ch.dim);
+      }
+    }
+  });
   for (int64_t i = 0; i < N; ++i) {
-    const uint32_t* s = st.data() + i * kStWords;
     const EncChunk& ch = chunks[i];
-    Header& h = headers[i];
-    h.rows = uint32_t(ch.rows);
-    h.dim = uint32_t(ch.dim);
-    uint32_t kind = s[kStKind];
-    if (kind == kKindQuant) {
-      const bool huff_ok = hist_at[i * 3] >= 0;
-      std::vector<uint64_t> freq, f0, f1;
-      if (huff_ok) freq = freq_of(i, 0);
-      if (hist_at[i * 3 + 1] >= 0) f0 = freq_of(i, 1);
-      if (hist_at[i * 3 + 2] >= 0) f1 = freq_of(i, 2);
-      plans[i] = plan_chunk(uint64_t(ch.rows), uint64_t(ch.dim), s[kStQmax], s[kStNuniq], huff_ok ? &freq : nullptr,
-                            hist_at[i * 3 + 1] >= 0 ? &f0 : nullptr, hist_at[i * 3 + 2] >= 0 ? &f1 : nullptr);
-      if (plans[i].mode == kRaw) kind = kKindRaw;
-      else h = quantized_header(plans[i], uint64_t(ch.rows), uint64_t(ch.dim), bits_to_float(s[kStMin]),
-                                bits_to_float(s[kStEb]), bits_to_float(s[kStStep]), s[kStNuniq]);
-    }
-    if (kind == kKindConst) {
-      h.mode = kConst;
-      h.min = bits_to_float(s[kStMin]);
-    } else if (kind == kKindRaw) {
-      h.mode = kRaw;
-      h.sec0 = uint32_t(4 * ch.rows * ch.dim);
-    }
+    const Header& h = headers[i];
     sizes[i] = int64_t(kHeaderSize) + h.sec0 + h.sec1;
     offsets[i + 1] = offsets[i] + sizes[i];
     out_meta[2 * i] = offsets[i];
