@@ -9,7 +9,7 @@ Payload: pooled embeddings of 26 tables (dim 64, Zipf lookups) for 8 destination
     int8 row-wise            fbgemm FloatToFused8BitRowwiseQuantized and back (TorchRec's INT8 qcomm), if available
     dlac via host copies     the CPU kernels on a host copy, what a build without CUDA kernels would do
 
-GB/s are of float32 input (encode) or output (decode). The encoder synchronizes once per call (the chunk sizes
+GB/s are of float32 input (encode) or output (decode). The encoder synchronizes twice per call (the chunk sizes
 decide the payload size) and the decoder twice; both are inside the timings. Target (issue #3): >= 100 GB/s
 each way on an H200. Needs a CUDA device; exits with status 2 without one.
 

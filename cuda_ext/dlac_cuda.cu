@@ -2,7 +2,7 @@
 //
 // The pipeline is cuda_ext/dlac_grid.h, compiled here with kernel launches (the tests compile the same file for
 // the host and check it bit for bit against the reference). Payload, sizes and decoded output stay on x's device,
-// so the all-to-all sends them with NCCL without a host round trip; the encoder synchronizes once (the chunk
+// so the all-to-all sends them with NCCL without a host round trip; the encoder synchronizes twice (the chunk
 // sizes decide the payload's size) and the decoder twice (header validation, error report).
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>

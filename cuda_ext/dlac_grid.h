@@ -7,7 +7,8 @@
 // depend on their order (or, min, max, add, and a compare-and-swap hash insert that keeps the smallest row), so
 // running them one after another on the host computes exactly what the GPU computes. Per-chunk decisions that must
 // equal the CPU encoder's (PACK / HUFF / DEDUP / RAW, Huffman code lengths, headers) are made on the host by the
-// same functions dlac_codec.h gives the CPU encoder, from statistics the device gathers (one synchronization).
+// same functions dlac_codec.h gives the CPU encoder, from statistics the device gathers (two synchronizations: the per-chunk state, then the histogram bins
+// the plans need).
 //
 // Encode: range and finiteness -> per-chunk kind and bound -> which of the four quantization steps holds -> codes
 // -> unique code rows (hash set keeping the first row of each, then a prefix sum gives first-appearance ids) ->
