@@ -250,7 +250,8 @@ inline Header parse_header(const uint8_t* p, uint64_t n, const uint32_t* crc = n
   }
   if (quantized) {
     if (elems == 0 || !std::isfinite(h.min) || !(std::isfinite(h.abs_eb) && h.abs_eb > 0.0f) ||
-        !(std::isfinite(h.step) && h.step > 0.0f && double(h.step) <= 2.0 * double(h.abs_eb)) || h.width0 > kMaxCodeBits)
+        !(std::isfinite(h.step) && h.step > 0.0f && double(h.step) <= 2.0 * double(h.abs_eb)) ||
+        h.width0 > kMaxCodeBits)
       fail("inconsistent quantization parameters");
   }
   if (h.mode == kPack) {

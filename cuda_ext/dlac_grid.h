@@ -7,8 +7,8 @@
 // depend on their order (or, min, max, add, and a compare-and-swap hash insert that keeps the smallest row), so
 // running them one after another on the host computes exactly what the GPU computes. Per-chunk decisions that must
 // equal the CPU encoder's (PACK / HUFF / DEDUP / RAW, Huffman code lengths, headers) are made on the host by the
-// same functions dlac_codec.h gives the CPU encoder, from statistics the device gathers (two synchronizations: the per-chunk state, then the histogram bins
-// the plans need).
+// same functions dlac_codec.h gives the CPU encoder, from statistics the device gathers (two synchronizations:
+// the per-chunk state, then the histogram bins the plans need).
 //
 // Encode: range and finiteness -> per-chunk kind and bound -> which of the four quantization steps holds -> codes
 // -> unique code rows (hash set keeping the first row of each, then a prefix sum gives first-appearance ids) ->
@@ -44,8 +44,17 @@
 #define DLAC_LAMBDA [=]
 #endif
 
+#if defined(__CUDACC__)
+#define DLAC_GRID_BUILD cuda
+#else
+#define DLAC_GRID_BUILD host
+#endif
+
 namespace dlac {
 namespace grid {
+// The CUDA library and the host emulation give these functions different bodies under the same names: an inline
+// namespace per build keeps their symbols apart, should both libraries ever be loaded into one namespace.
+inline namespace DLAC_GRID_BUILD {
 
 // ------------------------------------------------------------------------------------------------------------
 // Launching and atomics
@@ -93,15 +102,24 @@ void for_each(int64_t n, F f) {
 }
 #endif
 
+// On the device (sm_80+), the lanes of a warp that target the same word first combine their values and one of them
+// does the atomic: neighbouring codes share payload words, and every element of a chunk updates the same minimum.
+// (__activemask() lanes all reach the __match_any_sync that follows: there is no branch between them.)
 DLAC_HD inline void atomic_or(uint32_t* p, uint32_t v) {
 #if defined(__CUDA_ARCH__)
+#if __CUDA_ARCH__ >= 800
+  const unsigned peers = __match_any_sync(__activemask(), reinterpret_cast<unsigned long long>(p));
+  v = __reduce_or_sync(peers, v);
+  if (int(threadIdx.x & 31) != __ffs(peers) - 1) return;
+#endif
   atomicOr(reinterpret_cast<unsigned int*>(p), v);
 #else
   *p |= v;
 #endif
 }
-// Minimum / maximum. On the device, lanes of a warp that target the same word first reduce among themselves
-// (sm_80+), and the word is read before the atomic, so the common case (no change) costs no atomic.
+// Minimum / maximum, combined within the warp as above. The word is read before the atomic so that the common case
+// (no change) costs none: safe because every target only ever moves one way (a stale read can only cost an extra
+// atomic, never skip a needed one).
 DLAC_HD inline void atomic_min(uint32_t* p, uint32_t v) {
 #if defined(__CUDA_ARCH__)
 #if __CUDA_ARCH__ >= 800
@@ -157,6 +175,22 @@ DLAC_HD inline int64_t find_segment(const int64_t* starts, int64_t nseg, int64_t
   return lo;
 }
 
+// Row of element l of a chunk with dim columns. A chunk holds at most 2^28 elements, so 32-bit division does (a
+// 64-bit one is a slow software routine on the GPU).
+DLAC_HD inline int64_t row_of(int64_t l, int64_t dim) { return int64_t(uint32_t(l) / uint32_t(dim)); }
+
+// Hash of a code row read as 32-bit words (the device's hash set; any hash does, insert and lookup share it).
+DLAC_HD inline uint64_t hash_words(const uint32_t* p, int64_t dim) {
+  uint64_t h0 = 0x9E3779B97F4A7C15ull, h1 = 0xC2B2AE3D27D4EB4Full;
+  int64_t j = 0;
+  for (; j + 1 < dim; j += 2) {
+    h0 = (h0 ^ p[j]) * 0x100000001B3ull;
+    h1 = (h1 ^ p[j + 1]) * 0x100000001B3ull;
+  }
+  if (j < dim) h0 = (h0 ^ p[j]) * 0x100000001B3ull;
+  return (h0 ^ (h1 >> 29) ^ (h1 << 7)) * 0xFF51AFD7ED558CCDull;
+}
+
 DLAC_HD inline bool rows_equal(const uint32_t* a, const uint32_t* b, int64_t dim) {
   for (int64_t j = 0; j < dim; ++j)
     if (a[j] != b[j]) return false;
@@ -168,7 +202,9 @@ DLAC_HD inline uint32_t order_key(float v) {
   uint32_t b = float_to_bits(v);
   return b ^ ((b & 0x80000000u) ? 0xFFFFFFFFu : 0x80000000u);
 }
-DLAC_HD inline float key_to_float(uint32_t k) { return bits_to_float(k ^ ((k & 0x80000000u) ? 0x80000000u : 0xFFFFFFFFu)); }
+DLAC_HD inline float key_to_float(uint32_t k) {
+  return bits_to_float(k ^ ((k & 0x80000000u) ? 0x80000000u : 0xFFFFFFFFu));
+}
 
 // kStepFactors[k], spelled out: device code cannot index a host array.
 DLAC_HD inline float step_factor(int k) { return k == 0 ? 2.0f : k == 1 ? 1.9921875f : k == 2 ? 1.5f : 1.0f; }
@@ -186,11 +222,15 @@ DLAC_HD inline void store_u32_bytes(uint8_t* p, uint32_t v) {
 // Host <-> device helpers
 // ------------------------------------------------------------------------------------------------------------
 
+// Bytes of v on device. For a GPU, from pinned memory without blocking: the copy is queued behind the kernels
+// already on the stream instead of waiting for them (the caching host allocator keeps the buffer until it is done).
 template <class T>
 at::Tensor to_device(const std::vector<T>& v, const at::Device& device) {
-  at::Tensor host = at::empty({int64_t(v.size() * sizeof(T))}, at::kByte);
+  const bool pinned = device.is_cuda();
+  const auto options = at::TensorOptions().dtype(at::kByte).pinned_memory(pinned);
+  at::Tensor host = at::empty({int64_t(v.size() * sizeof(T))}, options);
   if (!v.empty()) std::memcpy(host.data_ptr<uint8_t>(), v.data(), v.size() * sizeof(T));
-  return host.to(device, /*non_blocking=*/false, /*copy=*/true);
+  return host.to(device, /*non_blocking=*/pinned, /*copy=*/true);
 }
 template <class T>
 T* ptr(const at::Tensor& t) {
@@ -212,10 +252,11 @@ inline at::Tensor zeros_u32(int64_t n, const at::Device& device) {
 constexpr uint64_t kCrcSegment = 4096;
 inline at::Tensor crc_tables(const at::Device& device) {
   static std::mutex mu;
-  static std::unordered_map<std::string, at::Tensor> cache;
+  // Never destroyed: device tensors freed after the CUDA runtime shut down at exit would crash.
+  static auto* cache = new std::unordered_map<std::string, at::Tensor>();
   std::lock_guard<std::mutex> lock(mu);
-  auto it = cache.find(device.str());
-  if (it != cache.end()) return it->second;
+  auto it = cache->find(device.str());
+  if (it != cache->end()) return it->second;
   std::vector<uint32_t> t(5 * 256);
   const uint32_t* t0 = crc_table().t[0];
   for (int i = 0; i < 256; ++i) t[i] = t0[i];
@@ -226,7 +267,7 @@ inline at::Tensor crc_tables(const at::Device& device) {
       t[256 * (b + 1) + v] = r;
     }
   at::Tensor d = to_device(t, device);
-  cache.emplace(device.str(), d);
+  cache->emplace(device.str(), d);
   return d;
 }
 DLAC_HD inline uint32_t crc_shift(const uint32_t* tables, uint32_t r) {
@@ -237,8 +278,8 @@ DLAC_HD inline uint32_t crc_shift(const uint32_t* tables, uint32_t r) {
 // CRC-32 of every chunk (offsets[i], sizes[i]) of at least a header, with the crc field taken as zero, into crc[i].
 // Chunk i is cut into segments: the first holds size % kCrcSegment bytes (or a whole segment), the rest are whole,
 // so one table joins them.
-inline void chunk_crcs(const at::Tensor& payload, const std::vector<int64_t>& offsets, const std::vector<int64_t>& sizes,
-                       const at::Tensor& crc_out) {
+inline void chunk_crcs(const at::Tensor& payload, const std::vector<int64_t>& offsets,
+                       const std::vector<int64_t>& sizes, const at::Tensor& crc_out) {
   const int64_t n = int64_t(sizes.size());
   std::vector<int64_t> seg_starts(n + 1, 0), meta(2 * n);
   for (int64_t i = 0; i < n; ++i) {
@@ -354,7 +395,8 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
   at::Tensor rws_t = to_device(row_starts, device), state_t = to_device(state_init, device);
   at::Tensor codes_t = zeros_u32(E, device), uniq_t = zeros_u32(E, device);
   at::Tensor first_t = zeros_u32(RW, device), rep_t = zeros_u32(RW, device), index_t = zeros_u32(RW, device);
-  at::Tensor hash_t = at::full({std::max<int64_t>(hash_total, 1)}, -1, at::TensorOptions().dtype(at::kInt).device(device));
+  const auto i32 = at::TensorOptions().dtype(at::kInt).device(device);
+  at::Tensor hash_t = at::full({std::max<int64_t>(hash_total, 1)}, -1, i32);
   at::Tensor hist_t = zeros_u32(N * 3 * int64_t(kHuffMaxAlphabet), device);
 
   const float* xp = x.data_ptr<float>();
@@ -375,7 +417,7 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
   for_each(E, DLAC_LAMBDA(int64_t e) {
     const int64_t i = find_segment(ES, N, e);
     const EncChunk& ch = CH[i];
-    const int64_t l = e - ch.elem_base, r = l / ch.dim, j = l - r * ch.dim;
+    const int64_t l = e - ch.elem_base, r = row_of(l, ch.dim), j = l - r * ch.dim;
     const float v = xp[(ch.r0 + r) * ld + ch.c0 + j];
     uint32_t* s = S + i * kStWords;
     if (!f_isfinite(v)) atomic_or(s + kStNonFinite, 1u);
@@ -417,7 +459,7 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
     uint32_t* s = S + i * kStWords;
     if (s[kStKind] != kKindQuant) return;
     const EncChunk& ch = CH[i];
-    const int64_t l = e - ch.elem_base, r = l / ch.dim, j = l - r * ch.dim;
+    const int64_t l = e - ch.elem_base, r = row_of(l, ch.dim), j = l - r * ch.dim;
     const float v = xp[(ch.r0 + r) * ld + ch.c0 + j];
     const float lo = bits_to_float(s[kStMin]), eb = bits_to_float(s[kStEb]);
     uint32_t overflow = 0, missed = 0;
@@ -452,7 +494,7 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
     uint32_t* s = S + i * kStWords;
     if (s[kStKind] != kKindQuant) return;
     const EncChunk& ch = CH[i];
-    const int64_t l = e - ch.elem_base, r = l / ch.dim, j = l - r * ch.dim;
+    const int64_t l = e - ch.elem_base, r = row_of(l, ch.dim), j = l - r * ch.dim;
     uint32_t code = 0;
     quantize_element(xp[(ch.r0 + r) * ld + ch.c0 + j], bits_to_float(s[kStMin]), bits_to_float(s[kStEb]),
                      bits_to_float(s[kStStep]), &code);
@@ -469,7 +511,7 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
     const uint32_t* row = base + int64_t(r) * ch.dim;
     uint32_t* slots = table + ch.hash_base;
     const uint32_t mask = uint32_t(ch.hash_cap - 1);
-    uint32_t slot = uint32_t(hash_row(reinterpret_cast<const uint8_t*>(row), uint32_t(ch.dim)) >> 32) & mask;
+    uint32_t slot = uint32_t(hash_words(row, ch.dim) >> 32) & mask;
     while (true) {
       const uint32_t old = atomic_cas(slots + slot, kEmpty, r);
       if (old == kEmpty) return;
@@ -489,7 +531,7 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
     const uint32_t* row = base + int64_t(r) * ch.dim;
     const uint32_t* slots = table + ch.hash_base;
     const uint32_t mask = uint32_t(ch.hash_cap - 1);
-    uint32_t slot = uint32_t(hash_row(reinterpret_cast<const uint8_t*>(row), uint32_t(ch.dim)) >> 32) & mask;
+    uint32_t slot = uint32_t(hash_words(row, ch.dim) >> 32) & mask;
     while (!rows_equal(base + int64_t(slots[slot]) * ch.dim, row, ch.dim)) slot = (slot + 1) & mask;
     rep[g] = slots[slot];
     first[g] = slots[slot] == r ? 1u : 0u;
@@ -519,8 +561,9 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
     const EncChunk& ch = CH[i];
     const uint32_t code = codes[e];
     hist_add(hist + (i * 3 + 0) * A + code);
-    const int64_t r = (e - ch.elem_base) / ch.dim;
-    if (dedup_candidate(uint64_t(ch.rows), s[kStNuniq]) && first[ch.row_base + r]) hist_add(hist + (i * 3 + 1) * A + code);
+    const int64_t r = row_of(e - ch.elem_base, ch.dim);
+    if (dedup_candidate(uint64_t(ch.rows), s[kStNuniq]) && first[ch.row_base + r])
+      hist_add(hist + (i * 3 + 1) * A + code);
   });
   for_each(RW, DLAC_LAMBDA(int64_t g) {
     const int64_t i = find_segment(RWS, N, g);
@@ -673,7 +716,7 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
     const int64_t i = find_segment(ES, N, e);
     if (meta[2 * i + 1] != kRaw) return;
     const EncChunk& ch = CH[i];
-    const int64_t l = e - ch.elem_base, r = l / ch.dim, j = l - r * ch.dim;
+    const int64_t l = e - ch.elem_base, r = row_of(l, ch.dim), j = l - r * ch.dim;
     store_u32_bytes(out + meta[2 * i] + kHeaderSize + 4 * l, float_to_bits(xp[(ch.r0 + r) * ld + ch.c0 + j]));
   });
   // DEDUP chunks: unique code rows in id order.
@@ -681,7 +724,7 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
     const int64_t i = find_segment(ES, N, e);
     if (meta[2 * i + 1] != kDedup) return;
     const EncChunk& ch = CH[i];
-    const int64_t l = e - ch.elem_base, r = l / ch.dim, j = l - r * ch.dim;
+    const int64_t l = e - ch.elem_base, r = row_of(l, ch.dim), j = l - r * ch.dim;
     if (first[ch.row_base + r]) uniq[ch.elem_base + int64_t(index[ch.row_base + r]) * ch.dim + j] = codes[e];
   });
   if (NS > 0) {
@@ -734,7 +777,7 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
   chunk_crcs(payload, offsets, sizes, crc_t);
   const uint32_t* crc = ptr<uint32_t>(crc_t);
   for_each(N, DLAC_LAMBDA(int64_t i) { store_u32_bytes(out + meta[2 * i] + kCrcOffset, crc[i]); });
-  at::Tensor sizes_t = at::tensor(sizes, at::kLong).to(device);
+  at::Tensor sizes_t = to_device(sizes, device).view(at::kLong);
   return {payload, sizes_t};
 }
 
@@ -852,8 +895,9 @@ inline at::Tensor decode_grid_device(const at::Tensor& payload, const std::vecto
   uint32_t* cerr = ptr<uint32_t>(cerr_t);
   if (NH > 0) {
     at::Tensor sec_t = to_device(huff, device), hs_t = to_device(huff_starts, device);
-    at::Tensor views_t = at::empty({NH * int64_t(sizeof(HuffView))}, at::TensorOptions().dtype(at::kByte).device(device));
-    at::Tensor tables_t = at::empty({NH * int64_t(kHuffMaxAlphabet)}, at::TensorOptions().dtype(at::kShort).device(device));
+    const auto on_device = at::TensorOptions().device(device);
+    at::Tensor views_t = at::empty({NH * int64_t(sizeof(HuffView))}, on_device.dtype(at::kByte));
+    at::Tensor tables_t = at::empty({NH * int64_t(kHuffMaxAlphabet)}, on_device.dtype(at::kShort));
     const DecSection* HS = ptr<DecSection>(sec_t);
     const int64_t* HST = ptr<int64_t>(hs_t);
     HuffView* views = ptr<HuffView>(views_t);
@@ -900,7 +944,7 @@ inline at::Tensor decode_grid_device(const at::Tensor& payload, const std::vecto
     const int64_t i = find_segment(ES, N, e);
     const DecChunk& ch = CH[i];
     if (!ch.valid) return;
-    const int64_t l = e - ch.elem_base, r = l / ch.dim, j = l - r * ch.dim;
+    const int64_t l = e - ch.elem_base, r = row_of(l, ch.dim), j = l - r * ch.dim;
     float* o = out + (ch.r0 + r) * ld + ch.c0 + j;
     switch (ch.mode) {
       case kConst: *o = ch.lo; break;
@@ -973,5 +1017,6 @@ inline at::Tensor decode_grid_op(const at::Tensor& payload_in, const at::Tensor&
   return decode_grid_device(payload_in.contiguous(), sizes, rs, cs);
 }
 
+}  // inline namespace DLAC_GRID_BUILD
 }  // namespace grid
 }  // namespace dlac
