@@ -87,6 +87,9 @@ class DLACCallback(Callback):
             training measures the embeddings the run will actually send.
         sensitivity_batches: Of those, how many also run the sensitivity probe (0 skips it; needs >= 1 in
             sensitivity mode). Each costs ``1 + tables x candidates`` extra forward passes.
+        recalibrate_every: Calibrate again this many training batches after each calibration takes effect (0:
+            never). Tables change as they train; each calibration measures ``calibration_batches`` training batches
+            with the current bounds in force and replaces them when done.
         calibration_dataloader: Batches to calibrate on before training (default: the first training batches).
             Every rank must provide its own batches; the smallest count across ranks is used.
         schedule: ``"step"``, ``"linear"``, ``"log"`` or ``"constant"``.
@@ -115,6 +118,7 @@ class DLACCallback(Callback):
         calibration_batches: int = 8,
         calibration_start: int = 0,
         sensitivity_batches: int = 1,
+        recalibrate_every: int = 0,
         calibration_dataloader: Iterable[Any] | None = None,
         schedule: str = "step",
         c: float = 2.0,
@@ -148,6 +152,9 @@ class DLACCallback(Callback):
                 " calibration runs before training. Set one of them."
             )
         self.sensitivity_batches = check_count(sensitivity_batches, "sensitivity_batches", 0)
+        self.recalibrate_every = check_count(recalibrate_every, "recalibrate_every", 0)
+        if self.recalibrate_every and mode == "off":
+            raise ValueError("recalibrate_every needs a calibration: it does nothing with mode='off'.")
         if self.sensitivity_batches > self.calibration_batches:
             raise ValueError(
                 f"sensitivity_batches={sensitivity_batches} exceeds calibration_batches={calibration_batches}: the"
@@ -167,6 +174,8 @@ class DLACCallback(Callback):
         self._calibrated = mode == "off"
         self._calibrated_at: int | None = 0 if mode == "off" else None  # first batch sent with calibrated bounds
         self._stats: CalibrationStats | None = None
+        self._measure_from = self.calibration_start  # training batch from which the next calibration measures
+        self._calibrations: list[dict[str, Any]] = []  # when each calibration took effect, and its classes
         self._calib_seen = 0
         self._probed = 0
         self._table_bounds: dict[str, float] = {}
@@ -269,9 +278,12 @@ class DLACCallback(Callback):
         strategy.error_bounds.set_multiplier(self.schedule(self._step))
         if self._calibrated:
             self._apply_bounds()  # restored from a checkpoint, or mode="off"
+            if self.recalibrate_every:
+                # Next calibration as scheduled (a measurement cut short by the checkpoint starts over).
+                self._measure_from = max(self._measure_from, (self._calibrated_at or 0) + self.recalibrate_every)
+                self._new_measurement()
             return
-        self._stats = CalibrationStats(self.candidates, self.probe_eps, strategy.compression.impl)
-        self._calib_seen = self._probed = 0
+        self._new_measurement()
         if self.calibration_dataloader is not None:
             self._calibrate_before_training(trainer, pl_module)
 
@@ -353,6 +365,7 @@ class DLACCallback(Callback):
             "table_bounds": dict(self._table_bounds),
             "classes": {k: str(v) for k, v in self._classes.items()},
             "calibrated_at": self._calibrated_at,
+            "calibrations": list(self._calibrations),
             "default_eps": bounds.default_eps if bounds else None,
             "max_eps": bounds.max_eps if bounds else None,
             "final_effective_bounds": {n: bounds.effective(n) for n in t["table_raw_bytes"]} if bounds else {},
@@ -379,7 +392,12 @@ class DLACCallback(Callback):
     # ------------------------------------------------------------------ calibration
 
     def _calibrating(self) -> bool:
-        return not self._calibrated and self._stats is not None and self._step >= self.calibration_start
+        return self._stats is not None and self._step >= self._measure_from
+
+    def _new_measurement(self) -> None:
+        assert self._strategy is not None
+        self._stats = CalibrationStats(self.candidates, self.probe_eps, self._strategy.compression.impl)
+        self._calib_seen = self._probed = 0
 
     def _calibrate_before_training(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         assert self._strategy is not None and self._stats is not None
@@ -442,15 +460,20 @@ class DLACCallback(Callback):
         else:
             self._table_bounds = sensitivity_table_bounds(self._table_stats, self.sensitivity_tolerance)
             self._classes = sensitivity_classes(self._table_bounds, self.class_bounds)
+        again = self._calibrated
         self._calibrated = True
         self._calibrated_at = first_batch
-        self._stats = None
         self._apply_bounds()
         counts = {c.value: sum(1 for v in self._classes.values() if v is c) for c in TableClass}
+        self._calibrations.append({"at": first_batch, **counts})
         rank_zero_info(
-            f"DLACCallback: calibrated {len(names)} tables on {self._calib_seen} batch(es) ({self.mode}):"
-            f" {counts['tight']} tight, {counts['base']} base, {counts['loose']} loose."
+            f"DLACCallback: {'re' if again else ''}calibrated {len(names)} tables on {self._calib_seen} batch(es)"
+            f" ({self.mode}): {counts['tight']} tight, {counts['base']} base, {counts['loose']} loose."
         )
+        self._stats = None
+        if self.recalibrate_every:
+            self._measure_from = first_batch + self.recalibrate_every
+            self._new_measurement()
 
     def _apply_bounds(self) -> None:
         assert self._strategy is not None
@@ -566,6 +589,8 @@ class DLACCallback(Callback):
             "step": self._step,
             "calibrated": self._calibrated,
             "calibrated_at": self._calibrated_at,
+            "measure_from": self._measure_from,
+            "calibrations": list(self._calibrations),
             "table_bounds": dict(self._table_bounds),
             "classes": {k: str(v) for k, v in self._classes.items()},
             "table_stats": {k: v.as_dict() for k, v in self._table_stats.items()},
@@ -592,6 +617,8 @@ class DLACCallback(Callback):
         self._step = int(state_dict["step"])
         self._calibrated = bool(state_dict["calibrated"])
         self._calibrated_at = state_dict["calibrated_at"]
+        self._measure_from = int(state_dict.get("measure_from", self.calibration_start))
+        self._calibrations = list(state_dict.get("calibrations", []))
         self._table_bounds = {k: float(v) for k, v in state_dict["table_bounds"].items()}
         self._classes = {k: TableClass(v) for k, v in state_dict["classes"].items()}
         self._table_stats = {k: TableStats.from_dict(v) for k, v in state_dict["table_stats"].items()}

@@ -65,9 +65,12 @@ def headline(run: dict[str, Any]) -> list[str]:
     classes = run.get("classes") or {}
     if classes:
         counts = {c: sum(1 for v in classes.values() if v == c) for c in ("tight", "base", "loose")}
+        calibrations = run.get("calibrations") or []
+        again = f" (calibrated {len(calibrations)} times, last from batch {calibrations[-1]['at']})" \
+            if len(calibrations) > 1 else ""
         lines.append(
-            f"bounds ({run['mode']}): {counts['tight']} tight, {counts['base']} base, {counts['loose']} loose tables;"
-            f" schedule {run['schedule']['kind']} c={run['schedule']['c']} T={run['schedule']['T']}"
+            f"bounds ({run['mode']}): {counts['tight']} tight, {counts['base']} base, {counts['loose']} loose tables"
+            f"{again}; schedule {run['schedule']['kind']} c={run['schedule']['c']} T={run['schedule']['T']}"
         )
     final = run.get("final_metrics") or {}
     if final:

@@ -171,6 +171,51 @@ def test_sensitivity_mode_calibrates_on_a_dataloader_before_training() -> None:
         assert chosen == expect, row
 
 
+class _TableBoundsRecorder(_BoundsRecorder):
+    def __init__(self) -> None:
+        super().__init__()
+        self.table_bounds: list[dict[str, float]] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:  # noqa: ANN001
+        super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
+        self.table_bounds.append(self.dlac.table_bounds)
+
+
+def _fit_recalibrating(rank: int, world_size: int) -> dict:
+    torch.manual_seed(0)
+    dlac = DLACCallback(calibration_batches=2, sensitivity_batches=0, recalibrate_every=5, c=1.0,
+                        log_every_n_steps=100)
+    recorder = _TableBoundsRecorder()
+    recorder.dlac = dlac
+    t = trainer(world_size, DLACStrategy(eps=0.01), max_epochs=1, callbacks=[dlac, recorder])
+    t.fit(small_dlrm(), datamodule=small_data(train_batches=20))
+    from lightning_dlac.report import headline
+
+    state = dlac.state_dict()
+    return {"calibrations": state["calibrations"], "measure_from": state["measure_from"],
+            "headline": headline(dlac.run_summary(t)),
+            "effective": recorder.effective, "table_bounds": recorder.table_bounds,
+            "chunks": {k: v.as_dict()["chunks"] for k, v in dlac.table_stats.items()}}
+
+
+def test_recalibration_measures_again_and_replaces_the_bounds() -> None:
+    r0, r1 = run_ranks(_fit_recalibrating, 2)
+    assert r0["calibrations"] == r1["calibrations"] and r0["table_bounds"] == r1["table_bounds"]
+    # Measured on batches 0-1 (effective from 2), again 5 batches later on 7-8 (from 9), and on 14-15 (from 16).
+    assert [c["at"] for c in r0["calibrations"]] == [2, 9, 16]
+    assert all(c["tight"] + c["base"] + c["loose"] == len(TABLES) for c in r0["calibrations"])
+    assert r0["measure_from"] == 21
+    for t, (effective, bounds) in enumerate(zip(r0["effective"], r0["table_bounds"])):
+        # c = 1: each batch is sent with the bounds in force (the strategy's eps before the first calibration);
+        # a measurement in progress leaves them alone.
+        assert effective == (bounds if t >= 2 else dict.fromkeys(TABLES, 0.01)), t
+        if t not in (2, 9, 16) and t > 0:
+            assert bounds == r0["table_bounds"][t - 1], t
+    # The statistics are the last measurement's alone: 2 batches x 2 destination ranks.
+    assert set(r0["chunks"].values()) == {4}
+    assert any("(calibrated 3 times, last from batch 16)" in line for line in r0["headline"]), r0["headline"]
+
+
 @pytest.mark.parametrize("strategy", ["auto", "uncompressed"])
 def test_without_a_compressed_dlac_strategy_it_says_so_and_does_nothing(strategy: str) -> None:
     dlac = DLACCallback(calibration_batches=1, log_every_n_steps=1)
@@ -201,6 +246,8 @@ def test_without_a_compressed_dlac_strategy_it_says_so_and_does_nothing(strategy
         ({"probe_eps": 2.0}, "probe_eps=2.0 is out of range"),
         ({"log_every_n_steps": 0}, "log_every_n_steps=0 must be a whole number >= 1"),
         ({"calibration_start": 5, "calibration_dataloader": [1]}, "Set one of them"),
+        ({"recalibrate_every": -1}, "recalibrate_every=-1 must be a whole number >= 0"),
+        ({"mode": "off", "recalibrate_every": 10}, "does nothing with mode='off'"),
     ],
 )
 def test_invalid_settings_are_rejected_at_construction(kwargs: dict, message: str) -> None:
