@@ -22,6 +22,11 @@ CASES = {
     "many_rows": ([64, 64], [[16, 16], [16]]),  # large enough for the 44-byte chunk headers not to dominate
     "non_finite": ([4, 4], [[4, 4], [8]]),  # NaN / Inf in table t0_0's chunks for both destinations
 }
+# Three ranks: the middle one sends to ranks on both sides of itself (two grids around its own, local rows).
+CASES_3 = {
+    "three_ranks": ([3, 5, 2], [[8, 4], [16], [4, 4]]),
+    "three_ranks_middle_without_tables": ([4, 2, 3], [[8], [], [4, 8]]),
+}
 BACKWARDS = ("fp32", "bf16", "fp16", "dlac")
 # (backward mode, codec impl, compressible data) of each direct-module run; "auto" is the native kernels here.
 RUNS = [*((b, "auto", False) for b in BACKWARDS), ("dlac", "ref", False), ("bf16", "auto", True)]
@@ -55,7 +60,7 @@ def _exchange_case(
 
     from lightning_dlac.comm import CompressedPooledEmbeddingsAllToAll, CompressionConfig, ErrorBounds
 
-    batch_size_per_rank, dims_per_rank = CASES[case]
+    batch_size_per_rank, dims_per_rank = {**CASES, **CASES_3}[case]
     splits = batch_size_per_rank or [4] * world_size
     row_splits = [0, *torch.tensor(splits).cumsum(0).tolist()]
     tables = _tables(dims_per_rank)
@@ -470,3 +475,32 @@ def test_exchange_over_nccl_on_gpus() -> None:
                 assert r["grad"]["dlac_ratio"] <= 1 + 1e-4 and r["grad"]["own_rows_equal"], (rank, case, r["grad"])
             if r["stats"]["raw_bytes"] and any(CASES[case][1][rank]):
                 assert r["stats"]["sent_bytes"] < r["stats"]["raw_bytes"], (rank, case, r["stats"])
+
+
+def _three_rank_cases(rank: int, world_size: int) -> dict:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    try:
+        results = {(case, b): _exchange_case(rank, world_size, case, b, "auto", compressible)
+                   for case in CASES_3 for b in ("fp32", "dlac") for compressible in (True,)}
+        dist.barrier()
+        return results
+    finally:
+        dist.destroy_process_group()
+
+
+def test_three_ranks_send_around_their_own_rows() -> None:
+    for rank, results in enumerate(run_ranks(_three_rank_cases, 3)):
+        for (case, backward), r in results.items():
+            batch_sizes, dims_per_rank = CASES_3[case]
+            assert set(r["fwd_ratio"]) == {t for tables in _tables(dims_per_rank) for t in tables}, (rank, case)
+            assert all(v <= 1 + 1e-4 for v in r["fwd_ratio"].values()), (rank, case, r["fwd_ratio"])
+            remote_rows = sum(batch_sizes) - batch_sizes[rank]
+            assert r["stats"]["raw_bytes"] == remote_rows * sum(dims_per_rank[rank]) * 4, (rank, case)
+            if dims_per_rank[rank]:
+                assert r["stats"]["sent_bytes"] < r["stats"]["raw_bytes"], (rank, case, r["stats"])
+            if backward == "fp32":
+                assert r["grad"]["equal"], (rank, case)
+            else:
+                assert r["grad"]["dlac_ratio"] <= 1 + 1e-4 and r["grad"]["own_rows_equal"], (rank, case, r["grad"])
