@@ -433,25 +433,32 @@ inline std::vector<uint8_t> huffman_lengths(const std::vector<uint64_t>& freq) {
   return lens;
 }
 
+// The first canonical code of each length, from the number of codes of each length (deflate's rule).
+DLAC_HD inline void first_codes(const uint32_t* bl_count, uint32_t* next_code) {
+  uint32_t code = 0;
+  next_code[0] = 0;
+  for (uint32_t len = 1; len <= kHuffMaxLen; ++len) {
+    code = (code + bl_count[len - 1]) << 1;
+    next_code[len] = code;
+  }
+}
+// The l low bits of c in reverse order (canonical codes are MSB-first; the bit streams are LSB-first).
+DLAC_HD inline uint32_t reverse_bits(uint32_t c, uint32_t l) {
+  uint32_t r = 0;
+  for (uint32_t b = 0; b < l; ++b) r |= ((c >> b) & 1u) << (l - 1 - b);
+  return r;
+}
+
 // LSB-first (bit-reversed) canonical codes, ready to be OR-ed into an LSB-first bit stream.
 inline std::vector<uint32_t> reversed_canonical_codes(const std::vector<uint8_t>& lens) {
   uint32_t bl_count[kHuffMaxLen + 2] = {0};
   for (uint8_t l : lens)
     if (l) bl_count[l] += 1;
   uint32_t next_code[kHuffMaxLen + 2] = {0};
-  uint32_t code = 0;
-  for (uint32_t len = 1; len <= kHuffMaxLen; ++len) {
-    code = (code + bl_count[len - 1]) << 1;
-    next_code[len] = code;
-  }
+  first_codes(bl_count, next_code);
   std::vector<uint32_t> rev(lens.size(), 0);
-  for (size_t s = 0; s < lens.size(); ++s) {
-    uint32_t l = lens[s];
-    if (!l) continue;
-    uint32_t c = next_code[l]++, r = 0;
-    for (uint32_t b = 0; b < l; ++b) r |= ((c >> b) & 1u) << (l - 1 - b);
-    rev[s] = r;
-  }
+  for (size_t s = 0; s < lens.size(); ++s)
+    if (lens[s]) rev[s] = reverse_bits(next_code[lens[s]]++, lens[s]);
   return rev;
 }
 
@@ -682,18 +689,13 @@ DLAC_HD inline void huff_decode_table(const HuffView& v, uint16_t* table) {
     if (l) bl_count[l] += 1;
   }
   uint32_t next_code[kHuffMaxLen + 2] = {0};
-  uint32_t code = 0;
-  for (uint32_t len = 1; len <= kHuffMaxLen; ++len) {
-    code = (code + bl_count[len - 1]) << 1;
-    next_code[len] = code;
-  }
+  first_codes(bl_count, next_code);
   for (uint32_t k = 0; k < (1u << kHuffMaxLen); ++k) table[k] = 0;
   for (uint32_t s = 0; s < v.alphabet; ++s) {
     uint32_t l = (s & 1) ? (v.nib[s >> 1] >> 4) : (v.nib[s >> 1] & 15);
     if (!l) continue;
-    uint32_t c = next_code[l]++, r = 0;
-    for (uint32_t b = 0; b < l; ++b) r |= ((c >> b) & 1u) << (l - 1 - b);
-    for (uint32_t k = r; k < (1u << kHuffMaxLen); k += (1u << l)) table[k] = uint16_t(s | (l << 12));
+    for (uint32_t k = reverse_bits(next_code[l]++, l); k < (1u << kHuffMaxLen); k += (1u << l))
+      table[k] = uint16_t(s | (l << 12));
   }
 }
 

@@ -105,12 +105,21 @@ void for_each(int64_t n, F f) {
 // On the device (sm_80+), the lanes of a warp that target the same word first combine their values and one of them
 // does the atomic: neighbouring codes share payload words, and every element of a chunk updates the same minimum.
 // (__activemask() lanes all reach the __match_any_sync that follows: there is no branch between them.)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+// Combines v over the lanes whose p is the same word with reduce; true on the one lane that should do the atomic.
+template <class Reduce>
+__device__ inline bool warp_combine(const uint32_t* p, uint32_t& v, Reduce reduce) {
+  const unsigned peers = __match_any_sync(__activemask(), reinterpret_cast<unsigned long long>(p));
+  v = reduce(peers, v);
+  return int(threadIdx.x & 31) == __ffs(peers) - 1;
+}
+#define DLAC_WARP_COMBINE 1
+#endif
+
 DLAC_HD inline void atomic_or(uint32_t* p, uint32_t v) {
 #if defined(__CUDA_ARCH__)
-#if __CUDA_ARCH__ >= 800
-  const unsigned peers = __match_any_sync(__activemask(), reinterpret_cast<unsigned long long>(p));
-  v = __reduce_or_sync(peers, v);
-  if (int(threadIdx.x & 31) != __ffs(peers) - 1) return;
+#if DLAC_WARP_COMBINE
+  if (!warp_combine(p, v, [](unsigned peers, uint32_t x) { return __reduce_or_sync(peers, x); })) return;
 #endif
   atomicOr(reinterpret_cast<unsigned int*>(p), v);
 #else
@@ -122,10 +131,8 @@ DLAC_HD inline void atomic_or(uint32_t* p, uint32_t v) {
 // atomic, never skip a needed one).
 DLAC_HD inline void atomic_min(uint32_t* p, uint32_t v) {
 #if defined(__CUDA_ARCH__)
-#if __CUDA_ARCH__ >= 800
-  const unsigned peers = __match_any_sync(__activemask(), reinterpret_cast<unsigned long long>(p));
-  v = __reduce_min_sync(peers, v);
-  if (int(threadIdx.x & 31) != __ffs(peers) - 1) return;
+#if DLAC_WARP_COMBINE
+  if (!warp_combine(p, v, [](unsigned peers, uint32_t x) { return __reduce_min_sync(peers, x); })) return;
 #endif
   if (v < *reinterpret_cast<volatile uint32_t*>(p)) atomicMin(reinterpret_cast<unsigned int*>(p), v);
 #else
@@ -134,10 +141,8 @@ DLAC_HD inline void atomic_min(uint32_t* p, uint32_t v) {
 }
 DLAC_HD inline void atomic_max(uint32_t* p, uint32_t v) {
 #if defined(__CUDA_ARCH__)
-#if __CUDA_ARCH__ >= 800
-  const unsigned peers = __match_any_sync(__activemask(), reinterpret_cast<unsigned long long>(p));
-  v = __reduce_max_sync(peers, v);
-  if (int(threadIdx.x & 31) != __ffs(peers) - 1) return;
+#if DLAC_WARP_COMBINE
+  if (!warp_combine(p, v, [](unsigned peers, uint32_t x) { return __reduce_max_sync(peers, x); })) return;
 #endif
   if (v > *reinterpret_cast<volatile uint32_t*>(p)) atomicMax(reinterpret_cast<unsigned int*>(p), v);
 #else
