@@ -13,6 +13,13 @@
 #else
 #define DLAC_HD
 #endif
+// The encoder's hot loops must be inlined into it: GCC stopped doing so on its own under C++20 (torch 2.13+'s
+// default), which cost about 20% of encode throughput (measured: 0.98-1.12 against 1.27-1.33 GB/s on Criteo chunks).
+#if defined(__GNUC__)
+#define DLAC_ALWAYS_INLINE __attribute__((always_inline))
+#else
+#define DLAC_ALWAYS_INLINE
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -325,8 +332,8 @@ DLAC_HD inline int quantize_element(float xv, float lo, float eb, float step, ui
 
 // Codes for the rows at rowp (nrows x dim) for one step: 1 if every element holds within eb (after neighbour
 // repair), 0 if one cannot, -1 if a code would not fit in 24 bits. Mirrors reference._quantize_with_step.
-inline int quantize_with_step(const float* const* rowp, int64_t nrows, int64_t dim, float lo, float eb, float step,
-                              uint32_t* codes) {
+DLAC_ALWAYS_INLINE inline int quantize_with_step(const float* const* rowp, int64_t nrows, int64_t dim, float lo,
+                                                 float eb, float step, uint32_t* codes) {
   uint32_t overflow = 0, bad = 0;
   for (int64_t r = 0; r < nrows; ++r) {
     const float* p = rowp[r];
@@ -802,7 +809,7 @@ struct RowTable {
     slots.assign(cap, UINT32_MAX);
     first.reserve(expected);
   }
-  uint32_t insert(const uint8_t* row) {
+  DLAC_ALWAYS_INLINE uint32_t insert(const uint8_t* row) {
     uint32_t slot = uint32_t(hash_row(row, dim) >> 32) & (cap - 1);
     while (true) {
       uint32_t u = slots[slot];
