@@ -66,8 +66,9 @@ def headline(run: dict[str, Any]) -> list[str]:
     if classes:
         counts = {c: sum(1 for v in classes.values() if v == c) for c in ("tight", "base", "loose")}
         calibrations = run.get("calibrations") or []
-        again = f" (calibrated {len(calibrations)} times, last from batch {calibrations[-1]['at']})" \
-            if len(calibrations) > 1 else ""
+        again = ""
+        if len(calibrations) > 1:
+            again = f" (calibrated {len(calibrations)} times, last from batch {calibrations[-1]['at']})"
         lines.append(
             f"bounds ({run['mode']}): {counts['tight']} tight, {counts['base']} base, {counts['loose']} loose tables"
             f"{again}; schedule {run['schedule']['kind']} c={run['schedule']['c']} T={run['schedule']['T']}"

@@ -53,7 +53,7 @@ def decode(buf: torch.Tensor | bytes, impl: str = "auto") -> torch.Tensor:
             except CodecError as err:
                 # The native op decodes a 1x1 grid; name the buffer as the reference does, not "chunk 0".
                 raise CodecError(str(err).replace("chunk 0 (row block 0, column block 0)", "buffer", 1)) from None
-        return ref.decode_chunk(buf.cpu())
+        return ref.decode_chunk(buf)
 
 
 def encode_grid(
@@ -123,7 +123,7 @@ def decode_grid(
     with record_function("## dlac decode ##"):
         if impl == "native":
             return _native_decode(payload, sz, rs, cs)
-        return ref.decode_grid(payload.cpu(), sz.tolist(), rs, cs)
+        return ref.decode_grid(payload, sz.tolist(), rs, cs)
 
 
 def _last(splits: Splits) -> int:

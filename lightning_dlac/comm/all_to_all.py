@@ -18,6 +18,7 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -51,6 +52,20 @@ class _Ready(Awaitable[torch.Tensor]):
 
 def _offsets(sizes: Sequence[int]) -> list[int]:
     return [0, *itertools.accumulate(sizes)]
+
+
+def _around(rank: int, world: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The ranks before and after ``rank``, as [lo, hi) ranges: whom a rank exchanges with, keeping its own block."""
+    return (0, rank), (rank + 1, world)
+
+
+class _Grid(NamedTuple):
+    """One encode_grid call over a block of rows and columns: the block's first row, its row splits, the output."""
+
+    first_row: int
+    row_splits: list[int]
+    payload: torch.Tensor
+    sizes: torch.Tensor
 
 
 def _all_to_all(out: torch.Tensor, inp: torch.Tensor, out_splits: list[int], in_splits: list[int], pg) -> None:
@@ -166,8 +181,8 @@ class CompressedPooledEmbeddingsAllToAll(nn.Module):
 
         t0 = time.perf_counter()
         with record_function("## dlac encode ##"):
-            sides = self._encode_for_others(x, row_splits, eps)
-            payload, sizes = self._join(sides, n_local, dev)
+            before, after = self._encode_for_others(x, row_splits, eps)
+            payload, sizes = self._join(before, after, n_local, dev)
         t1 = time.perf_counter()
 
         with record_function("## dlac exchange ##"):
@@ -210,33 +225,39 @@ class CompressedPooledEmbeddingsAllToAll(nn.Module):
             self._note_non_finite(x, sizes, row_splits)
             every = self._config.error_every
             if every and (stats.calls - 1) % every == 0:
-                self._measure_error(x, sides[0] + sides[1], eps)
+                self._measure_error(x, [g for g in (before, after) if g is not None], eps)
         return out
 
     def _encode_for_others(
         self, x: torch.Tensor, row_splits: list[int], eps: torch.Tensor
-    ) -> list[list[tuple[int, list[int], torch.Tensor, torch.Tensor]]]:
-        """Encode the (destination, local table) chunks of ``x`` for every rank but this one, as at most two grids:
-        [[grid of the destinations before this rank], [grid of those after it]] (either list may be empty), each
-        grid as (first row, row splits, payload, sizes)."""
-        me, cols = self._rank, self._col_splits[self._rank]
-        sides: list[list[tuple[int, list[int], torch.Tensor, torch.Tensor]]] = [[], []]
-        for side, (lo, hi) in enumerate(((0, me), (me + 1, self._world))):
+    ) -> list[_Grid | None]:
+        """Encode the (destination, local table) chunks of ``x`` for every rank but this one: [grid of the
+        destinations before this rank, grid of those after it], None where there is none."""
+        cols = self._col_splits[self._rank]
+        grids: list[_Grid | None] = []
+        for lo, hi in _around(self._rank, self._world):
+            grid = None
             if hi > lo and len(cols) > 1:
                 r0 = row_splits[lo]
                 rs = [r - r0 for r in row_splits[lo: hi + 1]]
-                payload, sizes = encode_grid(x[r0: row_splits[hi]], rs, cols, eps=eps, impl=self._config.impl)
-                sides[side].append((r0, rs, payload, sizes))
-        return sides
+                grid = _Grid(r0, rs, *encode_grid(x[r0: row_splits[hi]], rs, cols, eps=eps, impl=self._config.impl))
+            grids.append(grid)
+        return grids
 
     @staticmethod
-    def _join(sides: list[list[tuple]], n_local: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    def _join(
+        before: _Grid | None, after: _Grid | None, n_local: int, dev: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """One payload for the all-to-all, and every destination's chunk sizes with 0 for this rank's own."""
-        own = torch.zeros(n_local, dtype=torch.int64, device=dev)
-        sizes = torch.cat([*(p[-1].to(dev) for p in sides[0]), own, *(p[-1].to(dev) for p in sides[1])])
-        parts = sides[0] + sides[1]
-        payload = torch.cat([p[-2].to(dev) for p in parts]) if parts else torch.zeros(0, dtype=torch.uint8, device=dev)
-        return payload, sizes
+        sizes = [torch.zeros(n_local, dtype=torch.int64, device=dev)]
+        if before is not None:
+            sizes.insert(0, before.sizes.to(dev))
+        if after is not None:
+            sizes.append(after.sizes.to(dev))
+        grids = [g for g in (before, after) if g is not None]
+        empty = torch.zeros(0, dtype=torch.uint8, device=dev)
+        payload = torch.cat([g.payload.to(dev) for g in grids]) if grids else empty
+        return payload, torch.cat(sizes)
 
     def _exchange_uncompressed(self, x: torch.Tensor, batch_size_per_rank: list[int]) -> torch.Tensor:
         """TorchRec's exchange: float32 rows to their destination, in one all-to-all (``skip_when_slower``)."""
@@ -284,14 +305,14 @@ class CompressedPooledEmbeddingsAllToAll(nn.Module):
             if chunk.numel() and size == HEADER_SIZE + chunk.numel() * 4 and not bool(torch.isfinite(chunk).all()):
                 self.stats.non_finite_tables.add(name)
 
-    def _measure_error(self, x: torch.Tensor, parts: list, eps: torch.Tensor) -> None:
+    def _measure_error(self, x: torch.Tensor, grids: list[_Grid], eps: torch.Tensor) -> None:
         """Decode our own payload and record max |x - x_hat| / bound per table (the bound is a guarantee; this
         makes it visible)."""
         x = x.cpu()
         cols, tables = self._col_splits[self._rank], self._tables[self._rank]
         eps_of = dict(zip(tables, eps.tolist()))
         worst = dict.fromkeys(eps_of, 0.0)
-        for r0, rs, payload, sizes in parts:
+        for r0, rs, payload, sizes in grids:
             x_hat = decode_grid(payload, sizes, rs, cols, impl=self._config.impl).cpu()
             for r, c in itertools.product(range(len(rs) - 1), range(len(tables))):
                 rows, columns = slice(rs[r], rs[r + 1]), slice(cols[c], cols[c + 1])
@@ -382,15 +403,18 @@ class CompressedPooledEmbeddingsAllToAll(nn.Module):
         owners = _offsets(self.dim_sum_per_rank)  # each owner rank's columns of grad
         # The columns of the other owners' tables, as at most two grids (owners before and after this rank); this
         # rank's own columns stay here, exactly.
-        sides: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[], []]
+        grids: list[_Grid | None] = []
         with record_function("## dlac encode grad ##"):
-            for side, (lo, hi) in enumerate(((0, me), (me + 1, world))):
+            for lo, hi in _around(me, world):
                 dims = [d for r in range(lo, hi) for d in self._dims[r]]
+                grid = None
                 if dims:
                     eps = torch.full((len(dims),), self._config.backward_eps, dtype=torch.float32)
                     block = grad[:, owners[lo]: owners[hi]]
-                    sides[side].append(encode_grid(block, [0, b_me], _offsets(dims), eps=eps, impl=self._config.impl))
-        payload, sizes = self._join(sides, n_local, dev)
+                    grid = _Grid(0, [0, b_me], *encode_grid(block, [0, b_me], _offsets(dims), eps=eps,
+                                                            impl=self._config.impl))
+                grids.append(grid)
+        payload, sizes = self._join(*grids, n_local, dev)
         recv_sizes = torch.empty(world * n_local, dtype=torch.int64, device=dev)
         _all_to_all(recv_sizes, sizes, [n_local] * world, chunk_counts, self._pg)
         send_bytes = [int(s.sum()) for s in sizes.split(chunk_counts)]
