@@ -13,49 +13,7 @@ from lightning_dlac import DLACCallback, DLACStrategy
 from lightning_dlac.adaptive import DecaySchedule
 from lightning_dlac.callback import _loss_of, _random_state_kept
 from tests._launch import run_ranks
-from tests.test_strategy import small_data, small_dlrm, trainer
-
-TABLES = [f"t_cat_{i}" for i in range(26)]
-
-
-class _BoundsRecorder(pl.Callback):
-    """Records, for every training batch, the multiplier and the effective bound of every table in that batch."""
-
-    def __init__(self) -> None:
-        self.multipliers: list[float] = []
-        self.effective: list[dict[str, float]] = []
-        self.calibrated_at_first_batch: bool | None = None
-        self.dlac: DLACCallback | None = None
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:  # noqa: ANN001
-        # Runs after DLACCallback's hook (callbacks run in order), i.e. with the bounds this batch is sent with.
-        bounds = trainer.strategy.error_bounds
-        self.multipliers.append(bounds.multiplier)
-        self.effective.append({t: bounds.effective(t) for t in TABLES})
-        if self.calibrated_at_first_batch is None:
-            self.calibrated_at_first_batch = self.dlac.calibrated and bool(bounds.table_bounds())
-
-
-class _MemoryLogger(pl.loggers.Logger):
-    """A logger that is neither CSV nor TensorBoard: the callback must write through the generic interface."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.rows: list[tuple[int, dict[str, float]]] = []
-
-    @property
-    def name(self) -> str:
-        return "memory"
-
-    @property
-    def version(self) -> int:
-        return 0
-
-    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        self.rows.append((step, dict(metrics)))
-
-    def log_hyperparams(self, params, *args, **kwargs) -> None:  # noqa: ANN001, ANN002, ANN003
-        pass
+from tests.conftest import TABLES, bounds_recorder, memory_logger, small_data, small_dlrm, trainer
 
 
 def _read_csv(path: Path) -> list[dict[str, str]]:
@@ -70,9 +28,8 @@ def _fit_with_callback(rank: int, world_size: int, log_dir: str) -> dict:
     dlac = DLACCallback(
         calibration_batches=3, sensitivity_batches=1, schedule="step", c=2.0, T=12, stages=4, log_every_n_steps=4
     )
-    recorder = _BoundsRecorder()
-    recorder.dlac = dlac
-    memory = _MemoryLogger()
+    recorder = bounds_recorder(dlac)
+    memory = memory_logger()
     t = trainer(world_size, DLACStrategy(eps=0.01), max_epochs=1, callbacks=[dlac, recorder],
                 logger=[CSVLogger(log_dir, name="run", version=0), memory])
     t.fit(small_dlrm(), datamodule=small_data(train_batches=20))
@@ -143,8 +100,7 @@ def _fit_calibration_loader(rank: int, world_size: int) -> dict:
     calib.setup("fit")
     dlac = DLACCallback(mode="sensitivity", calibration_dataloader=calib.train_dataloader(), calibration_batches=2,
                         sensitivity_batches=1, sensitivity_tolerance=1e-4, c=1.0, log_every_n_steps=100)
-    recorder = _BoundsRecorder()
-    recorder.dlac = dlac
+    recorder = bounds_recorder(dlac)
     t = trainer(world_size, DLACStrategy(), max_epochs=1, callbacks=[dlac, recorder])
     t.fit(small_dlrm(), datamodule=small_data(train_batches=4))
     return {"bounds": dlac.table_bounds, "calibrated_first": recorder.calibrated_at_first_batch,
@@ -171,22 +127,11 @@ def test_sensitivity_mode_calibrates_on_a_dataloader_before_training() -> None:
         assert chosen == expect, row
 
 
-class _TableBoundsRecorder(_BoundsRecorder):
-    def __init__(self) -> None:
-        super().__init__()
-        self.table_bounds: list[dict[str, float]] = []
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:  # noqa: ANN001
-        super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
-        self.table_bounds.append(self.dlac.table_bounds)
-
-
 def _fit_recalibrating(rank: int, world_size: int) -> dict:
     torch.manual_seed(0)
     dlac = DLACCallback(calibration_batches=2, sensitivity_batches=0, recalibrate_every=5, c=1.0,
                         log_every_n_steps=100)
-    recorder = _TableBoundsRecorder()
-    recorder.dlac = dlac
+    recorder = bounds_recorder(dlac)
     t = trainer(world_size, DLACStrategy(eps=0.01), max_epochs=1, callbacks=[dlac, recorder])
     t.fit(small_dlrm(), datamodule=small_data(train_batches=20))
     from lightning_dlac.report import headline
