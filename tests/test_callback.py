@@ -13,7 +13,7 @@ from lightning_dlac import DLACCallback, DLACStrategy
 from lightning_dlac.adaptive import DecaySchedule
 from lightning_dlac.callback import _loss_of, _random_state_kept
 from tests._launch import run_ranks
-from tests.conftest import TABLES, bounds_recorder, memory_logger, small_data, small_dlrm, trainer
+from tests.conftest import TABLES, bounds_recorder, load_global_weights, memory_logger, small_data, small_dlrm, trainer
 
 
 def _read_csv(path: Path) -> list[dict[str, str]]:
@@ -256,7 +256,36 @@ class _PoisonTable(pl.Callback):
                     shard.tensor.fill_(float("nan"))  # the state dict views the fused table's storage
 
 
+def _nan_rows_arrive_as_sent(rank: int, world_size: int) -> dict:
+    """Every 3rd row of t_cat_3 is NaN: the pooled chunks hold NaN and finite values. The rank that does not own
+    the table must receive exactly what the owner pooled: NaN where it is NaN, the finite values bit for bit."""
+    import copy
+
+    model = small_dlrm()
+    reference = copy.deepcopy(model)
+    t = trainer(world_size, DLACStrategy(eps=0.05, error_every=0), limit_val_batches=1)
+    t.validate(model, datamodule=small_data(), verbose=False)
+    state = reference.state_dict()
+    key = next(k for k in state if k.endswith("embedding_bags.t_cat_3.weight"))
+    state[key][::3] = float("nan")
+    reference.load_state_dict(state)
+    load_global_weights(model, state)
+    data = small_data(batch_size=64)
+    data.setup("validate")
+    kjt = next(iter(data.val_dataloader())).sparse_features
+    with torch.no_grad():
+        sharded = model.embedding_bag_collection(kjt).to_dict()
+        unsharded = reference.embedding_bag_collection(kjt).to_dict()
+    got, want = sharded["cat_3"], unsharded["cat_3"]
+    return {"owner": "t_cat_3" in t.strategy.compressed_tables, "nan": int(want.isnan().sum()),
+            "finite": int(want.isfinite().sum()), "same_nan": torch.equal(got.isnan(), want.isnan()),
+            "exact": torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0)),
+            "other_tables_lossy": any(not torch.equal(sharded[k], v) for k, v in unsharded.items() if k != "cat_3"),
+            "non_finite_tables": sorted(t.strategy.total_comm_stats().non_finite_tables)}
+
+
 def _fit_with_nan_table(rank: int, world_size: int) -> dict:
+    arrival = _nan_rows_arrive_as_sent(rank, world_size)
     dlac = DLACCallback(mode="off", c=1.0, log_every_n_steps=1, report=False)
     # One step: after it, the NaN loss's gradients would poison every table.
     t = trainer(world_size, DLACStrategy(error_every=0), max_steps=1, callbacks=[_PoisonTable("t_cat_3"), dlac],
@@ -264,13 +293,20 @@ def _fit_with_nan_table(rank: int, world_size: int) -> dict:
     t.fit(small_dlrm(), datamodule=small_data(train_batches=4))
     local = sorted(t.strategy.total_comm_stats().non_finite_tables)
     return {"reported": sorted(dlac._non_finite_reported), "local": local,
-            "history": [row["dlac/non_finite_tables"] for row in dlac._history]}
+            "history": [row["dlac/non_finite_tables"] for row in dlac._history], "arrival": arrival}
 
 
 def test_non_finite_embeddings_are_sent_exactly_and_reported_with_the_table() -> None:
     r0, r1 = run_ranks(_fit_with_nan_table, 2)
-    # Found on every call (error measurement is off here), on the rank that owns the table only; reduced, so
-    # both ranks report it, once.
+    # The values that arrived: on the rank without the table, NaN and finite values exactly as the owner pooled
+    # them (the chunk went raw), while the other tables' chunks were compressed (not exact).
+    assert r0["arrival"]["owner"] != r1["arrival"]["owner"]
+    owner, receiver = (r0["arrival"], r1["arrival"]) if r0["arrival"]["owner"] else (r1["arrival"], r0["arrival"])
+    assert receiver["nan"] > 0 and receiver["finite"] > 0, receiver
+    assert receiver["same_nan"] and receiver["exact"] and receiver["other_tables_lossy"], receiver
+    assert owner["non_finite_tables"] == ["t_cat_3"] and receiver["non_finite_tables"] == []
+    # In a fit: found on every call (error measurement is off here), on the rank that owns the table only;
+    # reduced, so both ranks report it, once.
     assert r0["reported"] == r1["reported"] == ["t_cat_3"]
     assert sorted([r0["local"], r1["local"]]) == [[], ["t_cat_3"]]
     assert r0["history"] == [1.0]

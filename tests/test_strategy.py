@@ -98,10 +98,35 @@ def test_two_rank_training_loss_falls_and_collectives_work() -> None:
     assert owned0 and owned1 and not owned0 & owned1 and len(owned0 | owned1) == len(FEATURES)
 
 
-def test_single_device_trains_with_string_alias() -> None:
-    (result,) = run_ranks(_train, 1, "dlac")
+def _single_device(rank: int, world_size: int) -> dict:
+    result = _train(rank, world_size, "dlac")
+    # The all-to-all of one rank is a local copy: the sharded collection pools exactly what the unsharded one does,
+    # and nothing is encoded or counted as sent.
+    model = small_dlrm()
+    reference = copy.deepcopy(model)
+    t = trainer(world_size, "dlac", limit_val_batches=1)
+    t.validate(model, datamodule=small_data(), verbose=False)
+    load_global_weights(model, reference.state_dict())
+    data = small_data()
+    data.setup("validate")
+    exact = []
+    with torch.no_grad():
+        for batch in data.val_dataloader():
+            sharded = model.embedding_bag_collection(batch.sparse_features).to_dict()
+            unsharded = reference.embedding_bag_collection(batch.sparse_features).to_dict()
+            exact += [torch.equal(sharded[k], v) for k, v in unsharded.items()]
+    stats = t.strategy.total_comm_stats()
+    return {**result, "exact": exact, "calls": stats.calls, "raw_bytes": stats.raw_bytes,
+            "sent_bytes": stats.sent_bytes, "exchanges": len(t.strategy.exchanges)}
+
+
+def test_single_device_trains_with_string_alias_and_its_all_to_all_is_an_exact_local_copy() -> None:
+    (result,) = run_ranks(_single_device, 1)
     assert result["losses"][-1] < result["losses"][0]
     assert len(result["owned"]) == len(FEATURES)
+    assert result["exchanges"] == 1 and result["calls"] > 0  # the compressed exchange is installed and called
+    assert len(result["exact"]) == 4 * 26 and all(result["exact"])  # 4 batches x 26 keys, bit for bit
+    assert result["raw_bytes"] == result["sent_bytes"] == 0
 
 
 def test_strategy_string_alias_resolves() -> None:
