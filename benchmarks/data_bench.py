@@ -9,10 +9,11 @@ runs in its own process, which reports its wall time and peak resident memory (r
 TorchRec slice are checked identical to ours. Rates are rows/s, ratios against TorchRec's rate in the same run.
 
 Loader: ``--loader-rows`` rows (default 20M: four "days" of 5M; three train, one held out) written in TorchRec's
-layout under ``--workdir``, then per rank of 2 (each in its own process, one thread, as a rank runs): time to open
-(construct + setup + first batch), batches/s over all of the rank's training batches, and resident memory after
-them (VmRSS, split into anonymous memory and file pages: the memory-mapped rows are page cache, shared and
-reclaimable). The demo model's training step is timed on the same batch size for the ratio (forward + backward +
+layout under ``--workdir``, then per rank of 2 (each in its own process, one thread, as a rank runs), reading each
+batch with ``pread`` (the default) and through memory maps (``mmap_mode=True``): time to open (construct + setup +
+first batch), batches/s over all of the rank's training batches, and how resident memory grew while reading them
+(VmRSS, split into anonymous memory and file pages: memory-mapped rows are page cache, shared and reclaimable). The
+demo model's training step is timed on the same batch size for the ratio (forward + backward +
 dense optimizer step of DLRMModule with dlrm_criteo_binary.yaml's sizes, one thread; the embedding tables frozen,
 so this is a lower bound on a real step and the ratio is conservative).
 
@@ -99,7 +100,8 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
         before = _status_mib()
         t0 = time.perf_counter()
         dm = CriteoBinaryDataModule(spec["data_dir"], train_stems=spec["train"], val_stems=spec["val"],
-                                    batch_size=spec["batch_size"], max_rows=spec["max_rows"])  # fmt: skip
+                                    batch_size=spec["batch_size"], max_rows=spec["max_rows"],
+                                    mmap_mode=spec["mmap_mode"])  # fmt: skip
         dm._set_rank(spec["rank"], spec["world_size"])
         dm.setup("fit")
         loader = iter(dm.train_dataloader())
@@ -215,13 +217,14 @@ def _tables(pre: list[dict[str, Any]], loader: list[dict[str, Any]], step: dict[
         out.append(f"| {r['name']} | {r['rows']:,} | {r['seconds']:.2f} | {_fmt_rate(r['rate'])} |"
                    f" {r['vs_torchrec']:.1f}x | {r['maxrss_mib']:.0f} |")  # fmt: skip
     if loader:
-        out += ["", "| rank | open (s) | batches | batches/s | rows/s | share of arrays (MiB) | RSS after (MiB) |"
-                " growth while reading: anonymous / file pages (MiB) | loader vs train step |",
-                "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        out += ["", "| reads | rank | open (s) | batches | batches/s | rows/s | share of arrays (MiB) | RSS after (MiB)"
+                " | growth while reading: anonymous / file pages (MiB) | loader vs train step |",
+                "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
         for r in loader:
             a, b = r["rss_after"], r["rss_before"]
             ratio = f"{r['batches_per_second'] * step['step_seconds']:.0f}x" if step else "-"
-            out.append(f"| {r['rank']} | {r['open_seconds']:.3f} | {r['batches']:,} | {r['batches_per_second']:.0f} |"
+            out.append(f"| {'mmap' if r['mmap_mode'] else 'pread'} | {r['rank']} | {r['open_seconds']:.3f} |"
+                       f" {r['batches']:,} | {r['batches_per_second']:.0f} |"
                        f" {_fmt_rate(r['batches_per_second'] * r['batch_size'])} | {r['share_mib']:.0f} |"
                        f" {a['VmRSS']:.0f} | {a['RssAnon'] - b['RssAnon']:+.0f} / {a['RssFile'] - b['RssFile']:+.0f} |"
                        f" {ratio} |")  # fmt: skip
@@ -319,13 +322,15 @@ def main() -> None:
             size = sum(p.stat().st_size for p in npy.iterdir()) / 2**30
             print(f"binary set: {4 * per_day:,} rows, {size:.1f} GiB, written in {time.perf_counter() - t0:.0f} s",
                   flush=True)  # fmt: skip
-            for rank in range(2):
+            for mmap_mode, rank in ((False, 0), (False, 1), (True, 0), (True, 1)):
                 spec = dict(kind="loader", data_dir=str(npy), train=["day_0", "day_1", "day_2"], val=["day_23"],
-                            batch_size=args.batch_size, max_rows=args.max_rows, rank=rank, world_size=2)  # fmt: skip
+                            batch_size=args.batch_size, max_rows=args.max_rows, rank=rank, world_size=2,
+                            mmap_mode=mmap_mode)  # fmt: skip
                 r = _run_child(spec, args.timeout)
-                r.update(rank=rank, batch_size=args.batch_size)
+                r.update(rank=rank, batch_size=args.batch_size, mmap_mode=mmap_mode)
                 loader.append(r)
-                print(f"  rank {rank}: open {r['open_seconds']:.3f} s, {r['batches']} batches at"
+                print(f"  {'mmap' if mmap_mode else 'pread'} rank {rank}: open {r['open_seconds']:.3f} s,"
+                      f" {r['batches']} batches at"
                       f" {r['batches_per_second']:.0f}/s, RSS after {r['rss_after']['VmRSS']:.0f} MiB (anonymous"
                       f" {r['rss_after']['RssAnon']:.0f}), share {r['share_mib']:.0f} MiB", flush=True)  # fmt: skip
             step = _run_child(dict(kind="train_step", batch_size=args.batch_size, max_rows=args.max_rows, steps=20),

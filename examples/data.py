@@ -18,6 +18,7 @@ import functools
 import inspect
 import logging
 import math
+import os
 import random
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -672,12 +673,15 @@ _DAYS_1TB = 24
 
 
 class _BinaryBatches:
-    """Picklable ``global_index -> Batch`` over a split of TorchRec-layout ``.npy`` files, memory-mapped.
+    """Picklable ``global_index -> Batch`` over a split of TorchRec-layout ``.npy`` files.
 
     The split is a list of ``(dense, sparse, labels paths, first row, rows)`` segments read as one concatenation;
-    global batch ``g`` is its rows ``[g * B, (g + 1) * B)`` (or batch ``order[g]`` when shuffled). The files are
-    opened lazily in each process (DataLoader workers included) through TorchRec's ``load_npy_range`` with
-    ``mmap_mode=True``, so a rank only ever pages in the rows of the batches it is asked for.
+    global batch ``g`` is its rows ``[g * B, (g + 1) * B)`` (or batch ``order[g]`` when shuffled). Files are opened
+    lazily in each process (DataLoader workers included). By default each batch's rows are read with ``pread`` into
+    fresh arrays, so a rank's resident memory is one batch whatever the data size; with ``mmap_mode`` the files are
+    memory-mapped through TorchRec's ``load_npy_range(mmap_mode=True)`` instead (zero-copy from the page cache, but
+    the mapped pages count in the rank's RSS, and the kernel maps neighbours of the pages read: about 1.3x the
+    rank's share after an epoch, measured in docs/benchmarks.md).
     """
 
     def __init__(
@@ -686,45 +690,78 @@ class _BinaryBatches:
         table_sizes: Sequence[int],
         batch_size: int,
         order: np.ndarray | None,
+        mmap_mode: bool = False,
     ) -> None:
         self.segments = segments
         self.batch_size = batch_size
         self.order = order
+        self.mmap_mode = mmap_mode
         self.hashes = np.asarray(table_sizes, dtype=np.int64).reshape(1, -1)
         self.bounds = np.cumsum([0, *(rows for _, _, rows in segments)])
         self.lengths = torch.ones(len(FEATURE_NAMES) * batch_size, dtype=torch.int32)
-        self._arrays: list[tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
+        self._arrays: list | None = None
 
     @property
     def num_rows(self) -> int:
         return int(self.bounds[-1])
 
     def __getstate__(self) -> dict:
-        # Memory maps are reopened in the receiving process rather than pickled (which would copy the data).
+        # Open files and memory maps are reopened in the receiving process rather than pickled.
         return {**self.__dict__, "_arrays": None}
 
-    def _open(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-        if self._arrays is None:
-            from torchrec.datasets.criteo import BinaryCriteoUtils
+    def __del__(self) -> None:
+        if not getattr(self, "mmap_mode", True) and getattr(self, "_arrays", None):
+            for files in self._arrays:
+                for fd, _, _, _ in files:
+                    os.close(fd)
 
-            self._arrays = [
-                tuple(BinaryCriteoUtils.load_npy_range(str(p), first, rows, mmap_mode=True) for p in paths)
-                for paths, first, rows in self.segments
-            ]  # type: ignore[misc]
+    def _open(self) -> list:
+        if self._arrays is None:
+            if self.mmap_mode:
+                from torchrec.datasets.criteo import BinaryCriteoUtils
+
+                self._arrays = [
+                    tuple(BinaryCriteoUtils.load_npy_range(str(p), first, rows, mmap_mode=True) for p in paths)
+                    for paths, first, rows in self.segments
+                ]
+            else:
+                arrays = []
+                for paths, first, _ in self.segments:
+                    files = []
+                    for p in paths:
+                        with open(p, "rb") as f:
+                            fmt = np.lib.format
+                            v1 = fmt.read_magic(f) == (1, 0)
+                            shape, _, dtype = (fmt.read_array_header_1_0 if v1 else fmt.read_array_header_2_0)(f)
+                            start = f.tell() + first * shape[1] * dtype.itemsize
+                        files.append((os.open(p, os.O_RDONLY), start, shape[1] * dtype.itemsize, (dtype, shape[1])))
+                    arrays.append(files)
+                self._arrays = arrays
         return self._arrays
 
+    def _read(self, k: int, lo: int, n: int) -> tuple[np.ndarray, ...]:
+        """Rows ``[lo, lo + n)`` of segment ``k``."""
+        if self.mmap_mode:
+            return tuple(a[lo : lo + n] for a in self._open()[k])
+        out = []
+        for fd, offset, row_bytes, (dtype, cols) in self._open()[k]:
+            data = os.pread(fd, n * row_bytes, offset + lo * row_bytes)
+            if len(data) != n * row_bytes:
+                raise OSError(f"short read from {self.segments[k][0]}: the file changed while training?")
+            out.append(np.frombuffer(data, dtype=dtype).reshape(n, cols))
+        return tuple(out)
+
     def _rows(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        arrays = self._open()
         pieces = []
         k = int(np.searchsorted(self.bounds, lo, side="right")) - 1
         while lo < hi:
             start, stop = int(self.bounds[k]), int(self.bounds[k + 1])
             take = min(hi, stop) - lo
-            pieces.append(tuple(a[lo - start : lo - start + take] for a in arrays[k]))
+            pieces.append(self._read(k, lo - start, take))
             lo += take
             k += 1
         if len(pieces) == 1:
-            return pieces[0]
+            return pieces[0]  # type: ignore[return-value]
         return tuple(np.concatenate(parts) for parts in zip(*pieces))  # type: ignore[return-value]
 
     def __call__(self, index: int) -> Batch:
@@ -760,9 +797,10 @@ class CriteoBinaryDataModule(_RankShardedDataModule):
 
     Global batch ``g`` of a split is its rows ``[g * batch_size, (g + 1) * batch_size)`` and rank ``r`` of ``W``
     reads batches ``r, r + W, ...`` (TorchRec's batch interleaving), the same number on every rank (remainders are
-    dropped). The files are memory-mapped and only a rank's batches are read, so opening costs milliseconds and a
-    rank's resident memory is its share of the data at most (page cache, reclaimable). ``shuffle`` permutes the
-    order of whole training batches once with ``seed`` (rows stay contiguous, so reads stay sequential).
+    dropped). Only a rank's batches are read, each when it is needed (``pread`` of its rows, or from a memory map with
+    ``mmap_mode``), so opening costs milliseconds and a rank holds one batch in memory, not its share of the data.
+    ``shuffle`` permutes the order of whole training batches once with ``seed`` (rows stay contiguous, so reads stay
+    sequential).
 
     Args:
         data_dir: Directory holding the ``.npy`` files.
@@ -779,6 +817,8 @@ class CriteoBinaryDataModule(_RankShardedDataModule):
         shuffle: Shuffle the order of training batches (once, with ``seed``).
         seed: Seed of the shuffle.
         num_workers: DataLoader worker processes.
+        mmap_mode: Memory-map the files (TorchRec's ``load_npy_range(mmap_mode=True)``) instead of reading each
+            batch's rows: zero-copy from the page cache, but the mapped pages count in the rank's resident memory.
     """
 
     def __init__(
@@ -795,6 +835,7 @@ class CriteoBinaryDataModule(_RankShardedDataModule):
         shuffle: bool = False,
         seed: int = 0,
         num_workers: int = 0,
+        mmap_mode: bool = False,
     ) -> None:
         from lightning_dlac.preprocess import check_criteo_binary
 
@@ -834,6 +875,7 @@ class CriteoBinaryDataModule(_RankShardedDataModule):
         self.max_samples = max_samples
         self.shuffle = shuffle
         self.seed = seed
+        self.mmap_mode = mmap_mode
         self._splits = self._plan_splits()
 
     def _segments(self, stems: list[str], lo: int, hi: int) -> list[tuple[tuple[Path, Path, Path], int, int]]:
@@ -913,7 +955,8 @@ class CriteoBinaryDataModule(_RankShardedDataModule):
         if split == "train" and self.shuffle:
             total = num_batches * self._world_size
             order = np.random.default_rng(self.seed).permutation(total)
-        fn = _BinaryBatches(self._splits[split], self.num_embeddings_per_feature, self.batch_size, order)
+        sizes = self.num_embeddings_per_feature
+        fn = _BinaryBatches(self._splits[split], sizes, self.batch_size, order, self.mmap_mode)
         return _RankBatches(fn, num_batches, self._rank, self._world_size)
 
     def train_dataset(self) -> _RankBatches:

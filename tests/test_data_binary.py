@@ -77,7 +77,8 @@ def test_same_batches_as_the_tsv_module_on_the_criteo_sample(tmp_path: Path) -> 
     _tsv_vs_binary(SAMPLE, _convert(tmp_path, SAMPLE), batch_size=256)
 
 
-def test_day_split_matches_torchrecs_reader(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mmap_mode", [False, True])
+def test_day_split_matches_torchrecs_reader(tmp_path: Path, mmap_mode: bool) -> None:
     from torchrec.datasets.criteo import InMemoryBinaryCriteoIterDataPipe
 
     days = [_tsv(tmp_path / f"day_{d}", rows, seed=d) for d, rows in ((0, 300), (1, 250), (23, 201))]
@@ -85,7 +86,7 @@ def test_day_split_matches_torchrecs_reader(tmp_path: Path) -> None:
     sizes = [97 + k for k in range(26)]
     for rank in range(2):
         dm = CriteoBinaryDataModule(str(npy), train_stems=["day_0", "day_1"], num_embeddings_per_feature=sizes,
-                                    batch_size=32)  # fmt: skip
+                                    batch_size=32, mmap_mode=mmap_mode)  # fmt: skip
         assert dm.val_stems == ["day_23"]  # held out by default, as in TorchRec's DLRM example
         dm._set_rank(rank, 2)
         dm.setup("fit")

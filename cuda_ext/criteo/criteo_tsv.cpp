@@ -142,24 +142,26 @@ struct HexTable {
 };
 constexpr HexTable kHex;
 
-// One pass over a line that is well formed in the common way (integers of at most 9 digits, hex of at most 15),
-// writing the row and folding its dense minimum into *dmin. Returns false for anything else, which parse_line then judges:
-// it accepts the rare valid lines this skips (long zero-padded numbers, 16-digit hex) and names the error
-// otherwise. Roughly 3x faster than parse_line, which first splits the line at every tab.
-inline bool fast_line(const char* q, const char* le, int32_t* dense, int64_t* sparse, int32_t* label,
-                      int32_t* dmin) {
-  if (le - q < kFields) return false;
-  if ((q[0] != '0' && q[0] != '1') || q[1] != '\t') return false;
+// One pass over the line starting at q, in a buffer ending at `end`, when it is well formed in the common way
+// (integers of at most 9 digits, hex of at most 15): writes the row, folds its dense minimum into *dmin and returns
+// where the next line starts. Returns nullptr for anything else (including a line that runs into the end of the
+// buffer, unless `final`), which the caller then hands to parse_line: it accepts the rare valid lines this skips
+// (long zero-padded numbers, 16-digit hex, a lone '\r' at the very end) and names the error otherwise. No separate
+// scan for the newline, and Criteo's usual 8-digit hex in one branch-free step: about 3x parse_line's speed.
+inline const char* fast_line(const char* q, const char* end, bool final, int32_t* dense, int64_t* sparse,
+                             int32_t* label, int32_t* dmin) {
+  if (end - q < kFields) return nullptr;
+  if ((q[0] != '0' && q[0] != '1') || q[1] != '\t') return nullptr;
   *label = q[0] - '0';
   q += 2;
   int32_t lo = INT32_MAX;  // folded into *dmin only if the whole line parses
   for (int k = 0; k < kDense; ++k) {
-    const bool sign = q < le && (*q == '-' || *q == '+');
+    const bool sign = q < end && (*q == '-' || *q == '+');
     const bool neg = sign && *q == '-';
     q += sign;
     const char* first = q;
     int32_t v = 0;
-    while (q < le) {
+    while (q < end) {
       unsigned d = static_cast<unsigned char>(*q) - '0';
       if (d > 9) break;
       v = v * 10 + static_cast<int32_t>(d);
@@ -167,32 +169,51 @@ inline bool fast_line(const char* q, const char* le, int32_t* dense, int64_t* sp
     }
     const auto digits = q - first;
     // Nine digits always fit in int32; a bare sign is not a number.
-    if (digits > 9 || (sign && digits == 0) || q >= le || *q != '\t') return false;
+    if (digits > 9 || (sign && digits == 0) || q >= end || *q != '\t') return nullptr;
     v = neg ? -v : v;
     dense[k] = v;
     lo = std::min(lo, v);
     ++q;
   }
   for (int k = 0; k < kSparse; ++k) {
-    const char* first = q;
     uint64_t v = 0;
-    while (q < le) {
-      int h = kHex.v[static_cast<unsigned char>(*q)];
-      if (h < 0) break;
-      v = (v << 4) | static_cast<uint64_t>(h);
-      ++q;
+    if (end - q > 8) {
+      // Eight table lookups without a branch per byte; any non-hex byte makes the OR negative.
+      const auto* u = reinterpret_cast<const unsigned char*>(q);
+      const int8_t h0 = kHex.v[u[0]], h1 = kHex.v[u[1]], h2 = kHex.v[u[2]], h3 = kHex.v[u[3]];
+      const int8_t h4 = kHex.v[u[4]], h5 = kHex.v[u[5]], h6 = kHex.v[u[6]], h7 = kHex.v[u[7]];
+      if ((h0 | h1 | h2 | h3 | h4 | h5 | h6 | h7) >= 0 && kHex.v[u[8]] < 0) {
+        v = (uint64_t(h0) << 28) | (uint64_t(h1) << 24) | (uint64_t(h2) << 20) | (uint64_t(h3) << 16) |
+            (uint64_t(h4) << 12) | (uint64_t(h5) << 8) | (uint64_t(h6) << 4) | uint64_t(h7);
+        q += 8;
+        goto separator;
+      }
     }
-    if (q - first > 15) return false;
+    {
+      const char* first = q;
+      while (q < end) {
+        int h = kHex.v[static_cast<unsigned char>(*q)];
+        if (h < 0) break;
+        v = (v << 4) | static_cast<uint64_t>(h);
+        ++q;
+      }
+      if (q - first > 15) return nullptr;
+    }
+  separator:
     sparse[k] = static_cast<int64_t>(v);
     if (k + 1 < kSparse) {
-      if (q >= le || *q != '\t') return false;
+      if (q >= end || *q != '\t') return nullptr;
       ++q;
-    } else if (q != le) {
-      return false;
+    } else if (q < end && *q == '\n') {
+      ++q;
+    } else if (q + 1 < end && q[0] == '\r' && q[1] == '\n') {
+      q += 2;
+    } else if (!(q == end && final)) {
+      return nullptr;
     }
   }
   *dmin = std::min(*dmin, lo);
-  return true;
+  return q;
 }
 
 template <typename T>
@@ -254,18 +275,22 @@ py::tuple parse(const py::buffer& data, int64_t length, const py::buffer& dense_
   {
     py::gil_scoped_release release;
     while (p < end && rows < capacity) {
+      if (const char* next = fast_line(p, end, final, dense + rows * kDense, sparse + rows * kSparse, labels + rows,
+                                       &dmin)) {
+        ++rows;
+        ++lines;
+        p = next;
+        continue;
+      }
       const char* nl = static_cast<const char*>(std::memchr(p, '\n', static_cast<size_t>(end - p)));
       if (nl == nullptr && !final) break;
       const char* e = nl ? nl : end;
       const char* le = (e > p && e[-1] == '\r') ? e - 1 : e;
       int field = -1, nfields = -1;
       int32_t* d = dense + rows * kDense;
-      int rc = kOk;
-      if (!fast_line(p, le, d, sparse + rows * kSparse, labels + rows, &dmin)) {
-        rc = parse_line(p, le, d, sparse + rows * kSparse, labels + rows, &field, &nfields);
-        if (rc == kOk)
-          for (int k = 0; k < kDense; ++k) dmin = std::min(dmin, d[k]);
-      }
+      const int rc = parse_line(p, le, d, sparse + rows * kSparse, labels + rows, &field, &nfields);
+      if (rc == kOk)
+        for (int k = 0; k < kDense; ++k) dmin = std::min(dmin, d[k]);
       if (rc == kOk) {
         ++rows;
       } else {
