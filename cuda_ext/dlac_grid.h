@@ -108,6 +108,73 @@ void for_each(int64_t n, F f) {
 }
 #endif
 
+// Per-chunk tiles: each chunk's elements cut into tiles of up to kTileElems consecutive elements; one thread block
+// works on one tile, so every element knows its chunk without a search, and its row and column advance by additions
+// (one division per thread and tile instead of a binary search over chunk starts and a division per element).
+constexpr int64_t kTileElems = 8192;
+constexpr int kTileThreads = 256;
+struct Tile {
+  uint32_t chunk, dim, first, count;  // elements [first, first + count) of chunk, which has dim columns
+};
+static_assert(kTileElems <= (int64_t(1) << 31) && sizeof(Tile) == 16, "tile fields are 32-bit");
+
+// Tiles of chunks with rows[i] x dims[i] elements (none for an empty chunk).
+inline std::vector<Tile> make_tiles(const std::vector<int64_t>& rows, const std::vector<int64_t>& dims) {
+  std::vector<Tile> tiles;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const int64_t n = rows[i] * dims[i];
+    for (int64_t first = 0; first < n; first += kTileElems)
+      tiles.push_back({uint32_t(i), uint32_t(dims[i]), uint32_t(first), uint32_t(std::min(kTileElems, n - first))});
+  }
+  return tiles;
+}
+
+// The elements of tile t that thread `lane` of `nthreads` handles: first + lane, then every nthreads-th, each as
+// f(chunk, element l within the chunk, row r = l / dim, column j = l % dim). Shared by the kernel and the emulation,
+// so the tests run this very stepping.
+template <class F>
+DLAC_HD inline void walk_tile(const Tile& t, uint32_t lane, uint32_t nthreads, const F& f) {
+  const uint32_t end = t.first + t.count, d = t.dim;
+  uint32_t l = t.first + lane;
+  if (l >= end) return;
+  uint32_t r = l / d, j = l - r * d;
+  const uint32_t dr = nthreads / d, dj = nthreads - dr * d;
+  for (; l < end; l += nthreads) {
+    f(int64_t(t.chunk), int64_t(l), int64_t(r), int64_t(j));
+    r += dr;
+    j += dj;
+    if (j >= d) {
+      j -= d;
+      ++r;
+    }
+  }
+}
+
+#if defined(__CUDACC__)
+template <class F>
+__global__ void __launch_bounds__(kTileThreads) tile_kernel(const Tile* tiles, F f) {
+  const Tile t = tiles[blockIdx.x];
+  walk_tile(t, threadIdx.x, blockDim.x, f);
+}
+
+// f(chunk, l, r, j) for every element of every tile (tiles: device memory), one block per tile.
+template <class F>
+void for_each_element(const Tile* tiles, int64_t ntiles, F f) {
+  if (ntiles <= 0) return;
+  TORCH_CHECK(ntiles < (int64_t(1) << 31), "too many tiles for one launch: ", ntiles);
+  tile_kernel<<<unsigned(ntiles), kTileThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(tiles, f);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+#else
+// The emulation: every (tile, thread) pair is a work item, in the order DLAC_EMULATE_ORDER asks for.
+template <class F>
+void for_each_element(const Tile* tiles, int64_t ntiles, F f) {
+  for_each(ntiles * kTileThreads, [&](int64_t w) {
+    walk_tile(tiles[w / kTileThreads], uint32_t(w % kTileThreads), uint32_t(kTileThreads), f);
+  });
+}
+#endif
+
 // On the device (sm_80+), the lanes of a warp that target the same word first combine their values and one of them
 // does the atomic: neighbouring codes share payload words, and every element of a chunk updates the same minimum.
 // (__activemask() lanes all reach the __match_any_sync that follows: there is no branch between them.)
@@ -185,10 +252,6 @@ DLAC_HD inline int64_t find_segment(const int64_t* starts, int64_t nseg, int64_t
   }
   return lo;
 }
-
-// Row of element l of a chunk with dim columns. A chunk holds at most 2^28 elements, so 32-bit division does (a
-// 64-bit one is a slow software routine on the GPU).
-DLAC_HD inline int64_t row_of(int64_t l, int64_t dim) { return int64_t(uint32_t(l) / uint32_t(dim)); }
 
 // Hash of a code row read as 32-bit words (the device's hash set; any hash does, insert and lookup share it).
 DLAC_HD inline uint64_t hash_words(const uint32_t* p, int64_t dim) {
@@ -526,7 +589,14 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
   // Phase 1 metadata in one upload; the state words go last, followed by room for the compacted histograms, so
   // the one read-back of this phase is a single contiguous copy.
   Staging meta1;
-  const int64_t ch_off = meta1.add(chunks), es_off = meta1.add(elem_starts), rws_off = meta1.add(row_starts);
+  std::vector<int64_t> chunk_rows(N), chunk_dims(N);
+  for (int64_t i = 0; i < N; ++i) {
+    chunk_rows[i] = chunks[i].rows;
+    chunk_dims[i] = chunks[i].dim;
+  }
+  const std::vector<Tile> tiles = make_tiles(chunk_rows, chunk_dims);
+  const int64_t NT = int64_t(tiles.size());
+  const int64_t ch_off = meta1.add(chunks), tl_off = meta1.add(tiles), rws_off = meta1.add(row_starts);
   const int64_t st_off = meta1.add(state_init);
   const int64_t stage_cap = N * 3 * A;
   const int64_t stage_off = meta1.reserve(4 * stage_cap);
@@ -542,7 +612,7 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
 
   const float* xp = x.data_ptr<float>();
   const EncChunk* CH = meta1.at<EncChunk>(ch_off);
-  const int64_t* ES = meta1.at<int64_t>(es_off);
+  const Tile* TL = meta1.at<Tile>(tl_off);
   const int64_t* RWS = meta1.at<int64_t>(rws_off);
   uint32_t* S = meta1.at<uint32_t>(st_off);
   uint32_t* stage = meta1.at<uint32_t>(stage_off);
@@ -556,10 +626,8 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
   int64_t* hlen = ptr<int64_t>(hlen_t);
 
   // Range and finiteness.
-  for_each(E, DLAC_LAMBDA(int64_t e) {
-    const int64_t i = find_segment(ES, N, e);
+  for_each_element(TL, NT, DLAC_LAMBDA(int64_t i, int64_t l, int64_t r, int64_t j) {
     const EncChunk& ch = CH[i];
-    const int64_t l = e - ch.elem_base, r = row_of(l, ch.dim), j = l - r * ch.dim;
     const float v = xp[(ch.r0 + r) * ld + ch.c0 + j];
     uint32_t* s = S + i * kStWords;
     if (!f_isfinite(v)) atomic_or(s + kStNonFinite, 1u);
@@ -596,12 +664,10 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
     s[kStEb] = float_to_bits(eb);
   });
   // Which steps every element holds with (the CPU tries them in order; each element's verdict is its own).
-  for_each(E, DLAC_LAMBDA(int64_t e) {
-    const int64_t i = find_segment(ES, N, e);
+  for_each_element(TL, NT, DLAC_LAMBDA(int64_t i, int64_t l, int64_t r, int64_t j) {
     uint32_t* s = S + i * kStWords;
     if (s[kStKind] != kKindQuant) return;
     const EncChunk& ch = CH[i];
-    const int64_t l = e - ch.elem_base, r = row_of(l, ch.dim), j = l - r * ch.dim;
     const float v = xp[(ch.r0 + r) * ld + ch.c0 + j];
     const float lo = bits_to_float(s[kStMin]), eb = bits_to_float(s[kStEb]);
     uint32_t overflow = 0, missed = 0;
@@ -631,12 +697,11 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
     s[kStKind] = kKindRaw;
   });
   // Codes.
-  for_each(E, DLAC_LAMBDA(int64_t e) {
-    const int64_t i = find_segment(ES, N, e);
+  for_each_element(TL, NT, DLAC_LAMBDA(int64_t i, int64_t l, int64_t r, int64_t j) {
     uint32_t* s = S + i * kStWords;
     if (s[kStKind] != kKindQuant) return;
     const EncChunk& ch = CH[i];
-    const int64_t l = e - ch.elem_base, r = row_of(l, ch.dim), j = l - r * ch.dim;
+    const int64_t e = ch.elem_base + l;
     uint32_t code = 0;
     quantize_element(xp[(ch.r0 + r) * ld + ch.c0 + j], bits_to_float(s[kStMin]), bits_to_float(s[kStEb]),
                      bits_to_float(s[kStStep]), &code);
@@ -709,14 +774,12 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
     s[kStNuniq] = ch.rows < 2 ? uint32_t(ch.rows) : uint32_t(incl[ch.row_base + ch.rows - 1] - before);
   });
   // Histograms: all codes, the unique rows' codes, the row index.
-  for_each(E, DLAC_LAMBDA(int64_t e) {
-    const int64_t i = find_segment(ES, N, e);
+  for_each_element(TL, NT, DLAC_LAMBDA(int64_t i, int64_t l, int64_t r, int64_t) {
     const uint32_t* s = S + i * kStWords;
     if (s[kStKind] != kKindQuant || s[kStQmax] >= A) return;
     const EncChunk& ch = CH[i];
     if (!dedup_candidate(uint64_t(ch.rows), s[kStNuniq])) return;
-    const int64_t r = row_of(e - ch.elem_base, ch.dim);
-    if (first[ch.row_base + r]) hist_add(hist + (i * 3 + 1) * A + codes[e]);
+    if (first[ch.row_base + r]) hist_add(hist + (i * 3 + 1) * A + codes[ch.elem_base + l]);
   });
   for_each(RW, DLAC_LAMBDA(int64_t g) {
     const int64_t i = find_segment(RWS, N, g);
@@ -898,20 +961,17 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
   uint8_t* out = ptr<uint8_t>(words_t);
   uint32_t* words = ptr<uint32_t>(words_t);
   // RAW chunks: the floats as they are.
-  for_each(E, DLAC_LAMBDA(int64_t e) {
-    const int64_t i = find_segment(ES, N, e);
+  for_each_element(TL, NT, DLAC_LAMBDA(int64_t i, int64_t l, int64_t r, int64_t j) {
     if (meta[2 * i + 1] != kRaw) return;
     const EncChunk& ch = CH[i];
-    const int64_t l = e - ch.elem_base, r = row_of(l, ch.dim), j = l - r * ch.dim;
     store_u32_bytes(out + meta[2 * i] + kHeaderSize + 4 * l, float_to_bits(xp[(ch.r0 + r) * ld + ch.c0 + j]));
   });
   // DEDUP chunks: unique code rows in id order.
-  for_each(E, DLAC_LAMBDA(int64_t e) {
-    const int64_t i = find_segment(ES, N, e);
+  for_each_element(TL, NT, DLAC_LAMBDA(int64_t i, int64_t l, int64_t r, int64_t j) {
     if (meta[2 * i + 1] != kDedup) return;
     const EncChunk& ch = CH[i];
-    const int64_t l = e - ch.elem_base, r = row_of(l, ch.dim), j = l - r * ch.dim;
-    if (first[ch.row_base + r]) uniq[ch.elem_base + int64_t(index[ch.row_base + r]) * ch.dim + j] = codes[e];
+    if (first[ch.row_base + r])
+      uniq[ch.elem_base + int64_t(index[ch.row_base + r]) * ch.dim + j] = codes[ch.elem_base + l];
   });
   if (NS > 0) {
     at::Tensor bits_t = unset_u32(SYM, device);
@@ -1080,7 +1140,14 @@ inline at::Tensor decode_grid_device(const at::Tensor& payload, const std::vecto
   Staging meta2;
   const int64_t hsec_off = meta2.add(huff), hs_off = meta2.add(huff_starts);
   const int64_t psec_off = meta2.add(pack), ps_off = meta2.add(pack_starts);
-  const int64_t ch_off = meta2.add(chunks), es_off = meta2.add(elem_starts);
+  std::vector<int64_t> chunk_rows(N), chunk_dims(N);
+  for (int64_t i = 0; i < N; ++i) {
+    chunk_rows[i] = chunks[i].rows;
+    chunk_dims[i] = chunks[i].dim;
+  }
+  const std::vector<Tile> tiles = make_tiles(chunk_rows, chunk_dims);
+  const int64_t NT = int64_t(tiles.size());
+  const int64_t ch_off = meta2.add(chunks), tl_off = meta2.add(tiles);
   const int64_t err_off = meta2.add(std::vector<uint32_t>(size_t(NH + N), 0u));
   at::Tensor meta2_t = meta2.upload(device);
   // Decoded codes are read only where a section wrote them, or after a section failed (then the call raises).
@@ -1134,13 +1201,12 @@ inline at::Tensor decode_grid_device(const at::Tensor& payload, const std::vecto
     });
   }
   const DecChunk* CH = meta2.at<DecChunk>(ch_off);
-  const int64_t* ES = meta2.at<int64_t>(es_off);
+  const Tile* TL = meta2.at<Tile>(tl_off);
   float* out = out_t.data_ptr<float>();
-  for_each(E, DLAC_LAMBDA(int64_t e) {
-    const int64_t i = find_segment(ES, N, e);
+  for_each_element(TL, NT, DLAC_LAMBDA(int64_t i, int64_t l, int64_t r, int64_t j) {
     const DecChunk& ch = CH[i];
     if (!ch.valid) return;
-    const int64_t l = e - ch.elem_base, r = row_of(l, ch.dim), j = l - r * ch.dim;
+    const int64_t e = ch.elem_base + l;
     float* o = out + (ch.r0 + r) * ld + ch.c0 + j;
     switch (ch.mode) {
       case kConst: *o = ch.lo; break;

@@ -133,6 +133,24 @@ def test_device_pipeline_on_embedding_payloads(emulated):
     assert torch.equal(emu_encode(row_view, rs, cs, bounds)[0], payload)
 
 
+@pytest.mark.parametrize("order", ["forward", "shuffle"])
+def test_device_pipeline_tiles_chunks_of_every_width(emulated, monkeypatch, order):
+    # Elements are walked in tiles of 8192 by 256 threads, row and column stepped by additions: column blocks
+    # narrower and wider than 256, and tiles that start mid-row (8192 is no multiple of 300 or 1000), must give
+    # the reference's bytes.
+    monkeypatch.setenv("DLAC_EMULATE_ORDER", order)
+    dims = [1, 3, 255, 256, 257, 300, 1000]
+    x = zipf_payload(rows=70, dim=sum(dims), vocab=20, seed=7)
+    x[:, 1:4] = torch.randn(70, 3, generator=torch.Generator().manual_seed(8))
+    rs, cs = [0, 9, 70], np.cumsum([0, *dims]).tolist()
+    bounds = [0.01, 0.05, 0.01, 0.0, 0.01, 0.05, 0.01]
+    payload, sizes = emu_encode(x, rs, cs, bounds)
+    want, want_sizes = ref.encode_grid(x, rs, cs, torch.tensor(bounds), True)
+    assert torch.equal(sizes, want_sizes) and torch.equal(payload, want)
+    out = torch.ops.dlac_emu.decode_grid(payload, sizes, rs, cs)
+    assert torch.equal(bits(out), bits(ref.decode_grid(payload, sizes.tolist(), rs, cs)))
+
+
 def test_device_pipeline_uses_pack_when_it_is_smaller(emulated):
     # Uniform codes over a wide alphabet: Huffman cannot beat fixed-width packing.
     x = torch.rand(500, 16, generator=torch.Generator().manual_seed(1))
