@@ -12,14 +12,22 @@ from lightning_dlac import DLACCallback, DLACStrategy
 from tests._launch import run_ranks
 from tests.conftest import bounds_recorder, loss_recorder, small_data, small_dlrm, trainer
 
+# Two ways the checkpoint (after batch 9 of 20; the linear schedule, T=15, runs across it) meets calibration:
+CASES = {
+    # calibrated on batches 0-2 (bounds from 3), recalibrated every 2 batches after that: 5-7 (from 8), 10-12 (from
+    # 13), 15-17 (from 18); the checkpoint falls between two measurements, the next one due at batch 10.
+    "between_calibrations": (dict(calibration_batches=3, recalibrate_every=2), [3, 8, 13, 18]),
+    # calibration_start=8: batches 8-11 measured (bounds from 12), the checkpoint in the middle of it; then 15-18
+    # (from 19).
+    "during_calibration": (dict(calibration_start=8, calibration_batches=4, recalibrate_every=3), [12, 19]),
+}
 
-def _run(rank: int, world_size: int, ckpt_dir: str, phase: str) -> dict:
+
+def _run(rank: int, world_size: int, ckpt_dir: str, phase: str, case: str) -> dict:
     torch.manual_seed(0)
     model = small_dlrm()
     recorder = loss_recorder()
-    # Calibration ends in the first epoch and the schedule (T=15) runs across the checkpoint: the resumed run must
-    # continue both, or its losses differ from the uninterrupted run's.
-    dlac = DLACCallback(calibration_batches=3, sensitivity_batches=1, schedule="linear", T=15, log_every_n_steps=5)
+    dlac = DLACCallback(**CASES[case][0], sensitivity_batches=1, schedule="linear", T=15, log_every_n_steps=5)
     bounds = bounds_recorder(dlac)
     callbacks: list = [recorder, dlac, bounds]
     if phase == "first":
@@ -31,25 +39,47 @@ def _run(rank: int, world_size: int, ckpt_dir: str, phase: str) -> dict:
     ckpt_path = str(next(Path(ckpt_dir).iterdir())) if phase == "resume" else None
     t.fit(model, datamodule=small_data(train_batches=10), ckpt_path=ckpt_path)
     return {"losses": recorder.losses, "multipliers": bounds.multipliers, "effective": bounds.effective,
-            "table_bounds": dlac.table_bounds, "step": dlac.step}
+            "table_bounds": dlac.table_bounds, "step": dlac.step, "calibrations": dlac.state_dict()["calibrations"],
+            "stats": {k: v.as_dict() for k, v in dlac.table_stats.items()}}
 
 
-def test_resumed_run_continues_exactly(tmp_path: Path) -> None:
-    uninterrupted = run_ranks(_run, 2, str(tmp_path), "uninterrupted")
-    run_ranks(_run, 2, str(tmp_path), "first")
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "case",
+    [
+        "between_calibrations",
+        pytest.param("during_calibration", marks=pytest.mark.xfail(
+            strict=True, reason="known bug: DLACCallback's checkpoint does not hold a calibration in progress; the"
+            " resumed run measures again from the resume (bounds from batch 14 instead of 12) and its losses differ",
+        )),
+    ],
+)
+def test_resumed_run_continues_exactly(tmp_path: Path, case: str) -> None:
+    uninterrupted = run_ranks(_run, 2, str(tmp_path), "uninterrupted", case)
+    run_ranks(_run, 2, str(tmp_path), "first", case)
     (ckpt,) = list(tmp_path.iterdir())
     assert ckpt.is_dir() and (ckpt / "meta.pt").is_file() and (ckpt / ".metadata").is_file()
-    resumed = run_ranks(_run, 2, str(tmp_path), "resume")
+    resumed = run_ranks(_run, 2, str(tmp_path), "resume", case)
+    calibrated_at = CASES[case][1]
     for rank in range(2):
-        assert len(resumed[rank]["losses"]) == 10
+        u, r = uninterrupted[rank], resumed[rank]
+        # When calibration_start says: the strategy's eps (0.01 x m(t)) until the first calibration takes effect.
+        assert [c["at"] for c in u["calibrations"]] == calibrated_at
+        first = calibrated_at[0]
+        assert all(set(e.values()) == {0.01 * m} for e, m in zip(u["effective"][:first], u["multipliers"]))
+        last = u["effective"][calibrated_at[-1]:], u["multipliers"][calibrated_at[-1]:]
+        assert all(e == {t: b * m for t, b in u["table_bounds"].items()} for e, m in zip(*last))
+        assert len(r["losses"]) == 10
         # Same seed, same data: the second epoch after a resume is the uninterrupted run's second epoch, exactly.
-        assert resumed[rank]["losses"] == uninterrupted[rank]["losses"][10:]
-        # The callback continued its schedule at iteration 10 with the calibrated bounds, not from scratch.
-        assert resumed[rank]["step"] == uninterrupted[rank]["step"] == 20
-        assert resumed[rank]["table_bounds"] == uninterrupted[rank]["table_bounds"]
-        assert resumed[rank]["multipliers"] == uninterrupted[rank]["multipliers"][10:]
-        assert resumed[rank]["effective"] == uninterrupted[rank]["effective"][10:]
-        assert uninterrupted[rank]["multipliers"][10] > 1.0  # the resume happened inside the early stage
+        assert r["losses"] == u["losses"][10:]
+        # The callback continued its schedule and its calibrations at iteration 10, not from scratch.
+        assert r["step"] == u["step"] == 20
+        assert r["calibrations"] == u["calibrations"]
+        assert r["stats"] == u["stats"]  # the last calibration measured the same batches
+        assert r["table_bounds"] == u["table_bounds"]
+        assert r["multipliers"] == u["multipliers"][10:]
+        assert r["effective"] == u["effective"][10:]
+        assert u["multipliers"][10] > 1.0  # the resume happened inside the early stage
 
 
 def test_loading_a_single_file_checkpoint_names_the_problem(tmp_path: Path) -> None:
