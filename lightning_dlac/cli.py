@@ -14,8 +14,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from lightning.pytorch import LightningDataModule, LightningModule
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch import LightningDataModule, LightningModule, Trainer
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 
 from lightning_dlac.callback import DLACCallback
 
@@ -31,6 +31,15 @@ class DLACCLI(LightningCLI):
         # The datamodule knows the table sizes (e.g. capped Criteo cardinalities); the model must agree with it.
         for attr in ("num_embeddings_per_feature", "feature_names", "num_dense_features"):
             parser.link_arguments(f"data.{attr}", f"model.init_args.{attr}", apply_on="instantiate")
+
+
+class _SaveConfigWithTheLogs(SaveConfigCallback):
+    """Writes ``config.yaml`` beside the logger's files. Without a logger the run has no directory of its own
+    (Lightning would use the working directory), so it writes nothing; ``--print_config`` still shows the config."""
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if trainer.logger is not None:
+            super().setup(trainer, pl_module, stage)
 
 
 def build_cli(args: Sequence[str] | None = None, run: bool = True) -> DLACCLI:
@@ -53,6 +62,7 @@ def build_cli(args: Sequence[str] | None = None, run: bool = True) -> DLACCLI:
         subclass_mode_data=True,
         args=list(args) if args is not None else None,
         trainer_defaults={"strategy": "dlac", "accelerator": "cpu", "devices": 2},
+        save_config_callback=_SaveConfigWithTheLogs,
         save_config_kwargs={"overwrite": True},
         **kwargs,
     )

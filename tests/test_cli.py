@@ -175,9 +175,10 @@ def _number(pattern: str, text: str) -> list[float]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_dlac_fit_as_a_user_runs_it(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_dlac_fit_and_validate_as_a_user_runs_them(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """`dlac fit` in a subprocess: Lightning launches the second rank itself (devices=2, nothing preset), the run
-    prints its final metrics and the compression headline, and the report's numbers are those of dlac_run.json."""
+    prints its final metrics and the compression headline, and the report's numbers are those of dlac_run.json.
+    Then `dlac validate` without a logger."""
     work = tmp_path / "cwd"
     work.mkdir()
     proc = _dlac(["fit", "--config", str(_short_config(tmp_path)), "--data.batch_size=512", *SHORT_RUN],
@@ -231,6 +232,16 @@ def test_dlac_fit_as_a_user_runs_it(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert all((run_dir / png).is_file() for png in pngs)
     printed = capsys.readouterr()
     assert _number(headline, printed.out + printed.err) == _number(headline, report)
+
+    # `dlac validate` without a logger: the metrics and this rank's bytes, and still nothing in the working
+    # directory (no config.yaml: without a logger the run has no directory of its own).
+    proc = _dlac(["validate", "--config", str(_short_config(tmp_path)), "--trainer.logger=false",
+                  "--data.batch_size=512", *SHORT_RUN], cwd=work, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    assert re.search(r"dlac validate finished after 0 steps: .*val/auroc=0\.\d{4}", out), out[-4000:]
+    assert re.search(r"dlac: rank 0 forward all-to-all sent [\d.]+ MiB instead of [\d.]+ MiB", out), out[-4000:]
+    assert sorted(p.name for p in work.iterdir()) == [], "dlac validate wrote into the working directory"
 
 
 def test_report_of_a_directory_without_a_run_names_it(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
