@@ -184,3 +184,47 @@ def memory_logger() -> Any:
             pass
 
     return MemoryLogger()
+
+
+# ------------------------------------------------------------------------------------- a Criteo Kaggle-format TSV
+
+
+def write_criteo_tsv(path: Any, rows: int = 10_000, positives: int = 2_180, seed: int = 0,
+                     bad_lines: dict[int, str] | None = None) -> Any:
+    """Write ``rows`` lines in the Criteo Kaggle layout (label, 13 integer and 26 hashed categorical fields,
+    tab-separated, empty = missing) to ``path``; return it.
+
+    As in the real file: ``positives`` labels are 1; integer fields are heavy-tailed counts, about 10% missing, and
+    ``int_1`` is sometimes negative (-1..-3); categorical fields are 8-digit lowercase hex hashes of Zipf-distributed
+    ids, missing at a per-feature rate (0-15%). ``bad_lines`` ({1-based line number: text}) replaces those lines with
+    malformed ones, for the parser's error paths.
+    """
+    import random
+    from pathlib import Path
+
+    rng = random.Random(seed)
+    labels = [1] * positives + [0] * (rows - positives)
+    rng.shuffle(labels)
+    lines = []
+    for i in range(rows):
+        fields = [str(labels[i])]
+        for k in range(13):
+            r = rng.random()
+            if r < 0.1:
+                fields.append("")
+            elif k == 1 and r < 0.25:
+                fields.append(str(-rng.randint(1, 3)))
+            else:
+                fields.append(str(int(rng.paretovariate(1.1)) - 1 + (1000 if k == 4 else 0) * rng.randint(0, 3)))
+        for k in range(26):
+            if rng.random() < 0.05 * (k % 4):
+                fields.append("")
+            else:
+                token = int(rng.paretovariate(1.05)) * 2654435761 + k * 40503  # Zipf-like id, hashed to 32 bits
+                fields.append(f"{token & 0xFFFFFFFF:08x}")
+        lines.append("\t".join(fields))
+    for number, text in (bad_lines or {}).items():
+        lines[number - 1] = text
+    path = Path(path)
+    path.write_text("\n".join(lines) + "\n")
+    return path

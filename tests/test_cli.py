@@ -14,6 +14,7 @@ import pytest
 
 from lightning_dlac import DLACCallback, DLACStrategy
 from lightning_dlac.cli import build_cli, main
+from tests.conftest import write_criteo_tsv
 
 CONFIGS = Path(__file__).resolve().parents[1] / "examples" / "configs"
 CONFIG = CONFIGS / "dlrm_synthetic.yaml"
@@ -55,17 +56,10 @@ def test_every_config_is_shipped_and_tested() -> None:
 
 
 def _criteo_file(tmp_path: Path) -> Path:
-    """The real sample when shared/ sits beside the checkout, else a small file in its format."""
+    """The real sample when shared/ sits beside the checkout, else a generated file in its format."""
     if CRITEO_SAMPLE.is_file():
         return CRITEO_SAMPLE
-    rows = []
-    for i in range(200):
-        label = "1" if i % 4 == 0 else "0"
-        fields = [label, *[str(i + j) for j in range(13)], *[f"{i * 31 + j:08x}" for j in range(26)]]
-        rows.append("\t".join(fields))
-    path = tmp_path / "criteo_sample.tsv"
-    path.write_text("\n".join(rows) + "\n")
-    return path
+    return write_criteo_tsv(tmp_path / "criteo_sample.tsv", rows=200, positives=50)
 
 
 @pytest.mark.parametrize("name", sorted(OVERRIDES))

@@ -20,6 +20,8 @@ from torchmetrics.classification import BinaryAUROC
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from tests.conftest import write_criteo_tsv
+
 CRITEO_SAMPLE = Path(__file__).resolve().parents[2] / "shared" / "data" / "criteo_kaggle_head10k.tsv"
 needs_sample = pytest.mark.skipif(
     not CRITEO_SAMPLE.is_file(), reason=f"Criteo sample not found at {CRITEO_SAMPLE} (shared/ beside the repo)"
@@ -239,37 +241,42 @@ def test_synthetic_datamodule_drives_a_trainer() -> None:
 TSV_ROWS = 10_000
 
 
+@pytest.fixture(scope="module", params=["generated", pytest.param("sample", marks=needs_sample)])
+def criteo_file(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 10,000-row Criteo Kaggle TSV: one generated here (missing, negative and hex fields; runs in a fresh
+    clone), and the real sample when ../shared holds it."""
+    if request.param == "sample":
+        return CRITEO_SAMPLE
+    return write_criteo_tsv(tmp_path_factory.mktemp("criteo") / "train.tsv", rows=TSV_ROWS, positives=2_180)
+
+
 @pytest.fixture(scope="module")
-def criteo_dm() -> CriteoTSVDataModule:
-    if not CRITEO_SAMPLE.is_file():
-        pytest.skip(f"Criteo sample not found at {CRITEO_SAMPLE} (shared/ beside the repo)")
-    dm = CriteoTSVDataModule(str(CRITEO_SAMPLE), val_fraction=0.2, batch_size=500, max_rows=1000, shuffle=False)
+def criteo_dm(criteo_file: Path) -> CriteoTSVDataModule:
+    dm = CriteoTSVDataModule(str(criteo_file), val_fraction=0.2, batch_size=500, max_rows=1000, shuffle=False)
     dm.setup("fit")
     return dm
 
 
-def _sample_rows() -> list[list[str]]:
-    with CRITEO_SAMPLE.open() as f:
+def _rows(path: Path) -> list[list[str]]:
+    with path.open() as f:
         return [line.rstrip("\n").split("\t") for line in f]
 
 
-@needs_sample
-def test_criteo_tsv_rows_labels_and_layout(criteo_dm: CriteoTSVDataModule) -> None:
+def test_criteo_tsv_rows_labels_and_layout(criteo_dm: CriteoTSVDataModule, criteo_file: Path) -> None:
     assert criteo_dm.num_embeddings_per_feature == capped_cardinalities(1000)
     assert criteo_dm.feature_names == list(FEATURE_NAMES) and criteo_dm.num_dense_features == 13
     train, val = _batches(criteo_dm), _batches(criteo_dm, "val")
     # 8,000 training rows and 2,000 held-out rows in batches of 500, nothing dropped.
     assert len(train) == criteo_dm.num_train_batches == 16 and len(val) == 4
     labels = torch.cat([b.labels for b in train + val])
-    assert labels.numel() == TSV_ROWS
+    assert labels.tolist() == [float(r[0]) for r in _rows(criteo_file)]  # unshuffled: file order
     assert labels.mean().item() == pytest.approx(0.218, abs=0.005)
     for batch in train + val:
         _assert_batch_layout(batch, 500, criteo_dm.num_embeddings_per_feature)
 
 
-@needs_sample
-def test_criteo_tsv_transforms_match_the_file(criteo_dm: CriteoTSVDataModule) -> None:
-    rows = _sample_rows()
+def test_criteo_tsv_transforms_match_the_file(criteo_dm: CriteoTSVDataModule, criteo_file: Path) -> None:
+    rows = _rows(criteo_file)
     batches = _batches(criteo_dm) + _batches(criteo_dm, "val")  # unshuffled: file order
     dense = torch.cat([b.dense_features for b in batches])
     ids = torch.cat([b.sparse_features.values().view(26, -1) for b in batches], dim=1).t()
@@ -288,9 +295,8 @@ def test_criteo_tsv_transforms_match_the_file(criteo_dm: CriteoTSVDataModule) ->
     assert seen_missing_dense and seen_missing_cat and seen_negative
 
 
-@needs_sample
-def test_criteo_tsv_shards_evenly_across_ranks() -> None:
-    kwargs = dict(train_path=str(CRITEO_SAMPLE), batch_size=512, max_samples=5000, max_rows=1000, seed=1)
+def test_criteo_tsv_shards_evenly_across_ranks(criteo_file: Path) -> None:
+    kwargs = dict(train_path=str(criteo_file), batch_size=512, max_samples=5000, max_rows=1000, seed=1)
     single = CriteoTSVDataModule(**kwargs)
     single.setup("fit")
     global_train = _batches(single)  # 4,000 training rows -> 7 batches, remainder dropped
@@ -313,13 +319,25 @@ def test_criteo_tsv_shards_evenly_across_ranks() -> None:
             assert not torch.equal(a.dense_features, b.dense_features)
 
 
-@needs_sample
-def test_criteo_tsv_separate_val_file(tmp_path: Path) -> None:
+def test_criteo_tsv_separate_val_file(tmp_path: Path, criteo_file: Path) -> None:
     val_file = tmp_path / "val.tsv"
-    val_file.write_text("".join(CRITEO_SAMPLE.open().readlines()[:1000]))
-    dm = CriteoTSVDataModule(str(CRITEO_SAMPLE), val_path=str(val_file), batch_size=256, max_samples=2000)
+    val_file.write_text("".join(criteo_file.open().readlines()[:1000]))
+    dm = CriteoTSVDataModule(str(criteo_file), val_path=str(val_file), batch_size=256, max_samples=2000)
     dm.setup("fit")
     assert dm.num_train_batches == 7 and dm.num_val_batches == 3
+
+
+def test_criteo_tsv_a_bad_line_deep_in_a_real_sized_file_is_named(tmp_path: Path) -> None:
+    good = ["0", *["1"] * 13, *["ab"] * 26]
+    bad = {7_321: "\t".join(good[:20]), 9_002: "\t".join([*good[:20], "xyz!", *good[21:]])}  # too few fields; not hex
+    path = write_criteo_tsv(tmp_path / "train.tsv", bad_lines=bad)
+    with pytest.raises(ValueError, match="expected 40 tab-separated fields") as err:
+        CriteoTSVDataModule(str(path), batch_size=64).setup("fit")
+    assert str(path) in str(err.value) and "line 7321" in str(err.value)  # the first bad line
+    path = write_criteo_tsv(tmp_path / "train2.tsv", bad_lines={9_002: bad[9_002]})
+    with pytest.raises(ValueError, match="cat_6") as err:
+        CriteoTSVDataModule(str(path), batch_size=64).setup("fit")
+    assert "line 9002" in str(err.value)
 
 
 def _write_rows(path: Path, rows: list[list[str]]) -> Path:
