@@ -46,7 +46,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -577,15 +577,23 @@ def _convert_file(
 
             futures = [pool.submit(run, k) for k in range(parts)]
             results: list[_RangeResult] = []
-            errors: list[BaseException] = []
-            for fut in futures:
-                try:
-                    results.append(fut.result())
-                except _Stop:
-                    pass
-                except BaseException as e:  # noqa: BLE001 - re-raised below, the earliest line first
-                    errors.append(e)
-            bar.close()
+            errors: list[Exception] = []
+            try:
+                for fut in futures:
+                    try:
+                        results.append(fut.result())
+                    except _Stop:
+                        pass
+                    except Exception as e:  # noqa: BLE001 - re-raised below, the earliest line first
+                        errors.append(e)
+            except BaseException:
+                # Ctrl-C (or a worker's KeyboardInterrupt): stop the others at their next block and wait for them,
+                # so no thread still writes through a descriptor that the cleanup below closes.
+                stop.set()
+                wait(futures)
+                raise
+            finally:
+                bar.close()
             if errors:
                 errors.sort(key=lambda e: getattr(e, "line", 0))
                 raise errors[0]

@@ -161,6 +161,25 @@ def test_interrupted_run_leaves_no_files(tmp_path: Path, monkeypatch: pytest.Mon
     assert list((tmp_path / "out").iterdir()) == []
 
 
+def test_interrupt_while_converting_stops_every_worker_and_leaves_no_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, small_blocks: None
+) -> None:
+    import tqdm
+
+    src = _write(tmp_path / "day_2", [_line(random.Random(4)) for _ in range(2000)])
+    calls = []
+
+    def interrupted(self: object, n: int = 1) -> None:
+        calls.append(n)
+        if len(calls) == 3:  # a few blocks in, as Ctrl-C would land
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(tqdm.tqdm, "update", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        P.preprocess_criteo([src], tmp_path / "out", workers=2, progress=False)
+    assert list((tmp_path / "out").iterdir()) == []
+
+
 def _mutate(rng: random.Random, line: str) -> str:
     chars = list(line)
     for _ in range(rng.randint(1, 3)):
