@@ -320,6 +320,16 @@ def _npy_header(dtype: np.dtype, shape: tuple[int, int]) -> bytes:
     return header[:8] + (len(text)).to_bytes(2, "little") + text
 
 
+def _pwrite_all(fd: int, data: Any, offset: int) -> None:
+    """``os.pwrite`` all of ``data`` at ``offset``: a short write is continued, writing nothing (disk full) raises."""
+    view = memoryview(data).cast("B")
+    while view:
+        n = os.pwrite(fd, view, offset)
+        if n <= 0:
+            raise OSError(f"could not write the output at byte {offset} (disk full?)")
+        view, offset = view[n:], offset + n
+
+
 def _format_error(path: Path, line_no: int, code: int, fld: int, nfields: int, text: bytes) -> str:
     where = f"{path}, line {line_no}"
     if code == _ERR_FIELD_COUNT:
@@ -456,7 +466,7 @@ def _convert_range(
                 if rows:
                     at = first_row + result.rows
                     for fd, arr, nbytes in zip(fds, (dense, sparse, labels), row_bytes):
-                        os.pwrite(fd, memoryview(arr[:rows]).cast("B"), _HEADER_BYTES + at * nbytes)
+                        _pwrite_all(fd, arr[:rows], _HEADER_BYTES + at * nbytes)
                     result.rows += rows
                     result.dmin = min(result.dmin, dmin)
                 if code:
@@ -495,7 +505,7 @@ def _finish_dense(fd: int, dmin: int, blocks: list[tuple[int, int]], pool: Threa
         if raw.size * 4 != nbytes:
             raise OSError(f"short read of the dense features at rows {lo}..{hi}")
         raw -= shift
-        os.pwrite(fd, memoryview(np.log(raw, dtype=np.float32)).cast("B"), offset)
+        _pwrite_all(fd, np.log(raw, dtype=np.float32), offset)
 
     list(pool.map(one, blocks))
 
@@ -512,7 +522,7 @@ def _compact(fds: Sequence[int], ranges: list[tuple[int, int, int]]) -> None:
             for lo in range(0, rows, chunk_rows):
                 n = min(chunk_rows, rows - lo)
                 data = os.pread(fd, n * nbytes, _HEADER_BYTES + (slot + lo) * nbytes)
-                os.pwrite(fd, data, _HEADER_BYTES + (target + lo) * nbytes)
+                _pwrite_all(fd, data, _HEADER_BYTES + (target + lo) * nbytes)
 
 
 def _convert_file(
@@ -551,7 +561,7 @@ def _convert_file(
             for p, (_, dtype, cols) in zip(partials, _OUTPUTS):
                 fd = os.open(p, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
                 fds.append(fd)
-                os.pwrite(fd, _npy_header(dtype, (total, cols)), 0)
+                _pwrite_all(fd, _npy_header(dtype, (total, cols)), 0)
                 os.ftruncate(fd, _HEADER_BYTES + total * dtype.itemsize * cols)
             bar = tqdm(
                 total=total, unit="rows", unit_scale=True, desc=stem, disable=not progress, file=sys.stderr,
@@ -609,7 +619,7 @@ def _convert_file(
             blocks = [(lo, min(lo + block_rows, rows)) for lo in range(0, rows, block_rows)]
             _finish_dense(fds[0], dmin, blocks, pool)
             for fd, (_, dtype, cols) in zip(fds, _OUTPUTS):
-                os.pwrite(fd, _npy_header(dtype, (rows, cols)), 0)
+                _pwrite_all(fd, _npy_header(dtype, (rows, cols)), 0)
                 os.ftruncate(fd, _HEADER_BYTES + rows * dtype.itemsize * cols)
             # Data on disk before the names say "finished": a crash after a rename never exposes a torn file.
             list(pool.map(os.fsync, fds))
