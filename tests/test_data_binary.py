@@ -180,8 +180,10 @@ def test_bad_arguments_are_named(tmp_path: Path) -> None:
         dm.setup("fit")
 
 
-def test_shipped_config_runs_a_few_batches(tmp_path: Path) -> None:
+def test_shipped_config_runs_a_few_batches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from lightning_dlac.cli import build_cli
+
+    monkeypatch.chdir(tmp_path)  # whatever the run writes stays out of the checkout
 
     npy = _convert(tmp_path, _tsv(tmp_path / "train.txt", 600, seed=6))
     args = ["--config", str(CONFIG), "--trainer.logger=false", "--trainer.devices=1", f"--data.data_dir={npy}",
@@ -193,6 +195,7 @@ def test_shipped_config_runs_a_few_batches(tmp_path: Path) -> None:
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     assert cli.trainer.global_step == 2
     assert torch.isfinite(cli.trainer.callback_metrics["train/loss"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["npy", "train.txt"]  # no logger: nothing else written
 
 
 def test_tsv_module_points_to_preprocess_past_its_threshold(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
