@@ -3,7 +3,8 @@
 // the reference bit for bit (tests/codec/emulated_grid.cpp) on machines without a GPU.
 //
 // Every kernel is written once as a lambda over one work item (an element, a row, a symbol, a Huffman block, a
-// CRC segment, a chunk) and run with for_each. Work items only communicate through atomics whose result does not
+// CRC segment, a chunk) and run with for_each, or for elements and symbols with for_each_element over per-chunk
+// tiles (one block per tile of one chunk or stream, so no work item searches for its chunk). Work items only communicate through atomics whose result does not
 // depend on their order (or, min, max, add, and a compare-and-swap hash insert that keeps the smallest row), so
 // running them one after another on the host computes exactly what the GPU computes. Per-chunk decisions that must
 // equal the CPU encoder's (PACK / HUFF / DEDUP / RAW, Huffman code lengths, headers) are made on the host by the
@@ -601,10 +602,10 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
   const int64_t stage_cap = N * 3 * A;
   const int64_t stage_off = meta1.reserve(4 * stage_cap);
   at::Tensor meta1_t = meta1.upload(device);
-  // codes and unique rows are read only where written (quantized chunks, ids below nuniq); first is summed over
-  // every row, so it starts at zero.
+  // Read only where written: codes and unique rows (quantized chunks, ids below nuniq), rep and index (rows of
+  // quantized chunks), first (written for every row by the lookup pass).
   at::Tensor codes_t = unset_u32(E, device), uniq_t = unset_u32(E, device);
-  at::Tensor first_t = zeros_u32(RW, device), rep_t = unset_u32(RW, device), index_t = unset_u32(RW, device);
+  at::Tensor first_t = unset_u32(RW, device), rep_t = unset_u32(RW, device), index_t = unset_u32(RW, device);
   const auto i32 = at::TensorOptions().dtype(at::kInt).device(device);
   at::Tensor hash_t = at::full({std::max<int64_t>(hash_total, 1)}, -1, i32);
   at::Tensor hist_t = zeros_u32(N * 3 * A, device);
@@ -736,7 +737,10 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
   for_each(RW, DLAC_LAMBDA(int64_t g) {
     const int64_t i = find_segment(RWS, N, g);
     const EncChunk& ch = CH[i];
-    if (S[i * kStWords + kStKind] != kKindQuant || ch.rows < 2) return;
+    if (S[i * kStWords + kStKind] != kKindQuant || ch.rows < 2) {
+      first[g] = 0u;  // every row gets its flag here: the running count below reads them all
+      return;
+    }
     const uint32_t r = uint32_t(g - ch.row_base);
     const uint32_t* base = codes + ch.elem_base;
     const uint32_t* row = base + int64_t(r) * ch.dim;
@@ -946,7 +950,11 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
   // tables, the checksum plan and the sizes returned.
   Staging meta2;
   const int64_t dst_off = meta2.add(blob_dst), meta_off = meta2.add(out_meta), sizes_off = meta2.add(sizes);
-  const int64_t streams_off = meta2.add(streams), ss_off = meta2.add(stream_starts);
+  std::vector<int64_t> stream_counts(streams.size());
+  for (size_t k = 0; k < streams.size(); ++k) stream_counts[k] = streams[k].count;
+  const std::vector<Tile> stream_tiles = make_tiles(stream_counts, std::vector<int64_t>(streams.size(), 1));
+  const int64_t NST = int64_t(stream_tiles.size());
+  const int64_t streams_off = meta2.add(streams), stl_off = meta2.add(stream_tiles);
   const int64_t bs_off = meta2.add(block_starts), ct_off = meta2.add(code_tables);
   const CrcPlan crc_plan = plan_crcs(offsets, sizes, meta2);
   const int64_t blob_off = meta2.add(blob);
@@ -960,23 +968,20 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
                       meta2_t.narrow(0, blob_off, int64_t(blob.size())));
   uint8_t* out = ptr<uint8_t>(words_t);
   uint32_t* words = ptr<uint32_t>(words_t);
-  // RAW chunks: the floats as they are.
+  // One pass for both: RAW chunks get the floats as they are, DEDUP chunks their unique code rows in id order.
   for_each_element(TL, NT, DLAC_LAMBDA(int64_t i, int64_t l, int64_t r, int64_t j) {
-    if (meta[2 * i + 1] != kRaw) return;
+    const int64_t mode = meta[2 * i + 1];
     const EncChunk& ch = CH[i];
-    store_u32_bytes(out + meta[2 * i] + kHeaderSize + 4 * l, float_to_bits(xp[(ch.r0 + r) * ld + ch.c0 + j]));
-  });
-  // DEDUP chunks: unique code rows in id order.
-  for_each_element(TL, NT, DLAC_LAMBDA(int64_t i, int64_t l, int64_t r, int64_t j) {
-    if (meta[2 * i + 1] != kDedup) return;
-    const EncChunk& ch = CH[i];
-    if (first[ch.row_base + r])
+    if (mode == kRaw) {
+      store_u32_bytes(out + meta[2 * i] + kHeaderSize + 4 * l, float_to_bits(xp[(ch.r0 + r) * ld + ch.c0 + j]));
+    } else if (mode == kDedup && first[ch.row_base + r]) {
       uniq[ch.elem_base + int64_t(index[ch.row_base + r]) * ch.dim + j] = codes[ch.elem_base + l];
+    }
   });
   if (NS > 0) {
     at::Tensor bits_t = unset_u32(SYM, device);
     const EncStream* SS = meta2.at<EncStream>(streams_off);
-    const int64_t* SST = meta2.at<int64_t>(ss_off);
+    const Tile* STL = meta2.at<Tile>(stl_off);
     const int64_t* BST = meta2.at<int64_t>(bs_off);
     const uint32_t* CT = meta2.at<uint32_t>(ct_off);
     int32_t* nbits = ptr<int32_t>(bits_t);
@@ -984,18 +989,20 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
     const uint32_t* srcs1 = uniq;
     const uint32_t* srcs2 = index;
     // Bits per symbol, then each symbol's offset in its stream from a running sum.
-    for_each(SYM, DLAC_LAMBDA(int64_t t) {
-      const EncStream& es = SS[find_segment(SST, NS, t)];
+    // Symbols in tiles of one stream each (as elements in tiles of one chunk: no search for the stream).
+    for_each_element(STL, NST, DLAC_LAMBDA(int64_t k, int64_t l, int64_t, int64_t) {
+      const EncStream& es = SS[k];
       const uint32_t* src = es.src == 0 ? srcs0 : es.src == 1 ? srcs1 : srcs2;
-      const uint32_t v = src[es.src_base + (t - es.sym_base)];
-      nbits[t] = es.huff ? int32_t(CT[es.table_off + v] >> 24) : int32_t(es.width);
+      const uint32_t v = src[es.src_base + l];
+      nbits[es.sym_base + l] = es.huff ? int32_t(CT[es.table_off + v] >> 24) : int32_t(es.width);
     });
     at::Tensor cum_t = at::cumsum(bits_t, 0, at::kLong);
     const int64_t* cum = ptr<int64_t>(cum_t);
-    for_each(SYM, DLAC_LAMBDA(int64_t t) {
-      const EncStream& es = SS[find_segment(SST, NS, t)];
+    for_each_element(STL, NST, DLAC_LAMBDA(int64_t k, int64_t l, int64_t, int64_t) {
+      const EncStream& es = SS[k];
       const uint32_t* src = es.src == 0 ? srcs0 : es.src == 1 ? srcs1 : srcs2;
-      const uint32_t v = src[es.src_base + (t - es.sym_base)];
+      const uint32_t v = src[es.src_base + l];
+      const int64_t t = es.sym_base + l;
       const uint32_t len = uint32_t(nbits[t]);
       if (len == 0) return;
       const uint32_t code = es.huff ? (CT[es.table_off + v] & 0xFFFFFFu) : v;
@@ -1139,7 +1146,11 @@ inline at::Tensor decode_grid_device(const at::Tensor& payload, const std::vecto
   // is one contiguous copy.
   Staging meta2;
   const int64_t hsec_off = meta2.add(huff), hs_off = meta2.add(huff_starts);
-  const int64_t psec_off = meta2.add(pack), ps_off = meta2.add(pack_starts);
+  std::vector<int64_t> pack_counts(pack.size());
+  for (size_t k = 0; k < pack.size(); ++k) pack_counts[k] = pack[k].count;
+  const std::vector<Tile> pack_tiles = make_tiles(pack_counts, std::vector<int64_t>(pack.size(), 1));
+  const int64_t NPT = int64_t(pack_tiles.size());
+  const int64_t psec_off = meta2.add(pack), ptl_off = meta2.add(pack_tiles);
   std::vector<int64_t> chunk_rows(N), chunk_dims(N);
   for (int64_t i = 0; i < N; ++i) {
     chunk_rows[i] = chunks[i].rows;
@@ -1192,10 +1203,9 @@ inline at::Tensor decode_grid_device(const at::Tensor& payload, const std::vecto
   }
   if (NP > 0) {
     const DecSection* PS = meta2.at<DecSection>(psec_off);
-    const int64_t* PST = meta2.at<int64_t>(ps_off);
-    for_each(pack_starts.back(), DLAC_LAMBDA(int64_t t) {
-      const DecSection& s = PS[find_segment(PST, NP, t)];
-      const int64_t k = t - s.sym_base;
+    const Tile* PTL = meta2.at<Tile>(ptl_off);
+    for_each_element(PTL, NPT, DLAC_LAMBDA(int64_t p, int64_t k, int64_t, int64_t) {
+      const DecSection& s = PS[p];
       uint32_t* dst = s.dst == 0 ? dsts0 : s.dst == 1 ? dsts1 : dsts2;
       dst[s.dst_base + k] = unpack_one(data + s.data_off, uint64_t(s.nbytes), uint64_t(k), s.width);
     });
