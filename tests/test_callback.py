@@ -45,6 +45,7 @@ def _fit_with_callback(rank: int, world_size: int, log_dir: str) -> dict:
     }
 
 
+@pytest.mark.slow
 def test_two_rank_calibration_schedule_and_logged_metrics(tmp_path: Path) -> None:
     r0, r1 = run_ranks(_fit_with_callback, 2, str(tmp_path))
     # Every rank measured its own tables; after the all-reduce both hold every table's statistics and chose the
@@ -107,6 +108,7 @@ def _fit_calibration_loader(rank: int, world_size: int) -> dict:
             "effective": recorder.effective[0], "report": dlac.calibration_report()}
 
 
+@pytest.mark.slow
 def test_sensitivity_mode_calibrates_on_a_dataloader_before_training() -> None:
     r0, r1 = run_ranks(_fit_calibration_loader, 2)
     assert r0["calibrated_first"] and r1["calibrated_first"]
@@ -143,6 +145,7 @@ def _fit_recalibrating(rank: int, world_size: int) -> dict:
             "chunks": {k: v.as_dict()["chunks"] for k, v in dlac.table_stats.items()}}
 
 
+@pytest.mark.slow
 def test_recalibration_measures_again_and_replaces_the_bounds() -> None:
     r0, r1 = run_ranks(_fit_recalibrating, 2)
     assert r0["calibrations"] == r1["calibrations"] and r0["table_bounds"] == r1["table_bounds"]
@@ -161,6 +164,7 @@ def test_recalibration_measures_again_and_replaces_the_bounds() -> None:
     assert any("(calibrated 3 times, last from batch 16)" in line for line in r0["headline"]), r0["headline"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["auto", "uncompressed"])
 def test_without_a_compressed_dlac_strategy_it_says_so_and_does_nothing(strategy: str) -> None:
     dlac = DLACCallback(calibration_batches=1, log_every_n_steps=1)
@@ -296,6 +300,7 @@ def _fit_with_nan_table(rank: int, world_size: int) -> dict:
             "history": [row["dlac/non_finite_tables"] for row in dlac._history], "arrival": arrival}
 
 
+@pytest.mark.slow
 def test_non_finite_embeddings_are_sent_exactly_and_reported_with_the_table() -> None:
     r0, r1 = run_ranks(_fit_with_nan_table, 2)
     # The values that arrived: on the rank without the table, NaN and finite values exactly as the owner pooled
@@ -312,6 +317,7 @@ def test_non_finite_embeddings_are_sent_exactly_and_reported_with_the_table() ->
     assert r0["history"] == [1.0]
 
 
+@pytest.mark.slow
 def test_without_a_logger_no_report_files_are_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                        capsys: pytest.CaptureFixture) -> None:
     monkeypatch.chdir(tmp_path)  # where Lightning's default_root_dir points

@@ -177,6 +177,7 @@ def exchange_results() -> list[dict]:
     return run_ranks(_all_exchange_cases, 2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_forward_within_each_table_bound_of_torchrec(exchange_results: list[dict], case: str) -> None:
     batch_size_per_rank, dims_per_rank = CASES[case]
@@ -190,6 +191,7 @@ def test_forward_within_each_table_bound_of_torchrec(exchange_results: list[dict
             assert all(r <= 1 + 1e-4 for r in ratios.values()), (rank, run, ratios)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_gradients_match_torchrec_per_backward_mode(exchange_results: list[dict], case: str) -> None:
     for rank, results in enumerate(exchange_results):
@@ -208,6 +210,7 @@ def test_gradients_match_torchrec_per_backward_mode(exchange_results: list[dict]
             assert not dlac["equal"] or not any(CASES[case][1][rank]) or not others_rows, "sent exactly"
 
 
+@pytest.mark.slow
 def test_stats_count_bytes_tables_and_observed_error(exchange_results: list[dict]) -> None:
     for rank, results in enumerate(exchange_results):
         for case, (_, dims_per_rank) in CASES.items():
@@ -273,6 +276,7 @@ def _corrupted_exchange(rank: int, world_size: int, timeout_s: float) -> dict:
     return {"error": None}
 
 
+@pytest.mark.slow
 def test_corrupted_payload_names_source_rank_and_table_and_peer_does_not_hang() -> None:
     timeout_s = 4.0
     failing, peer = run_ranks(_corrupted_exchange, 2, timeout_s)
@@ -421,6 +425,7 @@ def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs)
 
 
+@pytest.mark.slow
 def test_training_compresses_and_tracks_uncompressed_losses(lightning_results: list[dict]) -> None:
     for r in lightning_results:
         assert r["exchanges"] > 0 and r["plain_exchanges"] == 0
@@ -434,6 +439,7 @@ def test_training_compresses_and_tracks_uncompressed_losses(lightning_results: l
     assert tables0 and tables1 and not set(tables0) & set(tables1) and len(tables0) + len(tables1) == 26
 
 
+@pytest.mark.slow
 def test_training_with_dlac_backward_reduces_the_loss(lightning_results: list[dict]) -> None:
     for r in lightning_results:
         losses = r["dlac_backward"]
@@ -442,6 +448,7 @@ def test_training_with_dlac_backward_reduces_the_loss(lightning_results: list[di
         assert _mean(losses[-10:]) < 0.95 * _mean(losses[:10]), losses
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sharding_type", ["table_wise", "column_wise", "table_column_wise"])
 def test_sharded_pooled_embeddings_within_bound_of_unsharded(lightning_results: list[dict], sharding_type: str) -> None:
     for r in lightning_results:
@@ -468,6 +475,7 @@ def _nccl_exchange_cases(rank: int, world_size: int) -> dict:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 @pytest.mark.cuda
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices (NCCL)")
 def test_exchange_over_nccl_on_gpus() -> None:
@@ -494,6 +502,7 @@ def _three_rank_cases(rank: int, world_size: int) -> dict:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_three_ranks_send_around_their_own_rows() -> None:
     for rank, results in enumerate(run_ranks(_three_rank_cases, 3)):
         for (case, backward), r in results.items():

@@ -47,6 +47,7 @@ def _train_until_failure(rank: int, world_size: int, how: str) -> dict:
     return {"error": None, "elapsed": time.perf_counter() - start}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["dies", "raises"])
 def test_a_failing_rank_makes_the_other_fail_instead_of_hanging(how: str) -> None:
     expect_exit = {1: 7} if how == "dies" else {}
@@ -87,6 +88,7 @@ def _non_finite_gradients(rank: int, world_size: int) -> dict[str, list[int]]:
     return counts
 
 
+@pytest.mark.slow
 def test_non_finite_gradients_arrive_as_sent_in_every_backward_mode() -> None:
     counts, _ = run_ranks(_non_finite_gradients, 2)
     # Each rank injected one NaN, one +Inf and one -Inf: all of them reach the table owners, in every mode (the
@@ -132,6 +134,7 @@ def _no_lookups_for_some_features(rank: int, world_size: int) -> dict:
     return {"shape": list(sharded["cat_0"].shape), "worst": worst, "empty_is_zero": zero}
 
 
+@pytest.mark.slow
 def test_features_with_no_lookups_and_a_rank_with_no_rows() -> None:
     r0, r1 = run_ranks(_no_lookups_for_some_features, 2)
     assert r0["shape"] == [32, 16] and r1["shape"] == [0, 16]

@@ -42,6 +42,7 @@ def _forward_parity(rank: int, world_size: int, sharding_type: str) -> list[str]
     return sorted(types)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sharding_type", ["table_wise", "column_wise", "table_column_wise"])
 def test_sharded_forward_equals_unsharded(sharding_type: str) -> None:
     run_ranks(_forward_parity, 2, sharding_type)
@@ -82,6 +83,7 @@ def _train(rank: int, world_size: int, strategy: str | None) -> dict:
     }
 
 
+@pytest.mark.slow
 def test_two_rank_training_loss_falls_and_collectives_work() -> None:
     results = run_ranks(_train, 2, None)
     for r in results:
@@ -120,6 +122,7 @@ def _single_device(rank: int, world_size: int) -> dict:
             "sent_bytes": stats.sent_bytes, "exchanges": len(t.strategy.exchanges)}
 
 
+@pytest.mark.slow
 def test_single_device_trains_with_string_alias_and_its_all_to_all_is_an_exact_local_copy() -> None:
     (result,) = run_ranks(_single_device, 1)
     assert result["losses"][-1] < result["losses"][0]
@@ -186,6 +189,7 @@ def _startup_error(rank: int, world_size: int, case: str) -> str:
     return "no error"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("case", "message"),
     [

@@ -9,12 +9,11 @@ from lightning_dlac.codec import _loader
 from tests.conftest import ALLOW_NO_NATIVE, compiler_present, native_opted_out
 
 
-@pytest.fixture(scope="session")
-def native() -> None:
-    """Build and load the native kernels once.
+def require_native() -> None:
+    """Build and load the native kernels, or end the calling test.
 
-    Where a C++ compiler exists the build must work: a failure fails every test that needs it, with the build log.
-    Skips only where no compiler exists, or where DLAC_TESTS_ALLOW_NO_NATIVE=1 says the native codec may be missing
+    Where a C++ compiler exists the build must work: a failure fails the test, with the build log. Skips only where
+    no compiler exists, or where DLAC_TESTS_ALLOW_NO_NATIVE=1 says the native codec may be missing
     (docs/reliability.md).
     """
     try:
@@ -29,6 +28,12 @@ def native() -> None:
             f" {ALLOW_NO_NATIVE}=1 to run without it. Build log (tail):\n{str(e)[-3000:]}",
             pytrace=False,
         )
+
+
+@pytest.fixture(scope="session")
+def native() -> None:
+    """The native kernels, built and loaded once per session (see :func:`require_native`)."""
+    require_native()
 
 
 def zipf_payload(rows: int = 4096, dim: int = 64, vocab: int = 2000, alpha: float = 1.1, seed: int = 0) -> torch.Tensor:

@@ -50,6 +50,7 @@ def _run(tmp_path: Path, patch: str = "", **env: str) -> str:
     return proc.stdout
 
 
+@pytest.mark.slow  # a fresh Python process that imports torch
 def test_no_compiler(tmp_path: Path) -> None:
     out = _run(tmp_path, CXX=str(tmp_path / "no-such-c++"))
     assert "WARNINGS 1" in out
@@ -57,6 +58,7 @@ def test_no_compiler(tmp_path: Path) -> None:
     assert "NATIVE no C++ compiler found (install g++ or set CXX)" in out
 
 
+@pytest.mark.slow  # a fresh Python process that imports torch
 def test_unusable_cache_directory(tmp_path: Path) -> None:
     blocker = tmp_path / "not-a-directory"
     blocker.write_text("a file where the cache directory should be")
@@ -66,6 +68,7 @@ def test_unusable_cache_directory(tmp_path: Path) -> None:
     assert "set DLAC_EXTENSION_DIR to one" in out
 
 
+@pytest.mark.slow  # a fresh Python process that imports torch
 def test_compile_error_shows_the_build_log(tmp_path: Path) -> None:
     broken = tmp_path / "src"
     broken.mkdir()
@@ -77,6 +80,7 @@ def test_compile_error_shows_the_build_log(tmp_path: Path) -> None:
     assert "failed:" in native and "error" in native.lower()  # the compiler's own message, from the log's tail
 
 
+@pytest.mark.slow  # a fresh Python process that imports torch
 def test_sources_that_build_but_register_no_ops(tmp_path: Path) -> None:
     empty = tmp_path / "src"
     empty.mkdir()
@@ -86,34 +90,51 @@ def test_sources_that_build_but_register_no_ops(tmp_path: Path) -> None:
     assert "WARNINGS 1" in out and "does not provide the dlac ops" in out
 
 
-# The `native` fixture of the codec tests (tests/codec/conftest.py), run on one native test in a fresh pytest.
+# The `native` fixture of the codec tests (tests/codec/conftest.py): a real build failure in a fresh pytest, and its
+# skip conditions in this process.
 NATIVE_TEST = "tests/codec/test_codec_grid.py::test_grid_native_equals_reference"
 
 
-@pytest.mark.parametrize("case", ["broken_build", "broken_build_opted_out", "no_compiler"])
-def test_a_broken_native_build_fails_the_suite_unless_there_is_no_compiler_or_an_opt_out(
-    tmp_path: Path, case: str
-) -> None:
-    if case.startswith("broken_build") and not compiler_present():
+@pytest.mark.slow  # a fresh Python process that imports torch
+def test_a_broken_native_build_fails_the_suite_where_a_compiler_exists(tmp_path: Path) -> None:
+    if not compiler_present():
         pytest.skip("needs a C++ compiler: the case is a build failure with one present")
     blocker = tmp_path / "not-a-directory"  # the build cannot write its cache: a build failure, compiler present
     blocker.write_text("a file where the cache directory should be")
     env = {k: v for k, v in os.environ.items() if k not in ("DLAC_CODEC_IMPL", ALLOW_NO_NATIVE)}
     env["DLAC_EXTENSION_DIR"] = str(blocker)
-    if case == "broken_build_opted_out":
-        env[ALLOW_NO_NATIVE] = "1"
-    if case == "no_compiler":
-        env["CXX"] = str(tmp_path / "no-such-c++")
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", NATIVE_TEST],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
     )
     out = proc.stdout + proc.stderr
-    if case == "broken_build":
-        assert proc.returncode == 1, out
-        assert "1 error" in out and "failed to build although a C++ compiler is present" in out, out
-        assert "is not a writable directory" in out, out  # the loader's own message
-    elif case == "broken_build_opted_out":
-        assert proc.returncode == 0 and "1 skipped" in out and f"{ALLOW_NO_NATIVE}=1" in out, out
-    else:
-        assert proc.returncode == 0 and "1 skipped" in out and "no C++ compiler" in out, out
+    assert proc.returncode == 1, out
+    assert "1 error" in out and "failed to build although a C++ compiler is present" in out, out
+    assert "is not a writable directory" in out, out  # the loader's own message, from the build log
+
+
+@pytest.mark.parametrize(
+    ("cxx", "allow", "outcome"),
+    [
+        ("c++", "", "fail"),
+        ("c++", "1", "skip"),  # DLAC_TESTS_ALLOW_NO_NATIVE=1
+        ("no-such-c++", "", "skip"),  # no compiler
+    ],
+)
+def test_the_native_fixture_skips_only_without_a_compiler_or_with_the_opt_out(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, cxx: str, allow: str, outcome: str
+) -> None:
+    from conftest import require_native
+
+    from lightning_dlac.codec import _loader
+
+    if cxx == "c++" and not compiler_present():
+        pytest.skip("needs a C++ compiler")
+    monkeypatch.setenv("CXX", cxx if cxx == "c++" else str(tmp_path / cxx))
+    monkeypatch.setenv(ALLOW_NO_NATIVE, allow)
+    monkeypatch.setitem(_loader._state, "loaded", False)
+    monkeypatch.setitem(_loader._state, "error", "building the native DLAC codec in /x failed: error: boom")
+    expected = pytest.fail.Exception if outcome == "fail" else pytest.skip.Exception
+    with pytest.raises(expected) as info:
+        require_native()
+    assert "boom" in str(info.value)
