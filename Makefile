@@ -33,21 +33,31 @@ test-fast: venv
 asan-fuzz: venv
 	$(BIN)/python tests/codec/asan_fuzz.py --n 6000
 
-# Compile-check the CUDA kernels without a GPU: a CUDA build of torch in .venv-cuda (~5.5 GB, once), nvcc from
-# CUDA_HOME or PATH, TORCH_CUDA_ARCH_LIST=9.0 unless set; builds cuda_ext/ as the loader does on a GPU machine.
+# Compile-check the CUDA kernels without a GPU: CUDA builds of torch in .venv-cuda (requirements/cuda-check.txt) and
+# .venv-cuda-image (torch 2.11.0+cu130, the lent GPU machine's image; requirements/cuda-check-image.txt), ~5 GB each,
+# installed once; nvcc from CUDA_HOME or PATH, TORCH_CUDA_ARCH_LIST=9.0 unless set. Builds cuda_ext/ as the loader
+# does on a GPU machine, once against each torch's headers (a few minutes each on 2 cores).
 CUDA_VENV ?= .venv-cuda
 CUDA_STAMP := $(CUDA_VENV)/.dlac-installed
+CUDA_IMAGE_VENV ?= .venv-cuda-image
+CUDA_IMAGE_STAMP := $(CUDA_IMAGE_VENV)/.dlac-installed
 $(CUDA_STAMP): requirements/cuda-check.txt
 	test -x $(CUDA_VENV)/bin/python || $(PYTHON) -m venv $(CUDA_VENV)
 	$(CUDA_VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(CUDA_VENV)/bin/python -m pip install --quiet -r requirements/cuda-check.txt
 	touch $@
+$(CUDA_IMAGE_STAMP): requirements/cuda-check-image.txt
+	test -x $(CUDA_IMAGE_VENV)/bin/python || $(PYTHON) -m venv $(CUDA_IMAGE_VENV)
+	$(CUDA_IMAGE_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(CUDA_IMAGE_VENV)/bin/python -m pip install --quiet -r requirements/cuda-check-image.txt
+	touch $@
 
-cuda-check: $(CUDA_STAMP)
+cuda-check: $(CUDA_STAMP) $(CUDA_IMAGE_STAMP)
 	$(CUDA_VENV)/bin/python tests/codec/cuda_compile_check.py
+	$(CUDA_IMAGE_VENV)/bin/python tests/codec/cuda_compile_check.py
 
 lint: venv
 	$(BIN)/python -m ruff check lightning_dlac examples tests benchmarks
 
 clean-venv:
-	rm -rf $(VENV) $(CUDA_VENV)
+	rm -rf $(VENV) $(CUDA_VENV) $(CUDA_IMAGE_VENV)

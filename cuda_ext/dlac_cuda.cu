@@ -2,8 +2,9 @@
 //
 // The pipeline is cuda_ext/dlac_grid.h, compiled here with kernel launches (the tests compile the same file for
 // the host and check it bit for bit against the reference). Payload, sizes and decoded output stay on x's device,
-// so the all-to-all sends them with NCCL without a host round trip; the encoder synchronizes twice (the chunk
-// sizes decide the payload's size) and the decoder twice (header validation, error report).
+// so the all-to-all sends them with NCCL without a host round trip; the encoder synchronizes once (the chunk sizes
+// decide the payload's size; twice when its histograms outgrow the previous call's) and the decoder twice (header
+// validation, error report). Everything runs on the current stream (dlac_grid.h says why that is stream-safe).
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>

@@ -7,21 +7,27 @@
 // depend on their order (or, min, max, add, and a compare-and-swap hash insert that keeps the smallest row), so
 // running them one after another on the host computes exactly what the GPU computes. Per-chunk decisions that must
 // equal the CPU encoder's (PACK / HUFF / DEDUP / RAW, Huffman code lengths, headers) are made on the host by the
-// same functions dlac_codec.h gives the CPU encoder, from statistics the device gathers (two synchronizations:
-// the per-chunk state, then the histogram bins the plans need).
+// same functions dlac_codec.h gives the CPU encoder, from statistics the device gathers.
+//
+// Synchronizations (device-to-host copies, counted by readback_counter and tested): encode 1, the per-chunk state
+// words with the histogram words the planner reads, compacted behind them (2 when those outgrow what the previous
+// call read); decode 2, every header with its checksum, then the error flags. Each phase's metadata goes up in one
+// pinned, non-blocking copy (Staging). The first call on a device also uploads the CRC tables, blocking.
 //
 // Encode: range and finiteness -> per-chunk kind and bound -> which of the four quantization steps holds -> codes
-// -> unique code rows (hash set keeping the first row of each, then a prefix sum gives first-appearance ids) ->
-// histograms -> [host: plan, headers, Huffman tables] -> RAW copies, every code written at its bit offset (a prefix
-// sum of code lengths), block end offsets, CRC-32 per segment joined per chunk.
-// Decode: CRC per chunk -> [host: header validation] -> Huffman sections validated and tables built per section,
-// one thread per Huffman block, PACK values per element -> dequantized output.
+// and the histogram of all codes -> unique code rows (hash set keeping the first row of each, probes bounded, then a
+// prefix sum gives first-appearance ids) -> histograms of unique rows and row index -> [host: plan, headers, Huffman
+// tables] -> RAW copies, every code written at its bit offset (a prefix sum of code lengths), block end offsets,
+// CRC-32 per segment joined per chunk.
+// Decode: headers and CRC per chunk -> [host: header validation] -> Huffman sections validated and tables built per
+// section, one thread per Huffman block, PACK values per element -> dequantized output -> [host: error flags].
 #pragma once
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -227,23 +233,40 @@ DLAC_HD inline void store_u32_bytes(uint8_t* p, uint32_t v) {
 // Host <-> device helpers
 // ------------------------------------------------------------------------------------------------------------
 
-// Bytes of v on device. For a GPU, from pinned memory without blocking: the copy is queued behind the kernels
-// already on the stream instead of waiting for them (the caching host allocator keeps the buffer until it is done).
-template <class T>
-at::Tensor to_device(const std::vector<T>& v, const at::Device& device) {
-  const bool pinned = device.is_cuda();
-  const auto options = at::TensorOptions().dtype(at::kByte).pinned_memory(pinned);
-  at::Tensor host = at::empty({int64_t(v.size() * sizeof(T))}, options);
-  if (!v.empty()) std::memcpy(host.data_ptr<uint8_t>(), v.data(), v.size() * sizeof(T));
-  return host.to(device, /*non_blocking=*/pinned, /*copy=*/true);
+// Stream safety. Every kernel, copy and temporary of one call runs on the stream that is current when the op is
+// called. Device temporaries come from the caching allocator on that stream, which hands a freed block out again only
+// to work ordered after it on the same stream, so freeing them when the call returns (kernels still queued) is safe.
+// Host staging is pinned and copied with non_blocking=true: ATen records an event on the stream for the pinned block
+// and the caching host allocator does not reuse it until the copy has run. The one buffer shared across calls (and so
+// across streams), the CRC tables, is uploaded blocking, once per device.
+
+// Device-to-host copies of the device pipeline's own results: each one waits for the stream, so they are the
+// synchronizations a call costs. Counted (process-wide) so the tests can hold the pipeline to its documented
+// numbers: encode 1 (2 when the histograms outgrow the previous call's), decode 2.
+inline std::atomic<int64_t>& readback_counter() {
+  static std::atomic<int64_t> count{0};
+  return count;
 }
+
 template <class T>
 T* ptr(const at::Tensor& t) {
   return reinterpret_cast<T*>(t.data_ptr());
 }
+// A copy of device results on the host: one synchronization.
 template <class T>
-std::vector<T> to_host(const at::Tensor& t) {
+std::vector<T> read_back(const at::Tensor& t) {
+  readback_counter().fetch_add(1);
   at::Tensor h = t.contiguous().to(at::kCPU);
+  std::vector<T> v(size_t(h.nbytes() / sizeof(T)));
+  if (!v.empty()) std::memcpy(v.data(), h.data_ptr(), v.size() * sizeof(T));
+  return v;
+}
+// An op argument (bounds, sizes) as a host vector: free for host tensors (as the Python API passes them), one
+// synchronization for a device tensor.
+template <class T>
+std::vector<T> argument_on_host(const at::Tensor& t) {
+  if (!t.device().is_cpu()) return read_back<T>(t);
+  at::Tensor h = t.contiguous();
   std::vector<T> v(size_t(h.nbytes() / sizeof(T)));
   if (!v.empty()) std::memcpy(v.data(), h.data_ptr(), v.size() * sizeof(T));
   return v;
@@ -251,6 +274,58 @@ std::vector<T> to_host(const at::Tensor& t) {
 inline at::Tensor zeros_u32(int64_t n, const at::Device& device) {
   return at::zeros({std::max<int64_t>(n, 1)}, at::TensorOptions().dtype(at::kInt).device(device));
 }
+// A device buffer every read element of which a kernel writes first: no memset on the GPU. The host emulation fills
+// it with a poison pattern instead, so a read of an element nobody wrote changes the bytes the tests compare.
+inline at::Tensor unset_u32(int64_t n, const at::Device& device) {
+  const auto options = at::TensorOptions().dtype(at::kInt).device(device);
+#if defined(__CUDACC__)
+  return at::empty({std::max<int64_t>(n, 1)}, options);
+#else
+  return at::full({std::max<int64_t>(n, 1)}, int32_t(0xA5A5A5A5u), options);
+#endif
+}
+
+// One phase's metadata, gathered on the host and uploaded in one copy: arrays are appended 8-byte aligned and read
+// on the device at their offsets. From pinned memory without blocking on a GPU: the copy is queued behind the
+// kernels already on the stream instead of waiting for them. `reserve` bytes after the uploaded ones belong to the
+// device buffer only (results a later read-back takes in the same copy as the arrays before them).
+class Staging {
+ public:
+  template <class T>
+  int64_t add(const std::vector<T>& v) {
+    const int64_t at = int64_t((bytes_.size() + 7) & ~size_t(7));
+    bytes_.resize(size_t(at) + v.size() * sizeof(T));
+    if (!v.empty()) std::memcpy(bytes_.data() + at, v.data(), v.size() * sizeof(T));
+    return at;
+  }
+  // Offset of `nbytes` device-only bytes after everything added so far (call after the last add).
+  int64_t reserve(int64_t nbytes) {
+    const int64_t at = int64_t((bytes_.size() + 7) & ~size_t(7));
+    reserved_ = at - int64_t(bytes_.size()) + nbytes;
+    return at;
+  }
+  at::Tensor upload(const at::Device& device) {
+    const bool pinned = device.is_cuda();
+    const int64_t n = int64_t(bytes_.size());
+    at::Tensor dev = at::empty({std::max<int64_t>(n + reserved_, 8)}, at::TensorOptions().dtype(at::kByte).device(device));
+    if (n > 0) {
+      at::Tensor host = at::empty({n}, at::TensorOptions().dtype(at::kByte).pinned_memory(pinned));
+      std::memcpy(host.data_ptr<uint8_t>(), bytes_.data(), size_t(n));
+      dev.narrow(0, 0, n).copy_(host, /*non_blocking=*/pinned);
+    }
+    base_ = dev.data_ptr<uint8_t>();
+    return dev;
+  }
+  template <class T>
+  T* at(int64_t offset) const {
+    return reinterpret_cast<T*>(base_ + offset);
+  }
+
+ private:
+  std::vector<uint8_t> bytes_;
+  int64_t reserved_ = 0;
+  uint8_t* base_ = nullptr;
+};
 
 // CRC tables on the device: the bytewise table, and for joining segments of kCrcSegment bytes, the register after
 // feeding kCrcSegment zero bytes from each single-byte state (the map is linear in the register).
@@ -271,7 +346,11 @@ inline at::Tensor crc_tables(const at::Device& device) {
       for (uint64_t k = 0; k < kCrcSegment; ++k) r = t0[r & 0xFF] ^ (r >> 8);
       t[256 * (b + 1) + v] = r;
     }
-  at::Tensor d = to_device(t, device);
+  // Blocking: the tables are shared by every later call on every stream, so they must be complete before any of
+  // them can run (a non-blocking upload would be ordered on this caller's stream only). Once per device and process.
+  at::Tensor host = at::empty({int64_t(t.size())}, at::TensorOptions().dtype(at::kInt));
+  std::memcpy(host.data_ptr(), t.data(), t.size() * sizeof(uint32_t));
+  at::Tensor d = host.to(device, /*non_blocking=*/false, /*copy=*/true);
   cache->emplace(device.str(), d);
   return d;
 }
@@ -280,30 +359,41 @@ DLAC_HD inline uint32_t crc_shift(const uint32_t* tables, uint32_t r) {
   return s[r & 0xFF] ^ s[256 + ((r >> 8) & 0xFF)] ^ s[512 + ((r >> 16) & 0xFF)] ^ s[768 + (r >> 24)];
 }
 
-// CRC-32 of every chunk (offsets[i], sizes[i]) of at least a header, with the crc field taken as zero, into crc[i].
+// CRC-32 of every chunk (offsets[i], sizes[i]) of at least a header, with the crc field taken as zero.
 // Chunk i is cut into segments: the first holds size % kCrcSegment bytes (or a whole segment), the rest are whole,
-// so one table joins them.
-inline void chunk_crcs(const at::Tensor& payload, const std::vector<int64_t>& offsets,
-                       const std::vector<int64_t>& sizes, const at::Tensor& crc_out) {
-  const int64_t n = int64_t(sizes.size());
-  std::vector<int64_t> seg_starts(n + 1, 0), meta(2 * n);
-  for (int64_t i = 0; i < n; ++i) {
+// so one table joins them. Planned into a phase's staging (segment starts; offset and size per chunk), run after it
+// is uploaded.
+struct CrcPlan {
+  int64_t n = 0, nseg = 0;
+  int64_t starts = 0, meta = 0;  // staging offsets: int64 [n + 1] segment starts, int64 [2n] (offset, size)
+};
+inline CrcPlan plan_crcs(const std::vector<int64_t>& offsets, const std::vector<int64_t>& sizes, Staging& staging) {
+  CrcPlan plan;
+  plan.n = int64_t(sizes.size());
+  std::vector<int64_t> seg_starts(plan.n + 1, 0), meta(2 * plan.n);
+  for (int64_t i = 0; i < plan.n; ++i) {
     const int64_t nseg = sizes[i] >= int64_t(kHeaderSize) ? int64_t(ceil_div(uint64_t(sizes[i]), kCrcSegment)) : 0;
     seg_starts[i + 1] = seg_starts[i] + nseg;
     meta[2 * i] = offsets[i];
     meta[2 * i + 1] = sizes[i];
   }
+  plan.nseg = seg_starts[plan.n];
+  plan.starts = staging.add(seg_starts);
+  plan.meta = staging.add(meta);
+  return plan;
+}
+// crc[i] for every chunk of at least a header (others untouched).
+inline void run_crcs(const CrcPlan& plan, const Staging& staging, const at::Tensor& payload, uint32_t* crc) {
   const at::Device device = payload.device();
-  at::Tensor starts_t = to_device(seg_starts, device), meta_t = to_device(meta, device);
+  const int64_t n = plan.n;
   at::Tensor tables_t = crc_tables(device);
-  at::Tensor regs = zeros_u32(seg_starts[n], device);
-  const int64_t* starts = ptr<int64_t>(starts_t);
-  const int64_t* m = ptr<int64_t>(meta_t);
+  at::Tensor regs = unset_u32(plan.nseg, device);
+  const int64_t* starts = staging.at<int64_t>(plan.starts);
+  const int64_t* m = staging.at<int64_t>(plan.meta);
   const uint32_t* tables = ptr<uint32_t>(tables_t);
   const uint8_t* data = ptr<uint8_t>(payload);
   uint32_t* reg = ptr<uint32_t>(regs);
-  uint32_t* crc = ptr<uint32_t>(crc_out);
-  for_each(seg_starts[n], DLAC_LAMBDA(int64_t t) {
+  for_each(plan.nseg, DLAC_LAMBDA(int64_t t) {
     const int64_t i = find_segment(starts, n, t);
     const uint64_t size = uint64_t(m[2 * i + 1]), s = uint64_t(t - starts[i]);
     const uint64_t first = size - (ceil_div(size, kCrcSegment) - 1) * kCrcSegment;
@@ -330,6 +420,8 @@ struct EncChunk {
   uint32_t pad;
 };
 
+enum : uint32_t { kKindConst = 1, kKindRaw = 2, kKindQuant = 3 };
+
 // Per-chunk state words on the device.
 enum : int {
   kStLo = 0,   // order_key of the minimum
@@ -343,9 +435,47 @@ enum : int {
   kStStep,      // float bits: chosen step
   kStQmax,
   kStNuniq,
-  kStWords,
+  kStError,     // bit 0: a row found no free hash slot, bit 1: a row was not found again (see kErr*)
+  kStWords,     // even, so the histogram stage after the state words starts 8-byte aligned
 };
-enum : uint32_t { kKindConst = 1, kKindRaw = 2, kKindQuant = 3 };
+static_assert(kStWords % 2 == 0, "the readback stage after the state words must stay 8-byte aligned");
+enum : uint32_t { kErrHashFull = 1, kErrHashLost = 2 };
+
+// Histogram words the host planner reads for chunk state s (0 each where it reads none): all codes, the unique rows'
+// codes, the row index. The device compacts exactly these for the read-back, the host walks them in the same order.
+DLAC_HD inline void hist_lengths(const uint32_t* s, int64_t rows, int64_t len[3]) {
+  len[0] = len[1] = len[2] = 0;
+  if (s[kStKind] != kKindQuant) return;
+  const bool huff_ok = uint64_t(s[kStQmax]) + 1 <= kHuffMaxAlphabet;
+  const bool dedup = dedup_candidate(uint64_t(rows), s[kStNuniq]);
+  len[0] = huff_ok ? int64_t(s[kStQmax]) + 1 : 0;
+  len[1] = dedup && huff_ok ? int64_t(s[kStQmax]) + 1 : 0;
+  len[2] = dedup && index_huff_ok(s[kStNuniq]) ? int64_t(s[kStNuniq]) : 0;
+}
+
+// Histogram words read back with the state (one copy): what the previous call needed, at least 256 per chunk (1 KB;
+// codes of eps >= 0.002 need fewer). A call that needs more reads the rest in a second copy. Process-wide: the calls
+// of one training run repeat the same shapes and similar data.
+inline std::atomic<int64_t>& hist_readback_hint() {
+  static std::atomic<int64_t> words{0};
+  return words;
+}
+
+// Probes of the row hash set before a row gives up (the table has at least twice as many slots as rows, so a probe
+// sequence longer than the table means a broken invariant: flag it and let the read-back raise, never spin).
+// The host emulation can shrink the table (DLAC_EMULATE_HASH_SLOTS) so the tests reach that error.
+inline int64_t hash_capacity(int64_t rows) {
+  int64_t cap = 16;
+  while (cap < 2 * rows) cap <<= 1;
+#if !defined(__CUDACC__)
+  if (const char* forced = std::getenv("DLAC_EMULATE_HASH_SLOTS")) {
+    const int64_t f = std::strtoll(forced, nullptr, 10);
+    TORCH_CHECK(f > 0 && (f & (f - 1)) == 0, "DLAC_EMULATE_HASH_SLOTS must be a power of two, got ", forced);
+    cap = f;
+  }
+#endif
+  return cap;
+}
 constexpr uint32_t kEmpty = 0xFFFFFFFFu;
 
 // One lossless stream of a chunk: values from codes / unique code rows / row index, PACK or HUFF.
@@ -381,11 +511,7 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
     ch.elem_base = elem_starts[i];
     ch.row_base = row_starts[i];
     ch.hash_base = hash_total;
-    ch.hash_cap = 0;
-    if (ch.rows > 1 && ch.dim > 0) {
-      ch.hash_cap = 16;
-      while (ch.hash_cap < 2 * ch.rows) ch.hash_cap <<= 1;
-    }
+    ch.hash_cap = ch.rows > 1 && ch.dim > 0 ? hash_capacity(ch.rows) : 0;
     hash_total += ch.hash_cap;
     ch.bound = bounds[c];
     ch.pad = 0;
@@ -396,19 +522,30 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
   std::vector<uint32_t> state_init(size_t(N) * kStWords, 0);
   for (int64_t i = 0; i < N; ++i) state_init[i * kStWords + kStLo] = 0xFFFFFFFFu;
 
-  at::Tensor chunks_t = to_device(chunks, device), es_t = to_device(elem_starts, device);
-  at::Tensor rws_t = to_device(row_starts, device), state_t = to_device(state_init, device);
-  at::Tensor codes_t = zeros_u32(E, device), uniq_t = zeros_u32(E, device);
-  at::Tensor first_t = zeros_u32(RW, device), rep_t = zeros_u32(RW, device), index_t = zeros_u32(RW, device);
+  constexpr int64_t A = kHuffMaxAlphabet;
+  // Phase 1 metadata in one upload; the state words go last, followed by room for the compacted histograms, so
+  // the one read-back of this phase is a single contiguous copy.
+  Staging meta1;
+  const int64_t ch_off = meta1.add(chunks), es_off = meta1.add(elem_starts), rws_off = meta1.add(row_starts);
+  const int64_t st_off = meta1.add(state_init);
+  const int64_t stage_cap = N * 3 * A;
+  const int64_t stage_off = meta1.reserve(4 * stage_cap);
+  at::Tensor meta1_t = meta1.upload(device);
+  // codes and unique rows are read only where written (quantized chunks, ids below nuniq); first is summed over
+  // every row, so it starts at zero.
+  at::Tensor codes_t = unset_u32(E, device), uniq_t = unset_u32(E, device);
+  at::Tensor first_t = zeros_u32(RW, device), rep_t = unset_u32(RW, device), index_t = unset_u32(RW, device);
   const auto i32 = at::TensorOptions().dtype(at::kInt).device(device);
   at::Tensor hash_t = at::full({std::max<int64_t>(hash_total, 1)}, -1, i32);
-  at::Tensor hist_t = zeros_u32(N * 3 * int64_t(kHuffMaxAlphabet), device);
+  at::Tensor hist_t = zeros_u32(N * 3 * A, device);
+  at::Tensor hlen_t = at::empty({N * 3}, at::TensorOptions().dtype(at::kLong).device(device));
 
   const float* xp = x.data_ptr<float>();
-  const EncChunk* CH = ptr<EncChunk>(chunks_t);
-  const int64_t* ES = ptr<int64_t>(es_t);
-  const int64_t* RWS = ptr<int64_t>(rws_t);
-  uint32_t* S = ptr<uint32_t>(state_t);
+  const EncChunk* CH = meta1.at<EncChunk>(ch_off);
+  const int64_t* ES = meta1.at<int64_t>(es_off);
+  const int64_t* RWS = meta1.at<int64_t>(rws_off);
+  uint32_t* S = meta1.at<uint32_t>(st_off);
+  uint32_t* stage = meta1.at<uint32_t>(stage_off);
   uint32_t* codes = ptr<uint32_t>(codes_t);
   uint32_t* uniq = ptr<uint32_t>(uniq_t);
   uint32_t* first = ptr<uint32_t>(first_t);
@@ -416,7 +553,7 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
   uint32_t* index = ptr<uint32_t>(index_t);
   uint32_t* table = ptr<uint32_t>(hash_t);
   uint32_t* hist = ptr<uint32_t>(hist_t);
-  constexpr int64_t A = kHuffMaxAlphabet;
+  int64_t* hlen = ptr<int64_t>(hlen_t);
 
   // Range and finiteness.
   for_each(E, DLAC_LAMBDA(int64_t e) {
@@ -505,6 +642,9 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
                      bits_to_float(s[kStStep]), &code);
     codes[e] = code;
     atomic_max(s + kStQmax, code);
+    // The histogram of all codes, in the same pass: it is read only when every code is below A (qmax < A), and
+    // then this counts every code.
+    if (code < uint32_t(A)) hist_add(hist + (i * 3 + 0) * A + code);
   });
   // Unique code rows: each slot ends up holding the smallest row with its content.
   for_each(RW, DLAC_LAMBDA(int64_t g) {
@@ -517,7 +657,7 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
     uint32_t* slots = table + ch.hash_base;
     const uint32_t mask = uint32_t(ch.hash_cap - 1);
     uint32_t slot = uint32_t(hash_words(row, ch.dim) >> 32) & mask;
-    while (true) {
+    for (int64_t probe = 0; probe < ch.hash_cap; ++probe) {
       const uint32_t old = atomic_cas(slots + slot, kEmpty, r);
       if (old == kEmpty) return;
       if (rows_equal(base + int64_t(old) * ch.dim, row, ch.dim)) {
@@ -526,6 +666,7 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
       }
       slot = (slot + 1) & mask;
     }
+    atomic_or(S + i * kStWords + kStError, kErrHashFull);
   });
   for_each(RW, DLAC_LAMBDA(int64_t g) {
     const int64_t i = find_segment(RWS, N, g);
@@ -537,9 +678,18 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
     const uint32_t* slots = table + ch.hash_base;
     const uint32_t mask = uint32_t(ch.hash_cap - 1);
     uint32_t slot = uint32_t(hash_words(row, ch.dim) >> 32) & mask;
-    while (!rows_equal(base + int64_t(slots[slot]) * ch.dim, row, ch.dim)) slot = (slot + 1) & mask;
-    rep[g] = slots[slot];
-    first[g] = slots[slot] == r ? 1u : 0u;
+    for (int64_t probe = 0; probe < ch.hash_cap; ++probe, slot = (slot + 1) & mask) {
+      const uint32_t u = slots[slot];
+      if (u != kEmpty && rows_equal(base + int64_t(u) * ch.dim, row, ch.dim)) {
+        rep[g] = u;
+        first[g] = u == r ? 1u : 0u;
+        return;
+      }
+    }
+    // Not found (only after the insert failed): keep every later index in range until the read-back raises.
+    atomic_or(S + i * kStWords + kStError, kErrHashLost);
+    rep[g] = r;
+    first[g] = 1u;
   });
   // First-appearance ids: a running count of first rows.
   at::Tensor incl_t = at::cumsum(first_t, 0, at::kLong);
@@ -564,11 +714,9 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
     const uint32_t* s = S + i * kStWords;
     if (s[kStKind] != kKindQuant || s[kStQmax] >= A) return;
     const EncChunk& ch = CH[i];
-    const uint32_t code = codes[e];
-    hist_add(hist + (i * 3 + 0) * A + code);
+    if (!dedup_candidate(uint64_t(ch.rows), s[kStNuniq])) return;
     const int64_t r = row_of(e - ch.elem_base, ch.dim);
-    if (dedup_candidate(uint64_t(ch.rows), s[kStNuniq]) && first[ch.row_base + r])
-      hist_add(hist + (i * 3 + 1) * A + code);
+    if (first[ch.row_base + r]) hist_add(hist + (i * 3 + 1) * A + codes[e]);
   });
   for_each(RW, DLAC_LAMBDA(int64_t g) {
     const int64_t i = find_segment(RWS, N, g);
@@ -578,31 +726,54 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
     hist_add(hist + (i * 3 + 2) * A + index[g]);
   });
 
-  // Host: the same plan as encode_chunk, from the statistics.
-  const std::vector<uint32_t> st = to_host<uint32_t>(state_t);
-  std::vector<int64_t> hist_index;
+  // The histogram words the planner reads, compacted behind the state words: hist_lengths per (chunk, histogram),
+  // a running sum for where each goes, then one work item per histogram word (the histograms are laid out in that
+  // order already).
+  for_each(N, DLAC_LAMBDA(int64_t i) { hist_lengths(S + i * kStWords, CH[i].rows, hlen + 3 * i); });
+  at::Tensor hend_t = at::cumsum(hlen_t, 0);
+  const int64_t* hend = ptr<int64_t>(hend_t);
+  for_each(N * 3 * A, DLAC_LAMBDA(int64_t t) {
+    const int64_t h = t / A, v = t - h * A;
+    if (v < hlen[h]) stage[hend[h] - hlen[h] + v] = hist[t];
+  });
+
+  // Host: one read-back (state words and the histograms' first words), the rest only if the histograms outgrew it.
+  const int64_t st_words = (stage_off - st_off) / 4;
+  const int64_t first_words = std::min<int64_t>(stage_cap, std::max<int64_t>(hist_readback_hint().load(), 256 * N));
+  std::vector<uint32_t> rb = read_back<uint32_t>(meta1_t.narrow(0, st_off, 4 * (st_words + first_words)));
+  const uint32_t* st = rb.data();
   std::vector<int64_t> hist_at(size_t(N) * 3, -1), hist_len(size_t(N) * 3, 0);
+  int64_t hist_words = 0;
   for (int64_t i = 0; i < N; ++i) {
-    const uint32_t* s = st.data() + i * kStWords;
-    if (s[kStKind] != kKindQuant) continue;
-    const bool huff_ok = uint64_t(s[kStQmax]) + 1 <= kHuffMaxAlphabet;
-    const bool dedup = dedup_candidate(uint64_t(chunks[i].rows), s[kStNuniq]);
-    const int64_t len[3] = {huff_ok ? int64_t(s[kStQmax]) + 1 : 0, dedup && huff_ok ? int64_t(s[kStQmax]) + 1 : 0,
-                            dedup && index_huff_ok(s[kStNuniq]) ? int64_t(s[kStNuniq]) : 0};
+    const uint32_t* s = st + i * kStWords;
+    if (s[kStError]) {
+      const std::string what = (s[kStError] & kErrHashFull) ? "a row found no free slot in" : "a row was lost from";
+      TORCH_CHECK(false, "chunk ", i, " (row block ", i / C, ", column block ", i % C, "): the device encoder's row "
+                  "hash set is broken (", what, " its ", chunks[i].hash_cap, " slots for ", chunks[i].rows, " rows); "
+                  "this is a bug in the CUDA kernels: please report it, and encode on the CPU meanwhile (x.cpu())");
+    }
+    int64_t len[3];
+    hist_lengths(s, chunks[i].rows, len);
     for (int p = 0; p < 3; ++p) {
       if (!len[p]) continue;
-      hist_at[i * 3 + p] = int64_t(hist_index.size());
+      hist_at[i * 3 + p] = hist_words;
       hist_len[i * 3 + p] = len[p];
-      for (int64_t v = 0; v < len[p]; ++v) hist_index.push_back((i * 3 + p) * A + v);
+      hist_words += len[p];
     }
   }
-  std::vector<int32_t> hist_h;
-  if (!hist_index.empty())
-    hist_h = to_host<int32_t>(hist_t.index_select(0, to_device(hist_index, device).view(at::kLong)));
+  hist_readback_hint().store(hist_words);
+  const uint32_t* hist_h = st + st_words;
+  if (hist_words > first_words) {
+    std::vector<uint32_t> rest =
+        read_back<uint32_t>(meta1_t.narrow(0, stage_off + 4 * first_words, 4 * (hist_words - first_words)));
+    rb.insert(rb.end(), rest.begin(), rest.end());
+    st = rb.data();
+    hist_h = st + st_words;
+  }
   auto freq_of = [&](int64_t i, int p) {
     const int64_t from = hist_at[i * 3 + p];
     std::vector<uint64_t> f(static_cast<size_t>(hist_len[i * 3 + p]));
-    for (size_t v = 0; v < f.size(); ++v) f[v] = uint32_t(hist_h[from + v]);
+    for (size_t v = 0; v < f.size(); ++v) f[v] = hist_h[from + v];
     return f;
   };
 
@@ -618,7 +789,7 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
   // Each chunk's plan (Huffman code lengths included) is independent of the others: in parallel on the host.
   at::parallel_for(0, N, 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
-      const uint32_t* s = st.data() + i * kStWords;
+      const uint32_t* s = st + i * kStWords;
       const EncChunk& ch = chunks[i];
       Header& h = headers[i];
       h.rows = uint32_t(ch.rows);
@@ -708,12 +879,22 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
   const int64_t total = offsets[N];
   const int64_t NS = int64_t(streams.size()), SYM = stream_starts.back(), BLK = block_starts.back();
 
-  // Device: the payload, zeroed, with headers and Huffman prefixes in place.
+  // Phase 2 metadata in one upload: header and prefix bytes with their destinations, chunk modes, streams, code
+  // tables, the checksum plan and the sizes returned.
+  Staging meta2;
+  const int64_t dst_off = meta2.add(blob_dst), meta_off = meta2.add(out_meta), sizes_off = meta2.add(sizes);
+  const int64_t streams_off = meta2.add(streams), ss_off = meta2.add(stream_starts);
+  const int64_t bs_off = meta2.add(block_starts), ct_off = meta2.add(code_tables);
+  const CrcPlan crc_plan = plan_crcs(offsets, sizes, meta2);
+  const int64_t blob_off = meta2.add(blob);
+  at::Tensor meta2_t = meta2.upload(device);
+  const int64_t* meta = meta2.at<int64_t>(meta_off);
+
+  // Device: the payload, zeroed (codes are or-ed into it), with headers and Huffman prefixes in place.
   at::Tensor words_t = zeros_u32((total + 3) / 4 + 1, device);
   at::Tensor payload = words_t.view(at::kByte).narrow(0, 0, total);
-  payload.index_copy_(0, to_device(blob_dst, device).view(at::kLong), to_device(blob, device));
-  at::Tensor meta_t = to_device(out_meta, device);
-  const int64_t* meta = ptr<int64_t>(meta_t);
+  payload.index_copy_(0, meta2_t.narrow(0, dst_off, 8 * int64_t(blob_dst.size())).view(at::kLong),
+                      meta2_t.narrow(0, blob_off, int64_t(blob.size())));
   uint8_t* out = ptr<uint8_t>(words_t);
   uint32_t* words = ptr<uint32_t>(words_t);
   // RAW chunks: the floats as they are.
@@ -733,13 +914,11 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
     if (first[ch.row_base + r]) uniq[ch.elem_base + int64_t(index[ch.row_base + r]) * ch.dim + j] = codes[e];
   });
   if (NS > 0) {
-    at::Tensor streams_t = to_device(streams, device), ss_t = to_device(stream_starts, device);
-    at::Tensor bs_t = to_device(block_starts, device), ct_t = to_device(code_tables, device);
-    at::Tensor bits_t = at::empty({std::max<int64_t>(SYM, 1)}, at::TensorOptions().dtype(at::kInt).device(device));
-    const EncStream* SS = ptr<EncStream>(streams_t);
-    const int64_t* SST = ptr<int64_t>(ss_t);
-    const int64_t* BST = ptr<int64_t>(bs_t);
-    const uint32_t* CT = ptr<uint32_t>(ct_t);
+    at::Tensor bits_t = unset_u32(SYM, device);
+    const EncStream* SS = meta2.at<EncStream>(streams_off);
+    const int64_t* SST = meta2.at<int64_t>(ss_off);
+    const int64_t* BST = meta2.at<int64_t>(bs_off);
+    const uint32_t* CT = meta2.at<uint32_t>(ct_off);
     int32_t* nbits = ptr<int32_t>(bits_t);
     const uint32_t* srcs0 = codes;
     const uint32_t* srcs1 = uniq;
@@ -778,11 +957,12 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
     });
   }
   // Checksums, written into each header.
-  at::Tensor crc_t = zeros_u32(N, device);
-  chunk_crcs(payload, offsets, sizes, crc_t);
-  const uint32_t* crc = ptr<uint32_t>(crc_t);
+  at::Tensor crc_t = unset_u32(N, device);  // every encoded chunk holds at least a header: all N are written
+  uint32_t* crc = ptr<uint32_t>(crc_t);
+  run_crcs(crc_plan, meta2, payload, crc);
   for_each(N, DLAC_LAMBDA(int64_t i) { store_u32_bytes(out + meta[2 * i] + kCrcOffset, crc[i]); });
-  at::Tensor sizes_t = to_device(sizes, device).view(at::kLong);
+  // A copy, so the caller's sizes do not keep this call's staging alive.
+  at::Tensor sizes_t = meta2_t.narrow(0, sizes_off, 8 * N).view(at::kLong).clone();
   return {payload, sizes_t};
 }
 
@@ -811,16 +991,26 @@ inline at::Tensor decode_grid_device(const at::Tensor& payload, const std::vecto
   const int64_t ld = cs.back();
   std::vector<int64_t> offsets(N + 1, 0);
   for (int64_t i = 0; i < N; ++i) offsets[i + 1] = offsets[i] + sizes[i];
-  at::Tensor crc_t = zeros_u32(N, device);
-  chunk_crcs(payload, offsets, sizes, crc_t);
-  std::vector<int64_t> header_index;
-  for (int64_t i = 0; i < N; ++i)
-    if (sizes[i] >= int64_t(kHeaderSize))
-      for (uint32_t k = 0; k < kHeaderSize; ++k) header_index.push_back(offsets[i] + k);
-  std::vector<uint8_t> hdr_bytes;
-  if (!header_index.empty())
-    hdr_bytes = to_host<uint8_t>(payload.index_select(0, to_device(header_index, device).view(at::kLong)));
-  const std::vector<uint32_t> crcs = to_host<uint32_t>(crc_t);
+  // Phase 1: every chunk's header bytes and checksum gathered side by side on the device, one read-back. Chunks
+  // shorter than a header leave their slots unwritten; the host never reads them.
+  Staging meta1;
+  const CrcPlan crc_plan = plan_crcs(offsets, sizes, meta1);
+  const int64_t rb_bytes = N * int64_t(kHeaderSize) + 4 * N;  // N * 48 is a multiple of 4: the crcs stay aligned
+  const int64_t rb_off = meta1.reserve(rb_bytes);
+  at::Tensor meta1_t = meta1.upload(device);
+  {
+    uint8_t* hdr = meta1.at<uint8_t>(rb_off);
+    const int64_t* m = meta1.at<int64_t>(crc_plan.meta);
+    const uint8_t* src = ptr<uint8_t>(payload);
+    for_each(N * int64_t(kHeaderSize), DLAC_LAMBDA(int64_t t) {
+      const int64_t i = t / int64_t(kHeaderSize);
+      if (m[2 * i + 1] >= int64_t(kHeaderSize)) hdr[t] = src[m[2 * i] + (t - i * int64_t(kHeaderSize))];
+    });
+    run_crcs(crc_plan, meta1, payload, meta1.at<uint32_t>(rb_off + N * int64_t(kHeaderSize)));
+  }
+  const std::vector<uint8_t> rb = read_back<uint8_t>(meta1_t.narrow(0, rb_off, rb_bytes));
+  std::vector<uint32_t> crcs(N);
+  std::memcpy(crcs.data(), rb.data() + N * int64_t(kHeaderSize), 4 * size_t(N));
 
   // Host: header validation (the CPU decoder's checks and messages), then what to decode where.
   std::vector<std::string> errors(N);
@@ -829,7 +1019,6 @@ inline at::Tensor decode_grid_device(const at::Tensor& payload, const std::vecto
   std::vector<DecSection> huff, pack;
   std::vector<int64_t> huff_chunk, huff_starts{0}, pack_starts{0};
   std::vector<int> sec_slot(size_t(N) * 2, -1);  // which huff section holds section 0 / 1 of chunk i
-  size_t hdr_at = 0;
   const uint8_t zeros[kHeaderSize] = {0};
   for (int64_t i = 0; i < N; ++i) {
     const int64_t r = i / C, c = i % C;
@@ -845,10 +1034,7 @@ inline at::Tensor decode_grid_device(const at::Tensor& payload, const std::vecto
     elem_starts[i + 1] = elem_starts[i] + ch.rows * ch.dim;
     row_starts[i + 1] = row_starts[i] + ch.rows;
     const uint8_t* hp = zeros;
-    if (sizes[i] >= int64_t(kHeaderSize)) {
-      hp = hdr_bytes.data() + hdr_at;
-      hdr_at += kHeaderSize;
-    }
+    if (sizes[i] >= int64_t(kHeaderSize)) hp = rb.data() + i * int64_t(kHeaderSize);
     Header h;
     try {
       h = parse_header(hp, uint64_t(sizes[i]), &crcs[i]);
@@ -889,22 +1075,29 @@ inline at::Tensor decode_grid_device(const at::Tensor& payload, const std::vecto
     }
   }
   const int64_t E = elem_starts[N], NH = int64_t(huff.size()), NP = int64_t(pack.size());
-  at::Tensor codes_t = zeros_u32(E, device), uniq_t = zeros_u32(E, device), index_t = zeros_u32(row_starts[N], device);
+  // Phase 2 metadata in one upload; the error words (zeroed) go last so that the call's second and last read-back
+  // is one contiguous copy.
+  Staging meta2;
+  const int64_t hsec_off = meta2.add(huff), hs_off = meta2.add(huff_starts);
+  const int64_t psec_off = meta2.add(pack), ps_off = meta2.add(pack_starts);
+  const int64_t ch_off = meta2.add(chunks), es_off = meta2.add(elem_starts);
+  const int64_t err_off = meta2.add(std::vector<uint32_t>(size_t(NH + N), 0u));
+  at::Tensor meta2_t = meta2.upload(device);
+  // Decoded codes are read only where a section wrote them, or after a section failed (then the call raises).
+  at::Tensor codes_t = unset_u32(E, device), uniq_t = unset_u32(E, device), index_t = unset_u32(row_starts[N], device);
   at::Tensor out_t = at::empty({rs.back(), cs.back()}, at::TensorOptions().dtype(at::kFloat).device(device));
-  at::Tensor herr_t = zeros_u32(NH, device), cerr_t = zeros_u32(N, device);
   uint32_t* dsts0 = ptr<uint32_t>(codes_t);
   uint32_t* dsts1 = ptr<uint32_t>(uniq_t);
   uint32_t* dsts2 = ptr<uint32_t>(index_t);
   const uint8_t* data = ptr<uint8_t>(payload);
-  uint32_t* herr = ptr<uint32_t>(herr_t);
-  uint32_t* cerr = ptr<uint32_t>(cerr_t);
+  uint32_t* herr = meta2.at<uint32_t>(err_off);
+  uint32_t* cerr = herr + NH;
   if (NH > 0) {
-    at::Tensor sec_t = to_device(huff, device), hs_t = to_device(huff_starts, device);
     const auto on_device = at::TensorOptions().device(device);
     at::Tensor views_t = at::empty({NH * int64_t(sizeof(HuffView))}, on_device.dtype(at::kByte));
     at::Tensor tables_t = at::empty({NH * int64_t(kHuffMaxAlphabet)}, on_device.dtype(at::kShort));
-    const DecSection* HS = ptr<DecSection>(sec_t);
-    const int64_t* HST = ptr<int64_t>(hs_t);
+    const DecSection* HS = meta2.at<DecSection>(hsec_off);
+    const int64_t* HST = meta2.at<int64_t>(hs_off);
     HuffView* views = ptr<HuffView>(views_t);
     uint16_t* tables = ptr<uint16_t>(tables_t);
     for_each(NH, DLAC_LAMBDA(int64_t k) {
@@ -931,9 +1124,8 @@ inline at::Tensor decode_grid_device(const at::Tensor& payload, const std::vecto
     });
   }
   if (NP > 0) {
-    at::Tensor sec_t = to_device(pack, device), ps_t = to_device(pack_starts, device);
-    const DecSection* PS = ptr<DecSection>(sec_t);
-    const int64_t* PST = ptr<int64_t>(ps_t);
+    const DecSection* PS = meta2.at<DecSection>(psec_off);
+    const int64_t* PST = meta2.at<int64_t>(ps_off);
     for_each(pack_starts.back(), DLAC_LAMBDA(int64_t t) {
       const DecSection& s = PS[find_segment(PST, NP, t)];
       const int64_t k = t - s.sym_base;
@@ -941,9 +1133,8 @@ inline at::Tensor decode_grid_device(const at::Tensor& payload, const std::vecto
       dst[s.dst_base + k] = unpack_one(data + s.data_off, uint64_t(s.nbytes), uint64_t(k), s.width);
     });
   }
-  at::Tensor chunks_t = to_device(chunks, device), es_t = to_device(elem_starts, device);
-  const DecChunk* CH = ptr<DecChunk>(chunks_t);
-  const int64_t* ES = ptr<int64_t>(es_t);
+  const DecChunk* CH = meta2.at<DecChunk>(ch_off);
+  const int64_t* ES = meta2.at<int64_t>(es_off);
   float* out = out_t.data_ptr<float>();
   for_each(E, DLAC_LAMBDA(int64_t e) {
     const int64_t i = find_segment(ES, N, e);
@@ -966,7 +1157,9 @@ inline at::Tensor decode_grid_device(const at::Tensor& payload, const std::vecto
       default: *o = dequantize(ch.lo, dsts0[e], ch.step);
     }
   });
-  const std::vector<uint32_t> herrs = to_host<uint32_t>(herr_t), cerrs = to_host<uint32_t>(cerr_t);
+  const std::vector<uint32_t> errs = read_back<uint32_t>(meta2_t.narrow(0, err_off, 4 * (NH + N)));
+  const uint32_t* herrs = errs.data();
+  const uint32_t* cerrs = herrs + NH;
   for (int64_t i = 0; i < N; ++i) {
     std::string msg = errors[i];
     for (int slot = 0; slot < 2 && msg.empty(); ++slot) {
@@ -994,7 +1187,7 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_op(const at::Tensor& x_in,
   const int64_t C = int64_t(cs.size()) - 1;
   TORCH_CHECK(bounds.scalar_type() == at::kFloat && bounds.dim() == 1 && bounds.numel() == C,
               "bounds must be a float32 tensor with one bound per column block (", C, ")");
-  const std::vector<float> b = to_host<float>(bounds);
+  const std::vector<float> b = argument_on_host<float>(bounds);
   check_bounds(b.data(), C, relative);
   // Chunks read a strided view; only the column stride must be 1.
   at::Tensor x = (x_in.size(1) <= 1 || x_in.stride(1) == 1) ? x_in : x_in.contiguous();
@@ -1011,7 +1204,7 @@ inline at::Tensor decode_grid_op(const at::Tensor& payload_in, const at::Tensor&
   const int64_t nchunks = (int64_t(rs.size()) - 1) * (int64_t(cs.size()) - 1);
   TORCH_CHECK(sizes_in.numel() == nchunks, "sizes must hold one entry per chunk (", nchunks, "), got ",
               sizes_in.numel());
-  const std::vector<int64_t> sizes = to_host<int64_t>(sizes_in);
+  const std::vector<int64_t> sizes = argument_on_host<int64_t>(sizes_in);
   int64_t total = 0;
   for (int64_t i = 0; i < nchunks; ++i) {
     TORCH_CHECK(sizes[i] >= 0, "chunk ", i, ": negative size ", sizes[i]);

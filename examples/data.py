@@ -1,13 +1,14 @@
-"""Criteo-like DataModules for the example DLRM: a synthetic default and a Criteo Kaggle TSV reader.
+"""Criteo-like DataModules for the example DLRM: a synthetic default, TorchRec's binary Criteo layout (full-size
+Kaggle and 1TB, memory-mapped) and a Criteo TSV reader for small files.
 
-Both yield ready :class:`torchrec.datasets.utils.Batch` objects (dense ``[B, 13]`` float32, a
+All yield ready :class:`torchrec.datasets.utils.Batch` objects (dense ``[B, 13]`` float32, a
 :class:`~torchrec.sparse.jagged_tensor.KeyedJaggedTensor` with keys ``cat_0`` .. ``cat_25``, labels ``[B]``
 float32) from an :class:`~torch.utils.data.IterableDataset` that already holds only this rank's batches. Being
 iterable, Lightning never injects a ``DistributedSampler`` on top, so the sharding below is the only one, and
 every rank gets exactly the same number of batches (remainders are dropped) so collectives never wait on a rank
 that ran out of data.
 
-Both expose ``num_embeddings_per_feature``, ``feature_names`` and ``num_dense_features`` so a model can be
+All expose ``num_embeddings_per_feature``, ``feature_names`` and ``num_dense_features`` so a model can be
 configured from the datamodule.
 """
 
@@ -39,8 +40,10 @@ __all__ = [
     "DEFAULT_MAX_ROWS",
     "FEATURE_NAMES",
     "NUM_DENSE_FEATURES",
+    "CriteoBinaryDataModule",
     "CriteoTSVDataModule",
     "SyntheticCriteoDataModule",
+    "TSV_SIZE_WARNING_BYTES",
     "capped_cardinalities",
 ]
 
@@ -58,6 +61,10 @@ DEFAULT_MAX_ROWS: int = 10_000
 _MAX_TABLE_ROWS: int = 2**31 - 1
 
 _TRAIN, _VAL, _CALIBRATION, _MODEL = 0, 1, 2, 3
+# CriteoTSVDataModule parses in Python on every rank (about 12 s and 1.8 GB per million rows): past this file size
+# (about a million rows) it warns and points to `dlac preprocess criteo` + CriteoBinaryDataModule.
+TSV_SIZE_WARNING_BYTES: int = 200 * 2**20
+_DENSE_TRANSFORMS = ("log1p", "torchrec")
 
 
 def capped_cardinalities(max_rows: int) -> list[int]:
@@ -407,12 +414,14 @@ _NUM_FIELDS = 1 + NUM_DENSE_FEATURES + len(FEATURE_NAMES)
 
 
 def _parse_criteo_tsv(
-    path: Path, table_sizes: Sequence[int], max_samples: int | None
+    path: Path, table_sizes: Sequence[int], max_samples: int | None, dense_transform: str = "log1p"
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Parse a Criteo Kaggle TSV into (labels [N] float32, dense [N, 13] float32, ids [N, 26] int64).
 
-    Dense: missing or negative -> 0, then ``log(1 + x)``. Categoricals: ``int(hex, 16) % table_size``; a missing
-    categorical becomes id 0, which it shares with the hashed values that land on 0.
+    Dense (missing -> 0): ``log1p``: negative -> 0, then ``log(1 + x)``; ``torchrec``: ``log(x - min + 2)`` with the
+    minimum over the rows read, in int32 then float32 exactly as TorchRec's ``tsv_to_npys`` (and so ``dlac
+    preprocess criteo``) computes it. Categoricals: ``int(hex, 16) % table_size``; a missing categorical becomes id 0,
+    which it shares with the hashed values that land on 0.
     """
     labels: list[int] = []
     dense: list[list[int]] = []
@@ -448,7 +457,13 @@ def _parse_criteo_tsv(
             dense.append(row_dense)
             cats.append(row_cats)
     n = len(labels)
-    dense_arr = np.log1p(np.maximum(np.asarray(dense, dtype=np.float64).reshape(n, NUM_DENSE_FEATURES), 0.0))
+    if dense_transform == "torchrec":
+        raw = np.asarray(dense, dtype=np.int32).reshape(n, NUM_DENSE_FEATURES)
+        if n:
+            raw -= raw.min() - 2
+        dense_arr = np.log(raw, dtype=np.float32)
+    else:
+        dense_arr = np.log1p(np.maximum(np.asarray(dense, dtype=np.float64).reshape(n, NUM_DENSE_FEATURES), 0.0))
     return (
         torch.tensor(labels, dtype=torch.float32),
         torch.from_numpy(dense_arr.astype(np.float32)),
@@ -494,7 +509,12 @@ class _RowBatches:
 
 
 class CriteoTSVDataModule(_RankShardedDataModule):
-    """Criteo Kaggle display-advertising TSV files (``train.txt`` format) as DLRM batches.
+    """Criteo Kaggle display-advertising TSV files (``train.txt`` format) as DLRM batches: for small files.
+
+    Every rank parses the whole file in Python into memory, which suits samples up to about a million rows. For
+    full-size data (Kaggle's 45.8M rows, the 1TB days) convert once with ``dlac preprocess criteo`` and train with
+    :class:`CriteoBinaryDataModule`, where each rank memory-maps only its rows; past
+    :data:`TSV_SIZE_WARNING_BYTES` this module warns and says so.
 
     Each line is a 0/1 label, 13 integer features and 26 hex-hashed categoricals, tab-separated, an empty field
     meaning missing. Dense features: missing or negative -> 0, then ``log(1 + x)``. Categoricals:
@@ -519,6 +539,8 @@ class CriteoTSVDataModule(_RankShardedDataModule):
         shuffle: Shuffle the training rows (once, with ``seed``) before batching.
         seed: Seed of the shuffle.
         num_workers: DataLoader worker processes.
+        dense_transform: ``log1p`` (``log(1 + max(x, 0))``, the DLRM reference's) or ``torchrec``
+            (``log(x - min + 2)`` per file, what ``dlac preprocess criteo`` and TorchRec's converter store).
     """
 
     def __init__(
@@ -533,10 +555,14 @@ class CriteoTSVDataModule(_RankShardedDataModule):
         shuffle: bool = True,
         seed: int = 0,
         num_workers: int = 0,
+        dense_transform: str = "log1p",
     ) -> None:
         num_embeddings_per_feature = _resolve_table_sizes(num_embeddings_per_feature, max_rows)
         super().__init__(num_embeddings_per_feature, batch_size, num_workers)
         self._save_hyperparameters()
+        if dense_transform not in _DENSE_TRANSFORMS:
+            raise ValueError(f"dense_transform must be one of {_DENSE_TRANSFORMS}, got {dense_transform!r}.")
+        self.dense_transform = dense_transform
         if max_samples is not None and max_samples < 1:
             raise ValueError(f"max_samples must be a positive row count or None, got {max_samples}.")
         if not 0.0 <= val_fraction < 1.0:
@@ -545,6 +571,7 @@ class CriteoTSVDataModule(_RankShardedDataModule):
         self._check_file(train_path, "train_path")
         if val_path is not None:
             self._check_file(val_path, "val_path")
+        self._warn_if_large([train_path] + ([val_path] if val_path is not None else []), max_samples)
         self.train_path = train_path
         self.val_path = val_path
         self.max_samples = max_samples
@@ -564,9 +591,23 @@ class CriteoTSVDataModule(_RankShardedDataModule):
             )
         return file
 
+    @staticmethod
+    def _warn_if_large(paths: list[str], max_samples: int | None) -> None:
+        # A Criteo line is about 150-200 bytes: max_samples bounds what is read.
+        size = sum(Path(p).expanduser().stat().st_size for p in paths)
+        if max_samples is not None:
+            size = min(size, 200 * max_samples * len(paths))
+        if size > TSV_SIZE_WARNING_BYTES:
+            rank_zero_warn(
+                f"CriteoTSVDataModule parses {size / 2**20:.0f} MiB of TSV in Python on every rank (about 12 s and"
+                " 1.8 GB of memory per million rows, per rank). Convert once with `dlac preprocess criteo --output"
+                " DIR FILE...` and use CriteoBinaryDataModule (examples/configs/dlrm_criteo_binary.yaml), which"
+                " memory-maps only each rank's rows; or set max_samples."
+            )
+
     def _read(self, path: str, argument: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         file = self._check_file(path, argument)
-        return _parse_criteo_tsv(file, self.num_embeddings_per_feature, self.max_samples)
+        return _parse_criteo_tsv(file, self.num_embeddings_per_feature, self.max_samples, self.dense_transform)
 
     @override
     def setup(self, stage: str) -> None:
@@ -625,3 +666,268 @@ class CriteoTSVDataModule(_RankShardedDataModule):
     def val_dataset(self) -> _RankBatches:
         """This rank's validation batches (an IterableDataset of ready Batches)."""
         return self._dataset(self._val)
+
+
+_DAYS_1TB = 24
+
+
+class _BinaryBatches:
+    """Picklable ``global_index -> Batch`` over a split of TorchRec-layout ``.npy`` files, memory-mapped.
+
+    The split is a list of ``(dense, sparse, labels paths, first row, rows)`` segments read as one concatenation;
+    global batch ``g`` is its rows ``[g * B, (g + 1) * B)`` (or batch ``order[g]`` when shuffled). The files are
+    opened lazily in each process (DataLoader workers included) through TorchRec's ``load_npy_range`` with
+    ``mmap_mode=True``, so a rank only ever pages in the rows of the batches it is asked for.
+    """
+
+    def __init__(
+        self,
+        segments: list[tuple[tuple[Path, Path, Path], int, int]],
+        table_sizes: Sequence[int],
+        batch_size: int,
+        order: np.ndarray | None,
+    ) -> None:
+        self.segments = segments
+        self.batch_size = batch_size
+        self.order = order
+        self.hashes = np.asarray(table_sizes, dtype=np.int64).reshape(1, -1)
+        self.bounds = np.cumsum([0, *(rows for _, _, rows in segments)])
+        self.lengths = torch.ones(len(FEATURE_NAMES) * batch_size, dtype=torch.int32)
+        self._arrays: list[tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.bounds[-1])
+
+    def __getstate__(self) -> dict:
+        # Memory maps are reopened in the receiving process rather than pickled (which would copy the data).
+        return {**self.__dict__, "_arrays": None}
+
+    def _open(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        if self._arrays is None:
+            from torchrec.datasets.criteo import BinaryCriteoUtils
+
+            self._arrays = [
+                tuple(BinaryCriteoUtils.load_npy_range(str(p), first, rows, mmap_mode=True) for p in paths)
+                for paths, first, rows in self.segments
+            ]  # type: ignore[misc]
+        return self._arrays
+
+    def _rows(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        arrays = self._open()
+        pieces = []
+        k = int(np.searchsorted(self.bounds, lo, side="right")) - 1
+        while lo < hi:
+            start, stop = int(self.bounds[k]), int(self.bounds[k + 1])
+            take = min(hi, stop) - lo
+            pieces.append(tuple(a[lo - start : lo - start + take] for a in arrays[k]))
+            lo += take
+            k += 1
+        if len(pieces) == 1:
+            return pieces[0]
+        return tuple(np.concatenate(parts) for parts in zip(*pieces))  # type: ignore[return-value]
+
+    def __call__(self, index: int) -> Batch:
+        g = int(self.order[index]) if self.order is not None else index
+        dense, sparse, labels = self._rows(g * self.batch_size, (g + 1) * self.batch_size)
+        # Ids modulo the table sizes (TorchRec's `hashes`), then key-major for the KJT: all of cat_0, then cat_1...
+        ids = torch.from_numpy(np.ascontiguousarray((sparse % self.hashes).T)).view(-1)
+        return _make_batch(
+            torch.from_numpy(np.array(dense, dtype=np.float32)),
+            ids,
+            self.lengths,
+            torch.from_numpy(labels.reshape(-1).astype(np.float32)),
+        )
+
+
+class CriteoBinaryDataModule(_RankShardedDataModule):
+    """Criteo in TorchRec's binary layout (``<stem>_{dense,sparse,labels}.npy``), memory-mapped: full-size data.
+
+    Create the files once with ``dlac preprocess criteo --output DATA_DIR day_0 ... day_23`` (Criteo 1TB) or
+    ``... train.txt`` (Kaggle); TorchRec's ``scripts/npy_preproc_criteo.py`` writes the same files. Dense features
+    are TorchRec's ``log(x - min + 2)``, categoricals are taken modulo the table sizes when batches are built (as
+    TorchRec's ``InMemoryBinaryCriteoIterDataPipe(mmap_mode=True, hashes=...)`` does), labels become float32.
+
+    Splits:
+
+    - by day (``val_stems`` non-empty, the default when ``day_23`` is present): train on ``train_stems`` (default
+      ``day_0`` .. ``day_22``), validate on the first half of the ``val_stems`` rows and test on the second half, as
+      TorchRec's DLRM example does with day 23;
+    - by fraction (the default for a lone ``train`` stem, Criteo Kaggle): of the ``train_stems`` rows, the last
+      ``test_fraction`` are the test split, the ``val_fraction`` before them validation, the rest training (Criteo
+      is time-ordered; the defaults hold out Kaggle's seventh day, half for validation and half for test, as the
+      DLRM reference does).
+
+    Global batch ``g`` of a split is its rows ``[g * batch_size, (g + 1) * batch_size)`` and rank ``r`` of ``W``
+    reads batches ``r, r + W, ...`` (TorchRec's batch interleaving), the same number on every rank (remainders are
+    dropped). The files are memory-mapped and only a rank's batches are read, so opening costs milliseconds and a
+    rank's resident memory is its share of the data at most (page cache, reclaimable). ``shuffle`` permutes the
+    order of whole training batches once with ``seed`` (rows stay contiguous, so reads stay sequential).
+
+    Args:
+        data_dir: Directory holding the ``.npy`` files.
+        train_stems: Training stems; ``None``: ``day_0`` .. ``day_22`` if ``day_23`` is there, else ``train``.
+        val_stems: Held-out stems split in half for validation and test; ``None``: ``["day_23"]`` when training on
+            1TB days, else none (fraction split). ``[]`` forces the fraction split.
+        num_embeddings_per_feature: Rows of each of the 26 tables (ids are taken modulo these); ``None`` uses the
+            Criteo Kaggle sizes capped at ``max_rows``.
+        max_rows: Cap on table sizes when ``num_embeddings_per_feature`` is ``None``.
+        batch_size: Samples per batch, per rank.
+        val_fraction: Fraction of the rows held out for validation in the fraction split.
+        test_fraction: Fraction of the rows held out for test in the fraction split.
+        max_samples: Use at most the first this many rows of each split (``None``: all): quick runs on big data.
+        shuffle: Shuffle the order of training batches (once, with ``seed``).
+        seed: Seed of the shuffle.
+        num_workers: DataLoader worker processes.
+    """
+
+    def __init__(
+        self,
+        data_dir: str,
+        train_stems: list[str] | None = None,
+        val_stems: list[str] | None = None,
+        num_embeddings_per_feature: list[int] | None = None,
+        max_rows: int = DEFAULT_MAX_ROWS,
+        batch_size: int = 512,
+        val_fraction: float = 1 / 14,
+        test_fraction: float = 1 / 14,
+        max_samples: int | None = None,
+        shuffle: bool = False,
+        seed: int = 0,
+        num_workers: int = 0,
+    ) -> None:
+        from lightning_dlac.preprocess import check_criteo_binary
+
+        num_embeddings_per_feature = _resolve_table_sizes(num_embeddings_per_feature, max_rows)
+        super().__init__(num_embeddings_per_feature, batch_size, num_workers)
+        self._save_hyperparameters()
+        for name, value in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
+            if not 0.0 <= value < 1.0:
+                raise ValueError(f"{name} must lie in [0, 1), got {value}.")
+        if val_fraction + test_fraction >= 1.0:
+            raise ValueError(f"val_fraction + test_fraction must be below 1, got {val_fraction + test_fraction}.")
+        if max_samples is not None and max_samples < 1:
+            raise ValueError(f"max_samples must be a positive row count or None, got {max_samples}.")
+        directory = Path(data_dir).expanduser()
+        if not directory.is_dir():
+            raise FileNotFoundError(
+                f"Criteo binary directory not found: {str(directory)!r}. Set `data_dir` of {type(self).__name__} to"
+                " the --output of `dlac preprocess criteo` (on the command line: --data.data_dir=/path/to/dir)."
+            )
+        day_23 = (directory / "day_23_dense.npy").is_file()
+        if train_stems is None:
+            train_stems = [f"day_{d}" for d in range(_DAYS_1TB - 1)] if day_23 else ["train"]
+        if val_stems is None:
+            val_stems = ["day_23"] if day_23 and all(s.startswith("day_") for s in train_stems) else []
+        if not train_stems:
+            raise ValueError("train_stems is empty: name at least one <stem> of <stem>_dense.npy.")
+        overlap = sorted(set(train_stems) & set(val_stems))
+        if overlap:
+            raise ValueError(f"{overlap} are both training and held-out stems; a stem belongs to one of them.")
+        # Headers only: fails here, before any process is launched, naming the file and the problem.
+        self._rows = {stem: check_criteo_binary(directory, stem) for stem in [*train_stems, *val_stems]}
+        self.data_dir = directory
+        self.train_stems = list(train_stems)
+        self.val_stems = list(val_stems)
+        self.val_fraction = val_fraction
+        self.test_fraction = test_fraction
+        self.max_samples = max_samples
+        self.shuffle = shuffle
+        self.seed = seed
+        self._splits = self._plan_splits()
+
+    def _segments(self, stems: list[str], lo: int, hi: int) -> list[tuple[tuple[Path, Path, Path], int, int]]:
+        """Rows ``[lo, hi)`` of the concatenation of ``stems``, as per-file segments."""
+        from lightning_dlac.preprocess import binary_paths
+
+        if self.max_samples is not None:
+            hi = min(hi, lo + self.max_samples)
+        out, start = [], 0
+        for stem in stems:
+            n = self._rows[stem]
+            a, b = max(lo, start), min(hi, start + n)
+            if a < b:
+                out.append((binary_paths(self.data_dir, stem), a - start, b - a))
+            start += n
+        return out
+
+    def _plan_splits(self) -> dict[str, list[tuple[tuple[Path, Path, Path], int, int]]]:
+        total = sum(self._rows[s] for s in self.train_stems)
+        if self.val_stems:
+            held = sum(self._rows[s] for s in self.val_stems)
+            half = (held + 1) // 2  # TorchRec: the first ceil(n / 2) rows validate, the rest test
+            return {
+                "train": self._segments(self.train_stems, 0, total),
+                "val": self._segments(self.val_stems, 0, half),
+                "test": self._segments(self.val_stems, half, held),
+            }
+        num_test = int(round(self.test_fraction * total))
+        num_val = int(round(self.val_fraction * total))
+        cut = total - num_val - num_test
+        return {
+            "train": self._segments(self.train_stems, 0, cut),
+            "val": self._segments(self.train_stems, cut, cut + num_val),
+            "test": self._segments(self.train_stems, cut + num_val, total),
+        }
+
+    def split_rows(self, split: str) -> int:
+        """Rows in ``split`` (``train``, ``val`` or ``test``), before cutting into batches."""
+        return sum(rows for _, _, rows in self._splits[split])
+
+    @override
+    def setup(self, stage: str) -> None:
+        self._resolve_rank()
+        if self.num_train_batches == 0:
+            raise ValueError(
+                f"{self.split_rows('train')} training rows in {self.data_dir} ({self.train_stems}) make fewer than"
+                f" one batch per rank (batch_size={self.batch_size} x world_size={self._world_size}). Lower"
+                " `batch_size`, raise `max_samples`, or add training stems."
+            )
+        if self.num_val_batches == 0 and self.split_rows("val") > 0:
+            rank_zero_warn(
+                f"{self.split_rows('val')} validation rows make no full batch per rank (batch_size="
+                f"{self.batch_size} x world_size={self._world_size}); validation is empty."
+            )
+
+    def _batches_per_rank(self, split: str) -> int:
+        return self.split_rows(split) // self.batch_size // self._world_size
+
+    @property
+    def num_train_batches(self) -> int:
+        """Training batches per rank per epoch (the same on every rank)."""
+        return self._batches_per_rank("train")
+
+    @property
+    def num_val_batches(self) -> int:
+        """Validation batches per rank (the same on every rank)."""
+        return self._batches_per_rank("val")
+
+    @property
+    def num_test_batches(self) -> int:
+        """Test batches per rank (the same on every rank)."""
+        return self._batches_per_rank("test")
+
+    def _dataset(self, split: str) -> _RankBatches:
+        num_batches = self._batches_per_rank(split)
+        order = None
+        if split == "train" and self.shuffle:
+            total = num_batches * self._world_size
+            order = np.random.default_rng(self.seed).permutation(total)
+        fn = _BinaryBatches(self._splits[split], self.num_embeddings_per_feature, self.batch_size, order)
+        return _RankBatches(fn, num_batches, self._rank, self._world_size)
+
+    def train_dataset(self) -> _RankBatches:
+        """This rank's training batches (an IterableDataset of ready Batches)."""
+        return self._dataset("train")
+
+    def val_dataset(self) -> _RankBatches:
+        """This rank's validation batches (an IterableDataset of ready Batches)."""
+        return self._dataset("val")
+
+    def test_dataset(self) -> _RankBatches:
+        """This rank's test batches (an IterableDataset of ready Batches)."""
+        return self._dataset("test")
+
+    @override
+    def test_dataloader(self) -> DataLoader:
+        return _dataloader(self.test_dataset(), self.num_workers)

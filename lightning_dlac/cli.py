@@ -4,6 +4,8 @@ defaults.
 ``dlac fit --config examples/configs/dlrm_synthetic.yaml`` trains; ``dlac fit --print_config`` shows every option.
 Any LightningModule / LightningDataModule can be swapped in with ``class_path`` / ``init_args``.
 ``dlac report LOG_DIR`` rebuilds the compression report of a finished run (:mod:`lightning_dlac.report`).
+``dlac preprocess criteo --output DIR INPUT...`` converts Criteo TSV files to TorchRec's binary layout
+(:mod:`lightning_dlac.preprocess`).
 """
 
 from __future__ import annotations
@@ -66,6 +68,13 @@ def main(args: Sequence[str] | None = None) -> None:
         from lightning_dlac.report import main as report_main
 
         report_main(argv[1:])
+        return
+    if argv[:1] == ["preprocess"]:  # dataset conversion, not a Trainer subcommand (lightning_dlac.preprocess)
+        from lightning_dlac.preprocess import main as preprocess_main
+
+        status = preprocess_main(argv[1:])
+        if status:
+            sys.exit(status)
         return
     cli = build_cli(args)  # None: LightningCLI reads sys.argv itself
     trainer = cli.trainer

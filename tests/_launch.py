@@ -1,21 +1,29 @@
-"""Run a function on N real CPU ranks (gloo), the way TorchRec's multi-process tests do."""
+"""Run a function on N real CPU ranks (gloo), the way TorchRec's multi-process tests do.
+
+Rendezvous without a port race: the parent starts the TCPStore itself on port 0 (the kernel picks a free port and
+the store keeps it bound) and hands the port to the ranks, which join that store as clients
+(``TORCHELASTIC_USE_AGENT_STORE=True``, the way torchrun's agent hosts the store for its workers). So nothing binds,
+closes and re-binds a port. The ranks still see the usual MASTER_ADDR / MASTER_PORT / RANK / WORLD_SIZE /
+LOCAL_RANK, so both ``dist.init_process_group("gloo")`` and a Lightning Trainer built in each rank (which then
+treats the processes as externally launched) join the same group. One ``init_process_group`` per rank process: the
+store is not re-keyed between groups.
+
+Results are read while the ranks run, before joining: a result larger than the pipe buffer would otherwise block
+its rank in ``put`` while the parent waits in ``join``.
+"""
 
 from __future__ import annotations
 
 import os
-import socket
 import sys
+import time
 import traceback
 from collections.abc import Callable, Mapping
+from datetime import timedelta
 from typing import Any
 
+import torch.distributed as dist
 import torch.multiprocessing as mp
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _entry(rank: int, world_size: int, port: int, fn: Callable[..., Any], args: tuple, queue: Any) -> None:
@@ -29,6 +37,7 @@ def _entry(rank: int, world_size: int, port: int, fn: Callable[..., Any], args: 
         LOCAL_RANK=str(rank),
         NODE_RANK="0",
         OMP_NUM_THREADS="1",
+        TORCHELASTIC_USE_AGENT_STORE="True",  # the parent hosts the store on MASTER_PORT; rank 0 must not
     )
     import torch
 
@@ -57,29 +66,43 @@ def run_ranks(
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned processes; return the results by rank.
 
     Raises AssertionError with the failing rank's traceback if any rank fails or exits non-zero, except the ranks
-    in ``expect_exit`` ({rank: exit code}), which must die with that code (their result is ``None``).
+    in ``expect_exit`` ({rank: exit code}), which must die with that code (their result is ``None``). Ranks still
+    running after ``timeout`` seconds (or when the caller is interrupted, e.g. by pytest-timeout) are killed.
     """
     expect_exit = dict(expect_exit or {})
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
-    port = free_port()
-    procs = [ctx.Process(target=_entry, args=(r, world_size, port, fn, args, queue)) for r in range(world_size)]
-    for p in procs:
-        p.start()
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout))
+    procs = [ctx.Process(target=_entry, args=(r, world_size, store.port, fn, args, queue)) for r in range(world_size)]
     results: dict[int, Any] = {}
     errors: list[str] = []
-    for p in procs:
-        p.join(timeout)
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-            errors.append(f"a rank did not finish within {timeout}s")
-    while not queue.empty():
-        rank, status, payload = queue.get()
-        if status == "ok":
-            results[rank] = payload
-        else:
-            errors.append(f"rank {rank} failed:\n{payload}")
+
+    def drain() -> None:
+        while not queue.empty():
+            rank, status, payload = queue.get()
+            if status == "ok":
+                results[rank] = payload
+            else:
+                errors.append(f"rank {rank} failed:\n{payload}")
+
+    try:
+        for p in procs:
+            p.start()
+        deadline = time.monotonic() + timeout
+        while any(p.is_alive() for p in procs):
+            drain()
+            if time.monotonic() > deadline:
+                errors.append(f"a rank did not finish within {timeout}s")
+                break
+            time.sleep(0.05)
+        drain()  # what the last ranks wrote before exiting is still in the pipe
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        for p in procs:
+            p.join(10)
+        del store  # keep the store bound until every rank is gone
     codes = [p.exitcode for p in procs]
     expected = [expect_exit.get(r, 0) for r in range(world_size)]
     assert not errors and codes == expected, f"exit codes {codes}, expected {expected}\n" + "\n".join(errors)

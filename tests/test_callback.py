@@ -13,49 +13,7 @@ from lightning_dlac import DLACCallback, DLACStrategy
 from lightning_dlac._forward import loss_of, random_state_kept
 from lightning_dlac.adaptive import DecaySchedule
 from tests._launch import run_ranks
-from tests.test_strategy import small_data, small_dlrm, trainer
-
-TABLES = [f"t_cat_{i}" for i in range(26)]
-
-
-class _BoundsRecorder(pl.Callback):
-    """Records, for every training batch, the multiplier and the effective bound of every table in that batch."""
-
-    def __init__(self) -> None:
-        self.multipliers: list[float] = []
-        self.effective: list[dict[str, float]] = []
-        self.calibrated_at_first_batch: bool | None = None
-        self.dlac: DLACCallback | None = None
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:  # noqa: ANN001
-        # Runs after DLACCallback's hook (callbacks run in order), i.e. with the bounds this batch is sent with.
-        bounds = trainer.strategy.error_bounds
-        self.multipliers.append(bounds.multiplier)
-        self.effective.append({t: bounds.effective(t) for t in TABLES})
-        if self.calibrated_at_first_batch is None:
-            self.calibrated_at_first_batch = self.dlac.calibrated and bool(bounds.table_bounds())
-
-
-class _MemoryLogger(pl.loggers.Logger):
-    """A logger that is neither CSV nor TensorBoard: the callback must write through the generic interface."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.rows: list[tuple[int, dict[str, float]]] = []
-
-    @property
-    def name(self) -> str:
-        return "memory"
-
-    @property
-    def version(self) -> int:
-        return 0
-
-    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        self.rows.append((step, dict(metrics)))
-
-    def log_hyperparams(self, params, *args, **kwargs) -> None:  # noqa: ANN001, ANN002, ANN003
-        pass
+from tests.conftest import TABLES, bounds_recorder, load_global_weights, memory_logger, small_data, small_dlrm, trainer
 
 
 def _read_csv(path: Path) -> list[dict[str, str]]:
@@ -70,9 +28,8 @@ def _fit_with_callback(rank: int, world_size: int, log_dir: str) -> dict:
     dlac = DLACCallback(
         calibration_batches=3, sensitivity_batches=1, schedule="step", c=2.0, T=12, stages=4, log_every_n_steps=4
     )
-    recorder = _BoundsRecorder()
-    recorder.dlac = dlac
-    memory = _MemoryLogger()
+    recorder = bounds_recorder(dlac)
+    memory = memory_logger()
     t = trainer(world_size, DLACStrategy(eps=0.01), max_epochs=1, callbacks=[dlac, recorder],
                 logger=[CSVLogger(log_dir, name="run", version=0), memory])
     t.fit(small_dlrm(), datamodule=small_data(train_batches=20))
@@ -143,8 +100,7 @@ def _fit_calibration_loader(rank: int, world_size: int) -> dict:
     calib.setup("fit")
     dlac = DLACCallback(mode="sensitivity", calibration_dataloader=calib.train_dataloader(), calibration_batches=2,
                         sensitivity_batches=1, sensitivity_tolerance=1e-4, c=1.0, log_every_n_steps=100)
-    recorder = _BoundsRecorder()
-    recorder.dlac = dlac
+    recorder = bounds_recorder(dlac)
     t = trainer(world_size, DLACStrategy(), max_epochs=1, callbacks=[dlac, recorder])
     t.fit(small_dlrm(), datamodule=small_data(train_batches=4))
     return {"bounds": dlac.table_bounds, "calibrated_first": recorder.calibrated_at_first_batch,
@@ -171,22 +127,11 @@ def test_sensitivity_mode_calibrates_on_a_dataloader_before_training() -> None:
         assert chosen == expect, row
 
 
-class _TableBoundsRecorder(_BoundsRecorder):
-    def __init__(self) -> None:
-        super().__init__()
-        self.table_bounds: list[dict[str, float]] = []
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:  # noqa: ANN001
-        super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
-        self.table_bounds.append(self.dlac.table_bounds)
-
-
 def _fit_recalibrating(rank: int, world_size: int) -> dict:
     torch.manual_seed(0)
     dlac = DLACCallback(calibration_batches=2, sensitivity_batches=0, recalibrate_every=5, c=1.0,
                         log_every_n_steps=100)
-    recorder = _TableBoundsRecorder()
-    recorder.dlac = dlac
+    recorder = bounds_recorder(dlac)
     t = trainer(world_size, DLACStrategy(eps=0.01), max_epochs=1, callbacks=[dlac, recorder])
     t.fit(small_dlrm(), datamodule=small_data(train_batches=20))
     from lightning_dlac.report import headline
@@ -312,7 +257,36 @@ class _PoisonTable(pl.Callback):
                     shard.tensor.fill_(float("nan"))  # the state dict views the fused table's storage
 
 
+def _nan_rows_arrive_as_sent(rank: int, world_size: int) -> dict:
+    """Every 3rd row of t_cat_3 is NaN: the pooled chunks hold NaN and finite values. The rank that does not own
+    the table must receive exactly what the owner pooled: NaN where it is NaN, the finite values bit for bit."""
+    import copy
+
+    model = small_dlrm()
+    reference = copy.deepcopy(model)
+    t = trainer(world_size, DLACStrategy(eps=0.05, error_every=0), limit_val_batches=1)
+    t.validate(model, datamodule=small_data(), verbose=False)
+    state = reference.state_dict()
+    key = next(k for k in state if k.endswith("embedding_bags.t_cat_3.weight"))
+    state[key][::3] = float("nan")
+    reference.load_state_dict(state)
+    load_global_weights(model, state)
+    data = small_data(batch_size=64)
+    data.setup("validate")
+    kjt = next(iter(data.val_dataloader())).sparse_features
+    with torch.no_grad():
+        sharded = model.embedding_bag_collection(kjt).to_dict()
+        unsharded = reference.embedding_bag_collection(kjt).to_dict()
+    got, want = sharded["cat_3"], unsharded["cat_3"]
+    return {"owner": "t_cat_3" in t.strategy.compressed_tables, "nan": int(want.isnan().sum()),
+            "finite": int(want.isfinite().sum()), "same_nan": torch.equal(got.isnan(), want.isnan()),
+            "exact": torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0)),
+            "other_tables_lossy": any(not torch.equal(sharded[k], v) for k, v in unsharded.items() if k != "cat_3"),
+            "non_finite_tables": sorted(t.strategy.total_comm_stats().non_finite_tables)}
+
+
 def _fit_with_nan_table(rank: int, world_size: int) -> dict:
+    arrival = _nan_rows_arrive_as_sent(rank, world_size)
     dlac = DLACCallback(mode="off", c=1.0, log_every_n_steps=1, report=False)
     # One step: after it, the NaN loss's gradients would poison every table.
     t = trainer(world_size, DLACStrategy(error_every=0), max_steps=1, callbacks=[_PoisonTable("t_cat_3"), dlac],
@@ -321,13 +295,20 @@ def _fit_with_nan_table(rank: int, world_size: int) -> dict:
     local = sorted(t.strategy.total_comm_stats().non_finite_tables)
     run = dlac.run_summary(t)
     return {"reported": run["non_finite_tables"], "local": local,
-            "history": [row["dlac/non_finite_tables"] for row in run["history"]]}
+            "history": [row["dlac/non_finite_tables"] for row in run["history"]], "arrival": arrival}
 
 
 def test_non_finite_embeddings_are_sent_exactly_and_reported_with_the_table() -> None:
     r0, r1 = run_ranks(_fit_with_nan_table, 2)
-    # Found on every call (error measurement is off here), on the rank that owns the table only; reduced, so
-    # both ranks report it, once.
+    # The values that arrived: on the rank without the table, NaN and finite values exactly as the owner pooled
+    # them (the chunk went raw), while the other tables' chunks were compressed (not exact).
+    assert r0["arrival"]["owner"] != r1["arrival"]["owner"]
+    owner, receiver = (r0["arrival"], r1["arrival"]) if r0["arrival"]["owner"] else (r1["arrival"], r0["arrival"])
+    assert receiver["nan"] > 0 and receiver["finite"] > 0, receiver
+    assert receiver["same_nan"] and receiver["exact"] and receiver["other_tables_lossy"], receiver
+    assert owner["non_finite_tables"] == ["t_cat_3"] and receiver["non_finite_tables"] == []
+    # In a fit: found on every call (error measurement is off here), on the rank that owns the table only;
+    # reduced, so both ranks report it, once.
     assert r0["reported"] == r1["reported"] == ["t_cat_3"]
     assert sorted([r0["local"], r1["local"]]) == [[], ["t_cat_3"]]
     assert r0["history"] == [1.0]

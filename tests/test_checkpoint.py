@@ -10,19 +10,17 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_dlac import DLACCallback, DLACStrategy
 from tests._launch import run_ranks
-from tests.test_callback import _BoundsRecorder
-from tests.test_strategy import _LossRecorder, small_data, small_dlrm, trainer
+from tests.conftest import bounds_recorder, loss_recorder, small_data, small_dlrm, trainer
 
 
 def _run(rank: int, world_size: int, ckpt_dir: str, phase: str) -> dict:
     torch.manual_seed(0)
     model = small_dlrm()
-    recorder = _LossRecorder()
+    recorder = loss_recorder()
     # Calibration ends in the first epoch and the schedule (T=15) runs across the checkpoint: the resumed run must
     # continue both, or its losses differ from the uninterrupted run's.
     dlac = DLACCallback(calibration_batches=3, sensitivity_batches=1, schedule="linear", T=15, log_every_n_steps=5)
-    bounds = _BoundsRecorder()
-    bounds.dlac = dlac
+    bounds = bounds_recorder(dlac)
     callbacks: list = [recorder, dlac, bounds]
     if phase == "first":
         callbacks.append(ModelCheckpoint(dirpath=ckpt_dir, every_n_epochs=1, save_top_k=-1))

@@ -3,13 +3,17 @@ and writes the compression report, and bad input is named."""
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from lightning_dlac import DLACCallback, DLACStrategy
 from lightning_dlac.cli import build_cli, main
-from tests._launch import run_ranks
 
 CONFIGS = Path(__file__).resolve().parents[1] / "examples" / "configs"
 CONFIG = CONFIGS / "dlrm_synthetic.yaml"
@@ -19,6 +23,7 @@ OVERRIDES = {
     "dlrm_synthetic.yaml": [],
     "dlrm_uncompressed.yaml": [],
     "dlrm_criteo.yaml": ["--data.train_path={criteo}"],
+    "dlrm_criteo_binary.yaml": ["--data.data_dir={criteo_binary}"],
     "dlrm_gpu.yaml": ["--trainer.accelerator=cpu", "--trainer.devices=2",
                       "--trainer.strategy.init_args.process_group_backend=gloo"],
 }
@@ -65,7 +70,12 @@ def _criteo_file(tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize("name", sorted(OVERRIDES))
 def test_each_shipped_config_builds(name: str, tmp_path: Path) -> None:
-    overrides = [o.format(criteo=_criteo_file(tmp_path)) for o in OVERRIDES[name]]
+    overrides = [o.format(criteo=_criteo_file(tmp_path), criteo_binary=tmp_path / "npy") for o in OVERRIDES[name]]
+    if name == "dlrm_criteo_binary.yaml":  # the Criteo file converted by `dlac preprocess criteo`
+        from lightning_dlac.preprocess import preprocess_criteo
+
+        [converted] = preprocess_criteo([_criteo_file(tmp_path)], tmp_path / "npy", progress=False)
+        overrides.append(f"--data.train_stems=[{converted.stem}]")
     cli = build_cli(["--config", str(CONFIGS / name), "--trainer.logger=false", *overrides], run=False)
     settings = _settings(cli)
     assert settings["strategy"] == "DLACStrategy" and settings["tables"] == 26
@@ -125,60 +135,101 @@ def test_missing_data_path_is_named(capsys: pytest.CaptureFixture) -> None:
     assert f"Criteo TSV file not found: {missing!r}" in message and "--data.train_path" in message
 
 
-def _fit_from_config(rank: int, world_size: int, log_dir: str, config: str) -> None:
-    main(
-        [
-            "fit",
-            "--config",
-            config,
-            "--trainer.max_steps=6",
-            "--trainer.val_check_interval=3",
-            "--trainer.log_every_n_steps=2",
-            "--trainer.enable_progress_bar=false",
-            f"--trainer.logger.init_args.save_dir={log_dir}",
-            "--data.batch_size=64",
-            "--data.max_rows=200",
-            "--data.num_train_batches=6",
-            "--data.num_val_batches=2",
-            "--model.embedding_dim=8",
-            "--model.dense_arch_layer_sizes=[16, 8]",
-            "--model.over_arch_layer_sizes=[16, 1]",
-        ]
-    )
+# Variables a launcher sets; `dlac fit` from a shell has none of them, and Lightning's own launcher sets them itself.
+LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "MASTER_ADDR",
+               "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RUN_ID", "PL_GLOBAL_SEED")
 
 
-def test_two_rank_fit_from_config_writes_metrics_and_the_report(tmp_path: Path,
-                                                               caplog: pytest.LogCaptureFixture) -> None:
-    # The demo config, with the callback's calibration and schedule scaled down to a 6-step run.
-    config = tmp_path / "short.yaml"
+def _short_config(tmp_path: Path) -> Path:
+    """The demo config, its schedule scaled down to an 8-step run with 3.3 MiB of all-to-all traffic."""
     text = CONFIG.read_text()
     for old, new in (("calibration_start: 48", "calibration_start: 1"), ("calibration_batches: 8",
-                     "calibration_batches: 2"), ("T: 96", "T: 4"), ("log_every_n_steps: 16", "log_every_n_steps: 2")):
-        assert old in text
+                     "calibration_batches: 2"), ("T: 96", "T: 4"), ("log_every_n_steps: 16", "log_every_n_steps: 2"),
+                     ("save_dir: logs", f"save_dir: {tmp_path / 'logs'}")):
+        assert old in text, old
         text = text.replace(old, new)
+    config = tmp_path / "short.yaml"
     config.write_text(text)
-    run_ranks(_fit_from_config, 2, str(tmp_path), str(config))
-    (run_dir,) = list(tmp_path.glob("dlrm_synthetic/version_*"))
-    header = (run_dir / "metrics.csv").read_text().splitlines()[0]
-    assert "train/loss" in header and "val/auroc" in header and "dlac/ratio" in header and "dlac/eps/t_cat_0" in header
+    return config
 
+
+SHORT_RUN = ["--trainer.max_steps=8", "--trainer.val_check_interval=4", "--trainer.log_every_n_steps=2",
+             "--trainer.enable_progress_bar=false", "--data.max_rows=200", "--data.num_train_batches=8",
+             "--data.num_val_batches=2", "--model.embedding_dim=16", "--model.dense_arch_layer_sizes=[16, 16]",
+             "--model.over_arch_layer_sizes=[16, 1]"]
+
+
+def _dlac(args: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
+    """Run the installed `dlac` console script as a user would: no launcher variables in its environment."""
+    script = Path(sys.executable).with_name("dlac")
+    command = [str(script)] if script.is_file() else [sys.executable, "-m", "lightning_dlac.cli"]
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
+    return subprocess.run([*command, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _number(pattern: str, text: str) -> list[float]:
+    match = re.search(pattern, text)
+    assert match, f"{pattern!r} not in:\n{text[-4000:]}"
+    return [float(g.replace(",", "")) for g in match.groups()]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_dlac_fit_as_a_user_runs_it(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """`dlac fit` in a subprocess: Lightning launches the second rank itself (devices=2, nothing preset), the run
+    prints its final metrics and the compression headline, and the report's numbers are those of dlac_run.json."""
+    work = tmp_path / "cwd"
+    work.mkdir()
+    proc = _dlac(["fit", "--config", str(_short_config(tmp_path)), "--data.batch_size=512", *SHORT_RUN],
+                 cwd=work, timeout=540)
+    out = proc.stdout + proc.stderr  # end-of-run output is rank-zero logging: Lightning's handler writes to stderr
+    assert proc.returncode == 0, out[-6000:]
+    (run_dir,) = list((tmp_path / "logs").glob("dlrm_synthetic/version_*"))
+    assert sorted(p.name for p in work.iterdir()) == [], "dlac fit wrote into the working directory"
+    run = json.loads((run_dir / "dlac_run.json").read_text())
+    s = run["summary"]
+    assert s["world_size"] == 2 and s["batches"] == 8, s  # two ranks: Lightning's launcher started the second
+    raw, sent = s["raw_bytes"], s["sent_bytes"]
+    assert 0 < sent < raw and raw > 2**20, s
+
+    # The final metrics line: every metric at 4 decimals, as dlac_run.json holds them.
+    final = run["final_metrics"]
+    assert {"train/loss", "val/auroc"} <= set(final), final
+    line = re.search(r"dlac fit finished after 8 steps: (.*)", out)
+    assert line, out[-4000:]
+    for key, value in final.items():
+        assert f"{key}={value:.4f}" in line.group(1), (key, value, line.group(1))
+
+    # The printed headline, and the same line in the report, carry dlac_run.json's bytes and ratio.
+    headline = (r"forward all-to-all: ([\d,.]+) MiB sent instead of ([\d,.]+) MiB \(([\d.]+)x smaller,"
+                r" ([\d,.]+) MiB saved\)")
     report = (run_dir / "dlac_report.md").read_text()
-    for section in ("# DLAC compression report", "forward all-to-all:", "final metrics:", "## Tables",
-                    "## Time split", "## Plots", "| t_cat_25 |"):
+    for text in (out, report):
+        got_sent, got_raw, ratio, saved = _number(headline, text)
+        assert got_sent == round(sent / 2**20, 1) and got_raw == round(raw / 2**20, 1), (got_sent, got_raw, s)
+        assert ratio == round(raw / sent, 1) and saved == round((raw - sent) / 2**20, 1), (ratio, saved, s)
+    assert re.search(r"dlac: forward all-to-all: .* over 8 training batches on 2 ranks", out), out[-4000:]
+    assert f"dlac: report in {run_dir / 'dlac_report.md'}" in out
+    # The per-table rows add up to the totals (sent bytes also count the exchanged chunk sizes, per call).
+    assert sum(s["table_raw_bytes"].values()) == raw and sum(s["table_sent_bytes"].values()) <= sent
+    for section in ("# DLAC compression report", "final metrics:", "## Tables", "## Time split", "## Plots",
+                    "| t_cat_25 |"):
         assert section in report, section
     pngs = ["dlac_ratio_per_table.png", "dlac_bounds.png", "dlac_bytes_per_step.png", "dlac_loss_auc.png"]
     for png in pngs:
         assert (run_dir / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
         assert f"]({png})" in report
+    header = (run_dir / "metrics.csv").read_text().splitlines()[0]
+    assert "train/loss" in header and "val/auroc" in header and "dlac/ratio" in header and "dlac/eps/t_cat_0" in header
 
-    # `dlac report` rebuilds it from the run directory alone.
+    # `dlac report` rebuilds the same report from the run directory alone.
     for png in pngs:
         (run_dir / png).unlink()
     (run_dir / "dlac_report.md").unlink()
     main(["report", str(run_dir)])
     assert (run_dir / "dlac_report.md").read_text() == report
     assert all((run_dir / png).is_file() for png in pngs)
-    assert "dlac: forward all-to-all:" in caplog.text  # rank-zero logging, not print()
+    assert _number(headline, caplog.text) == _number(headline, report)  # logged (under pytest: captured records)
 
 
 def test_report_of_a_directory_without_a_run_names_it(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from lightning_dlac import DLACStrategy
 from tests._launch import run_ranks
-from tests.test_strategy import small_data, small_dlrm, trainer
+from tests.conftest import small_data, small_dlrm, trainer
 
 TIMEOUT_S = 6.0
 
@@ -100,7 +100,7 @@ def _no_lookups_for_some_features(rank: int, world_size: int) -> dict:
     import torch
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-    from tests.test_strategy import load_global_weights
+    from tests.conftest import load_global_weights
 
     model = small_dlrm()
     reference = copy.deepcopy(model)

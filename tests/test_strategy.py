@@ -12,65 +12,15 @@ import torch
 
 from lightning_dlac import DLACStrategy
 from tests._launch import run_ranks
-
-FEATURES = [f"cat_{i}" for i in range(26)]  # the Criteo layout: 26 categorical features, one table each
-ROWS = [40 + 20 * i for i in range(26)]
-
-
-def small_dlrm(seed: int = 0, **kwargs):
-    from lightning_dlac.examples.dlrm import DLRMModule
-
-    return DLRMModule(
-        num_embeddings_per_feature=ROWS,
-        feature_names=FEATURES,
-        embedding_dim=16,
-        dense_arch_layer_sizes=[32, 16],
-        over_arch_layer_sizes=[32, 1],
-        seed=seed,
-        **kwargs,
-    )
-
-
-def small_data(seed: int = 0, train_batches: int = 30, batch_size: int = 64):
-    from lightning_dlac.examples.data import SyntheticCriteoDataModule
-
-    return SyntheticCriteoDataModule(
-        num_embeddings_per_feature=ROWS,
-        batch_size=batch_size,
-        num_train_batches=train_batches,
-        num_val_batches=4,
-        seed=seed,
-    )
-
-
-def trainer(world_size: int, strategy=None, **kwargs) -> pl.Trainer:
-    defaults = dict(
-        accelerator="cpu",
-        devices=world_size,
-        strategy=strategy if strategy is not None else DLACStrategy(),
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        logger=False,
-        enable_checkpointing=False,
-    )
-    defaults.update(kwargs)
-    return pl.Trainer(**defaults)
-
-
-def load_global_weights(module: torch.nn.Module, global_state: dict[str, torch.Tensor]) -> None:
-    """Copy an unsharded state dict into a sharded module: each rank fills the shards it owns."""
-    from torch.distributed._shard.sharded_tensor import ShardedTensor
-
-    with torch.no_grad():
-        for key, value in module.state_dict().items():
-            src = global_state[key]
-            if isinstance(value, ShardedTensor):
-                for shard in value.local_shards():
-                    meta = shard.metadata
-                    index = tuple(slice(o, o + s) for o, s in zip(meta.shard_offsets, meta.shard_sizes))
-                    shard.tensor.copy_(src[index])
-            elif isinstance(value, torch.Tensor):
-                value.copy_(src)
+from tests.conftest import (
+    FEATURES,
+    load_global_weights,
+    loss_recorder,
+    native_expected,
+    small_data,
+    small_dlrm,
+    trainer,
+)
 
 
 def _forward_parity(rank: int, world_size: int, sharding_type: str) -> list[str]:
@@ -97,18 +47,10 @@ def test_sharded_forward_equals_unsharded(sharding_type: str) -> None:
     run_ranks(_forward_parity, 2, sharding_type)
 
 
-class _LossRecorder(pl.Callback):
-    def __init__(self) -> None:
-        self.losses: list[float] = []
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:  # noqa: ANN001
-        self.losses.append(float(outputs["loss"]))
-
-
 def _train(rank: int, world_size: int, strategy: str | None) -> dict:
     torch.manual_seed(0)
     model = small_dlrm()
-    recorder = _LossRecorder()
+    recorder = loss_recorder()
     t = trainer(world_size, strategy, max_epochs=3, callbacks=[recorder])
     t.fit(model, datamodule=small_data())
     fit_auroc = float(t.callback_metrics["val/auroc"])
@@ -127,7 +69,10 @@ def _train(rank: int, world_size: int, strategy: str | None) -> dict:
         for key, value in model.state_dict().items()
         if "embedding_bags" in key and any(s.tensor.numel() for s in getattr(value, "local_shards", list)())
     }
+    from lightning_dlac.codec import native_available
+
     return {
+        "native": native_available(),  # loaded already if the fit used the native kernels; never built here
         "losses": recorder.losses,
         "auroc": float(t.callback_metrics["val/auroc"]),
         "sum": float(total),
@@ -147,15 +92,41 @@ def test_two_rank_training_loss_falls_and_collectives_work() -> None:
         assert r["auroc"] > 0.6
         assert r["sum"] == 3.0 and r["mean"] == 1.5
         assert r["picked"] == {"from": 0}
+        assert r["native"] == native_expected()
     # Table-wise: every table lives on exactly one rank.
     owned0, owned1 = results[0]["owned"], results[1]["owned"]
     assert owned0 and owned1 and not owned0 & owned1 and len(owned0 | owned1) == len(FEATURES)
 
 
-def test_single_device_trains_with_string_alias() -> None:
-    (result,) = run_ranks(_train, 1, "dlac")
+def _single_device(rank: int, world_size: int) -> dict:
+    result = _train(rank, world_size, "dlac")
+    # The all-to-all of one rank is a local copy: the sharded collection pools exactly what the unsharded one does,
+    # and nothing is encoded or counted as sent.
+    model = small_dlrm()
+    reference = copy.deepcopy(model)
+    t = trainer(world_size, "dlac", limit_val_batches=1)
+    t.validate(model, datamodule=small_data(), verbose=False)
+    load_global_weights(model, reference.state_dict())
+    data = small_data()
+    data.setup("validate")
+    exact = []
+    with torch.no_grad():
+        for batch in data.val_dataloader():
+            sharded = model.embedding_bag_collection(batch.sparse_features).to_dict()
+            unsharded = reference.embedding_bag_collection(batch.sparse_features).to_dict()
+            exact += [torch.equal(sharded[k], v) for k, v in unsharded.items()]
+    stats = t.strategy.total_comm_stats()
+    return {**result, "exact": exact, "calls": stats.calls, "raw_bytes": stats.raw_bytes,
+            "sent_bytes": stats.sent_bytes, "exchanges": len(t.strategy.exchanges)}
+
+
+def test_single_device_trains_with_string_alias_and_its_all_to_all_is_an_exact_local_copy() -> None:
+    (result,) = run_ranks(_single_device, 1)
     assert result["losses"][-1] < result["losses"][0]
     assert len(result["owned"]) == len(FEATURES)
+    assert result["exchanges"] == 1 and result["calls"] > 0  # the compressed exchange is installed and called
+    assert len(result["exact"]) == 4 * 26 and all(result["exact"])  # 4 batches x 26 keys, bit for bit
+    assert result["raw_bytes"] == result["sent_bytes"] == 0
 
 
 def test_strategy_string_alias_resolves() -> None:

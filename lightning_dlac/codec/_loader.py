@@ -134,9 +134,11 @@ def build_library(sources: list[Path], headers: list[Path], prefix: str = "dlac_
         cpp_extension.load(
             name=name,
             sources=[str(p) for p in sources],
-            extra_cflags=CFLAGS,
-            extra_ldflags=LDFLAGS,
-            extra_cuda_cflags=CUDA_CFLAGS,
+            # Copies: cpp_extension appends torch's link flags to the list it gets, which would change build_dir's
+            # hash for every later build in this process (and rebuild unchanged sources in a new directory).
+            extra_cflags=list(CFLAGS),
+            extra_ldflags=list(LDFLAGS),
+            extra_cuda_cflags=list(CUDA_CFLAGS),
             extra_include_paths=[str(sources_dir())],
             build_directory=str(directory),
             is_python_module=False,

@@ -1,9 +1,10 @@
 """Compile-check the CUDA kernels without a GPU (``make cuda-check``): build cuda_ext/ with its .cu sources exactly as
 the JIT loader does on a GPU machine, load the library, and check that it registers CUDA kernels for both ops.
 
-Needs a CUDA build of torch (``make cuda-check`` puts torch 2.14.1+cu130 into .venv-cuda) and the CUDA toolkit
-(CUDA_HOME, else derived from the nvcc on PATH). Imports only torch and the loader module, so the CUDA venv needs
-nothing else. Exit status 0 on success; the build log's tail on failure.
+Needs a CUDA build of torch (``make cuda-check`` runs it twice: with torch 2.14.1+cu130 from .venv-cuda and with
+2.11.0+cu130, the lent GPU machine's image, from .venv-cuda-image; benchmarks/gpu_session.sh runs it on a machine
+without a GPU) and the CUDA toolkit (CUDA_HOME, else derived from the nvcc on PATH). Imports only torch and the
+loader module, so the CUDA venv needs nothing else. Exit status 0 on success; the build log's tail on failure.
 """
 
 from __future__ import annotations

@@ -5,9 +5,15 @@
 
 #include "dlac_grid.h"
 
+namespace {
+// Device-to-host copies the pipeline has made in this process (each one is a synchronization on a GPU).
+int64_t device_to_host_copies() { return dlac::grid::readback_counter().load(); }
+}  // namespace
+
 TORCH_LIBRARY(dlac_emu, m) {
   m.def("encode_grid(Tensor x, int[] row_splits, int[] col_splits, Tensor bounds, bool relative) -> (Tensor, Tensor)");
   m.def("decode_grid(Tensor payload, Tensor sizes, int[] row_splits, int[] col_splits) -> Tensor");
+  m.def("device_to_host_copies() -> int", &device_to_host_copies);
 }
 
 TORCH_LIBRARY_IMPL(dlac_emu, CPU, m) {

@@ -183,6 +183,55 @@ def test_device_decoder_rejects_what_the_cpu_decoder_rejects(emulated):
     assert rejected > 300
 
 
+def _copies(op, *args):
+    """Device-to-host copies (each a synchronization on a GPU) that one call of op makes."""
+    before = torch.ops.dlac_emu.device_to_host_copies()
+    result = op(*args)
+    return result, torch.ops.dlac_emu.device_to_host_copies() - before
+
+
+def test_device_pipeline_synchronizes_once_to_encode_and_twice_to_decode(emulated):
+    # docs/codec.md's counts: encode reads the chunk state and the histograms back in one copy (a second only when
+    # the histograms outgrow what the previous call needed), decode reads headers with checksums, then error flags.
+    x = zipf_payload(rows=2000, dim=32, vocab=900)
+    rs, cs, bounds = [0, 700, 2000], [0, 8, 16, 32], [0.01, 0.0, 0.05]
+    _, n = _copies(emu_encode, x, rs, cs, bounds)
+    assert n in (1, 2)  # the row index histograms (up to 900 words) may outgrow the previous call's
+    (payload, sizes), n = _copies(emu_encode, x, rs, cs, bounds)
+    assert n == 1
+    assert torch.equal(payload, ref.encode_grid(x, rs, cs, torch.tensor(bounds), True)[0])
+    out, n = _copies(torch.ops.dlac_emu.decode_grid, payload, sizes, rs, cs)
+    assert n == 2
+    assert torch.equal(bits(out), bits(ref.decode_grid(payload, sizes.tolist(), rs, cs)))
+    # Bounds and sizes passed as host tensors cost nothing more; an all-constant grid needs no histograms.
+    _, n = _copies(emu_encode, torch.zeros(10, 4), [0, 10], [0, 4], [0.01])
+    assert n == 1
+    # After that call needed none, a wide alphabet (500 codes, past the 256 words per chunk read up front) takes a
+    # second copy once; the next call reads it all in one.
+    wide = torch.rand(4000, 4, generator=torch.Generator().manual_seed(4))
+    _, n = _copies(emu_encode, wide, [0, 4000], [0, 4], [1e-3])
+    assert n == 2
+    (payload, sizes), n = _copies(emu_encode, wide, [0, 4000], [0, 4], [1e-3])
+    assert n == 1
+    assert torch.equal(payload, encode_grid(wide, [0, 4000], [0, 4], eps=1e-3, impl="ref")[0])
+
+
+@pytest.mark.parametrize("order", ["forward", "reverse", "shuffle"])
+def test_device_encoder_raises_naming_the_chunk_when_its_row_hash_set_breaks(emulated, monkeypatch, order):
+    # The probe loops are bounded: a hash set that cannot hold its rows (forced here to 4 slots for 40 distinct
+    # rows; the real one has at least twice as many slots as rows) flags the chunk, and the read-back raises.
+    monkeypatch.setenv("DLAC_EMULATE_ORDER", order)
+    monkeypatch.setenv("DLAC_EMULATE_HASH_SLOTS", "4")
+    x = torch.randn(84, 6, generator=torch.Generator().manual_seed(6))
+    x[44:] = x[4:44]  # row block 1: 40 distinct rows, each twice (a DEDUP candidate); row block 0: 4 rows fit
+    rs, cs = [0, 4, 84], [0, 3, 6]
+    with pytest.raises(RuntimeError, match=r"chunk 3 \(row block 1, column block 1\): the device encoder's row hash"):
+        emu_encode(x, rs, cs, [0.0, 0.01])  # column block 0 is sent raw: no hash set
+    monkeypatch.setenv("DLAC_EMULATE_HASH_SLOTS", "128")  # enough slots: the same grid encodes as the reference
+    assert torch.equal(emu_encode(x, rs, cs, [0.0, 0.01])[0],
+                       ref.encode_grid(x, rs, cs, torch.tensor([0.0, 0.01]), True)[0])
+
+
 def test_device_ops_check_their_arguments(emulated):
     x = torch.randn(10, 4)
     with pytest.raises(RuntimeError, match="float32"):

@@ -7,7 +7,8 @@ import torch
 from conftest import bits, zipf_payload
 
 from lightning_dlac.codec import decode_grid, encode, encode_grid
-from lightning_dlac.codec._loader import build_dir, resolve_impl, sources_dir
+from lightning_dlac.codec._loader import build_library, resolve_impl, sources_dir
+from tests.conftest import compiler_present
 
 
 def _args():
@@ -43,13 +44,31 @@ def test_native_checks_preconditions(native):
         torch.ops.dlac.encode_grid(x, rs, cs, torch.tensor([0.5, 2.0]), True)
 
 
-def test_loader_resolves_and_caches(native, monkeypatch):
+def test_loader_resolves_to_the_native_kernels(native, monkeypatch):
     monkeypatch.delenv("DLAC_CODEC_IMPL", raising=False)
     assert resolve_impl("auto") == "native"
     assert resolve_impl("native") == "native"
     assert (sources_dir() / "dlac_cpu.cpp").is_file()
-    src = sorted(sources_dir().glob("*.cpp"))
-    assert build_dir(src, []).name == build_dir(src, []).name  # stable hash
+
+
+def test_build_cache_reuses_unchanged_sources_and_rebuilds_changed_ones(tmp_path, monkeypatch):
+    if not compiler_present():
+        pytest.skip("needs a C++ compiler")
+    monkeypatch.setenv("DLAC_EXTENSION_DIR", str(tmp_path / "cache"))
+    src = tmp_path / "src" / "probe.cpp"
+    src.parent.mkdir()
+    src.write_text("int dlac_cache_probe = 1;\n")
+    first = build_library([src], [], prefix="dlac_cache_probe")
+    built = {p.name: p.stat().st_mtime_ns for p in first.iterdir() if p.suffix in (".so", ".o")}
+    assert any(name.endswith(".so") for name in built), sorted(p.name for p in first.iterdir())
+    # The same sources: the same directory, and nothing is compiled or linked again.
+    assert build_library([src], [], prefix="dlac_cache_probe") == first
+    assert {p.name: p.stat().st_mtime_ns for p in first.iterdir() if p.suffix in (".so", ".o")} == built
+    # A changed source gets a directory (and a build) of its own; the first build stays for whoever uses it.
+    src.write_text("int dlac_cache_probe = 2;\n")
+    changed = build_library([src], [], prefix="dlac_cache_probe")
+    assert changed != first and changed.parent == first.parent
+    assert any(p.suffix == ".so" for p in changed.iterdir()) and first.is_dir()
 
 
 def test_single_thread_and_multi_thread_agree(native):

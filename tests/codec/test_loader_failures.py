@@ -10,6 +10,10 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
+from tests.conftest import ALLOW_NO_NATIVE, compiler_present
+
 REPO = Path(__file__).resolve().parents[2]
 
 SCRIPT = textwrap.dedent(
@@ -80,3 +84,36 @@ def test_sources_that_build_but_register_no_ops(tmp_path: Path) -> None:
     patch = f"_loader.sources_dir = lambda: __import__('pathlib').Path({str(empty)!r})"
     out = _run(tmp_path, patch=patch)
     assert "WARNINGS 1" in out and "does not provide the dlac ops" in out
+
+
+# The `native` fixture of the codec tests (tests/codec/conftest.py), run on one native test in a fresh pytest.
+NATIVE_TEST = "tests/codec/test_codec_grid.py::test_grid_native_equals_reference"
+
+
+@pytest.mark.parametrize("case", ["broken_build", "broken_build_opted_out", "no_compiler"])
+def test_a_broken_native_build_fails_the_suite_unless_there_is_no_compiler_or_an_opt_out(
+    tmp_path: Path, case: str
+) -> None:
+    if case.startswith("broken_build") and not compiler_present():
+        pytest.skip("needs a C++ compiler: the case is a build failure with one present")
+    blocker = tmp_path / "not-a-directory"  # the build cannot write its cache: a build failure, compiler present
+    blocker.write_text("a file where the cache directory should be")
+    env = {k: v for k, v in os.environ.items() if k not in ("DLAC_CODEC_IMPL", ALLOW_NO_NATIVE)}
+    env["DLAC_EXTENSION_DIR"] = str(blocker)
+    if case == "broken_build_opted_out":
+        env[ALLOW_NO_NATIVE] = "1"
+    if case == "no_compiler":
+        env["CXX"] = str(tmp_path / "no-such-c++")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", NATIVE_TEST],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )
+    out = proc.stdout + proc.stderr
+    if case == "broken_build":
+        assert proc.returncode == 1, out
+        assert "1 error" in out and "failed to build although a C++ compiler is present" in out, out
+        assert "is not a writable directory" in out, out  # the loader's own message
+    elif case == "broken_build_opted_out":
+        assert proc.returncode == 0 and "1 skipped" in out and f"{ALLOW_NO_NATIVE}=1" in out, out
+    else:
+        assert proc.returncode == 0 and "1 skipped" in out and "no C++ compiler" in out, out

@@ -1,0 +1,186 @@
+"""Suite-wide set-up and the helpers several test modules share.
+
+Only torch (and, where installed, Hypothesis) is imported at module level: the codec tests must still collect on
+a machine that has torch alone (the GPU image). Everything that needs lightning or torchrec imports it inside the
+helper that uses it.
+
+- Native build honesty: where a C++ compiler exists the native codec is expected to build, and
+  ``DLAC_CODEC_IMPL=native`` is set for the whole run (this process, spawned ranks and subprocesses inherit it), so
+  every ``impl="auto"`` / ``codec_impl="auto"`` in the suite runs the native kernels or fails loudly instead of
+  silently testing the reference twice. ``DLAC_TESTS_ALLOW_NO_NATIVE=1`` opts out (native tests skip, "auto"
+  falls back with a warning), for machines whose compiler cannot build torch extensions.
+- Hypothesis runs derandomized (a fixed seed per test) when ``CI=true``: a red CI run replays on every machine.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Any
+
+import torch
+
+ALLOW_NO_NATIVE = "DLAC_TESTS_ALLOW_NO_NATIVE"
+
+try:
+    from hypothesis import settings as _hypothesis_settings
+except ModuleNotFoundError:  # the codec property tests need it; everything else runs without
+    _hypothesis_settings = None
+else:
+    _hypothesis_settings.register_profile("ci", derandomize=True, print_blob=True)
+    if os.environ.get("CI", "").strip().lower() in ("1", "true", "yes"):
+        _hypothesis_settings.load_profile("ci")
+
+
+def compiler_present() -> bool:
+    """Whether the C++ compiler the native loader would use (``$CXX``, else ``c++``) is on PATH."""
+    return shutil.which(os.environ.get("CXX", "c++")) is not None
+
+
+def native_opted_out() -> bool:
+    """Whether ``DLAC_TESTS_ALLOW_NO_NATIVE`` allows the native codec to be missing."""
+    return os.environ.get(ALLOW_NO_NATIVE, "").strip().lower() in ("1", "true", "yes")
+
+
+def native_expected() -> bool:
+    """The native codec must build here: a compiler exists and the opt-out is not set."""
+    return compiler_present() and not native_opted_out()
+
+
+def pytest_configure(config: Any) -> None:
+    if native_expected():
+        os.environ.setdefault("DLAC_CODEC_IMPL", "native")
+
+
+# ------------------------------------------------------------------------------------ the small DLRM of the tests
+
+FEATURES = [f"cat_{i}" for i in range(26)]  # the Criteo layout: 26 categorical features, one table each
+TABLES = [f"t_cat_{i}" for i in range(26)]
+ROWS = [40 + 20 * i for i in range(26)]
+
+
+def small_dlrm(seed: int = 0, **kwargs: Any) -> Any:
+    """The example DLRM with 26 small tables (40-540 rows, dim 16) and tiny MLPs."""
+    from lightning_dlac.examples.dlrm import DLRMModule
+
+    return DLRMModule(
+        num_embeddings_per_feature=ROWS,
+        feature_names=FEATURES,
+        embedding_dim=16,
+        dense_arch_layer_sizes=[32, 16],
+        over_arch_layer_sizes=[32, 1],
+        seed=seed,
+        **kwargs,
+    )
+
+
+def small_data(seed: int = 0, train_batches: int = 30, batch_size: int = 64) -> Any:
+    """Synthetic Criteo-like batches for :func:`small_dlrm` (4 validation batches)."""
+    from lightning_dlac.examples.data import SyntheticCriteoDataModule
+
+    return SyntheticCriteoDataModule(
+        num_embeddings_per_feature=ROWS,
+        batch_size=batch_size,
+        num_train_batches=train_batches,
+        num_val_batches=4,
+        seed=seed,
+    )
+
+
+def trainer(world_size: int, strategy: Any = None, **kwargs: Any) -> Any:
+    """A quiet CPU Trainer on ``world_size`` devices with ``strategy`` (default ``DLACStrategy()``)."""
+    import lightning.pytorch as pl
+
+    from lightning_dlac import DLACStrategy
+
+    defaults = dict(
+        accelerator="cpu",
+        devices=world_size,
+        strategy=strategy if strategy is not None else DLACStrategy(),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        logger=False,
+        enable_checkpointing=False,
+    )
+    defaults.update(kwargs)
+    return pl.Trainer(**defaults)
+
+
+def load_global_weights(module: torch.nn.Module, global_state: dict[str, torch.Tensor]) -> None:
+    """Copy an unsharded state dict into a sharded module: each rank fills the shards it owns."""
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+
+    with torch.no_grad():
+        for key, value in module.state_dict().items():
+            src = global_state[key]
+            if isinstance(value, ShardedTensor):
+                for shard in value.local_shards():
+                    meta = shard.metadata
+                    index = tuple(slice(o, o + s) for o, s in zip(meta.shard_offsets, meta.shard_sizes))
+                    shard.tensor.copy_(src[index])
+            elif isinstance(value, torch.Tensor):
+                value.copy_(src)
+
+
+def loss_recorder() -> Any:
+    """A Lightning callback whose ``losses`` lists the training loss of every batch."""
+    import lightning.pytorch as pl
+
+    class LossRecorder(pl.Callback):
+        def __init__(self) -> None:
+            self.losses: list[float] = []
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:  # noqa: ANN001
+            self.losses.append(float(outputs["loss"]))
+
+    return LossRecorder()
+
+
+def bounds_recorder(dlac: Any) -> Any:
+    """A Lightning callback that records, for every training batch, the bound multiplier, every table's effective
+    bound and the callback's table bounds (placed after ``dlac``, it sees the bounds each batch is sent with)."""
+    import lightning.pytorch as pl
+
+    class BoundsRecorder(pl.Callback):
+        def __init__(self) -> None:
+            self.multipliers: list[float] = []
+            self.effective: list[dict[str, float]] = []
+            self.table_bounds: list[dict[str, float]] = []
+            self.calibrated_at_first_batch: bool | None = None
+            self.dlac = dlac
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:  # noqa: ANN001
+            bounds = trainer.strategy.error_bounds
+            self.multipliers.append(bounds.multiplier)
+            self.effective.append({t: bounds.effective(t) for t in TABLES})
+            self.table_bounds.append(self.dlac.table_bounds)
+            if self.calibrated_at_first_batch is None:
+                self.calibrated_at_first_batch = self.dlac.calibrated and bool(bounds.table_bounds())
+
+    return BoundsRecorder()
+
+
+def memory_logger() -> Any:
+    """A Lightning logger that is neither CSV nor TensorBoard: ``rows`` holds every ``(step, metrics)`` written."""
+    import lightning.pytorch as pl
+
+    class MemoryLogger(pl.loggers.Logger):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rows: list[tuple[int | None, dict[str, float]]] = []
+
+        @property
+        def name(self) -> str:
+            return "memory"
+
+        @property
+        def version(self) -> int:
+            return 0
+
+        def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+            self.rows.append((step, dict(metrics)))
+
+        def log_hyperparams(self, params, *args, **kwargs) -> None:  # noqa: ANN001, ANN002, ANN003
+            pass
+
+    return MemoryLogger()
