@@ -39,6 +39,17 @@ def save_sharded(checkpoint: Mapping[str, Any], path: str | Path, fused_optimize
     barrier("dlac_checkpoint_saved")
 
 
+def check_directory(path: str | Path, owner: str = "DLACStrategy") -> Path:
+    """``path`` if it is a checkpoint directory this module wrote; otherwise an error saying what it is not."""
+    path = Path(path)
+    if not (path / META_FILE).is_file():
+        raise FileNotFoundError(
+            f"{path} is not a {owner} checkpoint directory (no {META_FILE} inside). Resume from a checkpoint that"
+            f" {owner} saved; single-file checkpoints cannot hold every rank's table shards."
+        )
+    return path
+
+
 def load_sharded(path: str | Path, state_dict: dict[str, Any], fused_optimizer_state: dict[str, Any],
                  weights_only: bool = True, owner: str = "DLACStrategy") -> dict[str, Any]:
     """Load a checkpoint directory in place into ``state_dict`` (this rank's shards) and ``fused_optimizer_state``;
@@ -46,27 +57,22 @@ def load_sharded(path: str | Path, state_dict: dict[str, Any], fused_optimizer_s
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 
-    path = Path(path)
-    if not (path / META_FILE).is_file():
-        raise FileNotFoundError(
-            f"{path} is not a {owner} checkpoint directory (no {META_FILE} inside). Resume from a checkpoint that"
-            f" {owner} saved; single-file checkpoints cannot hold every rank's table shards."
-        )
+    path = check_directory(path, owner)
     sharded = {"state_dict": state_dict, FUSED_OPTIMIZER_KEY: fused_optimizer_state}
     try:
         dcp.load(sharded, checkpoint_id=str(path))
     except (CheckpointException, RuntimeError, ValueError, KeyError) as err:  # DCP's is a BaseException
         raise RuntimeError(
-            f"{path} does not fit this model: {_gist(err, last=True)}. The checkpoint was written for other tables (names,"
-            " rows or dims differ); resume with the model configuration that wrote it."
+            f"{path} does not fit this model: {_gist(err, last=True)}. The checkpoint was written for other tables"
+            " (names, rows or dims differ); resume with the model configuration that wrote it."
         ) from err
     try:
         checkpoint = torch.load(path / META_FILE, map_location="cpu", weights_only=weights_only)
     except pickle.UnpicklingError as err:
         raise pickle.UnpicklingError(
             f"{path / META_FILE} holds objects other than plain data and tensors, which loading would construct (and"
-            f" so run their code): {_gist(err, containing='Unsupported global')}. If you trust this checkpoint, load it with weights_only=False"
-            " (e.g. trainer.fit(..., ckpt_path=..., weights_only=False))."
+            f" so run their code): {_gist(err, containing='Unsupported global')}. If you trust this checkpoint, load"
+            " it with weights_only=False (e.g. trainer.fit(..., ckpt_path=..., weights_only=False))."
         ) from None
     checkpoint["state_dict"] = sharded["state_dict"]
     return checkpoint

@@ -26,7 +26,7 @@ from typing_extensions import override
 
 from lightning_dlac._compat import renamed_option
 from lightning_dlac._torchrec import require_torchrec
-from lightning_dlac.checkpoint import load_sharded, save_sharded
+from lightning_dlac.checkpoint import check_directory, load_sharded, save_sharded
 from lightning_dlac.comm.config import BackwardCompression, CompressionConfig, ErrorBounds
 from lightning_dlac.comm.stats import CommStats
 from lightning_dlac.sharding import (
@@ -361,6 +361,7 @@ class DLACStrategy(DDPStrategy):
     def load_checkpoint(self, checkpoint_path: str | Path, weights_only: bool | None = None) -> dict[str, Any]:
         """Load a checkpoint directory into this rank's shards (:func:`lightning_dlac.checkpoint.load_sharded`).
         ``weights_only=None`` (Lightning's default) loads safely: plain data and tensors only."""
+        check_directory(checkpoint_path, type(self).__name__)  # before asking the module for its state
         fused = self._fused_optimizer_state()  # loaded in place, shard by shard
         checkpoint = load_sharded(checkpoint_path, self.lightning_module.state_dict(), fused,
                                   weights_only=weights_only is not False, owner=type(self).__name__)
