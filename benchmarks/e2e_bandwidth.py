@@ -55,7 +55,7 @@ class Variant:
     kind: str  # "fp32" | "qcomm" | "dlac" | "zero"
     forward: str = "fp32"  # qcomm forward precision, or "zero8"
     backward: str = "fp32"  # qcomm / dlac backward encoding, or "zero8"
-    skip_when_slower: bool = False  # DLAC: DLACStrategy(compress="auto")
+    auto_fallback: bool = False  # DLAC: DLACStrategy(compress="auto"), the uncompressed fallback
     classes: bool = False  # DLAC: per-table bounds from the homogenization classes, calibrated on the warm-up steps
 
 
@@ -69,7 +69,7 @@ VARIANTS: dict[str, Variant] = {
         Variant("dlac_fp16", "DLAC fwd + FP16 bwd", "dlac", "dlac", "fp16"),
         Variant("dlac_dlac", "DLAC both directions", "dlac", "dlac", "dlac"),
         Variant("dlac_classes", "DLAC fwd (table-wise classes) + BF16 bwd", "dlac", "dlac", "bf16", classes=True),
-        Variant("dlac_auto", "DLAC fwd + BF16 bwd, compress=auto", "dlac", "dlac", "bf16", skip_when_slower=True),
+        Variant("dlac_auto", "DLAC fwd + BF16 bwd, compress=auto", "dlac", "dlac", "bf16", auto_fallback=True),
         Variant("zero8_fwd", "zero-cost 8x, fwd only", "zero", "zero8", "fp32"),
         Variant("zero8_both", "zero-cost 8x, both directions", "zero", "zero8", "zero8"),
     )
@@ -225,14 +225,14 @@ def _train_rank(rank: int, world_size: int, variant_name: str, cfg: dict[str, An
             dlrm.model, env=ShardingEnv.from_process_group(pg), device=torch.device("cpu"), plan=plan,
             sharders=[sharder],
         )
-        exchanges = []
+        group = None
         bounds = ErrorBounds(0.01)
         calibration = None
         if variant.kind == "dlac":
-            config = CompressionConfig(backward=variant.backward, skip_when_slower=variant.skip_when_slower,
-                                       probe_every=4)
-            exchanges = install_compressed_all_to_all(model, config, bounds)
-            if not exchanges:
+            config = CompressionConfig(backward=variant.backward, auto_fallback=variant.auto_fallback,
+                                       fallback_check_every=4)
+            group = install_compressed_all_to_all(model, config, bounds)
+            if not group:
                 raise RuntimeError("install_compressed_all_to_all installed nothing: the plan is not table-wise.")
             if variant.classes:
                 # The callback's policy, without Lightning: measure the warm-up steps' chunks, classify, apply. Only
@@ -245,9 +245,8 @@ def _train_rank(rank: int, world_size: int, variant_name: str, cfg: dict[str, An
                     classify,
                 )
 
-                calibration = CalibrationStats(ClassBounds().candidates(), probe_eps=0.03)
-                for a2a in exchanges:
-                    a2a.observer = calibration.observe
+                calibration = CalibrationStats(ClassBounds().candidates(), index_eps=0.03)
+                group.set_observer(calibration.observe)
         dense_opt = torch.optim.Adagrad(dense_parameters(model), lr=DENSE_LR)
         loss_fn = torch.nn.BCEWithLogitsLoss()
         dims = {t.name: t.embedding_dim for t in tables}
@@ -258,12 +257,10 @@ def _train_rank(rank: int, world_size: int, variant_name: str, cfg: dict[str, An
             if i == warmup and calibration is not None:
                 classes = classify(calibration.tables, HomogenizationThresholds())
                 bounds.set_table_bounds(class_table_bounds(classes, ClassBounds()))
-                for a2a in exchanges:
-                    a2a.observer = None
+                group.set_observer(None)
             if i == warmup:
                 dist.barrier()
-                for a2a in exchanges:
-                    a2a.stats.reset()
+                warm = group.stats() if group else None  # counters only grow: the timed steps are the difference
                 for c in (fwd_codec, bwd_codec):
                     if c is not None:
                         c.reset()
@@ -282,12 +279,8 @@ def _train_rank(rank: int, world_size: int, variant_name: str, cfg: dict[str, An
         # Bytes to other ranks (the block a rank keeps is a local copy, and DLAC's statistics count it nowhere).
         remote = (world_size - 1) / world_size
         raw_fwd = (world_size - 1) * batch_size * local_dim * 4 * steps
-        if exchanges:
-            from lightning_dlac.comm import CommStats
-
-            stats = CommStats()
-            for a2a in exchanges:
-                stats.merge(a2a.stats)
+        if group:
+            stats = group.stats() - warm
             out.update(
                 fwd_raw_bytes=stats.raw_bytes, fwd_sent_bytes=stats.sent_bytes,
                 bwd_raw_bytes=stats.backward_raw_bytes, bwd_sent_bytes=stats.backward_sent_bytes,
@@ -347,7 +340,7 @@ def _summarize(variant: Variant, rate: str, per_rank: list[dict[str, Any]], cfg:
         local_dim_per_rank=[r["local_dim"] for r in per_rank],
     )
     row["fwd_ratio"] = row["fwd_raw_bytes_per_step"] / row["fwd_sent_bytes_per_step"]
-    if variant.skip_when_slower:
+    if variant.auto_fallback:
         row["uncompressed_share"] = per_rank[0]["uncompressed_calls"] / max(per_rank[0]["fwd_calls"], 1)
         row["label"] += f" ({row['uncompressed_share']:.0%} of steps uncompressed)"
     if variant.classes:

@@ -16,6 +16,7 @@ from typing import Any
 
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from lightning_dlac.callback import DLACCallback
 
@@ -69,7 +70,7 @@ def build_cli(args: Sequence[str] | None = None, run: bool = True) -> DLACCLI:
 
 
 def main(args: Sequence[str] | None = None) -> None:
-    """Entry point of the ``dlac`` console script: run the subcommand, then print the final metrics on rank 0.
+    """Entry point of the ``dlac`` console script: run the subcommand, then log the final metrics on rank 0.
 
     ``dlac report LOG_DIR`` is handled here too (it is not a Trainer subcommand)."""
     argv = list(args) if args is not None else sys.argv[1:]
@@ -89,18 +90,18 @@ def main(args: Sequence[str] | None = None) -> None:
     trainer = cli.trainer
     if trainer.is_global_zero and trainer.callback_metrics:
         metrics = ", ".join(f"{k}={float(v):.4f}" for k, v in sorted(trainer.callback_metrics.items()))
-        print(f"dlac {cli.subcommand} finished after {trainer.global_step} steps: {metrics}")
+        rank_zero_info(f"dlac {cli.subcommand} finished after {trainer.global_step} steps: {metrics}")
         strategy = trainer.strategy
         reported = any(isinstance(cb, DLACCallback) and cb.active and cb.report for cb in trainer.callbacks)
         if getattr(strategy, "exchanges", None) and not (reported and cli.subcommand == "fit"):
             stats = strategy.total_comm_stats()
-            print(
+            rank_zero_info(
                 f"dlac: rank 0 forward all-to-all sent {stats.sent_bytes / 2**20:.1f} MiB instead of"
                 f" {stats.raw_bytes / 2**20:.1f} MiB ({stats.ratio:.1f}x smaller)"
             )
         log_dir = getattr(trainer.logger, "log_dir", None)  # not trainer.log_dir: that one is a collective
         if log_dir:
-            print(f"dlac: logs in {log_dir}")
+            rank_zero_info(f"dlac: logs in {log_dir}")
 
 
 if __name__ == "__main__":

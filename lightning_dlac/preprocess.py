@@ -780,7 +780,8 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``dlac preprocess criteo --output DIR INPUT...``; returns the exit status (errors print one line, status 1)."""
+    """``dlac preprocess criteo --output DIR INPUT...``; returns the exit status (an error is logged as one line,
+    status 1). Output goes through the ``lightning_dlac.preprocess`` logger (to stderr unless logging is set up)."""
     args = _build_parser().parse_args(argv)
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -795,14 +796,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             impl=args.impl,
         )
     except (CriteoFormatError, FileNotFoundError, FileExistsError, ValueError) as e:
-        print(f"dlac preprocess: error: {e}", file=sys.stderr)
+        log.error(f"dlac preprocess: error: {e}")
         return 1
     for r in results:
         skipped = f", skipped {r.bad_lines} malformed line(s) (first: {r.first_bad_line})" if r.bad_lines else ""
-        print(
+        log.info(
             f"{r.input} -> {r.paths[0].parent}/{r.stem}_{{dense,sparse,labels}}.npy: {r.rows} rows in"
-            f" {r.seconds:.1f} s ({r.rows_per_second / 1e6:.2f}M rows/s){skipped}",
-            file=sys.stderr,
+            f" {r.seconds:.1f} s ({r.rows_per_second / 1e6:.2f}M rows/s){skipped}"
         )
     return 0
 

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
+
 from lightning_dlac.adaptive import DecaySchedule
 
 RUN_FILE = "dlac_run.json"
@@ -228,8 +230,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error(str(err))
     run = json.loads((args.log_dir / RUN_FILE).read_text())
     for line in headline(run):
-        print(f"dlac: {line}")
-    print(f"dlac: report in {path}")
+        rank_zero_info(f"dlac: {line}")
+    rank_zero_info(f"dlac: report in {path}")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""The error-bound policy (lightning_dlac.adaptive): schedules, calibration statistics, classification."""
+"""The error-bound policy (lightning_dlac.adaptive): schedules, calibration statistics, classification, and the
+calibrator's state machine, all without processes."""
 
 from __future__ import annotations
 
@@ -8,10 +9,14 @@ import pytest
 import torch
 
 from lightning_dlac.adaptive import (
+    Calibration,
+    CalibrationSettings,
     CalibrationStats,
+    Calibrator,
     ClassBounds,
     DecaySchedule,
     HomogenizationThresholds,
+    ProbeBounds,
     TableClass,
     TableStats,
     class_table_bounds,
@@ -94,7 +99,7 @@ def test_homogenization_counts_merge_vectors_within_one_bin() -> None:
 def test_observe_measures_what_the_codec_sends() -> None:
     gen = torch.Generator().manual_seed(0)
     chunks = [torch.randn(32, 8, generator=gen) for _ in range(3)]
-    stats = CalibrationStats([0.01, 0.05], probe_eps=0.05)
+    stats = CalibrationStats([0.01, 0.05], index_eps=0.05)
     for c in chunks:
         stats.observe("t", c)
     s = stats.tables["t"]
@@ -109,7 +114,7 @@ def test_observe_measures_what_the_codec_sends() -> None:
 
 
 def test_non_finite_chunks_are_counted_and_sent_raw() -> None:
-    stats = CalibrationStats([0.01], probe_eps=0.01)
+    stats = CalibrationStats([0.01], index_eps=0.01)
     x = torch.randn(4, 4)
     x[1, 2] = float("nan")
     stats.observe("t", x)
@@ -119,7 +124,7 @@ def test_non_finite_chunks_are_counted_and_sent_raw() -> None:
 
 
 def test_sensitivity_is_the_mean_relative_loss_change() -> None:
-    stats = CalibrationStats([0.01, 0.05], probe_eps=0.05)
+    stats = CalibrationStats([0.01, 0.05], index_eps=0.05)
     stats.record_loss("t", 2.0, [2.0, 2.2])
     stats.record_loss("t", 1.0, [1.0, 1.1])
     assert stats.tables["t"].sensitivity() == pytest.approx({0.01: 0.0, 0.05: 0.3 / 3.0})
@@ -238,3 +243,118 @@ def test_sensitivity_choice_takes_the_largest_safe_prefix() -> None:
 def test_invalid_class_settings_are_rejected(make, message: str) -> None:  # noqa: ANN001
     with pytest.raises(ValueError, match=message):
         make()
+
+
+# ---------------------------------------------------------------------------------------------------- calibrator
+
+
+def _two_tables(rows: int = 64) -> dict[str, torch.Tensor]:
+    """``diverse``: distinct rows crowded within one quantization bin of each other (the bound would erase their
+    differences: tight); ``repeated``: 4 distinct rows far apart (the bound keeps them apart: loose)."""
+    g = torch.Generator().manual_seed(3)
+    crowd = torch.randn(1, 8, generator=g) + 1e-4 * torch.randn(rows - 2, 8, generator=g)
+    return {"diverse": torch.cat([torch.full((1, 8), -5.0), torch.full((1, 8), 5.0), crowd]),
+            "repeated": torch.randn(4, 8, generator=g)[torch.arange(rows) % 4]}
+
+
+def test_calibrator_measures_from_calibration_start_and_applies_bounds_after_its_batches() -> None:
+    settings = CalibrationSettings(batches=2, start=3, sensitivity_batches=0, index_eps=0.03)
+    cal = Calibrator(settings)
+    cal.begin()
+    assert [cal.measuring(step) for step in range(5)] == [False, False, False, True, True]
+    assert not cal.wants_probe and not cal.calibrated
+    for _ in range(2):
+        for name, chunk in _two_tables().items():
+            cal.observe(name, chunk)
+        cal.batch_measured()
+    assert cal.complete
+    result = cal.finish(first_batch=5, tables=["diverse", "repeated"], all_reduce=lambda t, op: t)
+    assert result == Calibration(at=5, batches=2, counts={"tight": 1, "base": 0, "loose": 1}, again=False)
+    assert cal.classes == {"diverse": TableClass.TIGHT, "repeated": TableClass.LOOSE}
+    assert cal.table_bounds == {"diverse": 0.01, "repeated": 0.05}
+    assert cal.table_stats["repeated"].chunks == 2 and cal.calibrations == [{"at": 5, **result.counts}]
+    assert not cal.measuring(6)  # no recalibration scheduled
+
+
+def test_calibrator_reduces_with_the_given_all_reduce_so_ranks_agree() -> None:
+    # Rank 0 saw only "diverse", rank 1 only "repeated": after the reduction both classify both tables alike.
+    ranks = [Calibrator(CalibrationSettings(batches=1, sensitivity_batches=0)) for _ in range(2)]
+    tables = _two_tables()
+    for cal, name in zip(ranks, tables):
+        cal.begin()
+        cal.observe(name, tables[name])
+        cal.batch_measured()
+    names = sorted(tables)
+    sent = [cal._stats.to_tensors(names) for cal in ranks]
+    combine = {"sum": lambda a, b: a + b, "min": torch.minimum, "max": torch.maximum}
+    reduced = {op: combine[op](sent[0][op], sent[1][op]) for op in ("sum", "min", "max")}
+    for cal in ranks:
+        cal.finish(0, names, all_reduce=lambda t, op: reduced[op])
+    assert ranks[0].table_bounds == ranks[1].table_bounds == {"diverse": 0.01, "repeated": 0.05}
+
+
+def test_calibrator_probe_measures_each_table_at_each_candidate_off_the_exchange() -> None:
+    settings = CalibrationSettings(mode="sensitivity", candidates=(0.01, 0.05), batches=1, sensitivity_batches=1,
+                                   sensitivity_tolerance=0.01)
+    cal = Calibrator(settings)
+    cal.begin()
+    seen = []
+
+    def loss_at(bounds: ProbeBounds) -> float:
+        eps = bounds.effective_many(["fragile", "sturdy"]).tolist()
+        seen.append(eps)
+        return 1.0 + 10.0 * eps[0] + 0.01 * eps[1]  # "fragile" changes the loss 1000x more than "sturdy"
+
+    assert cal.wants_probe
+    cal.probe(["fragile", "sturdy"], loss_at)
+    assert not cal.wants_probe  # one probe batch asked for
+    # Exact first, then one table at a time at each candidate, every other table exact.
+    assert torch.tensor(seen).allclose(torch.tensor([[0.0, 0.0], [0.01, 0.0], [0.05, 0.0], [0.0, 0.01], [0.0, 0.05]]))
+    cal.batch_measured()
+    cal.finish(1, ["fragile", "sturdy"], lambda t, op: t)
+    assert cal.table_bounds == {"fragile": 0.01, "sturdy": 0.05}
+    with pytest.raises(ValueError, match="probe bound of table 'x'"):
+        ProbeBounds({"x": 1.5})
+
+
+def test_calibrator_recalibrates_on_schedule_and_state_round_trips() -> None:
+    settings = CalibrationSettings(batches=1, sensitivity_batches=0, recalibrate_every=10)
+    cal = Calibrator(settings)
+    cal.begin()
+    cal.observe("diverse", _two_tables()["diverse"])
+    cal.batch_measured()
+    first = cal.finish(2, ["diverse"], lambda t, op: t)
+    assert not first.again and not cal.measuring(11) and cal.measuring(12)
+    state = cal.state_dict()
+    # A run restored from this state measures again when the schedule says, not at once.
+    restored = Calibrator(settings)
+    restored.load_state_dict(state)
+    restored.begin()
+    assert restored.calibrated and restored.table_bounds == cal.table_bounds
+    assert not restored.measuring(11) and restored.measuring(12) and restored.state_dict() == state
+    restored.observe("diverse", _two_tables()["diverse"])
+    restored.batch_measured()
+    assert restored.finish(13, ["diverse"], lambda t, op: t).again
+    assert [c["at"] for c in restored.calibrations] == [2, 13]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"mode": "magic"}, "mode='magic' is not supported"),
+        ({"recalibrate_every": 5, "mode": "off"}, "recalibrate_every needs a calibration"),
+        ({"batches": 2, "sensitivity_batches": 3}, "sensitivity_batches=3 exceeds calibration_batches=2"),
+        ({"mode": "sensitivity", "sensitivity_batches": 0}, "set sensitivity_batches >= 1"),
+        ({"candidates": (0.05, 0.01)}, "strictly increasing"),
+        ({"index_eps": 0.0}, "index_eps=0.0 is out of range"),
+    ],
+)
+def test_invalid_calibration_settings_are_rejected(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        CalibrationSettings(**kwargs)
+
+
+def test_mode_off_is_calibrated_from_the_start_and_never_measures() -> None:
+    cal = Calibrator(CalibrationSettings(mode="off"))
+    cal.begin()
+    assert cal.calibrated and cal.table_bounds == {} and not cal.measuring(0)

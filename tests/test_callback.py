@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from lightning_dlac import DLACCallback, DLACStrategy
+from lightning_dlac._forward import loss_of, random_state_kept
 from lightning_dlac.adaptive import DecaySchedule
-from lightning_dlac.callback import _loss_of, _random_state_kept
 from tests._launch import run_ranks
 from tests.conftest import TABLES, bounds_recorder, load_global_weights, memory_logger, small_data, small_dlrm, trainer
 
@@ -192,7 +192,7 @@ def test_without_a_compressed_dlac_strategy_it_says_so_and_does_nothing(strategy
         ({"mode": "sensitivity", "sensitivity_batches": 0}, "set sensitivity_batches >= 1"),
         ({"sensitivity_tolerance": -1.0}, "sensitivity_tolerance=-1.0 must be > 0"),
         ({"candidates": [0.05, 0.01]}, "strictly increasing"),
-        ({"probe_eps": 2.0}, "probe_eps=2.0 is out of range"),
+        ({"index_eps": 2.0}, "index_eps=2.0 is out of range"),
         ({"log_every_n_steps": 0}, "log_every_n_steps=0 must be a whole number >= 1"),
         ({"calibration_start": 5, "calibration_dataloader": [1]}, "Set one of them"),
         ({"recalibrate_every": -1}, "recalibrate_every=-1 must be a whole number >= 0"),
@@ -208,7 +208,7 @@ def test_probe_forwards_replay_and_restore_the_random_state() -> None:
     torch.manual_seed(3)
     expected = torch.rand(3)
     torch.manual_seed(3)
-    with _random_state_kept() as replay:
+    with random_state_kept() as replay:
         first = torch.rand(3)
         replay()
         assert torch.equal(torch.rand(3), first)  # every probe forward sees the same random numbers
@@ -217,21 +217,22 @@ def test_probe_forwards_replay_and_restore_the_random_state() -> None:
 
 
 def test_probe_needs_training_step_to_return_the_loss() -> None:
-    assert _loss_of(torch.tensor(0.5)) == 0.5 and _loss_of({"loss": torch.tensor(2.0)}) == 2.0
+    assert loss_of(torch.tensor(0.5)) == 0.5 and loss_of({"loss": torch.tensor(2.0)}) == 2.0
     with pytest.raises(TypeError, match="needs it to return the loss"):
-        _loss_of(None)
+        loss_of(None)
 
 
 def test_state_round_trips_and_a_foreign_state_is_refused() -> None:
     from lightning_dlac.adaptive import TableStats
 
     saved = DLACCallback(schedule="linear", T=50)
-    saved._step, saved._calibrated = 17, True
-    saved._table_bounds = {"t_a": 0.01, "t_b": 0.05}
-    saved._classes = {"t_a": "tight", "t_b": "loose"}
-    saved._table_stats = {"t_a": TableStats((0.01, 0.03, 0.05), chunks=4, distinct_raw=10, distinct_quantized=6)}
-    saved._totals["raw_bytes"], saved._totals["sent_bytes"] = 1000, 40
     state = saved.state_dict()
+    state["step"], state["calibrated"] = 17, True
+    state["table_bounds"] = {"t_a": 0.01, "t_b": 0.05}
+    state["classes"] = {"t_a": "tight", "t_b": "loose"}
+    state["table_stats"] = {"t_a": TableStats((0.01, 0.03, 0.05), chunks=4, distinct_raw=10,
+                                              distinct_quantized=6).as_dict()}
+    state["totals"]["raw_bytes"], state["totals"]["sent_bytes"] = 1000, 40
     restored = DLACCallback(schedule="linear", T=50)
     restored.load_state_dict(state)
     assert restored.state_dict() == state
@@ -296,8 +297,9 @@ def _fit_with_nan_table(rank: int, world_size: int) -> dict:
                 limit_val_batches=0)
     t.fit(small_dlrm(), datamodule=small_data(train_batches=4))
     local = sorted(t.strategy.total_comm_stats().non_finite_tables)
-    return {"reported": sorted(dlac._non_finite_reported), "local": local,
-            "history": [row["dlac/non_finite_tables"] for row in dlac._history], "arrival": arrival}
+    run = dlac.run_summary(t)
+    return {"reported": run["non_finite_tables"], "local": local,
+            "history": [row["dlac/non_finite_tables"] for row in run["history"]], "arrival": arrival}
 
 
 @pytest.mark.slow
@@ -319,12 +321,12 @@ def test_non_finite_embeddings_are_sent_exactly_and_reported_with_the_table() ->
 
 @pytest.mark.slow
 def test_without_a_logger_no_report_files_are_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                       capsys: pytest.CaptureFixture) -> None:
+                                                       caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.chdir(tmp_path)  # where Lightning's default_root_dir points
     dlac = DLACCallback(calibration_batches=1, sensitivity_batches=0, log_every_n_steps=1)
     t = trainer(1, DLACStrategy(), max_epochs=1, callbacks=[dlac], limit_train_batches=2, limit_val_batches=0)
     t.fit(small_dlrm(), datamodule=small_data(train_batches=2))
     assert dlac.active and dlac.step == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == []
-    out = capsys.readouterr().out
+    out = caplog.text  # the headline goes through rank-zero logging, not print()
     assert "dlac: forward all-to-all:" in out and "no logger, so no report files" in out

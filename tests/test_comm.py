@@ -245,12 +245,12 @@ def _corrupted_exchange(rank: int, world_size: int, timeout_s: float) -> dict:
         CompressionConfig,
         ErrorBounds,
     )
-    from lightning_dlac.comm import all_to_all as a2a_module
+    from lightning_dlac.comm import exchange as exchange_module
 
     dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_s))
     dims_per_rank = [[8], [8, 8]]
     if rank == 1:
-        encode_grid = a2a_module.encode_grid
+        encode_grid = exchange_module.encode_grid
 
         def corrupting_encode_grid(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
             payload, sizes = encode_grid(*args, **kwargs)
@@ -258,7 +258,7 @@ def _corrupted_exchange(rank: int, world_size: int, timeout_s: float) -> dict:
             payload[int(sizes[0]) + HEADER_SIZE + 3] ^= 0xFF
             return payload, sizes
 
-        a2a_module.encode_grid = corrupting_encode_grid
+        exchange_module.encode_grid = corrupting_encode_grid
     a2a = CompressedPooledEmbeddingsAllToAll(
         dist.group.WORLD, dims_per_rank, _tables(dims_per_rank), CompressionConfig(error_every=0), ErrorBounds()
     )
@@ -288,38 +288,43 @@ def test_corrupted_payload_names_source_rank_and_table_and_peer_does_not_hang() 
     assert peer["elapsed"] < timeout_s + 3, peer
 
 
-def _skip_when_slower(rank: int, world_size: int) -> list[bool]:
-    """24 exchanges with skip_when_slower: the codec is made slow for the first 11 calls, then the uncompressed
-    all-to-all is; returns, per call, whether it went uncompressed (checking it then equals TorchRec's exactly)."""
+def _auto_fallback(rank: int, world_size: int) -> list[bool]:
+    """24 exchanges with the uncompressed fallback, timed by a scripted clock: the codec costs 50 ms for the first 11
+    calls and 1 ms after; the uncompressed all-to-all 2 ms, then 50 ms. Returns, per call, whether it went
+    uncompressed (checking it then equals TorchRec's exactly)."""
+    import contextlib
+
     import torch.distributed as dist
     from torchrec.distributed.dist_data import PooledEmbeddingsAllToAll
 
     from lightning_dlac.comm import CompressedPooledEmbeddingsAllToAll, CompressionConfig, ErrorBounds
-    from lightning_dlac.comm import all_to_all as a2a_module
+    from lightning_dlac.comm.timing import PhaseTimer
+
+    class ScriptedTimer(PhaseTimer):
+        def __init__(self) -> None:
+            super().__init__(torch.device("cpu"))
+            self.call = 0
+
+        @contextlib.contextmanager
+        def phase(self, name: str, label: str | None = None):  # noqa: ANN206
+            yield
+            slow_codec = self.call < 11
+            if label and "uncompressed" in label:
+                cost = 0.002 if slow_codec else 0.05
+            else:
+                cost = (0.05 if slow_codec else 0.001) / 3  # encode, exchange, decode
+            self._pending.append((name, 0.0, cost))
 
     dist.init_process_group("gloo")
     dims_per_rank = [[8, 8], [16]]
-    config = CompressionConfig(skip_when_slower=True, probe_every=4, error_every=0)
+    config = CompressionConfig(auto_fallback=True, fallback_check_every=4, error_every=0)
     ours = CompressedPooledEmbeddingsAllToAll(dist.group.WORLD, dims_per_rank, _tables(dims_per_rank), config,
                                               ErrorBounds())
+    ours._timer = timer = ScriptedTimer()
     theirs = PooledEmbeddingsAllToAll(dist.group.WORLD, [sum(d) for d in dims_per_rank])
-    slow = {"codec": True}
-    encode_grid, all_to_all = a2a_module.encode_grid, a2a_module._all_to_all
-
-    def slow_encode_grid(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
-        if slow["codec"]:
-            time.sleep(0.03)
-        return encode_grid(*args, **kwargs)
-
-    def slow_float_all_to_all(out, inp, *args):  # noqa: ANN001, ANN002, ANN202 - the uncompressed way only
-        if not slow["codec"] and out.dtype == torch.float32:
-            time.sleep(0.03)
-        return all_to_all(out, inp, *args)
-
-    a2a_module.encode_grid, a2a_module._all_to_all = slow_encode_grid, slow_float_all_to_all
     ways = []
     for call in range(24):
-        slow["codec"] = call < 11
+        timer.call = call
         x = _inputs(rank, 12, sum(dims_per_rank[rank]), compressible=True)
         before = ours.stats.uncompressed_calls
         out = ours(x, [6, 6]).wait()
@@ -331,13 +336,13 @@ def _skip_when_slower(rank: int, world_size: int) -> list[bool]:
     return ways
 
 
-def test_skip_when_slower_sends_uncompressed_only_while_that_is_faster() -> None:
-    r0, r1 = run_ranks(_skip_when_slower, 2)
+def test_auto_fallback_sends_uncompressed_only_while_that_is_faster() -> None:
+    r0, r1 = run_ranks(_auto_fallback, 2)
     assert r0 == r1  # the same way on every rank at every call, as the collectives require
     uncompressed = {k for k, raw in enumerate(r0) if raw}
     # Calls 0-1 measure the codec, call 2 the plain all-to-all; the codec is slow, so the plain one is used,
-    # except at the re-checks every 4 calls (6, 10). From call 11 the plain one is slow: the re-check at 14 sees
-    # the codec faster again and switches back; the re-checks at 18 and 22 try the plain way once each.
+    # except at the checks every 4 calls (6, 10). From call 11 the plain one is slow: the check at 14 sees the codec
+    # faster again and switches back; the checks at 18 and 22 try the plain way once each.
     assert uncompressed == {2, 3, 4, 5, 7, 8, 9, 11, 12, 13, 18, 22}, sorted(uncompressed)
 
 
@@ -392,7 +397,7 @@ def _pooled_embeddings_within_bound(rank: int, world_size: int, eps: float, shar
 def _lightning_runs(rank: int, world_size: int) -> dict:
     steps = 30
     compressed, strategy = _fit(world_size, steps, error_every=1)
-    stats = strategy.comm_stats()
+    stats = strategy.total_comm_stats()
     uncompressed, plain = _fit(world_size, steps, compress=False)
     dlac_backward, dlac_strategy = _fit(world_size, steps, backward_compression="dlac")
     return {
@@ -406,9 +411,9 @@ def _lightning_runs(rank: int, world_size: int) -> dict:
         "sent_bytes": stats.sent_bytes,
         "max_error_ratio": max(stats.table_max_error_ratio.values(), default=float("nan")),
         "compressed_tables": strategy.compressed_tables,
-        "dlac_backward_calls": dlac_strategy.comm_stats().backward_calls,
-        "dlac_backward_ratio": dlac_strategy.comm_stats().backward_raw_bytes
-        / max(dlac_strategy.comm_stats().backward_sent_bytes, 1),
+        "dlac_backward_calls": dlac_strategy.total_comm_stats().backward_calls,
+        "dlac_backward_ratio": dlac_strategy.total_comm_stats().backward_raw_bytes
+        / max(dlac_strategy.total_comm_stats().backward_sent_bytes, 1),
         "pooled_ratios": {
             sharding_type: _pooled_embeddings_within_bound(rank, world_size, 0.02, sharding_type)
             for sharding_type in ("table_wise", "column_wise", "table_column_wise")

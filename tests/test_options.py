@@ -89,11 +89,11 @@ def _option_fits(rank: int, world_size: int, ckpt_dir: str) -> dict:
     # --- A: SGD tables, compress="auto", the DDP options, a late calibration with custom candidates and probe bound,
     # no per-table metrics, no progress-bar entry; then Trainer.validate / test / predict on the fitted model.
     torch.manual_seed(0)
-    strategy = DLACStrategy(eps=0.02, embedding_optimizer="sgd", compress="auto", probe_every=2,
+    strategy = DLACStrategy(eps=0.02, embedding_optimizer="sgd", compress="auto", fallback_check_every=2,
                             process_group_backend="gloo", find_unused_parameters=True, static_graph=True,
                             bucket_cap_mb=1)
     dlac = DLACCallback(calibration_start=3, calibration_batches=2, sensitivity_batches=1, candidates=[0.02, 0.04],
-                        probe_eps=0.99, per_table_metrics=False, prog_bar=False, c=1.0, log_every_n_steps=2)
+                        index_eps=0.99, per_table_metrics=False, prog_bar=False, c=1.0, log_every_n_steps=2)
     recorder, losses, memory = bounds_recorder(dlac), loss_recorder(), memory_logger()
     model, data = small_dlrm(), small_data(train_batches=8)
     t = trainer(world_size, strategy, max_epochs=1, callbacks=[dlac, recorder, losses], logger=[memory],
@@ -121,7 +121,7 @@ def _option_fits(rank: int, world_size: int, ckpt_dir: str) -> dict:
     torch.manual_seed(0)
     update = _first_step_update()
     dlac = DLACCallback(calibration_batches=1, sensitivity_batches=0, log_every_n_steps=1, report=False)
-    strategy = DLACStrategy(embedding_optimizer="rowwise_adagrad", embedding_eps=10.0,
+    strategy = DLACStrategy(embedding_optimizer="rowwise_adagrad", adagrad_epsilon=10.0,
                             table_constraints={"t_cat_0": {"sharding_types": ["data_parallel"]}})
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -193,7 +193,7 @@ def test_compress_auto_inside_a_fit_reports_its_uncompressed_share(option_fits: 
 
 
 @pytest.mark.slow
-def test_calibration_start_candidates_and_probe_eps_shape_the_calibration(option_fits: tuple[list[dict], Path]) -> None:
+def test_calibration_start_candidates_and_index_eps_shape_the_calibration(option_fits: tuple[list[dict], Path]) -> None:
     for r in option_fits[0]:
         a = r["A"]
         # Measured on batches 3 and 4 (calibration_start=3, 2 batches): the strategy's eps until batch 5, the
@@ -208,7 +208,7 @@ def test_calibration_start_candidates_and_probe_eps_shape_the_calibration(option
             assert len(s["encoded_bytes"]) == 2, name  # one size per custom candidate
         for row in a["report"]:
             assert sorted(row["ratio"]) == ["0.02", "0.04"] and sorted(row["loss_change"]) == ["0.02", "0.04"], row
-            # At probe_eps=0.99 a code is 1 only within 1% of the chunk maximum: nearly every row quantizes to zeros,
+            # At index_eps=0.99 a code is 1 only within 1% of the chunk maximum: nearly every row quantizes to zeros,
             # so every table looks homogeneous (the default probe, base_eps, sees them diverse).
             assert row["homogenization_index"] < 0.5, row
         assert set(a["classes"].values()) == {"tight"}, a["classes"]

@@ -4,6 +4,7 @@ the binary DataModule relies on."""
 
 from __future__ import annotations
 
+import logging
 import random
 import warnings
 from pathlib import Path
@@ -239,7 +240,8 @@ def test_python_fallback_warns_once(monkeypatch: pytest.MonkeyPatch, tmp_path: P
         P._resolve_parser("native")
 
 
-def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="lightning_dlac.preprocess")  # the command reports through logging
     rng = random.Random(6)
     a = _write(tmp_path / "day_0", [_line(rng) for _ in range(64)])
     b = _write(tmp_path / "day_1", [_line(rng) for _ in range(32)])
@@ -247,16 +249,16 @@ def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
               str(b)])  # fmt: skip
     assert P.check_criteo_binary(tmp_path / "bin", "day_0") == 64
     assert P.check_criteo_binary(tmp_path / "bin", "day_1") == 32
-    assert "day_1_{dense,sparse,labels}.npy: 32 rows" in capsys.readouterr().err
+    assert "day_1_{dense,sparse,labels}.npy: 32 rows" in caplog.text
     # A second run refuses to overwrite, with a one-line error and status 1.
     with pytest.raises(SystemExit) as info:
         cli_main(["preprocess", "criteo", "--output", str(tmp_path / "bin"), "--no-progress", str(a)])
     assert info.value.code == 1
-    assert "already exists; pass --overwrite" in capsys.readouterr().err
+    assert "already exists; pass --overwrite" in caplog.text
     bad = _write(tmp_path / "broken.tsv", ["1\t2"])
     with pytest.raises(SystemExit):
         cli_main(["preprocess", "criteo", "-o", str(tmp_path / "bin2"), "--skip-bad-lines", "--no-progress", str(bad)])
-    assert "none of its 1 lines is a valid Criteo row" in capsys.readouterr().err
+    assert "none of its 1 lines is a valid Criteo row" in caplog.text
 
 
 @pytest.mark.parametrize(

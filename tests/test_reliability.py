@@ -28,12 +28,12 @@ class _Fail(pl.Callback):
             return
         if self.how == "dies":
             os._exit(7)  # the process vanishes mid-step, as a killed or crashed rank would
-        from lightning_dlac.comm import all_to_all
+        from lightning_dlac.comm import exchange
 
         def failing_encode_grid(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
             raise RuntimeError("injected encode failure on this rank")
 
-        all_to_all.encode_grid = failing_encode_grid
+        exchange.encode_grid = failing_encode_grid
 
 
 def _train_until_failure(rank: int, world_size: int, how: str) -> dict:

@@ -151,7 +151,7 @@ def test_strategy_string_alias_resolves() -> None:
         ({"eps": 0.0}, "eps=0.0 is out of range"),
         ({"backward_compression": "int4"}, "backward_compression='int4' is not supported"),
         ({"compress": "sometimes"}, "compress='sometimes' is not supported; choose true, false or 'auto'"),
-        ({"compress": "auto", "probe_every": 0}, "probe_every=0 must be a whole number >= 1"),
+        ({"compress": "auto", "fallback_check_every": 0}, "fallback_check_every=0 must be a whole number >= 1"),
         ({"table_constraints": {"t_cat_0": {"sharding": ["row_wise"]}}}, "unknown option"),
         ({"table_constraints": {"t_cat_0": {"sharding_types": ["rowwise"]}}}, "unknown sharding type 'rowwise'"),
     ],
@@ -199,7 +199,7 @@ def _startup_error(rank: int, world_size: int, case: str) -> str:
             "unsupported_on_cpu",
             r"ValueError: Table 't_cat_0' may only use sharding types \['row_wise'\].*supported there",
         ),
-        ("no_tables", r"TypeError: DLACStrategy found no torchrec EmbeddingBagCollection in BoringModel"),
+        ("no_tables", r"NoEmbeddingTablesError: DLACStrategy found no torchrec EmbeddingBagCollection in BoringModel"),
         ("fused_in_optimizer", r"ValueError: An optimizer .* includes embedding-table parameters"),
     ],
 )
@@ -208,7 +208,14 @@ def test_wrong_configuration_fails_at_startup_with_a_fix(case: str, message: str
     assert re.search(message, error, flags=re.S), error
 
 
-def test_compress_auto_compresses_with_the_skip_check() -> None:
-    auto = DLACStrategy(compress="auto", probe_every=16)
-    assert auto.compress and auto.compression.skip_when_slower and auto.compression.probe_every == 16
-    assert not DLACStrategy().compression.skip_when_slower and not DLACStrategy(compress=False).compress
+def test_compress_auto_configures_the_uncompressed_fallback_and_old_names_still_work() -> None:
+    auto = DLACStrategy(compress="auto", fallback_check_every=16)
+    assert auto.compress and auto.compression.auto_fallback and auto.compression.fallback_check_every == 16
+    assert not DLACStrategy().compression.auto_fallback and not DLACStrategy(compress=False).compress
+    # Renamed options keep their old YAML keys for one release, with a warning that names the new key.
+    with pytest.warns(FutureWarning, match="use fallback_check_every=8"):
+        assert DLACStrategy(compress="auto", probe_every=8).compression.fallback_check_every == 8
+    with pytest.warns(FutureWarning, match="use adagrad_epsilon=0.001"):
+        assert DLACStrategy(embedding_eps=1e-3).sharding.adagrad_epsilon == 1e-3
+    with pytest.raises(ValueError, match="name the same option; set only adagrad_epsilon"):
+        DLACStrategy(embedding_eps=1e-3, adagrad_epsilon=1e-4)

@@ -7,6 +7,7 @@ from lightning_dlac.adaptive.calibration import (
     homogenization_counts,
     homogenization_index,
 )
+from lightning_dlac.adaptive.calibrator import Calibration, CalibrationSettings, Calibrator, ProbeBounds
 from lightning_dlac.adaptive.policy import (
     ClassBounds,
     HomogenizationThresholds,
@@ -19,10 +20,14 @@ from lightning_dlac.adaptive.policy import (
 from lightning_dlac.adaptive.schedule import DecaySchedule, ScheduleKind
 
 __all__ = [
+    "Calibration",
+    "CalibrationSettings",
     "CalibrationStats",
+    "Calibrator",
     "ClassBounds",
     "DecaySchedule",
     "HomogenizationThresholds",
+    "ProbeBounds",
     "ScheduleKind",
     "TableClass",
     "TableStats",

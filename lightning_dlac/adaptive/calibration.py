@@ -4,7 +4,7 @@ For every table, over the chunks it sent during calibration (every destination r
 every rank once the statistics are reduced across ranks through :meth:`CalibrationStats.to_tensors`):
 
 - the value range (min and max over its chunks);
-- the **homogenization index**: distinct quantized vectors / distinct raw vectors at the probe bound. Quantizing
+- the **homogenization index**: distinct quantized vectors / distinct raw vectors at the index bound. Quantizing
   with the chunk's own range (exactly as the codec does) merges raw vectors that lie within one bin of each other in
   every coordinate. An index of 1 means the bound keeps every distinct embedding distinct; a low index means the
   error erases differences between the table's embeddings, so the table needs a tighter bound;
@@ -87,7 +87,7 @@ class TableStats:
 
     @property
     def homogenization_index(self) -> float:
-        """Distinct quantized / distinct raw vectors at the probe bound, over all chunks (1.0 if nothing seen)."""
+        """Distinct quantized / distinct raw vectors at the index bound, over all chunks (1.0 if nothing seen)."""
         return self.distinct_quantized / self.distinct_raw if self.distinct_raw else 1.0
 
     @property
@@ -140,18 +140,18 @@ class CalibrationStats:
 
     Args:
         candidates: Candidate relative bounds whose compressed size (and sensitivity) is measured, ascending.
-        probe_eps: Bound at which the homogenization index is measured.
+        index_eps: Bound at which the homogenization index is measured.
         codec_impl: Codec implementation used to measure compressed sizes (``auto``, ``native``, ``ref``).
     """
 
-    def __init__(self, candidates: Sequence[float], probe_eps: float, codec_impl: str = "auto") -> None:
+    def __init__(self, candidates: Sequence[float], index_eps: float, codec_impl: str = "auto") -> None:
         if not candidates:
             raise ValueError("candidates must hold at least one relative bound.")
         checked = [check_relative_bound(c, "candidate bound") for c in candidates]
         if checked != sorted(set(checked)):
             raise ValueError(f"candidates={list(candidates)} must be strictly increasing.")
         self.candidates = tuple(checked)
-        self.probe_eps = check_relative_bound(probe_eps, "probe_eps")
+        self.index_eps = check_relative_bound(index_eps, "index_eps")
         self.codec_impl = codec_impl
         self.tables: dict[str, TableStats] = {}
 
@@ -176,7 +176,7 @@ class CalibrationStats:
             return
         s.min = min(s.min, float(chunk.min()))
         s.max = max(s.max, float(chunk.max()))
-        raw, quantized = homogenization_counts(chunk, self.probe_eps)
+        raw, quantized = homogenization_counts(chunk, self.index_eps)
         s.distinct_raw += raw
         s.distinct_quantized += quantized
         for i, eps in enumerate(self.candidates):

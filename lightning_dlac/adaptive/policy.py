@@ -2,7 +2,7 @@
 
 Two policies:
 
-- ``homogenization`` (the paper's): classify each table by its homogenization index at the probe bound into
+- ``homogenization`` (the paper's): classify each table by its homogenization index at the index bound into
   *tight* (the bound erases differences between its embeddings: index below ``tight_below``), *loose* (it keeps
   them: index at least ``loose_from``) or *base*, and give each class its bound (default 0.01 / 0.03 / 0.05).
 - ``sensitivity`` (beyond the paper): give each table the largest candidate bound whose measured loss change stays

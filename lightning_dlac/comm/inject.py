@@ -13,15 +13,14 @@ from torch import nn
 
 from lightning_dlac.comm.all_to_all import CompressedPooledEmbeddingsAllToAll
 from lightning_dlac.comm.config import CompressionConfig, ErrorBounds
+from lightning_dlac.comm.group import ExchangeGroup
 
 log = logging.getLogger(__name__)
 
 
-def install_compressed_all_to_all(
-    module: nn.Module, config: CompressionConfig, bounds: ErrorBounds
-) -> list[CompressedPooledEmbeddingsAllToAll]:
+def install_compressed_all_to_all(module: nn.Module, config: CompressionConfig, bounds: ErrorBounds) -> ExchangeGroup:
     """Replace the pooled-embedding all-to-all of every table-wise / column-wise sharded EmbeddingBagCollection in
-    ``module`` by :class:`CompressedPooledEmbeddingsAllToAll`; return the installed modules.
+    ``module`` by :class:`CompressedPooledEmbeddingsAllToAll`; return them as one :class:`ExchangeGroup`.
 
     Shardings that combine results with reduce-scatter (row-wise, table-row-wise, ...) keep TorchRec's path, and
     this says so once in the log.
@@ -71,4 +70,4 @@ def install_compressed_all_to_all(
             f"lightning-dlac: sharding type(s) {sorted(skipped)} combine results with reduce-scatter and stay"
             " uncompressed (only table-wise and column-wise all-to-alls are compressed)."
         )
-    return installed
+    return ExchangeGroup(installed, bounds)

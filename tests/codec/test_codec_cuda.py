@@ -123,6 +123,7 @@ def test_cuda_kernels_run_on_the_current_stream(cuda_kernels):
 
 
 @pytest.mark.cuda
+@pytest.mark.slow  # a fresh Python
 def test_cuda_crc_tables_made_on_one_stream_serve_another(cuda_kernels):
     # In a fresh process (the tables are cached per process): the first call runs on a side stream, the second at
     # once on another stream. The tables' upload blocks, so the second call cannot read them half-copied.
@@ -163,6 +164,7 @@ def test_cuda_decoder_rejects_a_corrupted_chunk_as_the_cpu_decoder_does(cuda_ker
     assert str(on_gpu.value) == str(on_cpu.value)
 
 
+@pytest.mark.slow  # a fresh Python
 def test_the_codec_imports_without_lightning_or_torchrec():
     # The GPU image has torch but no TorchRec: the codec (and so these tests and the GPU benchmark) must not need
     # either, and importing it must not load Lightning either.
@@ -177,6 +179,7 @@ def test_the_codec_imports_without_lightning_or_torchrec():
     assert done.stdout.strip() == "[]"
 
 
+@pytest.mark.slow  # two fresh Pythons
 @pytest.mark.skipif(importlib.util.find_spec("lightning") is None, reason="needs lightning")
 def test_importing_the_package_registers_the_strategy_alias_when_lightning_loads():
     # The alias is registered when Lightning's strategy registry is imported, after lightning_dlac or before it,

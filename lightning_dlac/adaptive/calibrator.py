@@ -1,0 +1,285 @@
+"""The table-wise level's state machine: when to measure, what to measure, and the bounds it leads to.
+
+A :class:`Calibrator` knows nothing of Lightning or of how exchanges run; its driver (``DLACCallback``) tells it
+where training is and hands it what it needs:
+
+=====================  ===========================================================================================
+driver calls           the calibrator
+=====================  ===========================================================================================
+``begin(step)``        schedules the first measurement (or, restored from a checkpoint, the next recalibration)
+``measuring(step)``    says whether this training batch is measured
+``observe``            (the exchange's chunk observer) adds one chunk to the statistics
+``probe(...)``         on the first ``sensitivity_batches`` measured batches: the loss with every table exact, then
+                       with one table at a time carrying the codec's error at each candidate bound
+``batch_measured()``   counts a measured batch; ``complete`` once ``calibration_batches`` are in
+``finish(...)``        reduces the statistics over ranks (the driver's all-reduce), classifies, sets the bounds and
+                       schedules the recalibration after ``recalibrate_every`` batches, if any
+=====================  ===========================================================================================
+
+A probe's exchanges encode with :class:`ProbeBounds` (the probed table at a candidate bound, every other table
+exactly) and must not count as traffic: the driver runs them off the record.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from lightning_dlac.adaptive.bounds import check_count, check_relative_bound
+from lightning_dlac.adaptive.calibration import CalibrationStats, TableStats
+from lightning_dlac.adaptive.policy import (
+    ClassBounds,
+    HomogenizationThresholds,
+    TableClass,
+    check_tolerance,
+    class_table_bounds,
+    classify,
+    sensitivity_classes,
+    sensitivity_table_bounds,
+)
+
+MODES = ("homogenization", "sensitivity", "off")
+
+# all_reduce(tensor, op) with op one of "sum", "min", "max": every rank gets the combined tensor.
+AllReduce = Callable[[torch.Tensor, str], torch.Tensor]
+
+
+class ProbeBounds:
+    """The bounds of one sensitivity probe: the named tables at the given bound, every other table exactly (0)."""
+
+    def __init__(self, bounds: Mapping[str, float]) -> None:
+        self._bounds = {t: check_relative_bound(eps, f"probe bound of table {t!r}") for t, eps in bounds.items()}
+
+    def effective_many(self, tables: Sequence[str]) -> torch.Tensor:
+        """Bounds of ``tables`` as the float32 tensor the codec takes."""
+        return torch.tensor([self._bounds.get(t, 0.0) for t in tables], dtype=torch.float32)
+
+
+@dataclass(frozen=True)
+class CalibrationSettings:
+    """What the table-wise level measures and how it classifies (``DLACCallback``'s options of the same names)."""
+
+    mode: str = "homogenization"  # "homogenization" | "sensitivity" | "off"
+    class_bounds: ClassBounds = ClassBounds()  # bound of each class
+    thresholds: HomogenizationThresholds = HomogenizationThresholds()  # class boundaries on the index
+    index_eps: float = 0.03  # bound at which the homogenization index is measured
+    candidates: tuple[float, ...] = (0.01, 0.03, 0.05)  # bounds whose ratio and sensitivity are measured
+    sensitivity_tolerance: float = 1e-3  # largest relative loss change a bound may cause (sensitivity mode)
+    batches: int = 8  # batches one calibration measures
+    start: int = 0  # training batch from which the first calibration measures
+    sensitivity_batches: int = 1  # of the measured batches, how many also run the sensitivity probe
+    recalibrate_every: int = 0  # calibrate again this many batches after each calibration takes effect (0: never)
+    codec_impl: str = "auto"  # codec that measures compressed sizes
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode={self.mode!r} is not supported; choose one of {', '.join(map(repr, MODES))}.")
+        check_relative_bound(self.index_eps, "index_eps")
+        checked = [check_relative_bound(v, "candidates") for v in self.candidates]
+        if not checked or checked != sorted(set(checked)):
+            raise ValueError(f"candidates={list(self.candidates)} must be a non-empty, strictly increasing list.")
+        object.__setattr__(self, "candidates", tuple(checked))
+        check_tolerance(self.sensitivity_tolerance)
+        check_count(self.batches, "calibration_batches", 1)
+        check_count(self.start, "calibration_start", 0)
+        check_count(self.sensitivity_batches, "sensitivity_batches", 0)
+        check_count(self.recalibrate_every, "recalibrate_every", 0)
+        if self.recalibrate_every and self.mode == "off":
+            raise ValueError("recalibrate_every needs a calibration: it does nothing with mode='off'.")
+        if self.sensitivity_batches > self.batches:
+            raise ValueError(
+                f"sensitivity_batches={self.sensitivity_batches} exceeds calibration_batches={self.batches}: the"
+                " probe runs on calibration batches."
+            )
+        if self.mode == "sensitivity" and self.sensitivity_batches == 0:
+            raise ValueError("mode='sensitivity' chooses bounds from the probe: set sensitivity_batches >= 1.")
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """One finished calibration: from which training batch its bounds apply, how many batches it measured, how many
+    tables landed in each class, and whether it replaced an earlier one."""
+
+    at: int
+    batches: int
+    counts: dict[str, int]
+    again: bool
+
+
+class Calibrator:
+    """Holds the table-wise level's state (see the module docstring for the protocol).
+
+    Args:
+        settings: What to measure and how to classify.
+    """
+
+    def __init__(self, settings: CalibrationSettings) -> None:
+        self.settings = settings
+        self._calibrated = settings.mode == "off"
+        self._calibrated_at: int | None = 0 if self._calibrated else None  # first batch with calibrated bounds
+        self._measure_from = settings.start  # training batch from which the next calibration measures
+        self._calibrations: list[dict[str, Any]] = []  # when each calibration took effect, and its classes
+        self._table_bounds: dict[str, float] = {}
+        self._classes: dict[str, TableClass] = {}
+        self._table_stats: dict[str, TableStats] = {}
+        self._stats: CalibrationStats | None = None  # the measurement in progress
+        self._seen = 0
+        self._probed = 0
+
+    # ------------------------------------------------------------------ read-outs
+
+    @property
+    def calibrated(self) -> bool:
+        """Whether the table-wise bounds have been chosen."""
+        return self._calibrated
+
+    @property
+    def calibrated_at(self) -> int | None:
+        """Training batch from which the latest calibration's bounds apply."""
+        return self._calibrated_at
+
+    @property
+    def calibrations(self) -> list[dict[str, Any]]:
+        """Every calibration so far: ``{"at": batch, "tight": n, "base": n, "loose": n}``."""
+        return [dict(c) for c in self._calibrations]
+
+    @property
+    def table_bounds(self) -> dict[str, float]:
+        """Calibrated base bound of every table."""
+        return dict(self._table_bounds)
+
+    @property
+    def classes(self) -> dict[str, TableClass]:
+        """Class of every calibrated table."""
+        return dict(self._classes)
+
+    @property
+    def table_stats(self) -> dict[str, TableStats]:
+        """The cross-rank statistics of the latest calibration."""
+        return dict(self._table_stats)
+
+    def report(self) -> list[dict[str, Any]]:
+        """One row per table: class, bound, homogenization index, distinct vectors per chunk, value range, ratio and
+        (if probed) relative loss change at each candidate bound."""
+        rows = []
+        for name in sorted(self._table_stats):
+            s = self._table_stats[name]
+            sens = s.sensitivity()
+            rows.append(
+                {
+                    "table": name,
+                    "class": str(self._classes[name]) if name in self._classes else None,
+                    "eps": self._table_bounds.get(name),
+                    "homogenization_index": s.homogenization_index,
+                    "distinct_per_chunk": s.distinct_per_chunk,
+                    "value_range": s.value_range,
+                    "ratio": {str(k): v for k, v in s.ratios().items()},
+                    "loss_change": None if sens is None else {str(k): v for k, v in sens.items()},
+                }
+            )
+        return rows
+
+    # ------------------------------------------------------------------ the protocol
+
+    def begin(self) -> None:
+        """Training starts (fresh, or restored from a checkpoint): schedule the next measurement, if any."""
+        if not self._calibrated:
+            self._new_measurement()  # a measurement cut short by a checkpoint starts over
+        elif self.settings.recalibrate_every:
+            after = (self._calibrated_at or 0) + self.settings.recalibrate_every
+            self._measure_from = max(self._measure_from, after)
+            self._new_measurement()
+
+    def measuring(self, step: int) -> bool:
+        """Whether training batch ``step`` is measured."""
+        return self._stats is not None and step >= self._measure_from
+
+    @property
+    def wants_probe(self) -> bool:
+        """Whether the batch being measured should also run the sensitivity probe."""
+        return self._stats is not None and self._probed < self.settings.sensitivity_batches
+
+    def observe(self, table: str, chunk: torch.Tensor) -> None:
+        """Add one chunk ([rows, dim] pooled embeddings of ``table`` bound for one rank) to the measurement."""
+        assert self._stats is not None, "observe() outside a measurement"
+        self._stats.observe(table, chunk)
+
+    def probe(self, tables: Sequence[str], loss_at: Callable[[ProbeBounds], float]) -> None:
+        """Measure the sensitivity of ``tables`` on the current batch: ``loss_at(bounds)`` must return the loss of
+        one forward pass whose exchanges encode with ``bounds`` (same batch and random state every time)."""
+        assert self._stats is not None, "probe() outside a measurement"
+        base = loss_at(ProbeBounds({}))
+        for name in tables:
+            probed = [loss_at(ProbeBounds({name: eps})) for eps in self.settings.candidates]
+            self._stats.record_loss(name, base, probed)
+        self._probed += 1
+
+    def batch_measured(self) -> None:
+        """One more batch measured."""
+        self._seen += 1
+
+    @property
+    def complete(self) -> bool:
+        """Whether the measurement in progress has all its batches."""
+        return self._stats is not None and self._seen >= self.settings.batches
+
+    def finish(self, first_batch: int, tables: Sequence[str], all_reduce: AllReduce) -> Calibration:
+        """Reduce the statistics of ``tables`` over ranks, choose every table's bound (applying from training batch
+        ``first_batch``) and schedule the recalibration. Every rank must call it with the same ``tables``."""
+        assert self._stats is not None, "finish() without a measurement"
+        tensors = self._stats.to_tensors(tables)
+        self._stats.load_tensors(tables, {op: all_reduce(t, op) for op, t in tensors.items()})
+        self._table_stats = {n: self._stats.tables[n] for n in tables}
+        s = self.settings
+        if s.mode == "homogenization":
+            self._classes = classify(self._table_stats, s.thresholds)
+            self._table_bounds = class_table_bounds(self._classes, s.class_bounds)
+        else:
+            self._table_bounds = sensitivity_table_bounds(self._table_stats, s.sensitivity_tolerance)
+            self._classes = sensitivity_classes(self._table_bounds, s.class_bounds)
+        result = Calibration(
+            at=first_batch,
+            batches=self._seen,
+            counts={c.value: sum(1 for v in self._classes.values() if v is c) for c in TableClass},
+            again=self._calibrated,
+        )
+        self._calibrated, self._calibrated_at = True, first_batch
+        self._calibrations.append({"at": first_batch, **result.counts})
+        self._stats = None
+        if s.recalibrate_every:
+            self._measure_from = first_batch + s.recalibrate_every
+            self._new_measurement()
+        return result
+
+    def _new_measurement(self) -> None:
+        s = self.settings
+        self._stats = CalibrationStats(s.candidates, s.index_eps, s.codec_impl)
+        self._seen = self._probed = 0
+
+    # ------------------------------------------------------------------ checkpoint state
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain data: the chosen bounds, classes and statistics, and where the schedule stands."""
+        return {
+            "calibrated": self._calibrated,
+            "calibrated_at": self._calibrated_at,
+            "measure_from": self._measure_from,
+            "calibrations": self.calibrations,
+            "table_bounds": dict(self._table_bounds),
+            "classes": {k: str(v) for k, v in self._classes.items()},
+            "table_stats": {k: v.as_dict() for k, v in self._table_stats.items()},
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict`; a measurement in progress is not saved and starts over at :meth:`begin`."""
+        self._calibrated = bool(state["calibrated"])
+        self._calibrated_at = state["calibrated_at"]
+        self._measure_from = int(state.get("measure_from", self.settings.start))
+        self._calibrations = [dict(c) for c in state.get("calibrations", [])]
+        self._table_bounds = {k: float(v) for k, v in state["table_bounds"].items()}
+        self._classes = {k: TableClass(v) for k, v in state["classes"].items()}
+        self._table_stats = {k: TableStats.from_dict(v) for k, v in state["table_stats"].items()}
+        self._stats = None

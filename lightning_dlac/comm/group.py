@@ -1,0 +1,84 @@
+"""ExchangeGroup: the one object the policy talks to, owning every compressed exchange installed in a model."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+
+import torch
+
+from lightning_dlac.comm.all_to_all import BoundSource, CompressedPooledEmbeddingsAllToAll
+from lightning_dlac.comm.config import ErrorBounds
+from lightning_dlac.comm.stats import CommStats
+
+
+class ExchangeGroup(Sequence[CompressedPooledEmbeddingsAllToAll]):
+    """The compressed all-to-alls installed in one model, with their table layout, bounds, observer and statistics.
+
+    :func:`~lightning_dlac.comm.install_compressed_all_to_all` returns it. A policy reads and writes the exchanges
+    only through it: :attr:`bounds` (what the next exchanges encode with), :meth:`set_observer` (see every chunk
+    this rank encodes), :meth:`off_the_record` (exchanges that measure rather than train) and :meth:`stats`
+    (counters that only grow; take differences of two snapshots for an interval). It is a sequence of the installed
+    modules.
+
+    Args:
+        exchanges: The installed modules.
+        bounds: The per-table bounds they all read.
+    """
+
+    def __init__(self, exchanges: Sequence[CompressedPooledEmbeddingsAllToAll], bounds: ErrorBounds) -> None:
+        self._exchanges = list(exchanges)
+        self._bounds = bounds
+
+    def __getitem__(self, index):  # noqa: ANN001, ANN204 - Sequence protocol
+        return self._exchanges[index]
+
+    def __len__(self) -> int:
+        return len(self._exchanges)
+
+    @property
+    def bounds(self) -> ErrorBounds:
+        """The per-table bounds every exchange reads at each call."""
+        return self._bounds
+
+    @property
+    def local_tables(self) -> list[str]:
+        """Tables whose pooled embeddings this rank sends compressed, sorted."""
+        return sorted({t for a2a in self._exchanges for t in a2a.local_tables})
+
+    @property
+    def tables(self) -> list[str]:
+        """Every table some rank sends compressed; the same sorted list on every rank."""
+        return sorted({t for a2a in self._exchanges for tables in a2a.tables_per_rank for t in tables})
+
+    def stats(self) -> CommStats:
+        """This rank's counters summed over the exchanges, since they were installed."""
+        total = CommStats()
+        for a2a in self._exchanges:
+            total = total + a2a.stats
+        return total
+
+    def set_observer(self, observer: Callable[[str, torch.Tensor], None] | None) -> None:
+        """From now on call ``observer(table, chunk)`` with every chunk this rank encodes in a forward exchange on the
+        record (``None`` stops it)."""
+        for a2a in self._exchanges:
+            a2a.observer = observer
+
+    @contextlib.contextmanager
+    def observing(self, observer: Callable[[str, torch.Tensor], None]) -> Iterator[None]:
+        """:meth:`set_observer` for the duration of the block."""
+        self.set_observer(observer)
+        try:
+            yield
+        finally:
+            self.set_observer(None)
+
+    @contextlib.contextmanager
+    def off_the_record(self, bounds: BoundSource) -> Iterator[None]:
+        """Within the block, forward exchanges encode with ``bounds`` instead of :attr:`bounds`, are always
+        compressed, are not observed and count in no statistics (see
+        :meth:`CompressedPooledEmbeddingsAllToAll.off_the_record`)."""
+        with contextlib.ExitStack() as stack:
+            for a2a in self._exchanges:
+                stack.enter_context(a2a.off_the_record(bounds))
+            yield

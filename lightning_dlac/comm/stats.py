@@ -1,0 +1,157 @@
+"""The statistics record of the compressed exchanges: counters that only grow.
+
+Nobody resets a :class:`CommStats`. A reader that wants the figures of an interval keeps the snapshot it took at
+the start and subtracts it from a later one (``later - earlier``); ranks combine their records with two all-reduces
+(:meth:`CommStats.to_tensors` / :meth:`CommStats.from_tensors`). Every field is declared once, here, and sums,
+differences, reductions and the plain-data form are all derived from the declarations: adding a counter is one line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import torch
+
+# How a per-table field combines: "sum" (a counter) or "max" (a running maximum).
+_REDUCE = "reduce"
+
+
+def _per_table(reduce: str = "sum") -> Any:
+    return field(default_factory=dict, metadata={_REDUCE: reduce})
+
+
+@dataclass
+class CommStats:
+    """Counters of one rank's compressed exchanges since setup.
+
+    Byte counts are traffic to other ranks: the block a rank keeps for itself is neither encoded nor sent (it is
+    passed on exactly), so it counts in neither the raw nor the sent bytes, and ratios are those of the codec on
+    what crosses the network. Seconds are device time where the exchange runs on a GPU (CUDA events), wall time on
+    the CPU. ``table_max_error_ratio`` is a running maximum, not a counter: a difference of two snapshots keeps the
+    later one's value.
+    """
+
+    calls: int = 0  # forward exchanges
+    uncompressed_calls: int = 0  # of which the uncompressed fallback (compress="auto") sent uncompressed
+    raw_bytes: int = 0  # float32 bytes the forward exchanges stand for
+    sent_bytes: int = 0  # bytes they did send (payloads + size exchange)
+    encode_s: float = 0.0
+    exchange_s: float = 0.0
+    decode_s: float = 0.0
+    backward_calls: int = 0
+    backward_raw_bytes: int = 0
+    backward_sent_bytes: int = 0
+    backward_s: float = 0.0
+    table_raw_bytes: dict[str, int] = _per_table()
+    table_sent_bytes: dict[str, int] = _per_table()
+    table_non_finite_chunks: dict[str, int] = _per_table()  # chunks that held NaN/Inf (the codec sent them exactly)
+    table_max_error_ratio: dict[str, float] = _per_table("max")  # largest observed |x - x_hat| / bound
+
+    # ------------------------------------------------------------------ read-outs
+
+    @property
+    def ratio(self) -> float:
+        """Forward compression ratio (raw / sent); 1.0 before any call."""
+        return self.raw_bytes / self.sent_bytes if self.sent_bytes else 1.0
+
+    @property
+    def backward_ratio(self) -> float:
+        """Gradient exchange ratio (raw / sent); 1.0 before any call."""
+        return self.backward_raw_bytes / self.backward_sent_bytes if self.backward_sent_bytes else 1.0
+
+    @property
+    def a2a_s(self) -> float:
+        """Seconds spent in the all-to-all, both directions."""
+        return self.encode_s + self.exchange_s + self.decode_s + self.backward_s
+
+    @property
+    def non_finite_tables(self) -> set[str]:
+        """Tables whose payload held NaN/Inf at least once."""
+        return {t for t, n in self.table_non_finite_chunks.items() if n}
+
+    @property
+    def tables(self) -> list[str]:
+        """Every table with a per-table figure, sorted."""
+        return sorted({t for f in _TABLE_FIELDS for t in getattr(self, f)})
+
+    # ------------------------------------------------------------------ arithmetic
+
+    def __add__(self, other: CommStats) -> CommStats:
+        """Both records' counters (e.g. two installed exchanges)."""
+        return _combine(self, other, subtract=False)
+
+    def __sub__(self, earlier: CommStats) -> CommStats:
+        """The counters accumulated since ``earlier``, a snapshot of the same record."""
+        return _combine(self, earlier, subtract=True)
+
+    def copy(self) -> CommStats:
+        """An independent snapshot."""
+        return self + CommStats()
+
+    # ------------------------------------------------------------------ reduction over ranks and plain data
+
+    def to_tensors(self, tables: Sequence[str]) -> dict[str, torch.Tensor]:
+        """This record as two float64 tensors, ``"sum"`` and ``"max"``, to all-reduce with those operations and read
+        back with :meth:`from_tensors`. Every rank must pass the same ``tables``."""
+        sums = [float(getattr(self, f)) for f in _SCALAR_FIELDS]
+        maxes: list[float] = []
+        for f in _TABLE_FIELDS:
+            values = getattr(self, f)
+            target = maxes if _reduce_of(f) == "max" else sums
+            target.extend(float(values.get(t, 0)) for t in tables)
+        return {"sum": torch.tensor(sums, dtype=torch.float64), "max": torch.tensor(maxes, dtype=torch.float64)}
+
+    @classmethod
+    def from_tensors(cls, tables: Sequence[str], tensors: Mapping[str, torch.Tensor]) -> CommStats:
+        """Inverse of :meth:`to_tensors` (after the all-reduce: every rank's figures combined)."""
+        streams = {key: iter(tensors[key].detach().cpu().double().tolist()) for key in ("sum", "max")}
+        out = cls()
+        for f in _SCALAR_FIELDS:
+            setattr(out, f, _cast(f, next(streams["sum"])))
+        for f in _TABLE_FIELDS:
+            stream = streams[_reduce_of(f)]
+            setattr(out, f, {t: _cast(f, next(stream)) for t in tables})
+        return out
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain data (checkpoints, ``dlac_run.json``)."""
+        return {f.name: dict(getattr(self, f.name)) if f.name in _TABLE_FIELDS else getattr(self, f.name)
+                for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> CommStats:
+        """Inverse of :meth:`as_dict`; fields it lacks start at zero (records written by older versions)."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: dict(v) if k in _TABLE_FIELDS else v for k, v in data.items() if k in known})
+
+
+_SCALAR_FIELDS = tuple(f.name for f in fields(CommStats) if _REDUCE not in f.metadata)
+_TABLE_FIELDS = tuple(f.name for f in fields(CommStats) if _REDUCE in f.metadata)
+_INT_FIELDS = frozenset(f.name for f in fields(CommStats) if f.type in ("int", "dict[str, int]"))
+
+
+def _reduce_of(name: str) -> str:
+    return CommStats.__dataclass_fields__[name].metadata[_REDUCE]
+
+
+def _cast(name: str, value: float) -> int | float:
+    return int(round(value)) if name in _INT_FIELDS else float(value)
+
+
+def _combine(a: CommStats, b: CommStats, subtract: bool) -> CommStats:
+    sign = -1 if subtract else 1
+    out = CommStats()
+    for f in _SCALAR_FIELDS:
+        setattr(out, f, getattr(a, f) + sign * getattr(b, f))
+    for f in _TABLE_FIELDS:
+        x, y = getattr(a, f), getattr(b, f)
+        if _reduce_of(f) == "sum":
+            merged = {t: x.get(t, 0) + sign * y.get(t, 0) for t in {*x, *y}}
+        elif subtract:
+            merged = dict(x)  # a running maximum: the interval keeps the later snapshot's value
+        else:
+            merged = {t: max(x.get(t, 0.0), y.get(t, 0.0)) for t in {*x, *y}}
+        setattr(out, f, merged)
+    return out

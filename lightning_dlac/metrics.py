@@ -1,0 +1,190 @@
+"""The ``dlac/*`` metrics of a training run and the figures its report is made from.
+
+:class:`CompressionMonitor` turns an :class:`~lightning_dlac.comm.ExchangeGroup`'s counters (which only grow) into
+per-interval metrics: it keeps the snapshot it took at the previous write, all-reduces the difference over ranks,
+and adds it to the run's totals. It also times the training batches, to give the all-to-all's share of them. It
+does not decide anything; ``DLACCallback`` calls it from its hooks, as Lightning keeps ``LearningRateMonitor`` apart
+from the loop.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+
+from lightning_dlac.adaptive.calibrator import AllReduce
+from lightning_dlac.comm import CommStats, ExchangeGroup
+
+# Figures that only make sense per training batch: left out of a write that followed no training batch.
+_PER_STEP = ("raw_bytes_per_step", "sent_bytes_per_step", "encode_ms", "exchange_ms", "decode_ms", "backward_ms",
+             "a2a_share")
+
+
+class CompressionMonitor:
+    """Per-interval compression metrics of one rank's exchanges, combined over ranks.
+
+    Args:
+        per_table: Also report ratio, bound and max error / bound of every table.
+        all_reduce: Combines a tensor over ranks (``"sum"`` / ``"max"``).
+    """
+
+    def __init__(self, per_table: bool, all_reduce: AllReduce) -> None:
+        self.per_table = per_table
+        self._all_reduce = all_reduce
+        self._last = CommStats()  # this rank's counters at the previous write
+        self.totals = CommStats()  # every rank, every write: the report's figures
+        self.batches = 0
+        self.train_s = 0.0  # training-batch wall time, summed over ranks
+        self.a2a_s = 0.0  # of which in the all-to-all
+        self.history: list[dict[str, Any]] = []  # every write, with the module's scalar metrics at that point
+        self.non_finite_reported: set[str] = set()
+        self.last_ratio: float | None = None
+        self._interval = [0.0, 0.0]  # this rank's training-batch seconds and all-to-all seconds since the last write
+        self._interval_batches = 0
+        self._batch_start = (0.0, 0.0)
+
+    # ------------------------------------------------------------------ per batch
+
+    def batch_started(self, group: ExchangeGroup) -> None:
+        """A training batch starts."""
+        self._batch_start = (time.perf_counter(), group.stats().a2a_s)
+
+    def batch_ended(self, group: ExchangeGroup, excluded_s: float = 0.0) -> None:
+        """The training batch ended; ``excluded_s`` of its wall time was not training (calibration probes)."""
+        t0, a2a0 = self._batch_start
+        self._interval[0] += time.perf_counter() - t0 - excluded_s
+        self._interval[1] += group.stats().a2a_s - a2a0
+        self._interval_batches += 1
+
+    def pending(self, group: ExchangeGroup) -> bool:
+        """Whether a training batch or an exchange happened since the last write."""
+        return bool(self._interval_batches) or group.stats().calls > self._last.calls
+
+    # ------------------------------------------------------------------ writes
+
+    def write(self, group: ExchangeGroup, world_size: int, effective_bound: Callable[[str], float],
+              multiplier: float) -> dict[str, float]:
+        """Combine the interval's figures over ranks, add them to the totals and return the metrics.
+        Every rank must call it at the same point."""
+        tables = group.tables
+        now = group.stats()
+        tensors = (now - self._last).to_tensors(tables)
+        # The interval's timings travel with the counters' sums: one all-reduce for both.
+        sums = self._all_reduce(torch.cat([tensors["sum"], torch.tensor(self._interval, dtype=torch.float64)]), "sum")
+        interval = CommStats.from_tensors(tables, {"sum": sums[:-2], "max": self._all_reduce(tensors["max"], "max")})
+        step_s, a2a_s = sums[-2:].tolist()
+        self._last = now
+        self.totals = self.totals + interval
+        batches = self._interval_batches
+        self.batches += batches
+        self.train_s += step_s
+        self.a2a_s += a2a_s
+        self._interval, self._interval_batches = [0.0, 0.0], 0
+
+        bad = sorted(interval.non_finite_tables)
+        self._warn_non_finite(bad)
+        self.last_ratio = interval.ratio
+        per_step = 1.0 / max(batches, 1)
+        ms = 1000.0 * per_step / world_size  # seconds summed over ranks -> ms per step and rank
+        errors = interval.table_max_error_ratio
+        metrics = {
+            "dlac/ratio": interval.ratio,
+            "dlac/raw_bytes_per_step": interval.raw_bytes * per_step,
+            "dlac/sent_bytes_per_step": interval.sent_bytes * per_step,
+            "dlac/bytes_saved": float(self.totals.raw_bytes - self.totals.sent_bytes),  # cumulative
+            "dlac/backward_ratio": interval.backward_ratio,
+            "dlac/multiplier": multiplier,
+            "dlac/encode_ms": interval.encode_s * ms,
+            "dlac/exchange_ms": interval.exchange_s * ms,
+            "dlac/decode_ms": interval.decode_s * ms,
+            "dlac/backward_ms": interval.backward_s * ms,
+            "dlac/a2a_share": a2a_s / step_s if step_s > 0 else 0.0,
+            "dlac/max_err_over_bound": max(errors.values(), default=0.0),
+            "dlac/non_finite_tables": float(len(bad)),
+            "dlac/uncompressed_share": interval.uncompressed_calls / interval.calls if interval.calls else 0.0,
+        }
+        if not batches:  # only validation traffic since the last write (the flush at the end of training)
+            for key in _PER_STEP:
+                metrics.pop(f"dlac/{key}")
+        if self.per_table:
+            for n in tables:
+                raw, sent = interval.table_raw_bytes.get(n, 0), interval.table_sent_bytes.get(n, 0)
+                metrics[f"dlac/ratio/{n}"] = raw / sent if sent else 1.0
+                metrics[f"dlac/eps/{n}"] = effective_bound(n)
+                metrics[f"dlac/max_err_over_bound/{n}"] = errors.get(n, 0.0)
+        return metrics
+
+    def _warn_non_finite(self, tables: list[str]) -> None:
+        new = [t for t in tables if t not in self.non_finite_reported]
+        if new:
+            self.non_finite_reported.update(new)
+            rank_zero_warn(
+                f"DLACCallback: the pooled embeddings of table(s) {new} held NaN or Inf; those chunks were sent"
+                " exactly (uncompressed), so the values reached the model unchanged. Check the table's inputs and"
+                " learning rate. (Reported once per table; the count per interval is logged as"
+                " dlac/non_finite_tables.)"
+            )
+
+    # ------------------------------------------------------------------ the report's figures and checkpoints
+
+    def summary(self, world_size: int) -> dict[str, Any]:
+        """The whole run's traffic and time (the ``summary`` of ``dlac_run.json``)."""
+        t = self.totals
+        ms = 1000.0 / (max(self.batches, 1) * world_size)
+        return {
+            "world_size": world_size,
+            "batches": self.batches,
+            "raw_bytes": t.raw_bytes,
+            "sent_bytes": t.sent_bytes,
+            "table_raw_bytes": dict(t.table_raw_bytes),
+            "table_sent_bytes": dict(t.table_sent_bytes),
+            "train_s": self.train_s,
+            "a2a_s": self.a2a_s,
+            "encode_ms": t.encode_s * ms,
+            "exchange_ms": t.exchange_s * ms,
+            "decode_ms": t.decode_s * ms,
+            "backward_ms": t.backward_s * ms,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """Totals and history (a resumed run's report covers the whole run)."""
+        totals = {"batches": self.batches, "train_s": self.train_s, "a2a_s": self.a2a_s, **self.totals.as_dict()}
+        return {"totals": totals, "history": list(self.history), "non_finite_tables": sorted(self.non_finite_reported)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict` (also the ``totals`` / ``history`` of checkpoints written before it existed)."""
+        totals = dict(state["totals"])
+        self.batches = int(totals.pop("batches", 0))
+        self.train_s = float(totals.pop("train_s", 0.0))
+        self.a2a_s = float(totals.pop("a2a_s", 0.0))
+        self.totals = CommStats.from_dict(totals)
+        self.history = list(state["history"])
+        self.non_finite_reported = set(state.get("non_finite_tables", []))
+
+
+def scalar_metrics(trainer: pl.Trainer) -> dict[str, float]:
+    """The trainer's scalar metrics other than the ``dlac/*`` ones."""
+    out = {}
+    for key, value in trainer.callback_metrics.items():
+        if key.startswith("dlac/"):
+            continue
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            out[key] = float(value)
+        elif isinstance(value, (int, float)):
+            out[key] = float(value)
+    return out
+
+
+def run_directory(trainer: pl.Trainer) -> Path | None:
+    """The logger's run directory (``None`` without a logger; a logger without a directory: its ``save_dir``, else
+    the Trainer's ``default_root_dir``). ``logger.log_dir``, not ``trainer.log_dir``, which is a collective."""
+    logger = trainer.logger
+    if logger is None:
+        return None
+    return Path(getattr(logger, "log_dir", None) or getattr(logger, "save_dir", None) or trainer.default_root_dir)

@@ -1,0 +1,283 @@
+"""Sharding of a model's embedding tables with TorchRec: options, their validation, planning and the plan summary.
+
+TorchRec only (no Lightning): ``DLACStrategy`` calls :func:`shard_model`, and so can a plain training loop::
+
+    dmp = shard_model(model, ShardingOptions(sharding_types=["table_wise"]), device=torch.device("cpu"))
+    group = install_compressed_all_to_all(dmp, CompressionConfig(), ErrorBounds(0.01))
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+if TYPE_CHECKING:
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+
+log = logging.getLogger(__name__)
+
+# TorchRec's sharding type names (torchrec.distributed.types.ShardingType values), spelled as in its planner.
+SHARDING_TYPES = (
+    "table_wise",
+    "column_wise",
+    "row_wise",
+    "table_row_wise",
+    "table_column_wise",
+    "data_parallel",
+    "grid_shard",
+)
+# Sharding types that split one table over several ranks, so a table larger than one rank's budget can still fit.
+_SPLITTING_SHARDING_TYPES = frozenset(SHARDING_TYPES) - {"table_wise", "data_parallel"}
+
+
+class NoEmbeddingTablesError(TypeError):
+    """The model has no TorchRec ``EmbeddingBagCollection`` to shard."""
+
+
+class EmbeddingOptimizer(str, Enum):
+    """Fused (in-backward) optimizers for the sharded embedding tables, as FBGEMM implements them."""
+
+    SGD = "sgd"
+    ADAGRAD = "adagrad"
+    ROWWISE_ADAGRAD = "rowwise_adagrad"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def to_fbgemm(self) -> Any:
+        from fbgemm_gpu.split_embedding_configs import EmbOptimType
+
+        return {
+            EmbeddingOptimizer.SGD: EmbOptimType.EXACT_SGD,
+            EmbeddingOptimizer.ADAGRAD: EmbOptimType.EXACT_ADAGRAD,
+            EmbeddingOptimizer.ROWWISE_ADAGRAD: EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+        }[self]
+
+    def state_bytes(self, rows: int, dim: int) -> int:
+        """Optimizer state of one table: Adagrad keeps one float per element, row-wise Adagrad one per row."""
+        return {EmbeddingOptimizer.SGD: 0, EmbeddingOptimizer.ADAGRAD: rows * dim * 4,
+                EmbeddingOptimizer.ROWWISE_ADAGRAD: rows * 4}[self]
+
+
+def parse_enum(enum_cls: type[Enum], value: Any, option: str) -> Any:
+    """``enum_cls(value)``, or an error naming ``option`` and the accepted values."""
+    try:
+        return enum_cls(value)
+    except ValueError:
+        accepted = ", ".join(repr(m.value) for m in enum_cls)  # type: ignore[attr-defined]
+        raise ValueError(f"{option}={value!r} is not supported; choose one of {accepted}.") from None
+
+
+def _sharding_types(types: Sequence[str] | str, option: str) -> list[str]:
+    types = [types] if isinstance(types, str) else list(types)
+    if not types:
+        raise ValueError(f"{option} is empty; give at least one of {', '.join(SHARDING_TYPES)}.")
+    for t in types:
+        if t not in SHARDING_TYPES:
+            raise ValueError(
+                f"{option} contains unknown sharding type {t!r}; accepted: {', '.join(SHARDING_TYPES)}"
+                " (TorchRec's ShardingType values)."
+            )
+    return types
+
+
+def _table_constraints(table_constraints: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    from torchrec.distributed.planner.types import ParameterConstraints
+
+    accepted = {f.name for f in fields(ParameterConstraints)}
+    out: dict[str, dict[str, Any]] = {}
+    for table, options in table_constraints.items():
+        if not isinstance(options, Mapping):
+            raise TypeError(
+                f"table_constraints[{table!r}] must be a mapping of ParameterConstraints fields, got"
+                f" {type(options).__name__}."
+            )
+        unknown = sorted(set(options) - accepted)
+        if unknown:
+            raise ValueError(
+                f"table_constraints[{table!r}] has unknown option(s) {unknown}; accepted: {sorted(accepted)}."
+            )
+        options = dict(options)
+        if "sharding_types" in options:
+            options["sharding_types"] = _sharding_types(
+                options["sharding_types"], f"table_constraints[{table!r}]['sharding_types']"
+            )
+        out[table] = options
+    return out
+
+
+@dataclass
+class ShardingOptions:
+    """How the embedding tables are sharded and trained (``DLACStrategy``'s options of the same names)."""
+
+    sharding_types: Sequence[str] = ("table_wise",)  # the planner's choices for every table (TorchRec names)
+    table_constraints: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # per table: ParameterConstraints
+    embedding_optimizer: EmbeddingOptimizer | str = EmbeddingOptimizer.ADAGRAD  # fused optimizer of the tables
+    embedding_lr: float = 0.05  # its learning rate
+    adagrad_epsilon: float = 1e-8  # its epsilon (Adagrad and row-wise Adagrad)
+    memory_budget_bytes: int | None = None  # per rank, for tables + optimizer state; None: the planner's default
+    find_unused_parameters: bool = False  # of the DDP that DMP wraps the dense parameters in
+    static_graph: bool = False  # of that DDP
+    bucket_cap_mb: int = 25  # of that DDP
+
+    def __post_init__(self) -> None:
+        self.sharding_types = _sharding_types(self.sharding_types, "sharding_types")
+        self.table_constraints = _table_constraints(self.table_constraints or {})
+        self.embedding_optimizer = parse_enum(EmbeddingOptimizer, self.embedding_optimizer, "embedding_optimizer")
+        if not self.embedding_lr > 0:
+            raise ValueError(f"embedding_lr={self.embedding_lr} must be > 0.")
+        if not self.adagrad_epsilon > 0:
+            raise ValueError(f"adagrad_epsilon={self.adagrad_epsilon} must be > 0.")
+        if self.memory_budget_bytes is not None and self.memory_budget_bytes <= 0:
+            raise ValueError(
+                f"memory_budget_bytes={self.memory_budget_bytes} must be a positive number of bytes or None."
+            )
+        if self.bucket_cap_mb <= 0:
+            raise ValueError(f"bucket_cap_mb={self.bucket_cap_mb} must be > 0.")
+
+    def allowed_sharding_types(self, table: str) -> list[str]:
+        """The sharding types the planner may use for ``table``: its own constraint, else the global one."""
+        return list(self.table_constraints.get(table, {}).get("sharding_types", self.sharding_types))
+
+    def check_tables(self, tables: Sequence[Any], supported: Sequence[str], device_type: str) -> None:
+        """Refuse constraints on unknown tables, sharding types the device lacks, and whole tables over budget."""
+        names = {t.name for t in tables}
+        unknown = sorted(set(self.table_constraints) - names)
+        if unknown:
+            raise ValueError(
+                f"table_constraints names tables that the model does not have: {unknown}. Tables in the model:"
+                f" {sorted(names)}."
+            )
+        splitting = sorted(_SPLITTING_SHARDING_TYPES & set(supported))
+        for t in tables:
+            allowed = self.allowed_sharding_types(t.name)
+            if not set(allowed) & set(supported):
+                raise ValueError(
+                    f"Table {t.name!r} may only use sharding types {allowed}, none of which TorchRec supports on"
+                    f" {device_type!r} devices (supported there: {list(supported)}). Change sharding_types (or that"
+                    " table's table_constraints)."
+                )
+            if self.memory_budget_bytes is None or set(allowed) & _SPLITTING_SHARDING_TYPES:
+                continue
+            optimizer = self.embedding_optimizer
+            need = t.num_embeddings * t.embedding_dim * 4 + optimizer.state_bytes(t.num_embeddings, t.embedding_dim)
+            if need > self.memory_budget_bytes:
+                raise ValueError(
+                    f"Embedding table {t.name!r} ({t.num_embeddings} rows x {t.embedding_dim} dims, {need} bytes with"
+                    f" {optimizer} state) does not fit in memory_budget_bytes={self.memory_budget_bytes} of one"
+                    f" rank, and sharding types {allowed} keep a table whole. Raise memory_budget_bytes, or let it be"
+                    f" split: table_constraints={{{t.name!r}: {{'sharding_types': [{splitting[0]!r}]}}}} (splitting"
+                    f" types on {device_type!r}: {splitting})."
+                )
+
+
+def shard_model(
+    module: nn.Module,
+    options: ShardingOptions,
+    device: torch.device,
+    pg: dist.ProcessGroup | None = None,
+    local_world_size: int | None = None,
+) -> DistributedModelParallel:
+    """Plan a sharding of every ``EmbeddingBagCollection`` in ``module`` and wrap it in TorchRec's
+    ``DistributedModelParallel``: tables sharded and trained by the fused optimizer, dense parameters in DDP.
+
+    Args:
+        module: The model (not yet sharded).
+        options: Sharding and embedding-optimizer options.
+        device: This rank's device.
+        pg: Process group (default: the world group, which must exist).
+        local_world_size: Ranks per node, as the planner's topology needs it (default: the world size).
+    """
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder, ShardedEmbeddingBagCollection
+    from torchrec.distributed.model_parallel import DefaultDataParallelWrapper, DistributedModelParallel
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+    from torchrec.distributed.planner.types import ParameterConstraints, PlannerError
+    from torchrec.distributed.types import ShardingEnv
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    ebcs = [m for m in module.modules() if isinstance(m, EmbeddingBagCollection)]
+    if not ebcs and not any(isinstance(m, ShardedEmbeddingBagCollection) for m in module.modules()):
+        raise NoEmbeddingTablesError(
+            f"found no torchrec EmbeddingBagCollection in {type(module).__name__}. Build the embedding tables with"
+            " `torchrec.EmbeddingBagCollection(tables=[EmbeddingBagConfig(...)])` (see lightning_dlac.examples), or"
+            " use Lightning's DDPStrategy for a model without embedding tables."
+        )
+    pg = pg if pg is not None else dist.group.WORLD
+    if pg is None:
+        raise RuntimeError("shard_model() needs an initialized process group (torch.distributed.init_process_group).")
+    env = ShardingEnv.from_process_group(pg)
+    sharder = EmbeddingBagCollectionSharder(
+        fused_params={
+            "optimizer": options.embedding_optimizer.to_fbgemm(),
+            "learning_rate": options.embedding_lr,
+            "eps": options.adagrad_epsilon,
+        }
+    )
+    tables = [table for ebc in ebcs for table in ebc.embedding_bag_configs()]
+    options.check_tables(tables, supported=sharder.sharding_types(device.type), device_type=device.type)
+    budget = options.memory_budget_bytes
+    topology = Topology(
+        world_size=env.world_size,
+        local_world_size=local_world_size or env.world_size,
+        compute_device=device.type,
+        hbm_cap=budget if device.type == "cuda" else None,
+        ddr_cap=budget if device.type != "cuda" else None,
+    )
+    constraints = {
+        t.name: ParameterConstraints(
+            **{**options.table_constraints.get(t.name, {}), "sharding_types": options.allowed_sharding_types(t.name)}
+        )
+        for t in tables
+    }
+    planner = EmbeddingShardingPlanner(topology=topology, constraints=constraints, debug=False)
+    try:
+        plan = planner.collective_plan(module, [sharder], pg)
+    except PlannerError as err:
+        raise ValueError(
+            f"TorchRec's planner found no sharding of the {len(tables)} embedding tables on {env.world_size}"
+            f" rank(s) with sharding_types={options.sharding_types} and memory_budget_bytes={budget}. Raise"
+            " memory_budget_bytes, allow more sharding types (e.g. 'column_wise' or 'row_wise'), or shrink the"
+            f" tables. Planner said: {str(err).strip()[:2000]}"
+        ) from err
+    log.debug(f"sharding plan\n{plan}")
+    ddp = {"find_unused_parameters": options.find_unused_parameters, "static_graph": options.static_graph,
+           "bucket_cap_mb": options.bucket_cap_mb}
+    return DistributedModelParallel(module, env=env, device=device, plan=plan, sharders=[sharder],
+                                    data_parallel_wrapper=DefaultDataParallelWrapper(**ddp))
+
+
+def plan_summary(plan: Any) -> str:
+    """``table->sharding_type[ranks]`` for (up to eight of) the tables of a TorchRec ``ShardingPlan``."""
+    parts = []
+    for module_plan in plan.plan.values():
+        for table, spec in module_plan.items():
+            ranks = sorted(spec.ranks) if spec.ranks else []
+            parts.append(f"{table}->{spec.sharding_type}{ranks}")
+    return ", ".join(parts) if len(parts) <= 8 else ", ".join(parts[:8]) + f", ... ({len(parts)} tables)"
+
+
+def table_count(plan: Any) -> int:
+    """Number of tables a ``ShardingPlan`` places."""
+    return sum(len(module_plan) for module_plan in plan.plan.values())
+
+
+def fused_parameters(module: nn.Module) -> list[torch.nn.Parameter]:
+    """The parameters of ``module`` that a fused optimizer trains inside the backward pass."""
+    return [p for p in module.parameters() if hasattr(p, "_in_backward_optimizers")]
+
+
+def dense_parameters(module: nn.Module) -> list[torch.nn.Parameter]:
+    """The parameters of ``module`` that a regular optimizer should train.
+
+    Under :class:`~lightning_dlac.DLACStrategy` (``configure_optimizers`` runs after sharding) that is everything but
+    the sharded embedding tables, which a fused optimizer trains inside the backward pass. Without sharding (a plain
+    Trainer) it is every parameter, embedding tables included.
+    """
+    return [p for p in module.parameters() if not hasattr(p, "_in_backward_optimizers")]

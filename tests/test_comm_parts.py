@@ -1,0 +1,101 @@
+"""The parts around the pure exchange, without processes: the statistics record, phase timing and the uncompressed
+fallback (driven by injected times, so no decision depends on how busy the machine is)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lightning_dlac.comm.fallback import UncompressedFallback
+from lightning_dlac.comm.stats import CommStats
+from lightning_dlac.comm.timing import PhaseTimer
+
+
+def _record(calls: int, table_sent: int, error: float, non_finite: int = 0) -> CommStats:
+    return CommStats(calls=calls, raw_bytes=100 * calls, sent_bytes=10 * calls, encode_s=0.5 * calls,
+                     table_raw_bytes={"a": 100 * calls}, table_sent_bytes={"a": table_sent},
+                     table_non_finite_chunks={"a": non_finite}, table_max_error_ratio={"a": error})
+
+
+def test_stats_sum_and_difference_cover_every_counter() -> None:
+    early, late = _record(2, 20, 0.4), _record(5, 50, 0.7, non_finite=1)
+    interval = late - early
+    assert (interval.calls, interval.raw_bytes, interval.sent_bytes) == (3, 300, 30)
+    assert interval.encode_s == pytest.approx(1.5) and interval.table_sent_bytes == {"a": 30}
+    assert interval.non_finite_tables == {"a"} and early.non_finite_tables == set()
+    assert interval.table_max_error_ratio == {"a": 0.7}  # a running maximum: the later snapshot's value
+    both = early + _record(1, 5, 0.9)
+    assert both.calls == 3 and both.table_sent_bytes == {"a": 25} and both.table_max_error_ratio == {"a": 0.9}
+    assert both.ratio == pytest.approx(10.0) and CommStats().ratio == 1.0
+    assert early.copy() == early and early.copy() is not early
+
+
+def test_stats_round_trip_through_tensors_and_plain_data() -> None:
+    stats = _record(4, 44, 0.3, non_finite=2)
+    tensors = stats.to_tensors(["a", "b"])
+    assert set(tensors) == {"sum", "max"} and tensors["max"].tolist() == [0.3, 0.0]
+    back = CommStats.from_tensors(["a", "b"], {k: v * 1 for k, v in tensors.items()})
+    assert back.calls == 4 and isinstance(back.calls, int) and back.table_sent_bytes == {"a": 44, "b": 0}
+    assert back.table_non_finite_chunks == {"a": 2, "b": 0} and back.table_max_error_ratio["a"] == pytest.approx(0.3)
+    # Two ranks: sums add, maxima take the larger.
+    other = _record(1, 1, 0.8).to_tensors(["a", "b"])
+    merged = CommStats.from_tensors(["a", "b"], {"sum": tensors["sum"] + other["sum"],
+                                                 "max": torch.maximum(tensors["max"], other["max"])})
+    assert merged.calls == 5 and merged.table_max_error_ratio["a"] == pytest.approx(0.8)
+    assert CommStats.from_dict(stats.as_dict()) == stats
+    assert CommStats.from_dict({"calls": 3, "a_field_of_an_older_version": 1}).calls == 3
+
+
+def test_phase_timer_accumulates_by_name_and_labels_profiler_ranges() -> None:
+    ticks = iter([1.0, 1.25, 2.0, 2.5, 3.0, 3.125])
+    timer = PhaseTimer(torch.device("cpu"), clock=lambda: next(ticks))
+    with timer.phase("encode_s", "dlac encode"):
+        pass
+    with timer.phase("decode_s"):
+        pass
+    with timer.phase("encode_s"):
+        pass
+    assert timer.collect() == {"encode_s": 0.375, "decode_s": 0.5}
+    assert timer.collect() == {}  # collected once
+    with torch.autograd.profiler.profile() as prof:
+        with PhaseTimer(torch.device("cpu")).phase("encode_s", "dlac encode"):
+            torch.ones(1)
+    assert any(e.name == "## dlac encode ##" for e in prof.function_events)
+
+
+def _drive(policy: UncompressedFallback, cost: dict[bool, float], calls: int) -> tuple[list[bool], list[bool]]:
+    """Make ``calls`` decisions, feeding each timed call its way's ``cost``; return the ways and the timed calls."""
+    ways, timed = [], []
+    for _ in range(calls):
+        call = policy.next_call()
+        ways.append(call.uncompressed)
+        timed.append(call.timed)
+        if call.timed:
+            policy.record(call.uncompressed, cost[call.uncompressed])
+    return ways, timed
+
+
+def test_fallback_uses_the_faster_way_and_checks_the_other_every_n_calls() -> None:
+    policy = UncompressedFallback(check_every=4, slowest=lambda s: list(s))
+    ways, timed = _drive(policy, {False: 0.05, True: 0.01}, 15)
+    # Warm-up (0, 1 compressed; 2 uncompressed), then uncompressed, with the compressed way checked at 6, 10, 14.
+    assert [k for k, u in enumerate(ways) if not u] == [0, 1, 6, 10, 14]
+    # Only what a decision reads is timed: call 1, each check, and the call of the way in use just before it.
+    assert [k for k, t in enumerate(timed) if t] == [1, 2, 5, 6, 9, 10, 13, 14]
+    ways, _ = _drive(UncompressedFallback(4, lambda s: list(s)), {False: 0.01, True: 0.05}, 12)
+    assert [k for k, u in enumerate(ways) if u] == [2, 6, 10]  # the codec is faster: only the checks go uncompressed
+
+
+def test_fallback_decides_from_the_slowest_rank() -> None:
+    # This rank finds the uncompressed way faster, but another rank's codec time is what holds everyone back less.
+    seen = []
+
+    def slowest(seconds):  # noqa: ANN001, ANN202
+        seen.append(list(seconds))
+        return [max(seconds[0], 0.02), max(seconds[1], 0.09)]
+
+    ways, _ = _drive(UncompressedFallback(4, slowest), {False: 0.05, True: 0.01}, 8)
+    assert ways == [False, False, True, False, False, False, True, False]
+    assert seen == [[0.05, 0.01], [0.05, 0.01]]  # one all-reduce per check, none in between
+    with pytest.raises(ValueError, match="check_every=0 must be a whole number >= 1"):
+        UncompressedFallback(0, slowest)
