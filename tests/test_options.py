@@ -150,8 +150,50 @@ def _option_fits(rank: int, world_size: int, ckpt_dir: str) -> dict:
     out["C"].update(validated=validated, tested=tested,
                     predictions=[(tuple(p.shape), bool(torch.isfinite(p).all())) for p in predictions],
                     predict_calls=t.strategy.total_comm_stats().calls - calls)
+    out["D"] = _variable_batch(world_size)
     dist.barrier()
     return out
+
+
+def _variable_batch_kjt(rank: int, rows: int = 10) -> Any:
+    """A variable-batch (VBE) KeyedJaggedTensor: feature k has its own batch of 4-8 distinct rows, expanded to
+    ``rows`` rows by its inverse indices."""
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    from tests.conftest import FEATURES, ROWS
+
+    g = torch.Generator().manual_seed(rank)
+    strides = [4 + (k + rank) % 5 for k in range(len(FEATURES))]
+    lengths = [torch.randint(1, 3, (b,), generator=g, dtype=torch.int32) for b in strides]
+    values = [torch.randint(0, ROWS[k], (int(n.sum()),), generator=g) for k, n in enumerate(lengths)]
+    inverse = torch.stack([torch.randint(0, b, (rows,), generator=g) for b in strides])
+    return KeyedJaggedTensor(keys=FEATURES, values=torch.cat(values), lengths=torch.cat(lengths),
+                             stride_per_key_per_rank=[[b] for b in strides], inverse_indices=(FEATURES, inverse))
+
+
+def _variable_batch(world_size: int) -> dict:
+    """Validate on variable-batch input (TorchRec's VBE, which FBGEMM allows with SGD or row-wise Adagrad tables),
+    then compare the sharded collection with its unsharded twin on such input."""
+    import copy
+
+    from torch.utils.data import DataLoader
+    from torchrec.datasets.utils import Batch
+
+    from lightning_dlac import DLACStrategy
+
+    rank = int(torch.distributed.get_rank())
+    model = small_dlrm()
+    reference = copy.deepcopy(model)
+    kjt = _variable_batch_kjt(rank)
+    batch = Batch(dense_features=torch.rand(10, 13), sparse_features=kjt, labels=torch.randint(0, 2, (10,)).float())
+    t = trainer(world_size, DLACStrategy(embedding_optimizer="rowwise_adagrad"), limit_val_batches=1)
+    (metrics,) = t.validate(model, dataloaders=DataLoader([batch], batch_size=None), verbose=False)
+    load_global_weights(model, reference.state_dict())
+    with torch.no_grad():
+        sharded = model.embedding_bag_collection(kjt).to_dict()
+        unsharded = reference.embedding_bag_collection(kjt).to_dict()
+    return {"loss": metrics["val/loss"], "shapes": sorted({tuple(v.shape) for v in sharded.values()}),
+            "exact": all(torch.equal(sharded[k], v) for k, v in unsharded.items()), "keys": len(unsharded)}
 
 
 @pytest.fixture(scope="module")
@@ -230,6 +272,14 @@ def test_validate_test_and_predict_run_on_the_sharded_model(option_fits: tuple[l
         assert a["tested"] == a["validated"] and 0 < a["validated"]["val/auroc"] < 1, (a["tested"], a["validated"])
         assert a["predictions"] == [((64,), True)] * 4, a["predictions"]  # 4 validation batches per rank
         assert a["predict_calls"] == 4, a["predict_calls"]  # each through the compressed all-to-all
+
+
+@pytest.mark.slow
+def test_variable_batch_input_takes_torchrec_s_uncompressed_path_exactly(option_fits: tuple[list[dict], Path]) -> None:
+    for r in option_fits[0]:
+        d = r["D"]
+        assert math.isfinite(d["loss"]) and d["keys"] == 26 and d["shapes"] == [(10, 16)], d
+        assert d["exact"], d  # variable batch per feature is not compressed: TorchRec's own all-to-all
 
 
 @pytest.mark.slow
