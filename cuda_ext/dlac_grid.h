@@ -15,8 +15,9 @@
 // call read); decode 2, every header with its checksum, then the error flags. Each phase's metadata goes up in one
 // pinned, non-blocking copy (Staging). The first call on a device also uploads the CRC tables, blocking.
 //
-// Encode: range and finiteness -> per-chunk kind and bound -> which of the four quantization steps holds -> codes
-// and the histogram of all codes -> unique code rows (hash set keeping the first row of each, probes bounded, then a
+// Encode: range and finiteness -> per-chunk kind and bound -> the first quantization step checked, with its codes
+// and their histogram, in one pass (the other three steps only where it misses; codes redone for chunks that keep a
+// later step) -> unique code rows (hash set keeping the first row of each, probes bounded, then a
 // prefix sum gives first-appearance ids) -> histograms of unique rows and row index -> [host: plan, headers, Huffman
 // tables] -> RAW copies, every code written at its bit offset (a prefix sum of code lengths), block end offsets,
 // CRC-32 per segment joined per chunk.
@@ -500,6 +501,8 @@ enum : int {
   kStQmax,
   kStNuniq,
   kStError,     // bit 0: a row found no free hash slot, bit 1: a row was not found again (see kErr*)
+  kStRecode,    // 1: the chosen step is not the first, so the codes written with the first are redone
+  kStPad,
   kStWords,     // even, so the histogram stage after the state words starts 8-byte aligned
 };
 static_assert(kStWords % 2 == 0, "the readback stage after the state words must stay 8-byte aligned");
@@ -664,15 +667,36 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
     s[kStMin] = float_to_bits(lo);
     s[kStEb] = float_to_bits(eb);
   });
-  // Which steps every element holds with (the CPU tries them in order; each element's verdict is its own).
+  // The first step (2 eb), which nearly every chunk keeps, in one pass with its codes and their histogram: each
+  // element's verdict (the CPU tries the steps in order; an element's verdict is its own), its code, the maximum
+  // code, and the histogram of all codes (read only when every code is below A, and then this counts every code).
+  // If the chunk does not keep the first step, these codes are redone below; if it goes RAW they are never read.
   for_each_element(TL, NT, DLAC_LAMBDA(int64_t i, int64_t l, int64_t r, int64_t j) {
     uint32_t* s = S + i * kStWords;
     if (s[kStKind] != kKindQuant) return;
     const EncChunk& ch = CH[i];
+    const float lo = bits_to_float(s[kStMin]), eb = bits_to_float(s[kStEb]);
+    const float step = f_mul(eb, step_factor(0));
+    if (!(f_isfinite(step) && step > 0.0f)) return;  // the chooser stops at the first step: RAW
+    uint32_t code = 0;
+    const int st = quantize_element(xp[(ch.r0 + r) * ld + ch.c0 + j], lo, eb, step, &code);
+    if (st == kOverflow) atomic_or(s + kStOverflow, 1u);
+    else if (st == kMissed) atomic_or(s + kStMissed, 1u);
+    const int64_t e = ch.elem_base + l;
+    codes[e] = code;
+    atomic_max(s + kStQmax, code);
+    if (code < uint32_t(A)) hist_add(hist + (i * 3 + 0) * A + code);
+  });
+  // The other steps' verdicts, only in chunks where some element missed the first step and none overflowed (the
+  // chooser would stop at an overflow).
+  for_each_element(TL, NT, DLAC_LAMBDA(int64_t i, int64_t l, int64_t r, int64_t j) {
+    uint32_t* s = S + i * kStWords;
+    if (s[kStKind] != kKindQuant || (s[kStOverflow] & 1u) || !(s[kStMissed] & 1u)) return;
+    const EncChunk& ch = CH[i];
     const float v = xp[(ch.r0 + r) * ld + ch.c0 + j];
     const float lo = bits_to_float(s[kStMin]), eb = bits_to_float(s[kStEb]);
     uint32_t overflow = 0, missed = 0;
-    for (int k = 0; k < 4; ++k) {
+    for (int k = 1; k < 4; ++k) {
       const float step = f_mul(eb, step_factor(k));
       if (!(f_isfinite(step) && step > 0.0f)) continue;
       uint32_t code;
@@ -692,15 +716,23 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
       if (!(f_isfinite(step) && step > 0.0f) || (s[kStOverflow] >> k & 1u)) break;
       if (!(s[kStMissed] >> k & 1u)) {
         s[kStStep] = float_to_bits(step);
+        if (k > 0) {  // the first step's codes, maximum and histogram are void
+          s[kStRecode] = 1u;
+          s[kStQmax] = 0u;
+        }
         return;
       }
     }
     s[kStKind] = kKindRaw;
   });
-  // Codes.
+  // Chunks that keep a later step: their histogram of all codes cleared, then their codes redone with that step.
+  for_each(N * A, DLAC_LAMBDA(int64_t t) {
+    const int64_t i = t / A;
+    if (S[i * kStWords + kStKind] == kKindQuant && S[i * kStWords + kStRecode]) hist[(i * 3 + 0) * A + (t - i * A)] = 0;
+  });
   for_each_element(TL, NT, DLAC_LAMBDA(int64_t i, int64_t l, int64_t r, int64_t j) {
     uint32_t* s = S + i * kStWords;
-    if (s[kStKind] != kKindQuant) return;
+    if (s[kStKind] != kKindQuant || !s[kStRecode]) return;
     const EncChunk& ch = CH[i];
     const int64_t e = ch.elem_base + l;
     uint32_t code = 0;
@@ -708,8 +740,6 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
                      bits_to_float(s[kStStep]), &code);
     codes[e] = code;
     atomic_max(s + kStQmax, code);
-    // The histogram of all codes, in the same pass: it is read only when every code is below A (qmax < A), and
-    // then this counts every code.
     if (code < uint32_t(A)) hist_add(hist + (i * 3 + 0) * A + code);
   });
   // Unique code rows: each slot ends up holding the smallest row with its content.

@@ -151,6 +151,32 @@ def test_device_pipeline_tiles_chunks_of_every_width(emulated, monkeypatch, orde
     assert torch.equal(bits(out), bits(ref.decode_grid(payload, sizes.tolist(), rs, cs)))
 
 
+@pytest.mark.parametrize("order", ["forward", "reverse", "shuffle"])
+def test_device_pipeline_redoes_the_codes_of_chunks_that_keep_a_later_step(emulated, monkeypatch, order):
+    # Codes are written with the first step (2 eb) in the pass that checks it; near the smallest floats some
+    # element misses it, the chunk keeps a later step, and its codes, maximum and histogram are redone.
+    monkeypatch.setenv("DLAC_EMULATE_ORDER", order)
+    def tiny(seed: int, rows: int, dim: int) -> np.ndarray:
+        rng = np.random.default_rng(seed)
+        return rng.standard_normal((rows, dim)) * 10.0 ** rng.integers(-44, -36, size=(rows, dim))
+
+    # Found by search: these two keep 1.9921875 eb and code with Huffman (so the redone histogram is what counts);
+    # the 64 columns at eps 1e-6 keep 1.99 and 1.5 eb with PACK; the Zipf block keeps the first step.
+    a = np.concatenate([tiny(111, 200, 16), tiny(1086, 200, 16), np.concatenate([tiny(0, 30, 64)] * 7)[:200],
+                        zipf_payload(rows=200, dim=16, vocab=40).numpy()], axis=1)
+    x = torch.from_numpy(a.astype(np.float32))
+    rs, cs = [0, 200], [0, 16, 32, *range(36, 97, 4), 112]
+    bounds = [0.003, 0.01, *[1e-6] * 16, 0.01]
+    payload, sizes = emu_encode(x, rs, cs, bounds)
+    want, want_sizes = ref.encode_grid(x, rs, cs, torch.tensor(bounds), True)
+    assert torch.equal(sizes, want_sizes) and torch.equal(payload, want)
+    infos = inspect_grid(payload, sizes)
+    assert [i.mode for i in infos[:2]] == [Mode.HUFF, Mode.HUFF]
+    assert all(abs(i.step / i.abs_eb - 2.0) > 1e-3 for i in infos[:2])  # a later step, with Huffman
+    assert sum(abs(i.step / i.abs_eb - 2.0) > 1e-3 for i in infos[2:-1] if i.abs_eb) >= 2
+    assert infos[-1].step == 2.0 * infos[-1].abs_eb  # the first step kept beside them
+
+
 def test_device_pipeline_uses_pack_when_it_is_smaller(emulated):
     # Uniform codes over a wide alphabet: Huffman cannot beat fixed-width packing.
     x = torch.rand(500, 16, generator=torch.Generator().manual_seed(1))
