@@ -54,8 +54,9 @@ class DLACCallback(Callback):
     logger under ``dlac/``: ratio overall and per table, bound per table, observed max error / bound, bytes sent and
     saved, encode / exchange / decode / backward time per step, the all-to-all share of the step time.
 
-    **Checkpoints.** Its state (calibrated bounds, classes, statistics, schedule position, byte totals) is saved
-    with the checkpoint; a resumed run continues the same schedule. A run saved during calibration calibrates again.
+    **Checkpoints.** Its state (calibrated bounds, classes, statistics, schedule position, byte totals, and every
+    rank's part of a calibration in progress) is saved with the checkpoint; a resumed run continues the same schedule
+    and calibration (on another world size, a calibration in progress starts over).
 
     A probe calls ``training_step`` under ``torch.no_grad()`` with ``self.log`` muted and the random state replayed,
     once per (table, candidate) plus once exactly, with its exchanges off the record (not counted as traffic); so
@@ -336,8 +337,13 @@ class DLACCallback(Callback):
 
     @override
     def state_dict(self) -> dict[str, Any]:
+        # Only rank 0's state is written (meta.pt), but a calibration in progress is each rank's own until it is
+        # reduced: collect every rank's part (every rank dumps the checkpoint, so the collective is matched).
+        calibrator = self._calibrator.state_dict()
+        measurement = calibrator.pop("measurement")
         return {"version": _STATE_VERSION, "mode": self.mode, "schedule": self.schedule.as_dict(), "step": self._step,
-                **self._calibrator.state_dict(), **self._monitor.state_dict()}
+                "measurements": None if measurement is None else _gathered(measurement), **calibrator,
+                **self._monitor.state_dict()}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -355,5 +361,22 @@ class DLACCallback(Callback):
                 " checkpoint's table bounds and this run's schedule."
             )
         self._step = int(state_dict["step"])
-        self._calibrator.load_state_dict(state_dict)
+        measurements = state_dict.get("measurements")
+        rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+        mine = measurements[rank] if measurements is not None and len(measurements) == world else None
+        if measurements is not None and mine is None:
+            rank_zero_warn(
+                f"DLACCallback: the checkpoint was saved during a calibration on {len(measurements)} rank(s) and is"
+                f" resumed on {world}; each rank's part of it cannot be given back, so that calibration starts over."
+            )
+        self._calibrator.load_state_dict({**state_dict, "measurement": mine})
         self._monitor.load_state_dict(state_dict)
+
+
+def _gathered(obj: Any) -> list[Any]:
+    """Every rank's ``obj``, by rank (``[obj]`` without a process group)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out

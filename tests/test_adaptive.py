@@ -358,3 +358,35 @@ def test_mode_off_is_calibrated_from_the_start_and_never_measures() -> None:
     cal = Calibrator(CalibrationSettings(mode="off"))
     cal.begin()
     assert cal.calibrated and cal.table_bounds == {} and not cal.measuring(0)
+
+
+def test_a_measurement_in_progress_survives_the_state_round_trip() -> None:
+    settings = CalibrationSettings(batches=3, sensitivity_batches=1)
+    tables = _two_tables()
+    uninterrupted, first = Calibrator(settings), Calibrator(settings)
+    for cal in (uninterrupted, first):
+        cal.begin()
+        cal.probe(sorted(tables), lambda bounds: 1.0)
+    for batch in range(3):
+        for cal in (uninterrupted, first) if batch < 2 else (uninterrupted,):
+            for name, chunk in tables.items():
+                cal.observe(name, chunk + batch)
+            cal.batch_measured()
+    state = first.state_dict()  # saved after 2 of the 3 batches
+    assert state["measurement"]["seen"] == 2 and state["measurement"]["probed"] == 1
+    resumed = Calibrator(settings)
+    resumed.load_state_dict(state)
+    resumed.begin()  # goes on with the saved measurement: no second probe, one batch to go
+    assert not resumed.wants_probe and resumed.measuring(2) and not resumed.complete
+    for name, chunk in tables.items():
+        resumed.observe(name, chunk + 2)
+    resumed.batch_measured()
+    names = sorted(tables)
+    expected = uninterrupted.finish(3, names, lambda t, op: t)
+    assert resumed.finish(3, names, lambda t, op: t) == expected
+    assert resumed.state_dict() == uninterrupted.state_dict()
+    # Without its part of the measurement (e.g. another world size), the calibration starts over.
+    fresh = Calibrator(settings)
+    fresh.load_state_dict({**state, "measurement": None})
+    fresh.begin()
+    assert fresh.wants_probe and not fresh.calibrated

@@ -6,7 +6,7 @@ where training is and hands it what it needs:
 =====================  ===========================================================================================
 driver calls           the calibrator
 =====================  ===========================================================================================
-``begin(step)``        schedules the first measurement (or, restored from a checkpoint, the next recalibration)
+``begin()``            schedules the first measurement (or, restored from a checkpoint, goes on with the saved one)
 ``measuring(step)``    says whether this training batch is measured
 ``observe``            (the exchange's chunk observer) adds one chunk to the statistics
 ``probe(...)``         on the first ``sensitivity_batches`` measured batches: the loss with every table exact, then
@@ -185,9 +185,12 @@ class Calibrator:
     # ------------------------------------------------------------------ the protocol
 
     def begin(self) -> None:
-        """Training starts (fresh, or restored from a checkpoint): schedule the next measurement, if any."""
+        """Training starts (fresh, or restored from a checkpoint): schedule the next measurement, if any. A
+        measurement restored from a checkpoint goes on where it stopped."""
+        if self._stats is not None:
+            return
         if not self._calibrated:
-            self._new_measurement()  # a measurement cut short by a checkpoint starts over
+            self._new_measurement()
         elif self.settings.recalibrate_every:
             after = (self._calibrated_at or 0) + self.settings.recalibrate_every
             self._measure_from = max(self._measure_from, after)
@@ -262,8 +265,16 @@ class Calibrator:
     # ------------------------------------------------------------------ checkpoint state
 
     def state_dict(self) -> dict[str, Any]:
-        """Plain data: the chosen bounds, classes and statistics, and where the schedule stands."""
+        """Plain data: the chosen bounds, classes and statistics, where the schedule stands, and this rank's part of
+        a measurement in progress (``"measurement"``; ``None`` between measurements). The measurement is this
+        rank's own until :meth:`finish` reduces it, so a driver that saves one state for every rank must collect
+        each rank's ``"measurement"`` and give each rank its own back."""
+        measurement = None
+        if self._stats is not None:
+            measurement = {"seen": self._seen, "probed": self._probed,
+                           "tables": {k: v.as_dict() for k, v in self._stats.tables.items()}}
         return {
+            "measurement": measurement,
             "calibrated": self._calibrated,
             "calibrated_at": self._calibrated_at,
             "measure_from": self._measure_from,
@@ -274,7 +285,7 @@ class Calibrator:
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`state_dict`; a measurement in progress is not saved and starts over at :meth:`begin`."""
+        """Restore :meth:`state_dict` (with this rank's ``"measurement"``, or ``None`` to measure again)."""
         self._calibrated = bool(state["calibrated"])
         self._calibrated_at = state["calibrated_at"]
         self._measure_from = int(state.get("measure_from", self.settings.start))
@@ -283,3 +294,9 @@ class Calibrator:
         self._classes = {k: TableClass(v) for k, v in state["classes"].items()}
         self._table_stats = {k: TableStats.from_dict(v) for k, v in state["table_stats"].items()}
         self._stats = None
+        measurement = state.get("measurement")
+        if measurement is not None:
+            self._new_measurement()
+            assert self._stats is not None
+            self._stats.tables = {k: TableStats.from_dict(v) for k, v in measurement["tables"].items()}
+            self._seen, self._probed = int(measurement["seen"]), int(measurement["probed"])
