@@ -237,6 +237,29 @@ def test_dlac_fit_and_validate_as_a_user_runs_them(tmp_path: Path, caplog: pytes
     assert sorted(p.name for p in work.iterdir()) == [], "dlac validate wrote into the working directory"
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_dlac_test_on_preprocessed_criteo_as_a_user_runs_it(tmp_path: Path) -> None:
+    """`dlac test` (2 ranks, Lightning's launcher) with the binary Criteo config on a generated TSV converted by
+    `dlac preprocess criteo`: the test metrics and this rank's bytes are printed, nothing lands in the working
+    directory. (The synthetic and TSV datamodules have no test split; no shipped datamodule has a predict split.)"""
+    from lightning_dlac.preprocess import preprocess_criteo
+
+    work = tmp_path / "cwd"
+    work.mkdir()
+    preprocess_criteo([write_criteo_tsv(tmp_path / "train.txt", rows=4000)], tmp_path / "npy", progress=False)
+    proc = _dlac(["test", "--config", str(CONFIGS / "dlrm_criteo_binary.yaml"), "--trainer.logger=false",
+                  f"--data.data_dir={tmp_path / 'npy'}", "--data.batch_size=64", "--data.max_rows=200",
+                  "--model.embedding_dim=8", "--model.dense_arch_layer_sizes=[16, 8]",
+                  "--model.over_arch_layer_sizes=[16, 1]", "--trainer.enable_progress_bar=false"],
+                 cwd=work, timeout=360)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    assert re.search(r"dlac test finished after 0 steps: .*val/auroc=0\.\d{4}", out), out[-4000:]
+    assert re.search(r"dlac: rank 0 forward all-to-all sent [\d.]+ MiB instead of [\d.]+ MiB", out), out[-4000:]
+    assert sorted(p.name for p in work.iterdir()) == [], "dlac test wrote into the working directory"
+
+
 def test_report_of_a_directory_without_a_run_names_it(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit):
         main(["report", str(tmp_path)])
