@@ -152,30 +152,42 @@ DLAC_HD inline void walk_tile(const Tile& t, uint32_t lane, uint32_t nthreads, c
   }
 }
 
+// Every tile's chunk may pass: the guard of passes that touch every chunk.
+struct AllChunks {
+  DLAC_HD bool operator()(int64_t) const { return true; }
+};
+
 #if defined(__CUDACC__)
-template <class F>
-__global__ void __launch_bounds__(kTileThreads) tile_kernel(const Tile* tiles, F f) {
+template <class G, class F>
+__global__ void __launch_bounds__(kTileThreads) tile_kernel(const Tile* tiles, G guard, F f) {
   const Tile t = tiles[blockIdx.x];
+  if (!guard(int64_t(t.chunk))) return;  // the whole block leaves at once: chunks this pass has nothing to do in
   walk_tile(t, threadIdx.x, blockDim.x, f);
 }
 
-// f(chunk, l, r, j) for every element of every tile (tiles: device memory), one block per tile.
-template <class F>
-void for_each_element(const Tile* tiles, int64_t ntiles, F f) {
+// f(chunk, l, r, j) for every element of every tile whose chunk passes guard(chunk) (tiles: device memory), one
+// block per tile.
+template <class G, class F>
+void for_each_element_if(const Tile* tiles, int64_t ntiles, G guard, F f) {
   if (ntiles <= 0) return;
   TORCH_CHECK(ntiles < (int64_t(1) << 31), "too many tiles for one launch: ", ntiles);
-  tile_kernel<<<unsigned(ntiles), kTileThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(tiles, f);
+  tile_kernel<<<unsigned(ntiles), kTileThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(tiles, guard, f);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 #else
 // The emulation: every (tile, thread) pair is a work item, in the order DLAC_EMULATE_ORDER asks for.
-template <class F>
-void for_each_element(const Tile* tiles, int64_t ntiles, F f) {
+template <class G, class F>
+void for_each_element_if(const Tile* tiles, int64_t ntiles, G guard, F f) {
   for_each(ntiles * kTileThreads, [&](int64_t w) {
-    walk_tile(tiles[w / kTileThreads], uint32_t(w % kTileThreads), uint32_t(kTileThreads), f);
+    const Tile& t = tiles[w / kTileThreads];
+    if (guard(int64_t(t.chunk))) walk_tile(t, uint32_t(w % kTileThreads), uint32_t(kTileThreads), f);
   });
 }
 #endif
+template <class F>
+void for_each_element(const Tile* tiles, int64_t ntiles, F f) {
+  for_each_element_if(tiles, ntiles, AllChunks{}, f);
+}
 
 // On the device (sm_80+), the lanes of a warp that target the same word first combine their values and one of them
 // does the atomic: neighbouring codes share payload words, and every element of a chunk updates the same minimum.
@@ -671,7 +683,8 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
   // element's verdict (the CPU tries the steps in order; an element's verdict is its own), its code, the maximum
   // code, and the histogram of all codes (read only when every code is below A, and then this counts every code).
   // If the chunk does not keep the first step, these codes are redone below; if it goes RAW they are never read.
-  for_each_element(TL, NT, DLAC_LAMBDA(int64_t i, int64_t l, int64_t r, int64_t j) {
+  for_each_element_if(TL, NT, DLAC_LAMBDA(int64_t i) { return S[i * kStWords + kStKind] == kKindQuant; },
+      DLAC_LAMBDA(int64_t i, int64_t l, int64_t r, int64_t j) {
     uint32_t* s = S + i * kStWords;
     if (s[kStKind] != kKindQuant) return;
     const EncChunk& ch = CH[i];
@@ -689,7 +702,11 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
   });
   // The other steps' verdicts, only in chunks where some element missed the first step and none overflowed (the
   // chooser would stop at an overflow).
-  for_each_element(TL, NT, DLAC_LAMBDA(int64_t i, int64_t l, int64_t r, int64_t j) {
+  for_each_element_if(TL, NT, DLAC_LAMBDA(int64_t i) {
+        const uint32_t* s = S + i * kStWords;
+        return s[kStKind] == kKindQuant && !(s[kStOverflow] & 1u) && (s[kStMissed] & 1u);
+      },
+      DLAC_LAMBDA(int64_t i, int64_t l, int64_t r, int64_t j) {
     uint32_t* s = S + i * kStWords;
     if (s[kStKind] != kKindQuant || (s[kStOverflow] & 1u) || !(s[kStMissed] & 1u)) return;
     const EncChunk& ch = CH[i];
@@ -730,7 +747,10 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
     const int64_t i = t / A;
     if (S[i * kStWords + kStKind] == kKindQuant && S[i * kStWords + kStRecode]) hist[(i * 3 + 0) * A + (t - i * A)] = 0;
   });
-  for_each_element(TL, NT, DLAC_LAMBDA(int64_t i, int64_t l, int64_t r, int64_t j) {
+  for_each_element_if(TL, NT, DLAC_LAMBDA(int64_t i) {
+        return S[i * kStWords + kStKind] == kKindQuant && S[i * kStWords + kStRecode] != 0u;
+      },
+      DLAC_LAMBDA(int64_t i, int64_t l, int64_t r, int64_t j) {
     uint32_t* s = S + i * kStWords;
     if (s[kStKind] != kKindQuant || !s[kStRecode]) return;
     const EncChunk& ch = CH[i];
@@ -808,7 +828,11 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
     s[kStNuniq] = ch.rows < 2 ? uint32_t(ch.rows) : uint32_t(incl[ch.row_base + ch.rows - 1] - before);
   });
   // Histograms: all codes, the unique rows' codes, the row index.
-  for_each_element(TL, NT, DLAC_LAMBDA(int64_t i, int64_t l, int64_t r, int64_t) {
+  for_each_element_if(TL, NT, DLAC_LAMBDA(int64_t i) {
+        const uint32_t* s = S + i * kStWords;
+        return s[kStKind] == kKindQuant && s[kStQmax] < A && dedup_candidate(uint64_t(CH[i].rows), s[kStNuniq]);
+      },
+      DLAC_LAMBDA(int64_t i, int64_t l, int64_t r, int64_t) {
     const uint32_t* s = S + i * kStWords;
     if (s[kStKind] != kKindQuant || s[kStQmax] >= A) return;
     const EncChunk& ch = CH[i];
@@ -999,7 +1023,8 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
   uint8_t* out = ptr<uint8_t>(words_t);
   uint32_t* words = ptr<uint32_t>(words_t);
   // One pass for both: RAW chunks get the floats as they are, DEDUP chunks their unique code rows in id order.
-  for_each_element(TL, NT, DLAC_LAMBDA(int64_t i, int64_t l, int64_t r, int64_t j) {
+  for_each_element_if(TL, NT, DLAC_LAMBDA(int64_t i) { return meta[2 * i + 1] == kRaw || meta[2 * i + 1] == kDedup; },
+      DLAC_LAMBDA(int64_t i, int64_t l, int64_t r, int64_t j) {
     const int64_t mode = meta[2 * i + 1];
     const EncChunk& ch = CH[i];
     if (mode == kRaw) {
@@ -1243,7 +1268,8 @@ inline at::Tensor decode_grid_device(const at::Tensor& payload, const std::vecto
   const DecChunk* CH = meta2.at<DecChunk>(ch_off);
   const Tile* TL = meta2.at<Tile>(tl_off);
   float* out = out_t.data_ptr<float>();
-  for_each_element(TL, NT, DLAC_LAMBDA(int64_t i, int64_t l, int64_t r, int64_t j) {
+  for_each_element_if(TL, NT, DLAC_LAMBDA(int64_t i) { return CH[i].valid != 0; },
+      DLAC_LAMBDA(int64_t i, int64_t l, int64_t r, int64_t j) {
     const DecChunk& ch = CH[i];
     if (!ch.valid) return;
     const int64_t e = ch.elem_base + l;
