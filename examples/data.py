@@ -40,12 +40,14 @@ __all__ = [
     "CRITEO_KAGGLE_CARDINALITIES",
     "DEFAULT_MAX_ROWS",
     "FEATURE_NAMES",
+    "MLPERF_MULTI_HOT_SIZES",
     "NUM_DENSE_FEATURES",
     "CriteoBinaryDataModule",
     "CriteoTSVDataModule",
     "SyntheticCriteoDataModule",
     "TSV_SIZE_WARNING_BYTES",
     "capped_cardinalities",
+    "multi_hot_from_one_hot",
 ]
 
 # Distinct values per categorical feature in Criteo Kaggle's train.txt, in column order, as the DLRM reference
@@ -156,6 +158,60 @@ def _stream_seed(seed: int, split: int, index: int) -> int:
     return int(np.random.SeedSequence([seed, split, index]).generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
 
 
+_HASH_MASK = (1 << 62) - 1
+# MLPerf DLRM v2's pooling factors (ids per sample) of the 26 Criteo categorical features, in feature order
+# (torchrec_dlrm's --multi_hot_sizes for the synthetic multi-hot Criteo 1TB dataset).
+MLPERF_MULTI_HOT_SIZES: tuple[int, ...] = (
+    3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1,
+)  # fmt: skip
+MULTI_HOT_DISTRIBUTIONS = ("per_id", "independent")
+
+
+def _mix64(x: torch.Tensor) -> torch.Tensor:
+    """SplitMix64's finalizer on int64 (wrapping arithmetic), masked to 62 non-negative bits."""
+    x = x ^ (x >> 30)  # arithmetic shifts on negatives differ from SplitMix's logical ones; still a fixed bijection
+    x = x * -4658895280553007687  # 0xbf58476d1ce4e5b9 as a signed int64
+    x = x ^ (x >> 27)
+    x = x * -7723592293110705685  # 0x94d049bb133111eb
+    x = x ^ (x >> 31)
+    return x & _HASH_MASK
+
+
+def multi_hot_from_one_hot(
+    ids: torch.Tensor, multi_hot_sizes: Sequence[int], num_embeddings_per_feature: Sequence[int], salt: int = 0
+) -> torch.Tensor:
+    """Expand one-hot categorical ids into multi-hot bags the way MLPerf DLRM v2 materialises Criteo 1TB: the bag of
+    id ``i`` of table ``t`` is ``[i, h(t, i, 1), ..., h(t, i, P_t - 1)]``, a fixed function of ``i``, with the extra
+    ids uniform over the table (MLPerf draws them once per id into a table; a hash needs no ``n x P`` table, so
+    full-size tables cost nothing).
+
+    Args:
+        ids: One-hot ids ``[F, B]`` (table-major, as a KeyedJaggedTensor with one id per sample holds them).
+        multi_hot_sizes: Ids per bag of each table (:data:`MLPERF_MULTI_HOT_SIZES` for DLRM v2).
+        num_embeddings_per_feature: Rows of each table; the extra ids lie in ``[0, rows)``.
+        salt: Seed of the hash (the same on every rank, so ranks expand ids alike).
+
+    Returns:
+        KeyedJaggedTensor values: table ``t``'s ``B * P_t`` ids (sample-major), tables concatenated in order.
+    """
+    if ids.dim() != 2 or ids.size(0) != len(multi_hot_sizes) or len(multi_hot_sizes) != len(num_embeddings_per_feature):
+        raise ValueError(
+            f"ids must be [tables, batch] with one multi_hot_sizes and num_embeddings_per_feature entry per table;"
+            f" got ids {list(ids.shape)}, {len(multi_hot_sizes)} sizes, {len(num_embeddings_per_feature)} tables."
+        )
+    num_tables, batch_size = ids.shape
+    sizes = torch.tensor([int(p) for p in multi_hot_sizes], dtype=torch.int64)
+    rows = torch.tensor([int(n) for n in num_embeddings_per_feature], dtype=torch.int64)
+    # One pass over every output position: its table, sample and slot in the bag (slot 0 is the one-hot id).
+    table = torch.repeat_interleave(torch.arange(num_tables), sizes * batch_size)
+    within = torch.arange(table.numel()) - (torch.cumsum(sizes * batch_size, 0) - sizes * batch_size)[table]
+    pool = sizes[table]
+    sample, slot = within // pool, within % pool
+    one = ids.long()[table, sample]
+    extra = _mix64(((one * 1_000_003 + table) * 1_009 + slot) ^ salt) % rows[table]
+    return torch.where(slot == 0, one, extra)
+
+
 class _SyntheticCriteoGenerator:
     """The hidden model behind the synthetic data, and the sampler that draws batches from it.
 
@@ -181,9 +237,15 @@ class _SyntheticCriteoGenerator:
         ids_per_feature: int,
         seed: int,
         positive_rate: float = 0.25,
+        multi_hot_sizes: Sequence[int] | None = None,
+        multi_hot_distribution: str = "per_id",
     ) -> None:
         self.ids_per_feature = ids_per_feature
         self.seed = seed
+        self.multi_hot_sizes = list(multi_hot_sizes) if multi_hot_sizes is not None else None
+        self.multi_hot_distribution = multi_hot_distribution
+        # Salt of the per-id multi-hot hash: a pure function of the seed, so every rank expands ids alike.
+        self._multi_hot_salt = _stream_seed(seed, _MODEL, 2) & _HASH_MASK
         num_tables = len(table_sizes)
         rng = random.Random(_stream_seed(seed, _MODEL, 0))
         gen = torch.Generator().manual_seed(_stream_seed(seed, _MODEL, 1))
@@ -238,27 +300,67 @@ class _SyntheticCriteoGenerator:
                 hi = mid
         self._bias = (lo + hi) / 2
 
-    def _draw(
-        self, batch_size: int, gen: torch.Generator
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Features without labels: (dense [B, 13], ids [F * B * P], lengths [F * B], summed effect [B])."""
-        num_tables, pool = self._n.shape[0], self.ids_per_feature
-        u = torch.rand(num_tables, batch_size * pool, generator=gen, dtype=torch.float64)
+    def _ranks(self, u: torch.Tensor) -> torch.Tensor:
+        """Zipf ranks [F, k] from uniforms [F, k] (inverse CDF of the continuous power law, floored)."""
         if self._zipf[0] == "log":
             x = self._zipf[1] ** u
         else:
             x = (u * self._zipf[1] + 1.0) ** self._zipf[2]
-        rank = torch.minimum(x.long() - 1, self._n - 1).clamp_(min=0)
+        return torch.minimum(x.long() - 1, self._n - 1).clamp_(min=0)
+
+    def _effect(self, rank: torch.Tensor) -> torch.Tensor:
+        """The hidden effect of each rank, same shape."""
+        hot = rank < self._effect_rows
+        return self._effects[self._effect_offsets + torch.where(hot, rank, 0)] * hot
+
+    def _draw(
+        self, batch_size: int, gen: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Features without labels: (dense [B, 13], ids [F * B * P], lengths [F * B], summed effect [B])."""
+        if self.multi_hot_sizes is not None:
+            return self._draw_multi_hot(batch_size, gen)
+        num_tables, pool = self._n.shape[0], self.ids_per_feature
+        u = torch.rand(num_tables, batch_size * pool, generator=gen, dtype=torch.float64)
+        rank = self._ranks(u)
         ids = (self._mult * rank + self._shift) % self._n
 
-        hot = rank < self._effect_rows
-        effect = self._effects[self._effect_offsets + torch.where(hot, rank, 0)] * hot
+        effect = self._effect(rank)
         effect = effect.view(num_tables, batch_size, pool).mean(dim=2).sum(dim=0, dtype=torch.float32)
 
-        z = torch.randn(batch_size, NUM_DENSE_FEATURES, generator=gen)
-        dense = torch.log1p(torch.floor(torch.exp(z * self._dense_sigma + self._dense_mu)))
+        dense = self._dense(batch_size, gen)
         lengths = torch.full((num_tables * batch_size,), pool, dtype=torch.int32)
         return dense, ids.view(-1), lengths, effect
+
+    def _dense(self, batch_size: int, gen: torch.Generator) -> torch.Tensor:
+        z = torch.randn(batch_size, NUM_DENSE_FEATURES, generator=gen)
+        return torch.log1p(torch.floor(torch.exp(z * self._dense_sigma + self._dense_mu)))
+
+    def _draw_multi_hot(
+        self, batch_size: int, gen: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """As :meth:`_draw`, table ``t`` with ``multi_hot_sizes[t]`` ids per sample.
+
+        ``"per_id"``: one Zipf id per sample and table, expanded into a fixed bag by :func:`multi_hot_from_one_hot`
+        (MLPerf DLRM v2's materialisation), the effect that of the one-hot id. ``"independent"``: every id of the bag
+        its own Zipf draw, the effect the bag's mean (bags repeat far less within a batch).
+        """
+        sizes = self.multi_hot_sizes
+        num_tables = len(sizes)
+        if self.multi_hot_distribution == "per_id":
+            rank = self._ranks(torch.rand(num_tables, batch_size, generator=gen, dtype=torch.float64))
+            ids = (self._mult * rank + self._shift) % self._n
+            effect = self._effect(rank).sum(dim=0, dtype=torch.float32)
+            values = multi_hot_from_one_hot(ids, sizes, self._n.view(-1).tolist(), self._multi_hot_salt)
+        else:
+            pool = max(sizes)
+            rank = self._ranks(torch.rand(num_tables, batch_size * pool, generator=gen, dtype=torch.float64))
+            ids = ((self._mult * rank + self._shift) % self._n).view(num_tables, batch_size, pool)
+            effects = self._effect(rank).view(num_tables, batch_size, pool)
+            means = [effects[t, :, :p].mean(dim=1) for t, p in enumerate(sizes)]
+            effect = torch.stack(means).sum(dim=0, dtype=torch.float32)
+            values = torch.cat([ids[t, :, :p].reshape(-1) for t, p in enumerate(sizes)])
+        lengths = torch.tensor(sizes, dtype=torch.int32).repeat_interleave(batch_size)
+        return self._dense(batch_size, gen), values, lengths, effect
 
     def batch(self, index: int, split: int = _TRAIN, batch_size: int = 512) -> Batch:
         """Batch ``index`` of ``split``, a pure function of (seed, split, index)."""
@@ -270,13 +372,20 @@ class _SyntheticCriteoGenerator:
 
     def logits(self, batch: Batch) -> torch.Tensor:
         """The true logit of each sample in a batch drawn from this model (for tests and oracle AUC)."""
-        ids = batch.sparse_features.values().view(self._n.shape[0], -1)
-        # Invert the affine permutation: rank = (id - b) * a^-1 mod n.
-        inv = torch.tensor([pow(int(a), -1, int(n)) if n > 1 else 0 for a, n in zip(self._mult, self._n)])
-        rank = ((ids - self._shift) % self._n * inv.unsqueeze(1)) % self._n
-        hot = rank < self._effect_rows
-        effect = self._effects[self._effect_offsets + torch.where(hot, rank, 0)] * hot
-        effect = effect.view(self._n.shape[0], -1, self.ids_per_feature).mean(dim=2).sum(dim=0)
+        num_tables, batch_size = self._n.shape[0], batch.dense_features.size(0)
+        pools = self.multi_hot_sizes or [self.ids_per_feature] * num_tables
+        per_table = batch.sparse_features.values().split([p * batch_size for p in pools])
+        if self.multi_hot_sizes is not None and self.multi_hot_distribution == "per_id":
+            bags = [v.view(batch_size, p)[:, :1] for v, p in zip(per_table, pools)]  # the one-hot id leads its bag
+        else:
+            bags = [v.view(batch_size, p) for v, p in zip(per_table, pools)]
+        effect = torch.zeros(batch_size)
+        for t, ids in enumerate(bags):
+            # Invert the affine permutation: rank = (id - b) * a^-1 mod n.
+            n, a, b = int(self._n[t]), int(self._mult[t]), int(self._shift[t])
+            rank = ((ids - b) % n * (pow(a, -1, n) if n > 1 else 0)) % n
+            hot = rank < self._effect_rows[t]
+            effect += (self._effects[self._effect_offsets[t] + torch.where(hot, rank, 0)] * hot).mean(dim=1)
         return self._bias + effect + (batch.dense_features - self._dense_center) @ self._dense_w
 
 
@@ -350,9 +459,17 @@ class SyntheticCriteoDataModule(_RankShardedDataModule):
         num_train_batches: Training batches per rank per epoch.
         num_val_batches: Validation batches per rank.
         zipf_alpha: Zipf exponent of the id distribution (0 is uniform; larger is more skewed).
-        ids_per_feature: Ids per feature per sample; above 1 the features are multi-hot (sum/mean pooled).
+        ids_per_feature: Ids per feature per sample, the same for every feature; above 1 every id of a bag is its
+            own Zipf draw. For per-feature pooling factors use ``multi_hot_sizes``.
         seed: Seed of the hidden model and of every batch.
         num_workers: DataLoader worker processes.
+        multi_hot_sizes: Ids per sample of each of the 26 features (multi-hot features, KeyedJaggedTensor lengths
+            above 1), e.g. :data:`MLPERF_MULTI_HOT_SIZES` for MLPerf DLRM v2; ``None``: ``ids_per_feature`` for all.
+        multi_hot_distribution: How bags are drawn with ``multi_hot_sizes``: ``"per_id"`` (MLPerf's
+            materialisation: one Zipf id per sample expanded into a bag that is a fixed function of that id, see
+            :func:`multi_hot_from_one_hot`; the planted effect is the id's, so the signal stays learnable) or
+            ``"independent"`` (every id of a bag its own Zipf draw, the effect the bag's mean: bags repeat far
+            less within a batch, a harder case for the codec's dedup).
     """
 
     def __init__(
@@ -366,12 +483,35 @@ class SyntheticCriteoDataModule(_RankShardedDataModule):
         ids_per_feature: int = 1,
         seed: int = 0,
         num_workers: int = 0,
+        multi_hot_sizes: list[int] | None = None,
+        multi_hot_distribution: str = "per_id",
     ) -> None:
         num_embeddings_per_feature = _resolve_table_sizes(num_embeddings_per_feature, max_rows)
         super().__init__(num_embeddings_per_feature, batch_size, num_workers)
         self._save_hyperparameters()
         if ids_per_feature < 1:
             raise ValueError(f"ids_per_feature must be at least 1, got {ids_per_feature}.")
+        if multi_hot_sizes is not None:
+            multi_hot_sizes = [int(p) for p in multi_hot_sizes]
+            if len(multi_hot_sizes) != len(FEATURE_NAMES):
+                raise ValueError(
+                    f"multi_hot_sizes needs one pooling factor per categorical feature ({len(FEATURE_NAMES)}), got"
+                    f" {len(multi_hot_sizes)}; e.g. MLPerf DLRM v2's {list(MLPERF_MULTI_HOT_SIZES)}."
+                )
+            if min(multi_hot_sizes) < 1:
+                raise ValueError(f"multi_hot_sizes must all be at least 1, got {multi_hot_sizes}.")
+            if ids_per_feature != 1:
+                raise ValueError(
+                    f"ids_per_feature={ids_per_feature} and multi_hot_sizes both set the ids per feature; give only"
+                    " multi_hot_sizes (one pooling factor per feature)."
+                )
+        if multi_hot_distribution not in MULTI_HOT_DISTRIBUTIONS:
+            raise ValueError(
+                f"multi_hot_distribution={multi_hot_distribution!r} is not supported; choose one of"
+                f" {', '.join(map(repr, MULTI_HOT_DISTRIBUTIONS))}."
+            )
+        self.multi_hot_sizes = multi_hot_sizes
+        self.multi_hot_distribution = multi_hot_distribution
         for name, value in (("num_train_batches", num_train_batches), ("num_val_batches", num_val_batches)):
             if value < 0:
                 raise ValueError(f"{name} must be non-negative, got {value}.")
@@ -389,7 +529,8 @@ class SyntheticCriteoDataModule(_RankShardedDataModule):
         """The hidden model the data is drawn from (built on first use)."""
         if self._generator is None:
             self._generator = _SyntheticCriteoGenerator(
-                self.num_embeddings_per_feature, self.zipf_alpha, self.ids_per_feature, self.seed
+                self.num_embeddings_per_feature, self.zipf_alpha, self.ids_per_feature, self.seed,
+                multi_hot_sizes=self.multi_hot_sizes, multi_hot_distribution=self.multi_hot_distribution,
             )
         return self._generator
 

@@ -1,4 +1,9 @@
-"""A reusable DLRM LightningModule around TorchRec's ``DLRM``: tables from config, BCE loss, AUROC and accuracy."""
+"""A reusable DLRM LightningModule around TorchRec's ``DLRM``, ``DLRM_DCN`` (MLPerf's DLRM v2) and
+``DLRM_Projection``: tables from config, BCE loss, AUROC and accuracy.
+
+Features may be one-hot or multi-hot (a KeyedJaggedTensor with lengths above 1): each table pools its ids with
+``pooling`` (MLPerf DLRM v2 sums them), so the model is the same either way.
+"""
 
 from __future__ import annotations
 
@@ -12,9 +17,16 @@ from torchmetrics.classification import BinaryAccuracy, BinaryAUROC
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
 from torchrec.datasets.criteo import DEFAULT_CAT_NAMES
 from torchrec.datasets.utils import Batch
-from torchrec.models.dlrm import DLRM
+from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRM_Projection
+from torchrec.modules.embedding_configs import PoolingType
 
 from lightning_dlac.strategy import dense_parameters
+
+INTERACTIONS = ("dot", "dcn", "projection")
+POOLINGS = ("sum", "mean")
+# MLPerf DLRM v2's cross network (torchrec_dlrm --interaction_type=dcn).
+DCN_NUM_LAYERS = 3
+DCN_LOW_RANK_DIM = 512
 
 
 def table_name(feature: str) -> str:
@@ -22,9 +34,53 @@ def table_name(feature: str) -> str:
     return f"t_{feature}"
 
 
+def _check_interaction(
+    interaction: str,
+    embedding_dim: int,
+    dcn_num_layers: int | None,
+    dcn_low_rank_dim: int | None,
+    branch1: Sequence[int] | None,
+    branch2: Sequence[int] | None,
+) -> None:
+    """Refuse an interaction with options that belong to another one, or with options it cannot be built from."""
+    if interaction not in INTERACTIONS:
+        raise ValueError(
+            f"interaction={interaction!r} is not supported; choose one of {', '.join(map(repr, INTERACTIONS))}."
+        )
+    dcn = {"dcn_num_layers": dcn_num_layers, "dcn_low_rank_dim": dcn_low_rank_dim}
+    projection = {"interaction_branch1_layer_sizes": branch1, "interaction_branch2_layer_sizes": branch2}
+    foreign = {"dot": {**dcn, **projection}, "dcn": projection, "projection": dcn}[interaction]
+    given = [name for name, value in foreign.items() if value is not None]
+    if given:
+        owner = {**dict.fromkeys(dcn, "'dcn'"), **dict.fromkeys(projection, "'projection'")}
+        raise ValueError(
+            f"{given[0]} only applies to interaction={owner[given[0]]}, but interaction={interaction!r}; remove"
+            f" {', '.join(given)} or change interaction."
+        )
+    if interaction == "dcn":
+        for name, value in dcn.items():
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+    if interaction == "projection":
+        for name, sizes in projection.items():
+            if sizes is None:
+                continue
+            if not sizes or any(int(n) < 1 for n in sizes) or sizes[-1] % embedding_dim:
+                raise ValueError(
+                    f"{name}={list(sizes)} must be positive sizes ending in a multiple of embedding_dim="
+                    f"{embedding_dim} (its output is read as [n, embedding_dim])."
+                )
+
+
 class DLRMModule(pl.LightningModule):
-    """TorchRec's DLRM (dense MLP, one embedding table per categorical feature, dot interactions, over MLP) trained
+    """TorchRec's DLRM (dense MLP, one embedding table per categorical feature, an interaction, over MLP) trained
     with binary cross-entropy.
+
+    ``interaction`` picks the model: ``"dot"`` is TorchRec's ``DLRM`` (pairwise dot products, the original DLRM),
+    ``"dcn"`` is ``DLRM_DCN`` (low-rank DCN v2 cross layers over the concatenated embeddings: MLPerf's DLRM v2,
+    with ``embedding_dim=128``, ``dcn_num_layers=3``, ``dcn_low_rank_dim=512``, dense ``[512, 256, 128]`` and over
+    ``[1024, 1024, 512, 256, 1]``), ``"projection"`` is ``DLRM_Projection`` (two MLP branches whose outputs are
+    multiplied as matrices).
 
     Under :class:`~lightning_dlac.DLACStrategy` the embedding tables are sharded across ranks and trained by the
     strategy's fused optimizer; ``configure_optimizers`` here trains the dense parameters only.
@@ -39,6 +95,18 @@ class DLRMModule(pl.LightningModule):
         learning_rate: Learning rate of the dense optimizer.
         optimizer: Dense optimizer: ``"adagrad"``, ``"adam"`` or ``"sgd"``.
         seed: Seed for the initial weights, so that runs (and ranks) start from the same dense weights.
+        interaction: ``"dot"``, ``"dcn"`` or ``"projection"`` (see above).
+        dcn_num_layers: Cross layers of the DCN interaction (``interaction="dcn"`` only; ``None``: 3, as MLPerf).
+        dcn_low_rank_dim: Rank of each cross layer's low-rank weight (``interaction="dcn"`` only; ``None``: 512, as
+            MLPerf).
+        interaction_branch1_layer_sizes: First projection branch's MLP (``interaction="projection"`` only); its last
+            size must be a multiple of ``embedding_dim``. ``None``: ``[256, 8 * embedding_dim]``.
+        interaction_branch2_layer_sizes: Second projection branch's MLP (``interaction="projection"`` only); as
+            above.
+
+    Options of another interaction (``dcn_low_rank_dim`` with ``interaction="dot"``, ...) are refused at
+    construction rather than silently ignored.
+        pooling: How a table pools the ids of one multi-hot feature: ``"sum"`` (MLPerf) or ``"mean"``.
     """
 
     def __init__(
@@ -52,6 +120,12 @@ class DLRMModule(pl.LightningModule):
         learning_rate: float = 0.05,
         optimizer: str = "adagrad",
         seed: int = 0,
+        interaction: str = "dot",
+        dcn_num_layers: int | None = None,
+        dcn_low_rank_dim: int | None = None,
+        interaction_branch1_layer_sizes: Sequence[int] | None = None,
+        interaction_branch2_layer_sizes: Sequence[int] | None = None,
+        pooling: str = "sum",
     ) -> None:
         super().__init__()
         feature_names = list(feature_names) if feature_names is not None else list(DEFAULT_CAT_NAMES)
@@ -72,6 +146,10 @@ class DLRMModule(pl.LightningModule):
             raise ValueError(f"over_arch_layer_sizes must end with 1 (the logit), got {list(over_arch_layer_sizes)}.")
         if optimizer not in ("adagrad", "adam", "sgd"):
             raise ValueError(f"optimizer={optimizer!r} is not supported; choose 'adagrad', 'adam' or 'sgd'.")
+        _check_interaction(interaction, embedding_dim, dcn_num_layers, dcn_low_rank_dim,
+                           interaction_branch1_layer_sizes, interaction_branch2_layer_sizes)
+        if pooling not in POOLINGS:
+            raise ValueError(f"pooling={pooling!r} is not supported; choose one of {', '.join(map(repr, POOLINGS))}.")
         self.save_hyperparameters()
 
         tables = [
@@ -80,17 +158,33 @@ class DLRMModule(pl.LightningModule):
                 embedding_dim=embedding_dim,
                 num_embeddings=rows,
                 feature_names=[feature],
+                pooling=PoolingType.SUM if pooling == "sum" else PoolingType.MEAN,
             )
             for feature, rows in zip(feature_names, num_embeddings_per_feature)
         ]
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            self.model = DLRM(
-                embedding_bag_collection=EmbeddingBagCollection(tables=tables, device=torch.device("cpu")),
-                dense_in_features=num_dense_features,
-                dense_arch_layer_sizes=list(dense_arch_layer_sizes),
-                over_arch_layer_sizes=list(over_arch_layer_sizes),
-            )
+            common = {
+                "embedding_bag_collection": EmbeddingBagCollection(tables=tables, device=torch.device("cpu")),
+                "dense_in_features": num_dense_features,
+                "dense_arch_layer_sizes": list(dense_arch_layer_sizes),
+                "over_arch_layer_sizes": list(over_arch_layer_sizes),
+            }
+            if interaction == "dcn":
+                self.model = DLRM_DCN(
+                    **common,
+                    dcn_num_layers=dcn_num_layers if dcn_num_layers is not None else DCN_NUM_LAYERS,
+                    dcn_low_rank_dim=dcn_low_rank_dim if dcn_low_rank_dim is not None else DCN_LOW_RANK_DIM,
+                )
+            elif interaction == "projection":
+                default_branch = [256, 8 * embedding_dim]
+                self.model = DLRM_Projection(
+                    **common,
+                    interaction_branch1_layer_sizes=list(interaction_branch1_layer_sizes or default_branch),
+                    interaction_branch2_layer_sizes=list(interaction_branch2_layer_sizes or default_branch),
+                )
+            else:
+                self.model = DLRM(**common)
         self.loss_fn = nn.BCEWithLogitsLoss()
         self.val_auroc = BinaryAUROC()
         self.val_accuracy = BinaryAccuracy()
