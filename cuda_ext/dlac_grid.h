@@ -642,7 +642,7 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
   int64_t* hlen = ptr<int64_t>(hlen_t);
 
   // Range and finiteness.
-  for_each_element(TL, NT, DLAC_LAMBDA(int64_t i, int64_t l, int64_t r, int64_t j) {
+  for_each_element(TL, NT, DLAC_LAMBDA(int64_t i, int64_t, int64_t r, int64_t j) {
     const EncChunk& ch = CH[i];
     const float v = xp[(ch.r0 + r) * ld + ch.c0 + j];
     uint32_t* s = S + i * kStWords;
@@ -706,7 +706,7 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
         const uint32_t* s = S + i * kStWords;
         return s[kStKind] == kKindQuant && !(s[kStOverflow] & 1u) && (s[kStMissed] & 1u);
       },
-      DLAC_LAMBDA(int64_t i, int64_t l, int64_t r, int64_t j) {
+      DLAC_LAMBDA(int64_t i, int64_t, int64_t r, int64_t j) {
     uint32_t* s = S + i * kStWords;
     if (s[kStKind] != kKindQuant || (s[kStOverflow] & 1u) || !(s[kStMissed] & 1u)) return;
     const EncChunk& ch = CH[i];
