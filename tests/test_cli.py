@@ -22,6 +22,7 @@ CRITEO_SAMPLE = Path(__file__).resolve().parents[2] / "shared" / "data" / "crite
 # What each config needs on this (CPU) machine to be built: the Criteo path, and CPU in place of the GPUs.
 OVERRIDES = {
     "dlrm_synthetic.yaml": [],
+    "dlrm_v2_synthetic.yaml": [],
     "dlrm_uncompressed.yaml": [],
     "dlrm_criteo.yaml": ["--data.train_path={criteo}"],
     "dlrm_criteo_binary.yaml": ["--data.data_dir={criteo_binary}"],
@@ -76,6 +77,11 @@ def test_each_shipped_config_builds(name: str, tmp_path: Path) -> None:
     assert settings["compress"] == (name != "dlrm_uncompressed.yaml")
     assert ("callback" in settings) == (name != "dlrm_uncompressed.yaml")
     assert list(cli.model.hparams.num_embeddings_per_feature) == cli.datamodule.num_embeddings_per_feature
+    if name == "dlrm_v2_synthetic.yaml":  # MLPerf DLRM v2: DCN, dim 128, multi-hot with MLPerf's pooling factors
+        assert type(cli.model.model).__name__ == "DLRM_DCN" and cli.model.hparams.embedding_dim == 128
+        from lightning_dlac.examples.data import MLPERF_MULTI_HOT_SIZES
+
+        assert cli.datamodule.multi_hot_sizes == list(MLPERF_MULTI_HOT_SIZES)
     if name == "dlrm_criteo.yaml":
         assert settings["data"] == "CriteoTSVDataModule" and settings["callback"]["calibration"] == (16, 8, 1)
 
