@@ -55,14 +55,18 @@ def _upstream_grad(dst: int, rows: int, cols: int) -> torch.Tensor:
 
 
 def _exchange_case(
-    rank: int, world_size: int, case: str, backward: str, impl: str, compressible: bool, device: str = "cpu"
+    rank: int, world_size: int, case: str, backward: str, impl: str, compressible: bool, device: str = "cpu",
+    overlap: bool = True,
 ) -> dict:
     """Run TorchRec's and the compressed all-to-all on the same input; return the observed error / bound ratios.
-    Inputs live on ``device`` (the process group's backend must reach it); results are compared on the CPU."""
+    Inputs live on ``device`` (the process group's backend must reach it); results are compared on the CPU. The
+    overlapped exchange is left pending across an all-reduce on the same group (as DDP's would be) and must not have
+    decoded anything before its ``wait()``."""
     import torch.distributed as dist
     from torchrec.distributed.dist_data import PooledEmbeddingsAllToAll
 
     from lightning_dlac.comm import CompressedPooledEmbeddingsAllToAll, CompressionConfig, ErrorBounds
+    from lightning_dlac.comm import exchange as exchange_module
 
     batch_size_per_rank, dims_per_rank = {**CASES, **CASES_3}[case]
     splits = batch_size_per_rank or [4] * world_size
@@ -70,7 +74,8 @@ def _exchange_case(
     tables = _tables(dims_per_rank)
     bounds = ErrorBounds(default_eps=EPS)
     bounds.set_table_bounds(TABLE_EPS)
-    config = CompressionConfig(backward=backward, backward_eps=BACKWARD_EPS, error_every=1, impl=impl)
+    config = CompressionConfig(backward=backward, backward_eps=BACKWARD_EPS, error_every=1, impl=impl,
+                               overlap=overlap)
     pg = dist.group.WORLD
     ours = CompressedPooledEmbeddingsAllToAll(pg, dims_per_rank, tables, config, bounds)
     theirs = PooledEmbeddingsAllToAll(pg, [sum(d) for d in dims_per_rank])
@@ -80,7 +85,16 @@ def _exchange_case(
         inputs[0][0, 0], inputs[0][1, 1], inputs[0][5, 2] = float("nan"), float("inf"), float("-inf")
     x_ours = inputs[rank].to(device, copy=True).requires_grad_()
     x_theirs = inputs[rank].to(device, copy=True).requires_grad_()
-    out_dev = ours(x_ours, batch_size_per_rank).wait()
+    decodes = []
+    decode_from_others = exchange_module.decode_from_others
+    exchange_module.decode_from_others = lambda *a, **k: decodes.append(1) or decode_from_others(*a, **k)
+    try:
+        pending = ours(x_ours, batch_size_per_rank)
+        decoded_before_wait = len(decodes)
+        dist.all_reduce(torch.ones(1, device=device), group=pg)  # another collective while the payload is in flight
+        out_dev = pending.wait()
+    finally:
+        exchange_module.decode_from_others = decode_from_others
     ref_dev = theirs(x_theirs, batch_size_per_rank).wait()
     assert out_dev.device == x_ours.device, "the exchange must return its output on the input's device"
     out, ref = out_dev.detach().cpu(), ref_dev.detach().cpu()
@@ -154,7 +168,16 @@ def _exchange_case(
             "non_finite_tables": sorted(stats.non_finite_tables),
         },
         "local_raw": (row_splits[-1] - splits[rank]) * sum(dims_per_rank[rank]) * 4,  # rows for other ranks
+        "decoded_before_wait": decoded_before_wait,
+        "decoded_after_wait": len(decodes),
+        "out": out,
+        "grad_in": g_ours,
     }
+
+
+def _without_tensors(result: dict) -> dict:
+    """A case's result without its tensors (a rank's tensors cannot cross the result queue: it exits first)."""
+    return {k: v for k, v in result.items() if k not in ("out", "grad_in")}
 
 
 def _all_exchange_cases(rank: int, world_size: int) -> dict:
@@ -163,6 +186,14 @@ def _all_exchange_cases(rank: int, world_size: int) -> dict:
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     try:
         results = {(case, *run): _exchange_case(rank, world_size, case, *run) for case in CASES for run in RUNS}
+        for case in CASES:  # the synchronous path, compared here with the overlapped one (tensors stay in the rank)
+            for backward in ("bf16", "dlac"):
+                sync = _exchange_case(rank, world_size, case, backward, NATIVE, False, overlap=False)
+                overlapped = results[(case, backward, NATIVE, False)]
+                sync["same_out"] = torch.equal(overlapped["out"].nan_to_num(7.0), sync["out"].nan_to_num(7.0))
+                sync["same_grad"] = torch.equal(overlapped["grad_in"], sync["grad_in"])
+                results[("sync", case, backward)] = sync
+        results = {key: _without_tensors(r) for key, r in results.items()}
         # Both ranks must be done with every collective before either tears gloo down: a peer destroying its group
         # mid-flight aborted the other process at exit ("terminate called without an active exception").
         dist.barrier()
@@ -208,6 +239,20 @@ def test_gradients_match_torchrec_per_backward_mode(exchange_results: list[dict]
             batch_sizes = CASES[case][0] or [4, 4]
             others_rows = sum(batch_sizes) - batch_sizes[rank]
             assert not dlac["equal"] or not any(CASES[case][1][rank]) or not others_rows, "sent exactly"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(CASES))
+def test_overlapped_exchange_decodes_on_wait_and_equals_the_synchronous_one(exchange_results: list[dict],
+                                                                             case: str) -> None:
+    for rank, results in enumerate(exchange_results):
+        for backward in ("bf16", "dlac"):
+            overlapped, sync = results[(case, backward, NATIVE, False)], results[("sync", case, backward)]
+            # Launched by forward(), decoded by wait(): nothing decoded in between, once after.
+            assert (overlapped["decoded_before_wait"], overlapped["decoded_after_wait"]) == (0, 1), (rank, backward)
+            assert (sync["decoded_before_wait"], sync["decoded_after_wait"]) == (1, 1), (rank, backward)
+            assert sync["same_out"] and sync["same_grad"], (rank, backward)
+            assert overlapped["stats"] == sync["stats"], (rank, backward)
 
 
 @pytest.mark.slow
@@ -289,9 +334,9 @@ def test_corrupted_payload_names_source_rank_and_table_and_peer_does_not_hang() 
 
 
 def _auto_fallback(rank: int, world_size: int) -> list[bool]:
-    """24 exchanges with the uncompressed fallback, timed by a scripted clock: the codec costs 50 ms for the first 11
-    calls and 1 ms after; the uncompressed all-to-all 2 ms, then 50 ms. Returns, per call, whether it went
-    uncompressed (checking it then equals TorchRec's exactly)."""
+    """24 exchanges with the uncompressed fallback, timed by a scripted clock: the codec costs 6 ms for the first 11
+    calls and 1 ms after; the uncompressed all-to-all 4 ms, then 50 ms. Returns, per call, whether it went
+    uncompressed (checking it then equals TorchRec's exactly, in both directions)."""
     import contextlib
 
     import torch.distributed as dist
@@ -309,10 +354,12 @@ def _auto_fallback(rank: int, world_size: int) -> list[bool]:
         def phase(self, name: str, label: str | None = None):  # noqa: ANN206
             yield
             slow_codec = self.call < 11
-            if label and "uncompressed" in label:
-                cost = 0.002 if slow_codec else 0.05
+            if name == "backward_s":
+                cost = 0.0  # the forward's times decide here; the gradient exchange is checked for exactness
+            elif label and "uncompressed" in label:
+                cost = (0.004 if slow_codec else 0.05) / 2  # launch, wait
             else:
-                cost = (0.05 if slow_codec else 0.001) / 3  # encode, exchange, decode
+                cost = (0.006 if slow_codec else 0.001) / 4  # encode, exchange (launch, wait), decode
             self._pending.append((name, 0.0, cost))
 
     dist.init_process_group("gloo")
@@ -325,12 +372,17 @@ def _auto_fallback(rank: int, world_size: int) -> list[bool]:
     ways = []
     for call in range(24):
         timer.call = call
-        x = _inputs(rank, 12, sum(dims_per_rank[rank]), compressible=True)
+        x = _inputs(rank, 12, sum(dims_per_rank[rank]), compressible=True).requires_grad_()
+        x_theirs = x.detach().clone().requires_grad_()
         before = ours.stats.uncompressed_calls
         out = ours(x, [6, 6]).wait()
         ways.append(ours.stats.uncompressed_calls > before)
-        if ways[-1]:
-            assert torch.equal(out, theirs(x, [6, 6]).wait())
+        grad = _upstream_grad(rank, 6, out.size(1))
+        out.backward(grad)
+        if ways[-1]:  # TorchRec's exchange, float32 both ways (the configured bf16 backward is not used)
+            ref = theirs(x_theirs, [6, 6]).wait()
+            ref.backward(grad)
+            assert torch.equal(out, ref) and torch.equal(x.grad, x_theirs.grad)
     assert ours.stats.calls == 24
     dist.barrier()
     return ways
@@ -340,10 +392,10 @@ def test_auto_fallback_sends_uncompressed_only_while_that_is_faster() -> None:
     r0, r1 = run_ranks(_auto_fallback, 2)
     assert r0 == r1  # the same way on every rank at every call, as the collectives require
     uncompressed = {k for k, raw in enumerate(r0) if raw}
-    # Calls 0-1 measure the codec, call 2 the plain all-to-all; the codec is slow, so the plain one is used,
-    # except at the checks every 4 calls (6, 10). From call 11 the plain one is slow: the check at 14 sees the codec
-    # faster again and switches back; the checks at 18 and 22 try the plain way once each.
-    assert uncompressed == {2, 3, 4, 5, 7, 8, 9, 11, 12, 13, 18, 22}, sorted(uncompressed)
+    # Calls 0-1 measure the codec, call 2 the plain all-to-all; the codec is slower by 1.5x, so the plain one is used
+    # and the codec checked 4 * 1.5 = 6 calls later (8). From call 11 the plain one is slow: the check at 14 sees the
+    # codec faster again and switches back; the gap is now 7.7x, so the next check is 30 calls away (none in 24).
+    assert uncompressed == {2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13}, sorted(uncompressed)
 
 
 # ---------------------------------------------------------------------------------------------- through Lightning
@@ -471,7 +523,7 @@ def _nccl_exchange_cases(rank: int, world_size: int) -> dict:
     try:
         cases = ("uneven_batches", "many_rows", "rank_without_tables")
         results = {
-            (case, b): _exchange_case(rank, world_size, case, b, "auto", True, device=f"cuda:{rank}")
+            (case, b): _without_tensors(_exchange_case(rank, world_size, case, b, "auto", True, device=f"cuda:{rank}"))
             for case in cases for b in ("bf16", "dlac")
         }
         dist.barrier()
@@ -499,7 +551,7 @@ def _three_rank_cases(rank: int, world_size: int) -> dict:
 
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     try:
-        results = {(case, b): _exchange_case(rank, world_size, case, b, NATIVE, compressible)
+        results = {(case, b): _without_tensors(_exchange_case(rank, world_size, case, b, NATIVE, compressible))
                    for case in CASES_3 for b in ("fp32", "dlac") for compressible in (True,)}
         dist.barrier()
         return results

@@ -3,10 +3,12 @@ fallback (driven by injected times, so no decision depends on how busy the machi
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
-from lightning_dlac.comm.fallback import UncompressedFallback
+from lightning_dlac.comm.fallback import UncompressedFallback, check_interval
 from lightning_dlac.comm.stats import CommStats
 from lightning_dlac.comm.timing import PhaseTimer
 
@@ -75,15 +77,57 @@ def _drive(policy: UncompressedFallback, cost: dict[bool, float], calls: int) ->
     return ways, timed
 
 
-def test_fallback_uses_the_faster_way_and_checks_the_other_every_n_calls() -> None:
+def test_fallback_uses_the_faster_way_and_checks_the_other_every_n_calls_while_the_gap_is_small() -> None:
     policy = UncompressedFallback(check_every=4, slowest=lambda s: list(s))
-    ways, timed = _drive(policy, {False: 0.05, True: 0.01}, 15)
+    ways, timed = _drive(policy, {False: 0.011, True: 0.01}, 15)
     # Warm-up (0, 1 compressed; 2 uncompressed), then uncompressed, with the compressed way checked at 6, 10, 14.
     assert [k for k, u in enumerate(ways) if not u] == [0, 1, 6, 10, 14]
     # Only what a decision reads is timed: call 1, each check, and the call of the way in use just before it.
     assert [k for k, t in enumerate(timed) if t] == [1, 2, 5, 6, 9, 10, 13, 14]
-    ways, _ = _drive(UncompressedFallback(4, lambda s: list(s)), {False: 0.01, True: 0.05}, 12)
+    ways, _ = _drive(UncompressedFallback(4, lambda s: list(s)), {False: 0.01, True: 0.011}, 12)
     assert [k for k, u in enumerate(ways) if u] == [2, 6, 10]  # the codec is faster: only the checks go uncompressed
+
+
+@pytest.mark.parametrize(("ratio", "interval"), [(1.0, 4), (1.6, 6), (3.0, 12), (5.0, 20), (16.0, 64), (300.0, 64)])
+def test_fallback_checks_less_often_the_larger_the_gap(ratio: float, interval: int) -> None:
+    assert check_interval(4, [0.01, 0.01 * ratio], max_stretch=16) == interval
+    assert check_interval(4, [0.01 * ratio, 0.01], max_stretch=16) == interval  # whichever way is the faster
+    # A slow link: compression `ratio` times faster; checks of the uncompressed way at 2, then every `interval` calls.
+    calls = 2 + 5 * interval
+    policy = UncompressedFallback(4, lambda s: list(s), max_stretch=16)
+    ways, timed = _drive(policy, {False: 0.01, True: 0.01 * ratio}, calls)
+    checks = [k for k, u in enumerate(ways) if u]
+    assert checks == list(range(2, calls, interval)) and policy.interval == interval
+    # Timed: call 1, the checks, and the call before each check (the last one before the next check, at `calls`).
+    assert [k for k, t in enumerate(timed) if t] == [1, *sorted({*checks, *(k - 1 for k in checks[1:]), calls - 1})]
+    # What the checks cost over whole intervals after the warm-up: below 1 / check_every of the fast way's time per
+    # call up to the cap (a 300x gap is the cap's case: (300 - 1) / 64 of it).
+    extra = len(checks) * 0.01 * (ratio - 1) / (calls - 2)
+    assert extra <= 0.01 / 4 * max(1.0, (ratio - 1) / 16) + 1e-12
+
+
+def test_fallback_interval_follows_the_measured_gap_as_it_changes() -> None:
+    policy = UncompressedFallback(4, lambda s: list(s), max_stretch=16)
+    cost = {False: 0.01, True: 0.08}  # a slow link: 8x, checks 32 calls apart
+    ways, _ = _drive(policy, cost, 40)
+    assert [k for k, u in enumerate(ways) if u] == [2, 34] and policy.interval == 32
+    # The link gets faster: each check's average (of the way's last two times) closes in on the new gap, and the
+    # checks come closer together until they are check_every apart again.
+    cost[True] = 0.011
+    ways, _ = _drive(policy, cost, 120)
+    checks = [40 + k for k, u in enumerate(ways) if u]
+    gaps = [b - a for a, b in itertools.pairwise([34, *checks])]
+    assert gaps[0] == 32 and gaps == sorted(gaps, reverse=True) and gaps[-3:] == [4, 4, 4], gaps
+    # Faster still (5x): the uncompressed way wins its next check and stays; the codec's checks spread out as the
+    # averages close in on the 5x gap (20 calls apart).
+    cost[True] = 0.002
+    ways, _ = _drive(policy, cost, 40)
+    compressed = [k for k, u in enumerate(ways) if not u]
+    gaps = [b - a for a, b in itertools.pairwise(compressed[1:])]
+    assert compressed[0] == 0 and all(ways[1 : compressed[1]]) and gaps == sorted(gaps) and 4 < gaps[0], compressed
+    assert 4 < policy.interval <= 20
+    with pytest.raises(ValueError, match="max_stretch=0.5 must be a finite number >= 1"):
+        UncompressedFallback(4, lambda s: list(s), max_stretch=0.5)
 
 
 def test_fallback_decides_from_the_slowest_rank() -> None:
@@ -92,10 +136,10 @@ def test_fallback_decides_from_the_slowest_rank() -> None:
 
     def slowest(seconds):  # noqa: ANN001, ANN202
         seen.append(list(seconds))
-        return [max(seconds[0], 0.02), max(seconds[1], 0.09)]
+        return [max(seconds[0], 0.02), max(seconds[1], 0.06)]
 
     ways, _ = _drive(UncompressedFallback(4, slowest), {False: 0.05, True: 0.01}, 8)
-    assert ways == [False, False, True, False, False, False, True, False]
+    assert ways == [False, False, True, False, False, False, True, False]  # a 1.2x gap: checks 4 calls apart
     assert seen == [[0.05, 0.01], [0.05, 0.01]]  # one all-reduce per check, none in between
     with pytest.raises(ValueError, match="check_every=0 must be a whole number >= 1"):
         UncompressedFallback(0, slowest)

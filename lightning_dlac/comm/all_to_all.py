@@ -6,6 +6,13 @@ around it, each in one place: statistics (:class:`~lightning_dlac.comm.CommStats
 timing that is right on a GPU (:class:`~lightning_dlac.comm.timing.PhaseTimer`), the uncompressed fallback of
 ``compress="auto"`` (:class:`~lightning_dlac.comm.fallback.UncompressedFallback`), error sampling, non-finite notes
 and the chunk observer that calibration measures through.
+
+The exchange is split as TorchRec's ``All2All_Pooled_Req`` / ``All2All_Pooled_Wait`` pair: :meth:`forward` encodes,
+exchanges the sizes and launches the payload all-to-all (``async_op=True``), and returns a pending awaitable whose
+``wait()`` waits for the bytes and decodes. The backward likewise: the gradient of the waited output launches the
+gradient exchange, and the gradient of the launch waits for it and decodes, so autograd and DDP's gradient
+all-reduce can run in between. With ``CompressionConfig(overlap=False)`` each exchange is waited on as soon as it
+is launched (the synchronous path, for A/B measurements).
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -26,8 +34,8 @@ from lightning_dlac.codec import decode_grid
 from lightning_dlac.codec.format import HEADER_SIZE
 from lightning_dlac.comm import exchange
 from lightning_dlac.comm.config import BackwardCompression, CompressionConfig
-from lightning_dlac.comm.exchange import Encoded, Layout, offsets
-from lightning_dlac.comm.fallback import UncompressedFallback
+from lightning_dlac.comm.exchange import BackwardInFlight, Encoded, Layout, offsets
+from lightning_dlac.comm.fallback import FallbackCall, UncompressedFallback
 from lightning_dlac.comm.stats import CommStats
 from lightning_dlac.comm.timing import PhaseTimer
 
@@ -51,10 +59,42 @@ class _Ready(Awaitable[torch.Tensor]):
         return self._tensor
 
 
+@dataclass(eq=False)
+class _Call:
+    """One exchange between its launch and its wait, in both directions: what the wait and the backward need."""
+
+    batch_size_per_rank: list[int]
+    on_record: bool  # counts in the statistics (decided at launch: an off-the-record block may end before the wait)
+    timer: PhaseTimer
+    dtype: torch.dtype  # of local_embs: the output and the gradient come back in it
+    finish: Callable[[], torch.Tensor] | None = None  # waits for the forward payload and decodes it
+    fallback: FallbackCall | None = None
+    backward: BackwardInFlight | None = None
+    grad: torch.Tensor | None = None  # the backward's result once waited on
+
+
+class _PendingExchange(Awaitable[torch.Tensor]):
+    """The awaitable of a launched forward exchange: ``wait()`` waits for the payload and decodes (once)."""
+
+    def __init__(self, a2a: CompressedPooledEmbeddingsAllToAll, call: _Call, launched: torch.Tensor) -> None:
+        super().__init__()
+        self._a2a, self._call, self._launched = a2a, call, launched
+        self._out: torch.Tensor | None = None
+
+    def _wait_impl(self) -> torch.Tensor:
+        if self._out is None:
+            self._out = _ExchangeWait.apply(self._launched, self._a2a, self._call)
+            self._launched = None  # type: ignore[assignment] - the autograd graph holds it now
+        return self._out
+
+
 class CompressedPooledEmbeddingsAllToAll(nn.Module):
     """Error-bounded compressed replacement of TorchRec's ``PooledEmbeddingsAllToAll``: same inputs, same output
-    layout, an awaitable with the same callbacks. The exchange itself is synchronous: it has finished when
-    :meth:`forward` returns, and ``wait()`` only applies the callbacks.
+    layout, an awaitable with the same callbacks. :meth:`forward` launches the payload exchange and returns; the
+    awaitable's ``wait()`` waits for it, decodes and applies the callbacks (with ``config.overlap=False`` the
+    exchange has finished when :meth:`forward` returns). Phase times cover the work on this rank's side of both
+    halves. With the uncompressed fallback, a call the fallback times counts every phase from its launch to the next
+launch (its forward and its gradient exchange), read at that next launch.
 
     Args:
         pg: Process group of the exchange.
@@ -92,6 +132,8 @@ class CompressedPooledEmbeddingsAllToAll(nn.Module):
         self._timer: PhaseTimer | None = None
         self._fallback = UncompressedFallback(config.fallback_check_every, self._slowest) if config.auto_fallback \
             else None
+        self._timed: FallbackCall | None = None  # the fallback's timed call whose time is being summed
+        self._timed_s = 0.0
         self.observer: Callable[[str, torch.Tensor], None] | None = None
 
     @property
@@ -146,81 +188,127 @@ class CompressedPooledEmbeddingsAllToAll(nn.Module):
             if total % world:
                 raise ValueError(f"{world} ranks do not divide the global batch size {total}.")
             batch_size_per_rank = [total // world] * world
-        out = _CompressedAllToAllFn.apply(local_embs, self, list(batch_size_per_rank))
-        awaitable = PooledEmbeddingsAwaitable(tensor_awaitable=_Ready(out))
+        on_record = self._on_record
+        timer = self._timer_for(local_embs) if on_record else PhaseTimer(local_embs.device)  # off the record: nobody
+        call = _Call(list(batch_size_per_rank), on_record, timer, local_embs.dtype)
+        launched = _ExchangeLaunch.apply(local_embs, self, call)
+        if self._config.overlap:
+            pending: Awaitable[torch.Tensor] = _PendingExchange(self, call, launched)
+        else:
+            pending = _Ready(_ExchangeWait.apply(launched, self, call))
+        awaitable = PooledEmbeddingsAwaitable(tensor_awaitable=pending)
         awaitable.callbacks.extend(self._callbacks)
         return awaitable
 
     # ------------------------------------------------------------------ forward
 
-    def _exchange_forward(self, x: torch.Tensor, batch_size_per_rank: list[int]) -> torch.Tensor:
+    def _launch_forward(self, x: torch.Tensor, call: _Call) -> None:
+        """Encode, exchange sizes and launch the payload exchange; leave in ``call.finish`` what waits for it."""
         x = x.detach().float()
+        batch_size_per_rank, timer, layout = call.batch_size_per_rank, call.timer, self.layout
         row_splits = offsets(batch_size_per_rank)
-        eps = self._bounds.effective_many(self.layout.local_tables)
-        if not self._on_record:
-            return self._compressed(x, row_splits, eps, PhaseTimer(x.device))[0]  # timed for nobody
-        if self.observer is not None:
-            for name, chunk in self._chunks(x, row_splits):
-                self.observer(name, chunk)
-        call = self._fallback.next_call() if self._fallback is not None else None
-        if call is not None and call.timed:
-            self._fold_times()  # so that the next read holds this call's phases only
-        if call is not None and call.uncompressed:
-            with self._timer_for(x).phase("exchange_s", "dlac exchange (uncompressed)"):
-                out = exchange.forward_uncompressed(x, batch_size_per_rank, self.layout, self._pg)
+        eps = self._bounds.effective_many(layout.local_tables)
+        if call.on_record:
+            if self.observer is not None:
+                for name, chunk in self._chunks(x, row_splits):
+                    self.observer(name, chunk)
+            if self._fallback is not None:
+                self._start_fallback_call(call)
+        if call.fallback is not None and call.fallback.uncompressed:
+            label = "dlac exchange (uncompressed)"
+            with timer.phase("exchange_s", label):
+                flight = exchange.start_forward_uncompressed(x, batch_size_per_rank, layout, self._pg)
             self._stats.uncompressed_calls += 1
-            rows = x.size(0) - batch_size_per_rank[self.layout.rank]  # the rows kept here are not traffic
-            per_table = [rows * d * 4 for d in self.layout.dims_per_rank[self.layout.rank]]
+            rows = x.size(0) - batch_size_per_rank[layout.rank]  # the rows kept here are not traffic
+            per_table = [rows * d * 4 for d in layout.dims_per_rank[layout.rank]]
             self._count_forward(rows, sum(per_table), per_table)
-        else:
-            out, encoded = self._compressed(x, row_splits, eps, self._timer_for(x))
-            n_local, world = len(self.layout.local_tables), self.layout.world
-            per_table = encoded.sizes.view(world, n_local).sum(0).tolist() if n_local else []
-            # The payload plus the size exchange: one int64 per (other rank, local table).
-            sent = int(encoded.payload.numel()) + (world - 1) * n_local * 8
-            self._count_forward(x.size(0) - batch_size_per_rank[self.layout.rank], sent, per_table)
-            self._note_non_finite(x, row_splits, encoded)
-            every = self._config.error_every
-            if every and self.layout.local_tables and (self._stats.calls - 1) % every == 0:
-                self._sample_error(x, encoded, eps)
-        if call is not None and call.timed:
-            self._fallback.record(call.uncompressed, sum(self._fold_times().values()))
-        return out
 
-    def _compressed(
-        self, x: torch.Tensor, row_splits: list[int], eps: torch.Tensor, timer: PhaseTimer
-    ) -> tuple[torch.Tensor, Encoded]:
-        """The pure compressed exchange, its phases timed."""
-        impl, layout = self._config.impl, self.layout
-        with timer.phase("encode_s", "dlac encode"):
-            encoded = exchange.encode_for_others(x, row_splits, layout, eps, impl)
-        with timer.phase("exchange_s", "dlac exchange"):
-            recv_sizes = exchange.exchange_sizes(encoded.sizes, layout, self._pg)
-            received = exchange.exchange_payload(encoded.payload, encoded.sizes, recv_sizes, layout, self._pg)
-        with timer.phase("decode_s", "dlac decode"):
+            def finish() -> torch.Tensor:
+                with timer.phase("exchange_s", label):
+                    return exchange.finish_forward_uncompressed(flight, batch_size_per_rank, layout)
+        else:
+            with timer.phase("encode_s", "dlac encode"):
+                encoded = exchange.encode_for_others(x, row_splits, layout, eps, self._config.impl)
+            with timer.phase("exchange_s", "dlac exchange"):
+                recv_sizes = exchange.exchange_sizes(encoded.sizes, layout, self._pg)
+                flight = exchange.start_payload(encoded.payload, encoded.sizes, recv_sizes, layout, self._pg)
             own = x[row_splits[layout.rank] : row_splits[layout.rank + 1]]
-            out = exchange.decode_from_others(received, recv_sizes, own, layout, impl)
-        return out, encoded
+            if call.on_record:  # while the payload is on its way
+                n_local, world = len(layout.local_tables), layout.world
+                per_table = encoded.sizes.view(world, n_local).sum(0).tolist() if n_local else []
+                # The payload plus the size exchange: one int64 per (other rank, local table).
+                sent = int(encoded.payload.numel()) + (world - 1) * n_local * 8
+                self._count_forward(x.size(0) - batch_size_per_rank[layout.rank], sent, per_table)
+                self._note_non_finite(x, row_splits, encoded)
+                every = self._config.error_every
+                if every and layout.local_tables and (self._stats.calls - 1) % every == 0:
+                    self._sample_error(x, encoded, eps)
+
+            def finish() -> torch.Tensor:
+                with timer.phase("exchange_s", "dlac exchange"):
+                    received = flight.wait()
+                with timer.phase("decode_s", "dlac decode"):
+                    return exchange.decode_from_others(received, recv_sizes, own, layout, self._config.impl)
+
+        call.finish = finish
+
+    def _start_fallback_call(self, call: _Call) -> None:
+        """Give the fallback the previous call's time if it asked for it, then take its decision for ``call``.
+
+        A call's time is every phase of this exchange from its launch to the next launch: the forward exchange and
+        the gradient exchange of its backward (an uncompressed call sends both uncompressed), so it is read here,
+        at the next launch, when both are done."""
+        self._fold_times()
+        if self._timed is not None:
+            self._fallback.record(self._timed.uncompressed, self._timed_s)
+        call.fallback = self._fallback.next_call()
+        self._timed, self._timed_s = (call.fallback, 0.0) if call.fallback.timed else (None, 0.0)
+
+    def _wait_forward(self, call: _Call) -> torch.Tensor:
+        """Wait for the payload ``call`` launched and decode it."""
+        assert call.finish is not None, "a forward exchange is waited on before it was launched"
+        out = call.finish()
+        call.finish = None  # the wait holds the received buffers: drop them with it
+        return out
 
     # ------------------------------------------------------------------ backward
 
-    def _exchange_backward(self, grad: torch.Tensor, batch_size_per_rank: list[int]) -> torch.Tensor:
-        """Send ``grad`` ([local batch, total dim]) back to the ranks that own each column; return this rank's
-        gradient of ``local_embs`` ([sum of batch sizes, local dim sum])."""
+    def _launch_backward(self, grad: torch.Tensor, call: _Call) -> None:
+        """Launch the exchange sending ``grad`` ([local batch, total dim]) back to the ranks that own each column."""
         grad = grad.contiguous().float()
-        mode = BackwardCompression(self._config.backward)
-        timer = self._timer_for(grad) if self._on_record else PhaseTimer(grad.device)
-        with timer.phase("backward_s", f"dlac backward ({mode})"):
+        mode = self._backward_mode(call)
+        with call.timer.phase("backward_s", f"dlac backward ({mode})"):
             if mode is BackwardCompression.DLAC:
-                out, sent = exchange.backward_dlac(grad, batch_size_per_rank, self.layout, self._config.backward_eps,
-                                                   self._config.impl, self._pg)
+                call.backward = exchange.start_backward_dlac(grad, call.batch_size_per_rank, self.layout,
+                                                             self._config.backward_eps, self._config.impl, self._pg)
             else:
-                out, sent = exchange.backward_cast(grad, batch_size_per_rank, self.layout, _WIRE[mode], self._pg)
-        if self._on_record:
+                call.backward = exchange.start_backward_cast(grad, call.batch_size_per_rank, self.layout, _WIRE[mode],
+                                                             self._pg)
+        if call.on_record:
             s = self._stats
             s.backward_calls += 1
             s.backward_raw_bytes += grad.size(0) * (grad.size(1) - self.layout.dim_sums[self.layout.rank]) * 4
-            s.backward_sent_bytes += sent
+            s.backward_sent_bytes += call.backward.sent
+        if not self._config.overlap:
+            call.grad = self._wait_backward(call)
+
+    def _backward_mode(self, call: _Call) -> BackwardCompression:
+        """The gradient exchange's encoding: float32 for a call the fallback sends uncompressed (TorchRec's exchange
+        in both directions), the configured one otherwise."""
+        if call.fallback is not None and call.fallback.uncompressed:
+            return BackwardCompression.FP32
+        return BackwardCompression(self._config.backward)
+
+    def _wait_backward(self, call: _Call) -> torch.Tensor:
+        """This rank's gradient of ``local_embs`` ([sum of batch sizes, local dim sum]) once the exchange
+        :meth:`_launch_backward` started has arrived."""
+        if call.grad is not None:
+            return call.grad
+        assert call.backward is not None, "a gradient exchange is waited on before it was launched"
+        mode = self._backward_mode(call)
+        with call.timer.phase("backward_s", f"dlac backward ({mode})"):
+            out = exchange.finish_backward(call.backward, call.batch_size_per_rank, self.layout, self._config.impl)
+        call.backward = None
         if comm_ops.get_gradient_division():
             out = out / self.layout.world  # TorchRec scales embedding gradients like DDP averages dense ones
         return out
@@ -233,10 +321,13 @@ class CompressedPooledEmbeddingsAllToAll(nn.Module):
         return self._timer
 
     def _fold_times(self) -> dict[str, float]:
-        """Move the timer's finished phases into the counters; return them."""
+        """Move the timer's finished phases into the counters (and into the time of the fallback's timed call, while
+        one is being summed); return them."""
         times = self._timer.collect() if self._timer is not None else {}
         for name, seconds in times.items():
             setattr(self._stats, name, getattr(self._stats, name) + seconds)
+        if self._timed is not None:
+            self._timed_s += sum(times.values())
         return times
 
     def _slowest(self, seconds: Sequence[float]) -> list[float]:
@@ -296,14 +387,34 @@ class CompressedPooledEmbeddingsAllToAll(nn.Module):
             observed[name] = max(observed.get(name, 0.0), w)
 
 
-class _CompressedAllToAllFn(torch.autograd.Function):
+class _ExchangeLaunch(torch.autograd.Function):
+    """Forward: launch the exchange, return a placeholder that :class:`_ExchangeWait` takes. Backward: wait for the
+    gradient exchange that :class:`_ExchangeWait`'s backward launched (TorchRec's ``All2All_Pooled_Req``)."""
+
     @staticmethod
-    def forward(ctx, local_embs: torch.Tensor, a2a: CompressedPooledEmbeddingsAllToAll, batch_size_per_rank: list[int]):  # noqa: ANN001, ANN205
-        ctx.a2a = a2a
-        ctx.batch_size_per_rank = batch_size_per_rank
-        return a2a._exchange_forward(local_embs, batch_size_per_rank).to(local_embs.dtype)
+    def forward(ctx, local_embs: torch.Tensor, a2a: CompressedPooledEmbeddingsAllToAll, call: _Call):  # noqa: ANN001, ANN205
+        ctx.a2a, ctx.call = a2a, call
+        a2a._launch_forward(local_embs, call)
+        return local_embs.new_zeros(1)  # ties the launch to the wait in the autograd graph
+
+    @staticmethod
+    def backward(ctx, _unused: torch.Tensor):  # noqa: ANN001, ANN205
+        grad = ctx.a2a._wait_backward(ctx.call)
+        ctx.call.grad = None
+        return grad.to(ctx.call.dtype), None, None
+
+
+class _ExchangeWait(torch.autograd.Function):
+    """Forward: wait for the payload and decode. Backward: launch the gradient exchange (TorchRec's
+    ``All2All_Pooled_Wait``)."""
+
+    @staticmethod
+    def forward(ctx, launched: torch.Tensor, a2a: CompressedPooledEmbeddingsAllToAll, call: _Call):  # noqa: ANN001, ANN205
+        ctx.a2a, ctx.call = a2a, call
+        ctx.launched_shape = launched.shape
+        return a2a._wait_forward(call).to(call.dtype)
 
     @staticmethod
     def backward(ctx, grad_output: torch.Tensor):  # noqa: ANN001, ANN205
-        grad = ctx.a2a._exchange_backward(grad_output, ctx.batch_size_per_rank)
-        return grad.to(grad_output.dtype), None, None
+        ctx.a2a._launch_backward(grad_output, ctx.call)
+        return grad_output.new_zeros(ctx.launched_shape), None, None

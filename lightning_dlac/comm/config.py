@@ -38,8 +38,12 @@ class CompressionConfig:
             0 turns the measurement off.
         impl: Codec implementation: ``auto`` (native kernels, falling back to the reference), ``native`` or ``ref``.
         auto_fallback: The uncompressed fallback (``DLACStrategy(compress="auto")``): time the compressed and the
-            uncompressed forward exchange and send uncompressed while that is faster (a fast link, a slow codec).
-        fallback_check_every: With ``auto_fallback``, calls between checks of the way not taken.
+            uncompressed exchange (forward and gradients; uncompressed is float32 both ways) and send uncompressed
+            while that is faster (a fast link, a slow codec).
+        fallback_check_every: With ``auto_fallback``, calls between checks of the way not taken (more while the two
+            ways' times differ a lot, see :class:`~lightning_dlac.comm.fallback.UncompressedFallback`).
+        overlap: Launch each payload exchange and return, waiting for it (and decoding) only when its result is
+            needed, as TorchRec's request / wait pair; ``False`` waits at once (the synchronous path).
     """
 
     backward: BackwardCompression | str = BackwardCompression.BF16  # gradient exchange encoding
@@ -48,6 +52,7 @@ class CompressionConfig:
     impl: str = "auto"  # codec implementation: auto | native | ref
     auto_fallback: bool = False  # send uncompressed while that is faster
     fallback_check_every: int = 64  # calls between checks of the way not taken
+    overlap: bool = True  # wait for a launched exchange only when its result is needed
 
     def __post_init__(self) -> None:
         self.backward_eps = check_relative_bound(self.backward_eps, "backward_eps")

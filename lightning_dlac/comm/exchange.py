@@ -12,6 +12,12 @@ Forward, on every rank (``local_embs`` is [sum of batch sizes, local dim sum], r
 
 Backward sends the gradients the other way: float32, cast to bf16/fp16, or DLAC-encoded (again keeping the rank's
 own block local).
+
+Each payload exchange comes as a start / finish pair, as TorchRec's ``comm_ops`` request / wait: ``start_*`` does
+what must happen before the bytes move (encoding, the size exchange) and launches the payload all-to-all with
+``async_op=True``; it returns an :class:`InFlight` that ``finish_*`` waits on before decoding. Whatever the caller
+runs in between overlaps with the transfer. The plain functions (``exchange_payload``, ``backward_cast``, ...) are
+the pair called back to back.
 """
 
 from __future__ import annotations
@@ -107,8 +113,25 @@ class Encoded(NamedTuple):
     grids: list[Grid]
 
 
-def _all_to_all(out: torch.Tensor, inp: torch.Tensor, out_splits: list[int], in_splits: list[int], pg) -> None:
-    dist.all_to_all_single(out, inp, output_split_sizes=out_splits, input_split_sizes=in_splits, group=pg)
+class InFlight(NamedTuple):
+    """A launched all-to-all: its receive buffer, valid once :meth:`wait` has returned, and the collective's work
+    handle (``None`` when the collective ran synchronously)."""
+
+    received: torch.Tensor
+    work: dist.Work | None = None
+
+    def wait(self) -> torch.Tensor:
+        """Block until the bytes have arrived (on a GPU: until the current stream is ordered after them); return the
+        receive buffer."""
+        if self.work is not None:
+            self.work.wait()
+        return self.received
+
+
+def _all_to_all(out: torch.Tensor, inp: torch.Tensor, out_splits: list[int], in_splits: list[int], pg,
+                async_op: bool = False) -> dist.Work | None:
+    return dist.all_to_all_single(out, inp, output_split_sizes=out_splits, input_split_sizes=in_splits, group=pg,
+                                  async_op=async_op)
 
 
 def _join(grids: Sequence[Grid | None], n_local: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -154,15 +177,21 @@ def exchange_sizes(sizes: torch.Tensor, layout: Layout, pg) -> torch.Tensor:
     return received
 
 
-def exchange_payload(payload: torch.Tensor, sizes: torch.Tensor, recv_sizes: torch.Tensor, layout: Layout,
-                     pg) -> torch.Tensor:
-    """The payload bytes every source rank sent to this one, concatenated in rank order."""
+def start_payload(payload: torch.Tensor, sizes: torch.Tensor, recv_sizes: torch.Tensor, layout: Layout,
+                  pg) -> InFlight:
+    """Launch the payload exchange: once waited on, the bytes every source rank sent to this one, concatenated in
+    rank order."""
     n_local = len(layout.local_tables)
     send = sizes.view(layout.world, n_local).sum(1).tolist() if n_local else [0] * layout.world
     recv = [int(s.sum()) for s in recv_sizes.split(layout.chunk_counts)]
     received = torch.empty(sum(recv), dtype=torch.uint8, device=payload.device)
-    _all_to_all(received, payload, recv, send, pg)
-    return received
+    return InFlight(received, _all_to_all(received, payload, recv, send, pg, async_op=True))
+
+
+def exchange_payload(payload: torch.Tensor, sizes: torch.Tensor, recv_sizes: torch.Tensor, layout: Layout,
+                     pg) -> torch.Tensor:
+    """The payload bytes every source rank sent to this one, concatenated in rank order."""
+    return start_payload(payload, sizes, recv_sizes, layout, pg).wait()
 
 
 def decode_from_others(
@@ -184,14 +213,29 @@ def decode_from_others(
     return torch.cat([decoded[:, :first], own, decoded[:, first:]], dim=1)
 
 
-def forward_uncompressed(x: torch.Tensor, batch_size_per_rank: list[int], layout: Layout, pg) -> torch.Tensor:
-    """TorchRec's forward exchange: float32 rows to their destination, in one all-to-all."""
+def start_forward_uncompressed(x: torch.Tensor, batch_size_per_rank: list[int], layout: Layout, pg) -> InFlight:
+    """Launch TorchRec's forward exchange: float32 rows to their destination, in one all-to-all."""
     me = layout.rank
     d_me, b_me = layout.dim_sums[me], batch_size_per_rank[me]
     recv_numel = [b_me * d for d in layout.dim_sums]
     received = torch.empty(sum(recv_numel), dtype=torch.float32, device=x.device)
-    _all_to_all(received, x.contiguous().view(-1), recv_numel, [b * d_me for b in batch_size_per_rank], pg)
+    work = _all_to_all(received, x.contiguous().view(-1), recv_numel, [b * d_me for b in batch_size_per_rank], pg,
+                       async_op=True)
+    return InFlight(received, work)
+
+
+def finish_forward_uncompressed(flight: InFlight, batch_size_per_rank: list[int], layout: Layout) -> torch.Tensor:
+    """Wait for :func:`start_forward_uncompressed`'s exchange; this rank's pooled embeddings."""
+    b_me = batch_size_per_rank[layout.rank]
+    received = flight.wait()
+    recv_numel = [b_me * d for d in layout.dim_sums]
     return torch.cat([blk.view(b_me, d) for blk, d in zip(received.split(recv_numel), layout.dim_sums)], dim=1)
+
+
+def forward_uncompressed(x: torch.Tensor, batch_size_per_rank: list[int], layout: Layout, pg) -> torch.Tensor:
+    """TorchRec's forward exchange: float32 rows to their destination, in one all-to-all."""
+    flight = start_forward_uncompressed(x, batch_size_per_rank, layout, pg)
+    return finish_forward_uncompressed(flight, batch_size_per_rank, layout)
 
 
 def locate_decode_error(received: torch.Tensor, recv_sizes: torch.Tensor, layout: Layout, rows: int,
@@ -225,29 +269,40 @@ def locate_decode_error(received: torch.Tensor, recv_sizes: torch.Tensor, layout
 # ---------------------------------------------------------------------- backward
 
 
-def backward_cast(grad: torch.Tensor, batch_size_per_rank: list[int], layout: Layout, wire_dtype: torch.dtype,
-                  pg) -> tuple[torch.Tensor, int]:
-    """Send ``grad`` ([local batch, total dim]) back to the column owners as ``wire_dtype`` (float32, bf16, fp16);
-    return this rank's gradient of ``local_embs`` and the bytes sent to other ranks."""
+class BackwardInFlight(NamedTuple):
+    """A launched gradient exchange: what :func:`finish_backward` needs, and the bytes sent to other ranks."""
+
+    flight: InFlight
+    sent: int
+    recv_sizes: torch.Tensor | None  # DLAC: every source rank's chunk sizes for this rank; casts: None
+    own: torch.Tensor  # this rank's own gradient block [local batch, local dim sum], never sent
+
+
+def start_backward_cast(grad: torch.Tensor, batch_size_per_rank: list[int], layout: Layout,
+                        wire_dtype: torch.dtype, pg) -> BackwardInFlight:
+    """Launch the gradient exchange of ``grad`` ([local batch, total dim]) to the column owners as ``wire_dtype``
+    (float32, bf16, fp16)."""
     me = layout.rank
     d_me, b_me = layout.dim_sums[me], grad.size(0)
+    owners = offsets(layout.dim_sums)
     # Column block of each owner rank, flattened in rank order: TorchRec's backward all-to-all layout.
-    send = torch.cat([grad[:, a:b].reshape(-1) for a, b in itertools.pairwise(offsets(layout.dim_sums))])
+    send = torch.cat([grad[:, a:b].reshape(-1) for a, b in itertools.pairwise(owners)])
     wire = send.to(wire_dtype)
     recv_numel = [b * d_me for b in batch_size_per_rank]
     send_numel = [b_me * d for d in layout.dim_sums]
     received = torch.empty(sum(recv_numel), dtype=wire_dtype, device=grad.device)
     size = wire.element_size()
     # Raw bytes: the collective moves them whatever the dtype (gloo has no all-to-all for every float type).
-    _all_to_all(received.view(torch.uint8), wire.view(torch.uint8), [n * size for n in recv_numel],
-                [n * size for n in send_numel], pg)
-    out = torch.cat([blk.view(b, d_me) for blk, b in zip(received.split(recv_numel), batch_size_per_rank)], dim=0)
-    return out.float(), b_me * (grad.size(1) - d_me) * size  # this rank's own block is a local copy
+    work = _all_to_all(received.view(torch.uint8), wire.view(torch.uint8), [n * size for n in recv_numel],
+                       [n * size for n in send_numel], pg, async_op=True)
+    sent = b_me * (grad.size(1) - d_me) * size  # this rank's own block is a local copy
+    return BackwardInFlight(InFlight(received, work), sent, None, grad[:, owners[me] : owners[me + 1]])
 
 
-def backward_dlac(grad: torch.Tensor, batch_size_per_rank: list[int], layout: Layout, eps: float, impl: str,
-                  pg) -> tuple[torch.Tensor, int]:
-    """As :func:`backward_cast`, the gradients DLAC-encoded with relative bound ``eps``."""
+def start_backward_dlac(grad: torch.Tensor, batch_size_per_rank: list[int], layout: Layout, eps: float, impl: str,
+                        pg) -> BackwardInFlight:
+    """As :func:`start_backward_cast`, the gradients DLAC-encoded with relative bound ``eps`` (the size exchange
+    runs before the payload is launched: the receive buffer's size depends on it)."""
     me, world = layout.rank, layout.world
     b_me, dev = grad.size(0), grad.device
     counts = layout.chunk_counts
@@ -269,11 +324,27 @@ def backward_dlac(grad: torch.Tensor, batch_size_per_rank: list[int], layout: La
     send_bytes = [int(s.sum()) for s in sizes.split(counts)]
     recv_bytes = recv_sizes.view(world, n_local).sum(1).tolist() if n_local else [0] * world
     received = torch.empty(sum(recv_bytes), dtype=torch.uint8, device=dev)
-    _all_to_all(received, payload, recv_bytes, send_bytes, pg)
+    work = _all_to_all(received, payload, recv_bytes, send_bytes, pg, async_op=True)
     sent = int(payload.numel()) + (sizes.numel() - n_local) * 8
+    return BackwardInFlight(InFlight(received, work), sent, recv_sizes, grad[:, owners[me] : owners[me + 1]])
+
+
+def finish_backward(pending: BackwardInFlight, batch_size_per_rank: list[int], layout: Layout,
+                    impl: str) -> torch.Tensor:
+    """Wait for a gradient exchange that :func:`start_backward_cast` or :func:`start_backward_dlac` launched; return
+    this rank's gradient of ``local_embs`` ([sum of batch sizes, local dim sum], float32)."""
+    me = layout.rank
+    received, own = pending.flight.wait(), pending.own
+    dev, d_me = own.device, own.size(1)
+    if pending.recv_sizes is None:  # a cast: every source rank's rows, in rank order, this rank's own among them
+        recv_numel = [b * d_me for b in batch_size_per_rank]
+        blocks = [blk.view(b, d_me) for blk, b in zip(received.split(recv_numel), batch_size_per_rank)]
+        return torch.cat(blocks, dim=0).float()
+    n_local = len(layout.local_tables)
     if not n_local:
-        return torch.zeros(sum(batch_size_per_rank), 0, device=dev), sent
+        return torch.zeros(sum(batch_size_per_rank), 0, device=dev)
     others = [b for r, b in enumerate(batch_size_per_rank) if r != me]
+    recv_sizes = pending.recv_sizes
     keep = torch.cat([recv_sizes[: me * n_local], recv_sizes[(me + 1) * n_local :]])
     try:
         decoded = decode_grid(received, keep, offsets(others), layout.local_cols, impl=impl).to(dev)
@@ -283,4 +354,19 @@ def backward_dlac(grad: torch.Tensor, batch_size_per_rank: list[int], layout: La
             f" ({err})."
         ) from err
     first = sum(batch_size_per_rank[:me])  # the rows of this rank's own batch in the result
-    return torch.cat([decoded[:first], grad[:, owners[me] : owners[me + 1]], decoded[first:]], dim=0), sent
+    return torch.cat([decoded[:first], own, decoded[first:]], dim=0)
+
+
+def backward_cast(grad: torch.Tensor, batch_size_per_rank: list[int], layout: Layout, wire_dtype: torch.dtype,
+                  pg) -> tuple[torch.Tensor, int]:
+    """Send ``grad`` ([local batch, total dim]) back to the column owners as ``wire_dtype`` (float32, bf16, fp16);
+    return this rank's gradient of ``local_embs`` and the bytes sent to other ranks."""
+    pending = start_backward_cast(grad, batch_size_per_rank, layout, wire_dtype, pg)
+    return finish_backward(pending, batch_size_per_rank, layout, "auto"), pending.sent
+
+
+def backward_dlac(grad: torch.Tensor, batch_size_per_rank: list[int], layout: Layout, eps: float, impl: str,
+                  pg) -> tuple[torch.Tensor, int]:
+    """As :func:`backward_cast`, the gradients DLAC-encoded with relative bound ``eps``."""
+    pending = start_backward_dlac(grad, batch_size_per_rank, layout, eps, impl, pg)
+    return finish_backward(pending, batch_size_per_rank, layout, impl), pending.sent
