@@ -37,9 +37,8 @@ def _toolchain_missing() -> str | None:
     return None
 
 
-@pytest.fixture(scope="module")
-def cuda_kernels() -> None:
-    """Build and load the native library with its CUDA kernels; fail (never skip) if a GPU and a compiler exist."""
+def require_cuda_kernels() -> None:
+    """Build and load the native library with its CUDA kernels: skip without a GPU or a compiler, else fail."""
     if torch.version.cuda is None or not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
     why = _toolchain_missing()
@@ -51,6 +50,37 @@ def cuda_kernels() -> None:
         pytest.fail(f"a CUDA device and a compiler are present, but the native build failed:\n{e}")
     if not device_kernels("cuda"):
         pytest.fail("the native library loaded without CUDA kernels although a GPU was visible (stale build cache?)")
+
+
+@pytest.fixture(scope="module")
+def cuda_kernels() -> None:
+    """The CUDA kernels, built and loaded (require_cuda_kernels)."""
+    require_cuda_kernels()
+
+
+def test_a_failed_build_fails_the_cuda_tests_where_a_gpu_and_a_compiler_exist(monkeypatch):
+    # What a GPU session relies on, checked without a GPU: the skip/fail decision of this file's fixture.
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(sys.modules[__name__], "_toolchain_missing", lambda: None)
+
+    def broken_build() -> None:
+        raise _loader.NativeUnavailable("building the native DLAC codec failed: nvcc error")
+
+    monkeypatch.setattr(_loader, "load_native", broken_build)
+    with pytest.raises(pytest.fail.Exception, match="native build failed:\nbuilding the native DLAC codec failed"):
+        require_cuda_kernels()
+    monkeypatch.setattr(_loader, "load_native", lambda: None)
+    monkeypatch.setattr(sys.modules[__name__], "device_kernels", lambda device: False)
+    with pytest.raises(pytest.fail.Exception, match="without CUDA kernels"):
+        require_cuda_kernels()
+    # No compiler, or no GPU: skipped, not failed.
+    monkeypatch.setattr(sys.modules[__name__], "_toolchain_missing", lambda: "no CUDA toolkit")
+    with pytest.raises(pytest.skip.Exception, match="no CUDA toolkit"):
+        require_cuda_kernels()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(pytest.skip.Exception, match="needs a CUDA device"):
+        require_cuda_kernels()
 
 
 def _grid(seed: int = 0):
