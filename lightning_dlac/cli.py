@@ -5,7 +5,8 @@ defaults.
 Any LightningModule / LightningDataModule can be swapped in with ``class_path`` / ``init_args``.
 ``dlac report LOG_DIR`` rebuilds the compression report of a finished run (:mod:`lightning_dlac.report`).
 ``dlac preprocess criteo --output DIR INPUT...`` converts Criteo TSV files to TorchRec's binary layout
-(:mod:`lightning_dlac.preprocess`).
+(:mod:`lightning_dlac.preprocess`). ``dlac estimate ...`` predicts step times on a cluster
+(:mod:`lightning_dlac.estimate`).
 """
 
 from __future__ import annotations
@@ -78,6 +79,11 @@ def main(args: Sequence[str] | None = None) -> None:
         from lightning_dlac.report import main as report_main
 
         report_main(argv[1:])
+        return
+    if argv[:1] == ["estimate"]:  # a model of step times on a cluster, not a Trainer subcommand
+        from lightning_dlac.estimate import main as estimate_main
+
+        estimate_main(argv[1:])
         return
     if argv[:1] == ["preprocess"]:  # dataset conversion, not a Trainer subcommand (lightning_dlac.preprocess)
         from lightning_dlac.preprocess import main as preprocess_main

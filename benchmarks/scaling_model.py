@@ -1,0 +1,243 @@
+"""The step-time model of lightning_dlac.estimate, validated on this machine's throttled runs and projected to GPU
+clusters; prints the tables and writes JSON.
+
+    python benchmarks/scaling_model.py benchmarks/results/e2e_issue15_*.json
+
+Validation, per world size found in the e2e_bandwidth.py results given (2, 3, 4 ranks; they share one loopback, so
+the link is ``shared``): the inputs come from the *unthrottled* launches of the same run, the predictions are for
+the *throttled* ones, and the error is prediction / measurement - 1.
+
+- compute per step: the FP32 unthrottled median step minus the model's FP32 exchanges and all-reduce at the
+  unthrottled loopback's rate (``--loopback-gbit``, 16 Gbit/s measured, see DESIGN.md);
+- DLAC ratios: forward and gradient bytes raw / sent, from the DLAC launches;
+- DLAC codec rates: forward encode and decode GB/s from the DLAC launches' phase times (unthrottled); gradient
+  codec rate from the unthrottled DLAC-both-directions launch's backward time minus its modelled wire time;
+- TorchRec's INT8 / FP16 cast rate: timed here on this CPU (one thread), its qcomm codecs on a batch's buffer.
+
+Projection: ``--gpu-*`` inputs (compute per step, codec rates of the GPU; replace ``--gpu-codec-gbps`` by the measured
+figure once benchmarks/gpu_session.sh has run on a GPU) at 8-512 GPUs on 100 Gbit/s Ethernet and 400 Gbit/s
+InfiniBand per GPU, with the ratios measured here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from _report import write_results  # noqa: E402 - beside this script
+
+from lightning_dlac.estimate import (  # noqa: E402
+    METHOD_LABELS,
+    METHODS,
+    Codec,
+    Link,
+    Workload,
+    predict,
+    predict_all,
+)
+
+DIMS = (64,) * 26  # the e2e benchmark's DLRM
+# e2e variant -> modelled method
+VARIANT_METHOD = {"fp32": "fp32", "qcomm_int8_fp16": "int8_fp16", "dlac_bf16": "dlac_bf16", "dlac_dlac": "dlac_dlac"}
+THROTTLED_GBIT = {"1gbit": 1.0, "10gbit": 10.0}
+
+
+def dense_params() -> int:
+    """Dense parameters of the e2e benchmark's DLRM (its all-reduce)."""
+    from lightning_dlac.examples.data import SyntheticCriteoDataModule
+    from lightning_dlac.examples.dlrm import DLRMModule
+
+    data = SyntheticCriteoDataModule(max_rows=1000, batch_size=8, seed=0)
+    model = DLRMModule(data.num_embeddings_per_feature, embedding_dim=DIMS[0])
+    ebc = set(map(id, model.embedding_bag_collection.parameters()))
+    return sum(p.numel() for p in model.parameters() if id(p) not in ebc)
+
+
+def cast_gb_s(batch: int, repeats: int = 5) -> float:
+    """TorchRec's qcomm INT8 forward + FP16 backward codecs, encode and decode of one batch's buffer each, on this
+    CPU with one thread: GB/s of float32 per codec pass (the model's ``cast_gb_s``)."""
+    import torch
+    from torchrec.distributed.fbgemm_qcomm_codec import CommType, QCommsConfig, get_qcomm_codecs_registry
+    from torchrec.distributed.types import CommOp
+
+    torch.set_num_threads(1)
+    codecs = get_qcomm_codecs_registry(QCommsConfig(forward_precision=CommType.INT8,
+                                                    backward_precision=CommType.FP16))
+    pair = codecs[CommOp.POOLED_EMBEDDINGS_ALL_TO_ALL.name]
+    x = torch.randn(batch, sum(DIMS))
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for codec in (pair.forward, pair.backward):
+            ctx = codec.create_context()
+            codec.decode(codec.encode(x, ctx), ctx)
+        best = min(best, time.perf_counter() - t0)
+    return 4 * x.numel() * 4 / best / 1e9  # four passes over the buffer: two encodes, two decodes
+
+
+def _rows(paths: list[Path]) -> list[dict[str, Any]]:
+    rows = []
+    for path in paths:
+        data = json.loads(path.read_text())
+        for row in data["results"] if isinstance(data, dict) else data:
+            row = dict(row)
+            row.setdefault("world_size", 2)
+            row["source"] = path.name
+            rows.append(row)
+    return rows
+
+
+def _pick(rows: list[dict[str, Any]], world: int, rate: str, variant: str) -> dict[str, Any] | None:
+    found = [r for r in rows if r["world_size"] == world and r["rate"] == rate and r["variant"] == variant]
+    return found[0] if found else None
+
+
+def calibrate(rows: list[dict[str, Any]], world: int, args: argparse.Namespace, cast: float,
+              params: int) -> tuple[Workload, Codec] | None:
+    """The model's inputs at ``world`` ranks from the unthrottled launches (None if a needed launch is missing)."""
+    fp32 = _pick(rows, world, "unthrottled", "fp32")
+    fwd = _pick(rows, world, "unthrottled", "dlac_bf16") or _pick(rows, world, "unthrottled", "dlac_dlac")
+    both = _pick(rows, world, "unthrottled", "dlac_dlac")
+    if fp32 is None or fwd is None or both is None:
+        return None
+    loop = Link(args.loopback_gbit, args.latency_us, "shared")
+    raw = fwd["fwd_raw_bytes_per_step"]
+    codec_probe = Codec(1.0, 1.0, 1.0, 1.0, cast_gb_s=cast)
+    base = Workload(args.batch, DIMS, 0.0, params)
+    comm = predict("fp32", base, codec_probe, loop, world)
+    compute = max(0.0, fp32["median_step_ms"] - (comm.step_ms - comm.compute_ms))
+    enc = raw / (fwd["fwd_encode_ms"] * 1e-3) / 1e9
+    dec = raw / (fwd["fwd_decode_ms"] * 1e-3) / 1e9
+    ratio_f = both["fwd_raw_bytes_per_step"] / both["fwd_sent_bytes_per_step"]
+    ratio_b = both["bwd_raw_bytes_per_step"] / both["bwd_sent_bytes_per_step"]
+    # The gradient codec: the backward phase's time minus its wire time at the unthrottled rate.
+    wire_b = predict("dlac_dlac", base, Codec(ratio_f, ratio_b, enc, dec, cast_gb_s=cast), loop,
+                     world).parts["backward_wire_ms"]
+    codec_b_ms = max(both["bwd_a2a_ms"] - wire_b, 1e-3)
+    rate_b = 2 * both["bwd_raw_bytes_per_step"] / (codec_b_ms * 1e-3) / 1e9
+    workload = Workload(args.batch, DIMS, compute, params)
+    return workload, Codec(ratio_f, ratio_b, enc, dec, rate_b, rate_b, cast)
+
+
+def validate(rows: list[dict[str, Any]], args: argparse.Namespace, cast: float, params: int) -> list[dict[str, Any]]:
+    out = []
+    for world in sorted({r["world_size"] for r in rows}):
+        inputs = calibrate(rows, world, args, cast, params)
+        if inputs is None:
+            print(f"world {world}: no unthrottled fp32 + DLAC launches to calibrate from; skipped")
+            continue
+        workload, codec = inputs
+        for rate, gbit in THROTTLED_GBIT.items():
+            link = Link(gbit, args.latency_us, "shared")
+            for variant, method in VARIANT_METHOD.items():
+                measured = _pick(rows, world, rate, variant)
+                if measured is None:
+                    continue
+                pred = predict(method, workload, codec, link, world)
+                spread = measured.get("launch_median_ms") or [measured["median_step_ms"]]
+                out.append(dict(
+                    world=world, rate=rate, variant=variant, method=method, predicted_ms=pred.step_ms,
+                    measured_ms=measured["median_step_ms"], launch_medians_ms=spread,
+                    error=pred.step_ms / measured["median_step_ms"] - 1, compute_ms=workload.compute_ms,
+                    forward_ratio=codec.forward_ratio, backward_ratio=codec.backward_ratio,
+                    encode_gb_s=codec.encode_gb_s, decode_gb_s=codec.decode_gb_s,
+                    backward_gb_s=codec.backward_encode_gb_s, cast_gb_s=cast, parts=pred.parts,
+                ))
+    return out
+
+
+def project(args: argparse.Namespace, ratios: tuple[float, float], params: int) -> list[dict[str, Any]]:
+    workload = Workload(args.batch, DIMS, args.gpu_compute_ms, params, args.gpu_allreduce_hidden)
+    out = []
+    for name, gbit, latency in (("100 Gbit/s Ethernet", 100.0, args.eth_latency_us),
+                                ("400 Gbit/s InfiniBand", 400.0, args.ib_latency_us)):
+        link = Link(gbit, latency, "per_gpu")
+        for gbps in args.gpu_codec_gbps:
+            codec = Codec(ratios[0], ratios[1], gbps, gbps, cast_gb_s=args.gpu_cast_gbps)
+            for world in (8, 16, 32, 64, 128, 256, 512):
+                preds = predict_all(workload, codec, link, world)
+                out.append(dict(link=name, gbit=gbit, latency_us=latency, codec_gb_s=gbps, world=world,
+                                **{f"{m}_ms": p.step_ms for m, p in preds.items()}))
+    return out
+
+
+def _validation_table(rows: list[dict[str, Any]]) -> list[str]:
+    lines = ["| ranks | rate | method | measured ms (launch medians) | predicted ms | error |",
+             "|---:|---|---|---:|---:|---:|"]
+    for r in rows:
+        meds = r["launch_medians_ms"]
+        spread = f" ({min(meds):.0f}-{max(meds):.0f})" if len(meds) > 1 else ""
+        lines.append(f"| {r['world']} | {r['rate']} | {METHOD_LABELS[r['method']]} | {r['measured_ms']:.0f}{spread}"
+                     f" | {r['predicted_ms']:.0f} | {100 * r['error']:+.0f}% |")
+    return lines
+
+
+def _projection_table(rows: list[dict[str, Any]]) -> list[str]:
+    lines = ["| link | GPU codec GB/s | GPUs | FP32 ms | " + " | ".join(
+        f"{METHOD_LABELS[m]} speedup" for m in METHODS[1:]) + " |", "|---|---:|---:|---:|" + "---:|" * 3]
+    for r in rows:
+        cells = [f"{r['fp32_ms'] / r[f'{m}_ms']:.2f}x" for m in METHODS[1:]]
+        lines.append(f"| {r['link']} | {r['codec_gb_s']:g} | {r['world']} | {r['fp32_ms']:.1f} | " + " | ".join(cells)
+                     + " |")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("results", type=Path, nargs="+", help="e2e_bandwidth.py JSON results")
+    parser.add_argument("--batch", type=int, default=4096, help="samples per rank of those runs")
+    parser.add_argument("--loopback-gbit", type=float, default=16.0, help="unthrottled loopback rate here, Gbit/s")
+    parser.add_argument("--latency-us", type=float, default=50.0, help="gloo message cost on loopback, microseconds")
+    parser.add_argument("--gpu-compute-ms", type=float, default=5.0,
+                        help="ASSUMED compute per step on one GPU at this batch (no GPU measured it)")
+    parser.add_argument("--gpu-codec-gbps", default="100,20",
+                        help="GPU DLAC codec GB/s (encode = decode), comma-separated scenarios; 100 is the target")
+    parser.add_argument("--gpu-cast-gbps", type=float, default=500.0, help="ASSUMED GPU INT8/FP16 quantize GB/s")
+    parser.add_argument("--gpu-allreduce-hidden", type=float, default=0.0, help="share of the all-reduce hidden")
+    parser.add_argument("--eth-latency-us", type=float, default=5.0, help="per-message cost, 100 Gbit/s Ethernet")
+    parser.add_argument("--ib-latency-us", type=float, default=2.0, help="per-message cost, 400 Gbit/s InfiniBand")
+    parser.add_argument("--json-out", type=Path, default=REPO / "benchmarks/results/scaling_model.json")
+    args = parser.parse_args()
+    missing = [p for p in args.results if not p.is_file()]
+    if missing:
+        parser.error(f"no such results file(s): {[str(p) for p in missing]}; run benchmarks/e2e_bandwidth.py first")
+    try:
+        args.gpu_codec_gbps = [float(v) for v in args.gpu_codec_gbps.split(",") if v.strip()]
+    except ValueError:
+        parser.error(f"--gpu-codec-gbps {args.gpu_codec_gbps!r}: comma-separated numbers, e.g. 100,20")
+
+    rows = _rows(args.results)
+    params = dense_params()
+    cast = cast_gb_s(args.batch)
+    print(f"dense parameters {params}; TorchRec INT8/FP16 cast here {cast:.2f} GB/s (one thread)")
+    checked = validate(rows, args, cast, params)
+    print("\n".join(_validation_table(checked)))
+    errors = [abs(r["error"]) for r in checked]
+    if errors:
+        print(f"|error|: median {100 * statistics.median(errors):.0f}%, max {100 * max(errors):.0f}%"
+              f" over {len(errors)} predictions")
+    two = [r for r in checked if r["world"] == 2 and r["method"] == "dlac_dlac"]
+    ratios = (two[0]["forward_ratio"], two[0]["backward_ratio"]) if two else (29.0, 9.0)
+    projected = project(args, ratios, params)
+    print()
+    print(f"projection: ratios {ratios[0]:.1f}x forward / {ratios[1]:.1f}x gradients (measured here, 2 ranks),"
+          f" compute {args.gpu_compute_ms:g} ms per step (assumed)")
+    print("\n".join(_projection_table(projected)))
+    command = "python benchmarks/scaling_model.py " + " ".join(sys.argv[1:])
+    config = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    write_results(args.json_out, command, config | {"results": [str(p) for p in args.results]},
+                  {"validation": checked, "projection": projected, "cast_gb_s": cast, "dense_params": params})
+    print(f"\nwrote {args.json_out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,300 @@
+"""Does DLAC pay on a given cluster? A model of one training step's time for FP32, TorchRec's INT8/FP16 qcomm codecs
+and DLAC, from measured inputs (``dlac estimate``, ``benchmarks/scaling_model.py``).
+
+A step is compute plus the two pooled-embedding all-to-alls (forward embeddings, backward gradients) plus the part
+of the dense gradient all-reduce that the backward does not hide. Nothing here measures anything: every input is a
+number the user measured (or assumes, and says so).
+
+| quantity | formula |
+|---|---|
+| bytes a rank sends per direction, raw | ``R = (W - 1) / W * B * D * 4`` (``D`` columns, spread evenly) |
+| the same, sent | ``R / ratio`` (FP32 1; FP16/BF16 2; INT8 row-wise ``4 d / (d + 8)``; DLAC measured) |
+| wire time, ``per_gpu`` link | ``alpha * messages + 8 * sent / bandwidth`` (every GPU its own link, full bisection) |
+| wire time, ``shared`` link | ``alpha * messages + 8 * W * sent / bandwidth`` (one link for all: tc on loopback) |
+| messages per direction | ``W - 1``; DLAC ``2 (W - 1)`` (sizes, then payload) |
+| DLAC codec time | ``R / encode_rate + R / decode_rate`` (a rank's own rows are neither encoded nor sent) |
+| cast codec time | ``2 * B * D * 4 / cast_rate`` (TorchRec quantizes and dequantizes the whole buffer) |
+| dense all-reduce (ring) | ``alpha * 2 (W - 1) + 8 * 2 (W - 1) / W * P * 4 / bandwidth`` (``* W`` on a shared link) |
+| step | ``compute + forward + backward + (1 - hidden) * all-reduce`` |
+
+What it leaves out, on purpose: NVLink between GPUs of one node (every byte is costed at the network's rate, which
+is pessimistic for 8-GPU nodes), congestion and incast beyond the bandwidth term, overlap of the exchanges with
+compute (DLAC's and TorchRec's exchanges are costed as fully exposed, as they are in an unpipelined step), and
+ratio changes with scale (the ratios are per table and per batch: measure them at the batch size you will run).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+LINK_KINDS = ("per_gpu", "shared")
+METHODS = ("fp32", "int8_fp16", "dlac_bf16", "dlac_dlac")
+METHOD_LABELS = {
+    "fp32": "FP32 (TorchRec)",
+    "int8_fp16": "TorchRec qcomm INT8 fwd / FP16 bwd",
+    "dlac_bf16": "DLAC fwd / BF16 bwd",
+    "dlac_dlac": "DLAC both directions",
+}
+
+
+def _positive(value: float, name: str, allow_zero: bool = False) -> float:
+    ok = math.isfinite(value) and (value >= 0 if allow_zero else value > 0)
+    if not ok:
+        raise ValueError(f"{name}={value!r} must be a finite number {'>= 0' if allow_zero else '> 0'}.")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class Link:
+    """The interconnect.
+
+    Args:
+        gbit_s: Bandwidth in Gbit/s: per GPU (``per_gpu``) or for all ranks together (``shared``).
+        latency_us: Cost of one message in microseconds (the alpha of an alpha-beta model).
+        kind: ``per_gpu`` (a cluster: every GPU its own NIC, full bisection) or ``shared`` (one link that every
+            rank's bytes cross, as this project's tc-throttled loopback).
+    """
+
+    gbit_s: float
+    latency_us: float = 10.0
+    kind: str = "per_gpu"
+
+    def __post_init__(self) -> None:
+        _positive(self.gbit_s, "gbit_s")
+        _positive(self.latency_us, "latency_us", allow_zero=True)
+        if self.kind not in LINK_KINDS:
+            raise ValueError(f"link kind {self.kind!r} is not supported; choose one of {list(LINK_KINDS)}.")
+
+    def wire_s(self, sent_bytes: float, world: int, messages: int) -> float:
+        """Seconds to send ``sent_bytes`` from every rank at once, in ``messages`` messages per rank."""
+        through = sent_bytes * (world if self.kind == "shared" else 1)
+        return messages * self.latency_us * 1e-6 + 8 * through / (self.gbit_s * 1e9)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The model and the batch, per rank.
+
+    Args:
+        batch_per_rank: Samples per rank per step.
+        embedding_dims: Dimension of every pooled-embedding feature (one entry per table / feature).
+        compute_ms: Step time without the embedding all-to-alls and the dense all-reduce (measure a step with
+            them removed, or an unthrottled FP32 step minus their modelled time, as ``scaling_model.py`` does).
+        dense_params: Dense parameters, all-reduced in float32 every step.
+        allreduce_hidden: Share of the dense all-reduce hidden behind the backward (0: fully exposed).
+    """
+
+    batch_per_rank: int
+    embedding_dims: tuple[int, ...]
+    compute_ms: float
+    dense_params: int = 0
+    allreduce_hidden: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.batch_per_rank < 1:
+            raise ValueError(f"batch_per_rank={self.batch_per_rank} must be >= 1.")
+        if not self.embedding_dims or min(self.embedding_dims) < 1:
+            raise ValueError(f"embedding_dims={self.embedding_dims!r} needs one dimension >= 1 per table.")
+        _positive(self.compute_ms, "compute_ms", allow_zero=True)
+        if self.dense_params < 0:
+            raise ValueError(f"dense_params={self.dense_params} must be >= 0.")
+        if not 0 <= self.allreduce_hidden <= 1:
+            raise ValueError(f"allreduce_hidden={self.allreduce_hidden} must be between 0 and 1.")
+
+    @property
+    def total_dim(self) -> int:
+        return sum(self.embedding_dims)
+
+    @property
+    def int8_ratio(self) -> float:
+        """TorchRec's row-wise INT8: one byte per element plus a float32 scale and bias per row and table."""
+        return 4 * self.total_dim / (self.total_dim + 8 * len(self.embedding_dims))
+
+
+@dataclass(frozen=True)
+class Codec:
+    """Measured compression ratios and codec rates (per rank, on the device kind the run uses).
+
+    Args:
+        forward_ratio: DLAC forward ratio (raw / sent bytes, size exchange included); see :func:`combine_ratios`.
+        backward_ratio: DLAC gradient ratio.
+        encode_gb_s: DLAC encode rate, GB/s of float32 input (forward).
+        decode_gb_s: DLAC decode rate, GB/s of float32 output (forward).
+        backward_encode_gb_s: The same for gradients (they compress less and encode slower); default the forward's.
+        backward_decode_gb_s: The same for gradients; default the forward's.
+        cast_gb_s: TorchRec's qcomm quantize-or-cast rate, GB/s of float32 (INT8, FP16, BF16).
+    """
+
+    forward_ratio: float
+    backward_ratio: float
+    encode_gb_s: float
+    decode_gb_s: float
+    backward_encode_gb_s: float | None = None
+    backward_decode_gb_s: float | None = None
+    cast_gb_s: float = 4.0
+
+    def __post_init__(self) -> None:
+        for name in ("forward_ratio", "backward_ratio", "encode_gb_s", "decode_gb_s", "cast_gb_s"):
+            _positive(getattr(self, name), name)
+        for name in ("backward_encode_gb_s", "backward_decode_gb_s"):
+            if getattr(self, name) is not None:
+                _positive(getattr(self, name), name)
+
+    def rates(self, backward: bool) -> tuple[float, float]:
+        """(encode, decode) GB/s of one direction."""
+        if backward:
+            return (self.backward_encode_gb_s or self.encode_gb_s, self.backward_decode_gb_s or self.decode_gb_s)
+        return self.encode_gb_s, self.decode_gb_s
+
+
+def combine_ratios(raw_bytes: Mapping[str, float], ratios: Mapping[str, float]) -> float:
+    """One ratio for several tables: their raw bytes over the sum of their sent bytes (``raw / ratio`` each)."""
+    missing = sorted(set(raw_bytes) - set(ratios))
+    if missing:
+        raise ValueError(f"no ratio for table(s) {missing}.")
+    sent = sum(raw / _positive(ratios[t], f"ratio of {t!r}") for t, raw in raw_bytes.items())
+    return sum(raw_bytes.values()) / sent if sent else 1.0
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One method's predicted step, in milliseconds."""
+
+    method: str
+    world: int
+    compute_ms: float
+    forward_ms: float
+    backward_ms: float
+    allreduce_ms: float
+    parts: dict[str, float] = field(default_factory=dict)  # codec and wire time of each direction
+
+    @property
+    def step_ms(self) -> float:
+        return self.compute_ms + self.forward_ms + self.backward_ms + self.allreduce_ms
+
+
+def _direction_ms(encoding: str, ratio: float, rates: tuple[float, float], cast_gb_s: float, workload: Workload,
+                  link: Link, world: int) -> tuple[float, float]:
+    """(codec ms, wire ms) of one all-to-all direction sent as ``encoding`` (``raw``, ``cast`` or ``dlac``)."""
+    raw = (world - 1) / world * workload.batch_per_rank * workload.total_dim * 4
+    messages = world - 1
+    if encoding == "raw":
+        codec_s = 0.0
+    elif encoding == "cast":
+        codec_s = 2 * workload.batch_per_rank * workload.total_dim * 4 / (cast_gb_s * 1e9)
+    else:
+        codec_s = raw / (rates[0] * 1e9) + raw / (rates[1] * 1e9)
+        messages *= 2  # the size exchange before the payload
+    return codec_s * 1e3, link.wire_s(raw / ratio, world, messages) * 1e3
+
+
+def predict(method: str, workload: Workload, codec: Codec, link: Link, world: int) -> Prediction:
+    """The step time of ``method`` (one of :data:`METHODS`) on ``world`` ranks."""
+    if method not in METHODS:
+        raise ValueError(f"method {method!r} is not modelled; choose one of {list(METHODS)}.")
+    if world < 2:
+        raise ValueError(f"world={world} must be >= 2 (one rank exchanges nothing).")
+    forward, backward = {
+        "fp32": (("raw", 1.0), ("raw", 1.0)),
+        "int8_fp16": (("cast", workload.int8_ratio), ("cast", 2.0)),
+        "dlac_bf16": (("dlac", codec.forward_ratio), ("cast", 2.0)),
+        "dlac_dlac": (("dlac", codec.forward_ratio), ("dlac", codec.backward_ratio)),
+    }[method]
+    fwd = _direction_ms(*forward, codec.rates(False), codec.cast_gb_s, workload, link, world)
+    bwd = _direction_ms(*backward, codec.rates(True), codec.cast_gb_s, workload, link, world)
+    ring = 2 * (world - 1) / world * workload.dense_params * 4
+    allreduce = link.wire_s(ring, world, 2 * (world - 1)) * 1e3 if workload.dense_params else 0.0
+    return Prediction(method, world, workload.compute_ms, sum(fwd), sum(bwd),
+                      (1 - workload.allreduce_hidden) * allreduce,
+                      {"forward_codec_ms": fwd[0], "forward_wire_ms": fwd[1], "backward_codec_ms": bwd[0],
+                       "backward_wire_ms": bwd[1]})
+
+
+def predict_all(workload: Workload, codec: Codec, link: Link, world: int) -> dict[str, Prediction]:
+    """Every method's prediction, keyed by method."""
+    return {m: predict(m, workload, codec, link, world) for m in METHODS}
+
+
+def table(predictions: Mapping[int, Mapping[str, Prediction]]) -> list[str]:
+    """A markdown table: per world size, each method's step time and speedup over FP32."""
+    lines = ["| ranks | " + " | ".join(f"{METHOD_LABELS[m]} ms (speedup)" for m in METHODS) + " |",
+             "|---:|" + "---:|" * len(METHODS)]
+    for world, preds in predictions.items():
+        fp32 = preds["fp32"].step_ms
+        cells = [f"{preds[m].step_ms:.1f} ({fp32 / preds[m].step_ms:.2f}x)" for m in METHODS]
+        lines.append(f"| {world} | " + " | ".join(cells) + " |")
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------------------- CLI
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"{text!r} is not a comma-separated list of whole numbers (e.g. 8,64,512).") from None
+    if not values:
+        raise ValueError("an empty list: give at least one number.")
+    return values
+
+
+def _dims(text: str) -> tuple[int, ...]:
+    """``26x64`` (26 tables of dim 64), ``64,128,32`` or a mix: ``26x64,2x128``."""
+    dims: list[int] = []
+    for part in text.split(","):
+        count, _, dim = part.strip().rpartition("x")
+        try:
+            dims.extend([int(dim)] * (int(count) if count else 1))
+        except ValueError:
+            raise ValueError(f"embedding dims {text!r}: write COUNTxDIM or DIM, comma-separated (e.g. 26x64).") \
+                from None
+    return tuple(dims)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``dlac estimate``: predicted step time and speedup of FP32, INT8/FP16 and DLAC on your cluster."""
+    import argparse
+
+    from lightning.pytorch.utilities.rank_zero import rank_zero_info
+
+    parser = argparse.ArgumentParser(
+        prog="dlac estimate", description=main.__doc__,
+        epilog="Every default is this project's measured DLRM (26 tables x dim 64, batch 4096 per rank, ratios from"
+               " benchmarks/e2e_bandwidth.py) except the ones only your cluster can supply: --compute-ms and the"
+               " codec rates of your device. See docs/benchmarks.md, 'Scaling model'.")
+    parser.add_argument("--world-sizes", default="8,16,32,64,128,256,512", help="ranks (GPUs), comma-separated")
+    parser.add_argument("--gbit", type=float, default=100.0, help="link bandwidth, Gbit/s (per GPU unless --shared)")
+    parser.add_argument("--latency-us", type=float, default=5.0,
+                        help="cost of one message to one peer, microseconds (an all-to-all sends W - 1)")
+    parser.add_argument("--shared", action="store_true", help="one link for all ranks (an emulated loopback)")
+    parser.add_argument("--batch", type=int, default=4096, help="samples per rank per step")
+    parser.add_argument("--dims", default="26x64", help="pooled-embedding dims: COUNTxDIM or DIM, comma-separated")
+    parser.add_argument("--compute-ms", type=float, required=True,
+                        help="step time without the embedding all-to-alls and the dense all-reduce (measured)")
+    parser.add_argument("--dense-params", type=int, default=159_553, help="dense parameters (float32 all-reduce)")
+    parser.add_argument("--allreduce-hidden", type=float, default=0.0, help="share of the all-reduce hidden, 0-1")
+    parser.add_argument("--forward-ratio", type=float, default=29.0, help="DLAC forward ratio (measured)")
+    parser.add_argument("--backward-ratio", type=float, default=9.0, help="DLAC gradient ratio (measured)")
+    parser.add_argument("--encode-gbps", type=float, required=True, help="DLAC encode GB/s per rank (your device)")
+    parser.add_argument("--decode-gbps", type=float, required=True, help="DLAC decode GB/s per rank (your device)")
+    parser.add_argument("--backward-encode-gbps", type=float, default=None, help="gradients; default --encode-gbps")
+    parser.add_argument("--backward-decode-gbps", type=float, default=None, help="gradients; default --decode-gbps")
+    parser.add_argument("--cast-gbps", type=float, required=True,
+                        help="TorchRec qcomm INT8/FP16 quantize GB/s per rank (your device)")
+    args = parser.parse_args(argv)
+    try:
+        worlds = _ints(args.world_sizes)
+        workload = Workload(args.batch, _dims(args.dims), args.compute_ms, args.dense_params, args.allreduce_hidden)
+        codec = Codec(args.forward_ratio, args.backward_ratio, args.encode_gbps, args.decode_gbps,
+                      args.backward_encode_gbps, args.backward_decode_gbps, args.cast_gbps)
+        link = Link(args.gbit, args.latency_us, "shared" if args.shared else "per_gpu")
+        preds = {w: predict_all(workload, codec, link, w) for w in worlds}
+    except ValueError as err:
+        parser.error(str(err))
+    rank_zero_info(f"dlac estimate: {args.gbit:g} Gbit/s {'shared' if args.shared else 'per GPU'},"
+                   f" {args.latency_us:g} us per message; batch {args.batch} x {workload.total_dim} columns per rank")
+    for line in table(preds):
+        rank_zero_info(line)
