@@ -135,6 +135,7 @@ def test_invalid_multi_hot_options_are_named(kwargs: dict, message: str) -> None
         SyntheticCriteoDataModule(num_embeddings_per_feature=ROWS, **kwargs)
 
 
+@pytest.mark.slow  # 80 training batches in process: ~30 s on a busy 2-core machine
 def test_dcn_learns_the_planted_multi_hot_signal_in_process() -> None:
     torch.manual_seed(0)
     model = small_dlrm(interaction="dcn", dcn_num_layers=2, dcn_low_rank_dim=32, learning_rate=0.05)
