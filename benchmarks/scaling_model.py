@@ -3,15 +3,16 @@ clusters; prints the tables and writes JSON.
 
     python benchmarks/scaling_model.py benchmarks/results/e2e_issue15_*.json
 
-Validation, per world size found in the e2e_bandwidth.py results given (2, 3, 4 ranks; they share one loopback, so
-the link is ``shared``): the inputs come from the *unthrottled* launches of the same run, the predictions are for
-the *throttled* ones, and the error is prediction / measurement - 1.
+Validation, per results file and world size (2, 3, 4 ranks; they share one loopback, so the link is ``shared``):
+the inputs come from the launches at the file's fastest rate (unthrottled, else 10 Gbit/s), the predictions are
+for its slower rates, launched in the same run (interleaved, so under the same load), and the error is
+prediction / measurement - 1.
 
-- compute per step: the FP32 unthrottled median step minus the model's FP32 exchanges and all-reduce at the
-  unthrottled loopback's rate (``--loopback-gbit``, 16 Gbit/s measured, see DESIGN.md);
+- compute per step: the FP32 median step at the calibration rate minus the model's FP32 exchanges and all-reduce
+  at that rate (unthrottled: the loopback's ``--loopback-gbit``, 16 Gbit/s measured, see DESIGN.md);
 - DLAC ratios: forward and gradient bytes raw / sent, from the DLAC launches;
-- DLAC codec rates: forward encode and decode GB/s from the DLAC launches' phase times (unthrottled); gradient
-  codec rate from the unthrottled DLAC-both-directions launch's backward time minus its modelled wire time;
+- DLAC codec rates: forward encode and decode GB/s from the DLAC launches' phase times; gradient codec rate from
+  the DLAC-both-directions launch's backward time minus its modelled wire time;
 - TorchRec's INT8 / FP16 cast rate: timed here on this CPU (one thread), its qcomm codecs on a batch's buffer.
 
 Projection: ``--gpu-*`` inputs (compute per step, codec rates of the GPU; replace ``--gpu-codec-gbps`` by the measured
@@ -48,7 +49,7 @@ from lightning_dlac.estimate import (  # noqa: E402
 DIMS = (64,) * 26  # the e2e benchmark's DLRM
 # e2e variant -> modelled method
 VARIANT_METHOD = {"fp32": "fp32", "qcomm_int8_fp16": "int8_fp16", "dlac_bf16": "dlac_bf16", "dlac_dlac": "dlac_dlac"}
-THROTTLED_GBIT = {"1gbit": 1.0, "10gbit": 10.0}
+RATE_GBIT = {"1gbit": 1.0, "10gbit": 10.0}  # and "unthrottled": --loopback-gbit
 
 
 def dense_params() -> int:
@@ -96,20 +97,20 @@ def _rows(paths: list[Path]) -> list[dict[str, Any]]:
     return rows
 
 
-def _pick(rows: list[dict[str, Any]], world: int, rate: str, variant: str) -> dict[str, Any] | None:
-    found = [r for r in rows if r["world_size"] == world and r["rate"] == rate and r["variant"] == variant]
+def _pick(rows: list[dict[str, Any]], rate: str, variant: str) -> dict[str, Any] | None:
+    found = [r for r in rows if r["rate"] == rate and r["variant"] == variant]
     return found[0] if found else None
 
 
-def calibrate(rows: list[dict[str, Any]], world: int, args: argparse.Namespace, cast: float,
+def calibrate(rows: list[dict[str, Any]], world: int, rate: str, args: argparse.Namespace, cast: float,
               params: int) -> tuple[Workload, Codec] | None:
-    """The model's inputs at ``world`` ranks from the unthrottled launches (None if a needed launch is missing)."""
-    fp32 = _pick(rows, world, "unthrottled", "fp32")
-    fwd = _pick(rows, world, "unthrottled", "dlac_bf16") or _pick(rows, world, "unthrottled", "dlac_dlac")
-    both = _pick(rows, world, "unthrottled", "dlac_dlac")
+    """The model's inputs at ``world`` ranks from the launches at ``rate`` (None if a needed launch is missing)."""
+    fp32 = _pick(rows, rate, "fp32")
+    fwd = _pick(rows, rate, "dlac_bf16") or _pick(rows, rate, "dlac_dlac")
+    both = _pick(rows, rate, "dlac_dlac")
     if fp32 is None or fwd is None or both is None:
         return None
-    loop = Link(args.loopback_gbit, args.latency_us, "shared")
+    loop = Link(RATE_GBIT.get(rate, args.loopback_gbit), args.latency_us, "shared")
     raw = fwd["fwd_raw_bytes_per_step"]
     codec_probe = Codec(1.0, 1.0, 1.0, 1.0, cast_gb_s=cast)
     base = Workload(args.batch, DIMS, 0.0, params)
@@ -130,21 +131,27 @@ def calibrate(rows: list[dict[str, Any]], world: int, args: argparse.Namespace, 
 
 def validate(rows: list[dict[str, Any]], args: argparse.Namespace, cast: float, params: int) -> list[dict[str, Any]]:
     out = []
-    for world in sorted({r["world_size"] for r in rows}):
-        inputs = calibrate(rows, world, args, cast, params)
+    for source, world in sorted({(r["source"], r["world_size"]) for r in rows}):
+        run = [r for r in rows if r["source"] == source and r["world_size"] == world]
+        rates = {r["rate"] for r in run}
+        calibration = next((c for c in ("unthrottled", "10gbit") if c in rates), None)
+        inputs = calibrate(run, world, calibration, args, cast, params) if calibration else None
         if inputs is None:
-            print(f"world {world}: no unthrottled fp32 + DLAC launches to calibrate from; skipped")
+            print(f"{source}, {world} ranks: no fp32 + DLAC launches at a fast rate to calibrate from; skipped")
             continue
         workload, codec = inputs
-        for rate, gbit in THROTTLED_GBIT.items():
+        for rate, gbit in RATE_GBIT.items():
+            if rate == calibration or rate not in rates:
+                continue
             link = Link(gbit, args.latency_us, "shared")
             for variant, method in VARIANT_METHOD.items():
-                measured = _pick(rows, world, rate, variant)
+                measured = _pick(run, rate, variant)
                 if measured is None:
                     continue
                 pred = predict(method, workload, codec, link, world)
                 spread = measured.get("launch_median_ms") or [measured["median_step_ms"]]
                 out.append(dict(
+                    source=source, calibrated_on=calibration,
                     world=world, rate=rate, variant=variant, method=method, predicted_ms=pred.step_ms,
                     measured_ms=measured["median_step_ms"], launch_medians_ms=spread,
                     error=pred.step_ms / measured["median_step_ms"] - 1, compute_ms=workload.compute_ms,
@@ -171,13 +178,13 @@ def project(args: argparse.Namespace, ratios: tuple[float, float], params: int) 
 
 
 def _validation_table(rows: list[dict[str, Any]]) -> list[str]:
-    lines = ["| ranks | rate | method | measured ms (launch medians) | predicted ms | error |",
+    lines = ["| ranks | rate (calibrated on) | method | measured ms (launch medians) | predicted ms | error |",
              "|---:|---|---|---:|---:|---:|"]
     for r in rows:
         meds = r["launch_medians_ms"]
         spread = f" ({min(meds):.0f}-{max(meds):.0f})" if len(meds) > 1 else ""
-        lines.append(f"| {r['world']} | {r['rate']} | {METHOD_LABELS[r['method']]} | {r['measured_ms']:.0f}{spread}"
-                     f" | {r['predicted_ms']:.0f} | {100 * r['error']:+.0f}% |")
+        lines.append(f"| {r['world']} | {r['rate']} ({r['calibrated_on']}) | {METHOD_LABELS[r['method']]} |"
+                     f" {r['measured_ms']:.0f}{spread} | {r['predicted_ms']:.0f} | {100 * r['error']:+.0f}% |")
     return lines
 
 

@@ -106,15 +106,16 @@ class DLACStrategy(DDPStrategy):
             on GPU, host memory on CPU). ``None`` uses the planner's default for the device.
         compress: Compress the pooled-embedding all-to-all. ``False`` keeps TorchRec's uncompressed path exactly
             (for A/B runs). ``"auto"`` adds the uncompressed fallback: both ways are timed and an exchange goes
-            uncompressed while that is faster (a fast interconnect, a slow codec), checked again every
-            ``fallback_check_every`` exchanges.
+            uncompressed (float32 both directions) while that is faster (a fast interconnect, a slow codec),
+            checked again ``fallback_check_every`` exchanges later, up to 16 times that when the gap is large.
         eps: Relative error bound of every table until a policy (``DLACCallback``) sets per-table bounds.
         backward_compression: Gradient all-to-all: ``"fp32"`` (uncompressed), ``"bf16"``, ``"fp16"`` (fixed-size
             casts, as TorchRec's qcomm codecs) or ``"dlac"`` (error-bounded, ``backward_eps``).
         backward_eps: Relative error bound of the gradient exchange with ``backward_compression="dlac"``.
         codec_impl: ``"auto"`` (native kernels, falling back to the reference), ``"native"`` or ``"ref"``.
         error_every: Measure the observed max error / bound every this many exchanges (0 = never).
-        fallback_check_every: With ``compress="auto"``, exchanges between checks of the way not taken.
+        fallback_check_every: With ``compress="auto"``, exchanges between checks of the way not taken while the two
+            ways' times are close (up to 16x more as the gap grows).
         find_unused_parameters: Of the ``DistributedDataParallel`` that TorchRec wraps the dense parameters in.
         static_graph: Of that ``DistributedDataParallel``.
         bucket_cap_mb: Of that ``DistributedDataParallel``.
