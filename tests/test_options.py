@@ -151,6 +151,14 @@ def _option_fits(rank: int, world_size: int, ckpt_dir: str) -> dict:
                     predictions=[(tuple(p.shape), bool(torch.isfinite(p).all())) for p in predictions],
                     predict_calls=t.strategy.total_comm_stats().calls - calls)
     out["D"] = _variable_batch(world_size)
+
+    # --- E: C's first step with a tenth of the embedding learning rate.
+    torch.manual_seed(0)
+    update = _first_step_update()
+    t = trainer(world_size, DLACStrategy(embedding_optimizer="rowwise_adagrad", embedding_lr=0.005), max_steps=1,
+                callbacks=[update], limit_val_batches=0)
+    t.fit(small_dlrm(), datamodule=small_data(train_batches=1))
+    out["E"] = {"update": update.update}
     dist.barrier()
     return out
 
@@ -203,7 +211,7 @@ def option_fits(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict], P
 
 
 @pytest.mark.slow
-def test_embedding_optimizer_and_its_epsilon_reach_the_fused_optimizer(option_fits: tuple[list[dict], Path]) -> None:
+def test_embedding_optimizer_epsilon_and_lr_reach_the_fused_optimizer(option_fits: tuple[list[dict], Path]) -> None:
     for r in option_fits[0]:
         assert r["A"]["momentum"] == set()  # sgd keeps no state
         rows = {shape[0] for shape in r["C"]["momentum"]}
@@ -212,6 +220,8 @@ def test_embedding_optimizer_and_its_epsilon_reach_the_fused_optimizer(option_fi
         # Row-wise Adagrad moves an element by about lr (0.05) in its first step; with eps=10 by lr * |g| / 10.
         assert r["C"]["update"] > 0.01, r["C"]
         assert r["B"]["update"] < r["C"]["update"] / 100, (r["B"]["update"], r["C"]["update"])
+        # Same initial tables, same first batch: Adagrad's first step scales with embedding_lr (0.05 vs 0.005).
+        assert r["E"]["update"] == pytest.approx(r["C"]["update"] / 10, rel=0.05), (r["E"], r["C"]["update"])
 
 
 @pytest.mark.slow
