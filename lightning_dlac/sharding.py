@@ -146,9 +146,11 @@ class ShardingOptions:
         """The sharding types the planner may use for ``table``: its own constraint, else the global one."""
         return list(self.table_constraints.get(table, {}).get("sharding_types", self.sharding_types))
 
-    def check_tables(self, tables: Sequence[Any], supported: Sequence[str], device_type: str) -> None:
-        """Refuse constraints on unknown tables, sharding types the device lacks, and whole tables over budget."""
-        names = {t.name for t in tables}
+    def check_tables(self, tables: Sequence[Any], supported: Sequence[str], device_type: str,
+                     known: Sequence[str] = ()) -> None:
+        """Refuse constraints on unknown tables, sharding types the device lacks, and whole tables over budget.
+        ``known``: names of the model's other tables (checked in another call), which constraints may name."""
+        names = {t.name for t in tables} | set(known)
         unknown = sorted(set(self.table_constraints) - names)
         if unknown:
             raise ValueError(
@@ -185,8 +187,9 @@ def shard_model(
     pg: dist.ProcessGroup | None = None,
     local_world_size: int | None = None,
 ) -> DistributedModelParallel:
-    """Plan a sharding of every ``EmbeddingBagCollection`` in ``module`` and wrap it in TorchRec's
-    ``DistributedModelParallel``: tables sharded and trained by the fused optimizer, dense parameters in DDP.
+    """Plan a sharding of every ``EmbeddingBagCollection`` and ``EmbeddingCollection`` (sequence features) in
+    ``module`` and wrap it in TorchRec's ``DistributedModelParallel``: tables sharded and trained by the fused
+    optimizer, dense parameters in DDP.
 
     Args:
         module: The model (not yet sharded).
@@ -195,17 +198,21 @@ def shard_model(
         pg: Process group (default: the world group, which must exist).
         local_world_size: Ranks per node, as the planner's topology needs it (default: the world size).
     """
+    from torchrec.distributed.embedding import EmbeddingCollectionSharder, ShardedEmbeddingCollection
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder, ShardedEmbeddingBagCollection
     from torchrec.distributed.model_parallel import DefaultDataParallelWrapper, DistributedModelParallel
     from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
     from torchrec.distributed.planner.types import ParameterConstraints, PlannerError
     from torchrec.distributed.types import ShardingEnv
-    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
     ebcs = [m for m in module.modules() if isinstance(m, EmbeddingBagCollection)]
-    if not ebcs and not any(isinstance(m, ShardedEmbeddingBagCollection) for m in module.modules()):
+    ecs = [m for m in module.modules() if isinstance(m, EmbeddingCollection)]
+    sharded = (ShardedEmbeddingBagCollection, ShardedEmbeddingCollection)
+    if not ebcs and not ecs and not any(isinstance(m, sharded) for m in module.modules()):
         raise NoEmbeddingTablesError(
-            f"found no torchrec EmbeddingBagCollection in {type(module).__name__}. Build the embedding tables with"
+            f"found no torchrec EmbeddingBagCollection or EmbeddingCollection in {type(module).__name__}. Build the"
+            " embedding tables with"
             " `torchrec.EmbeddingBagCollection(tables=[EmbeddingBagConfig(...)])` (see lightning_dlac.examples), or"
             " use Lightning's DDPStrategy for a model without embedding tables."
         )
@@ -213,15 +220,22 @@ def shard_model(
     if pg is None:
         raise RuntimeError("shard_model() needs an initialized process group (torch.distributed.init_process_group).")
     env = ShardingEnv.from_process_group(pg)
-    sharder = EmbeddingBagCollectionSharder(
-        fused_params={
-            "optimizer": options.embedding_optimizer.to_fbgemm(),
-            "learning_rate": options.embedding_lr,
-            "eps": options.adagrad_epsilon,
-        }
-    )
-    tables = [table for ebc in ebcs for table in ebc.embedding_bag_configs()]
-    options.check_tables(tables, supported=sharder.sharding_types(device.type), device_type=device.type)
+    fused_params = {
+        "optimizer": options.embedding_optimizer.to_fbgemm(),
+        "learning_rate": options.embedding_lr,
+        "eps": options.adagrad_epsilon,
+    }
+    sharder = EmbeddingBagCollectionSharder(fused_params=dict(fused_params))
+    # EmbeddingCollections (sequence features: one embedding per id, unpooled) are sharded too: left to DMP they
+    # would stay a replicated dense module, every rank holding every table.
+    sequence_sharder = EmbeddingCollectionSharder(fused_params=dict(fused_params))
+    bag_tables = [table for ebc in ebcs for table in ebc.embedding_bag_configs()]
+    sequence_tables = [table for ec in ecs for table in ec.embedding_configs()]
+    options.check_tables(bag_tables, supported=sharder.sharding_types(device.type), device_type=device.type,
+                         known=[t.name for t in sequence_tables])
+    options.check_tables(sequence_tables, supported=sequence_sharder.sharding_types(device.type),
+                         device_type=device.type, known=[t.name for t in bag_tables])
+    tables = bag_tables + sequence_tables
     budget = options.memory_budget_bytes
     topology = Topology(
         world_size=env.world_size,
@@ -238,7 +252,7 @@ def shard_model(
     }
     planner = EmbeddingShardingPlanner(topology=topology, constraints=constraints, debug=False)
     try:
-        plan = planner.collective_plan(module, [sharder], pg)
+        plan = planner.collective_plan(module, [sharder, sequence_sharder], pg)
     except PlannerError as err:
         raise ValueError(
             f"TorchRec's planner found no sharding of the {len(tables)} embedding tables on {env.world_size}"
@@ -249,7 +263,7 @@ def shard_model(
     log.debug(f"sharding plan\n{plan}")
     ddp = {"find_unused_parameters": options.find_unused_parameters, "static_graph": options.static_graph,
            "bucket_cap_mb": options.bucket_cap_mb}
-    return DistributedModelParallel(module, env=env, device=device, plan=plan, sharders=[sharder],
+    return DistributedModelParallel(module, env=env, device=device, plan=plan, sharders=[sharder, sequence_sharder],
                                     data_parallel_wrapper=DefaultDataParallelWrapper(**ddp))
 
 

@@ -1,8 +1,11 @@
-"""Install the compressed all-to-all into TorchRec's sharded EmbeddingBagCollections.
+"""Install the compressed all-to-all into TorchRec's sharded EmbeddingBagCollections and EmbeddingCollections.
 
 This touches TorchRec internals (pinned to torchrec 1.8): ``ShardedEmbeddingBagCollection._embedding_shardings`` and
 ``._output_dists`` are parallel lists, one per sharding type; the table-wise and column-wise shardings use a
 ``TwPooledEmbeddingDist`` whose ``_dist`` is the pooled-embedding all-to-all. tests/test_comm.py pins the behaviour.
+``ShardedEmbeddingCollection._sharding_type_to_sharding`` and ``._output_dists`` are the same for sequence
+(unpooled) embeddings, with a ``TwSequenceEmbeddingDist`` whose ``_dist`` is the sequence-embedding all-to-all
+(lightning_dlac/comm/sequence.py; tests/test_sequence.py).
 """
 
 from __future__ import annotations
@@ -23,13 +26,15 @@ def install_compressed_all_to_all(module: nn.Module, config: CompressionConfig, 
     ``module`` by :class:`CompressedPooledEmbeddingsAllToAll`; return them as one :class:`ExchangeGroup`.
 
     Shardings that combine results with reduce-scatter (row-wise, table-row-wise, ...) keep TorchRec's path, and
-    this says so once in the log.
+    this says so once in the log. The sequence-embedding all-to-all of every table-wise / column-wise sharded
+    EmbeddingCollection is replaced too (:class:`~lightning_dlac.comm.sequence.CompressedSequenceEmbeddingsAllToAll`,
+    same bounds and codec); its other sharding types keep TorchRec's exchange, logged with their tables.
     """
     from torchrec.distributed.dist_data import VariableBatchPooledEmbeddingsAllToAll
     from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
     from torchrec.distributed.sharding.tw_sharding import TwPooledEmbeddingDist
 
-    installed: list[CompressedPooledEmbeddingsAllToAll] = []
+    installed: list[nn.Module] = []
     skipped: set[str] = set()
     for path, sebc in module.named_modules():
         if not isinstance(sebc, ShardedEmbeddingBagCollection):
@@ -70,4 +75,44 @@ def install_compressed_all_to_all(module: nn.Module, config: CompressionConfig, 
             f"lightning-dlac: sharding type(s) {sorted(skipped)} combine results with reduce-scatter and stay"
             " uncompressed (only table-wise and column-wise all-to-alls are compressed)."
         )
+    installed += _install_sequence(module, config, bounds)
     return ExchangeGroup(installed, bounds)
+
+
+def _install_sequence(module: nn.Module, config: CompressionConfig, bounds: ErrorBounds) -> list[nn.Module]:
+    """Replace the sequence-embedding all-to-all of every table-wise / column-wise sharded EmbeddingCollection by
+    :class:`~lightning_dlac.comm.sequence.CompressedSequenceEmbeddingsAllToAll`; log the tables that stay on
+    TorchRec's exchange and why."""
+    from torchrec.distributed.embedding import ShardedEmbeddingCollection
+    from torchrec.distributed.sharding.tw_sequence_sharding import TwSequenceEmbeddingDist
+
+    from lightning_dlac.comm.sequence import CompressedSequenceEmbeddingsAllToAll
+
+    installed = []
+    for path, sec in module.named_modules():
+        if not isinstance(sec, ShardedEmbeddingCollection):
+            continue
+        feature_to_table = {f: cfg.name for cfg in sec._embedding_configs for f in cfg.feature_names}
+        for (sharding_type, sharding), dist_module in zip(sec._sharding_type_to_sharding.items(), sec._output_dists):
+            tables = sorted({feature_to_table.get(f, f) for f in sharding.feature_names()})
+            if type(dist_module) is not TwSequenceEmbeddingDist:
+                why = "data-parallel tables are not exchanged" if str(sharding_type) == "data_parallel" else \
+                    f"its output dist ({type(dist_module).__name__}) is not the table-wise sequence all-to-all"
+                log.warning(f"lightning-dlac: {path}: sequence tables {tables} ({sharding_type}) keep TorchRec's"
+                            f" uncompressed exchange: {why}.")
+                continue
+            names_per_rank = sharding.feature_names_per_rank()
+            if len(names_per_rank) != dist_module._dist._pg.size():
+                log.warning(f"lightning-dlac: {path}: {sharding_type} sequence layout not understood; tables {tables}"
+                            " keep TorchRec's uncompressed exchange.")
+                continue
+            a2a = CompressedSequenceEmbeddingsAllToAll(
+                pg=dist_module._dist._pg,
+                tables_per_rank=[[feature_to_table.get(n, n) for n in names] for names in names_per_rank],
+                config=config,
+                bounds=bounds,
+                uncompressed=dist_module._dist,
+            )
+            dist_module._dist = a2a
+            installed.append(a2a)
+    return installed

@@ -1,0 +1,214 @@
+"""Sequence features: sharded EmbeddingCollections and their compressed sequence-embedding all-to-all
+(lightning_dlac/comm/sequence.py), against TorchRec's uncompressed exchange on real gloo ranks."""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+from tests._launch import run_ranks
+from tests.conftest import load_global_weights
+
+FEATURES = [f"s_{i}" for i in range(5)]
+EPS = 0.02
+DIM = 8
+
+
+class _SequenceModel(nn.Module):
+    """An EmbeddingCollection (5 sequence features, one table each) beside an EmbeddingBagCollection."""
+
+    def __init__(self, with_bags: bool = False) -> None:
+        super().__init__()
+        from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, EmbeddingCollection, EmbeddingConfig
+
+        torch.manual_seed(0)
+        self.ec = EmbeddingCollection(
+            tables=[EmbeddingConfig(name=f"seq_{i}", embedding_dim=DIM, num_embeddings=50 + 30 * i,
+                                    feature_names=[f]) for i, f in enumerate(FEATURES)],
+            device=torch.device("cpu"),
+        )
+        self.ebc = EmbeddingBagCollection(
+            tables=[EmbeddingBagConfig(name="bag_0", embedding_dim=DIM, num_embeddings=40, feature_names=["b_0"])],
+            device=torch.device("cpu"),
+        ) if with_bags else None
+
+    def forward(self, kjt, bags=None):  # noqa: ANN001, ANN201
+        out = self.ec(kjt)
+        return out, (self.ebc(bags) if self.ebc is not None else None)
+
+
+def _batch(rank: int, step: int, batch_size: int = 6):  # noqa: ANN202
+    """This rank's sequence features: 0-4 ids per sample and feature, Zipf-like so rows repeat."""
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    gen = torch.Generator().manual_seed(1000 * step + rank)
+    lengths = torch.randint(0, 5, (len(FEATURES) * batch_size,), generator=gen)
+    ids = []
+    for i, n in enumerate(lengths.view(len(FEATURES), batch_size).sum(1).tolist()):
+        ids.append((torch.rand(n, generator=gen) ** 3 * (50 + 30 * i)).long())
+    return KeyedJaggedTensor(keys=FEATURES, values=torch.cat(ids), lengths=lengths)
+
+
+def _shard(model: nn.Module, sharding_types: list[str], compress: bool, backward: str = "fp32"):  # noqa: ANN202
+    from lightning_dlac.comm import CompressionConfig, ErrorBounds, install_compressed_all_to_all
+    from lightning_dlac.sharding import ShardingOptions, shard_model
+
+    dmp = shard_model(model, ShardingOptions(sharding_types=sharding_types, embedding_optimizer="sgd",
+                                             embedding_lr=1.0), device=torch.device("cpu"))
+    group = install_compressed_all_to_all(dmp, CompressionConfig(backward=backward, error_every=1),
+                                          ErrorBounds(EPS)) if compress else None
+    return dmp, group
+
+
+def _weights(dmp) -> dict[str, torch.Tensor]:  # noqa: ANN001
+    """This rank's shards of each sequence table."""
+    out = {}
+    for key, value in dmp.state_dict().items():
+        if "ec.embeddings" in key:
+            shards = value.local_shards()
+            if shards:
+                out[key] = shards[0].tensor.detach().clone()
+    return out
+
+
+def _parity(rank: int, world_size: int) -> dict:
+    from torchrec.distributed.embedding import ShardedEmbeddingCollection
+
+    torch.distributed.init_process_group("gloo")
+    reference = _SequenceModel()
+    global_state = copy.deepcopy(reference.state_dict())
+    ranges = {f"seq_{i}": float(w.max() - w.min()) for i, w in
+              enumerate(global_state[f"ec.embeddings.seq_{i}.weight"] for i in range(len(FEATURES)))}
+    out: dict = {"modes": {}}
+    uncompressed, _ = _shard(_SequenceModel(), ["table_wise"], compress=False)
+    load_global_weights(uncompressed, global_state)
+    assert any(isinstance(m, ShardedEmbeddingCollection) for m in uncompressed.modules())
+    for mode in ("fp32", "bf16", "fp16", "dlac"):
+        model, group = _shard(_SequenceModel(), ["table_wise"], compress=True, backward=mode)
+        load_global_weights(model, global_state)
+        ref_model, _ = _shard(_SequenceModel(), ["table_wise"], compress=False)
+        load_global_weights(ref_model, global_state)
+        assert len(group) == 1 and type(group[0]).__name__ == "CompressedSequenceEmbeddingsAllToAll"
+        kjt = _batch(rank, 0)
+        got, _ = model(kjt)
+        want, _ = ref_model(kjt)
+        worst, exact = 0.0, True
+        for i, f in enumerate(FEATURES):
+            assert torch.equal(got[f].lengths(), want[f].lengths())
+            diff = (got[f].values() - want[f].values()).detach()
+            err = float(diff.abs().max()) if diff.numel() else 0.0
+            worst = max(worst, err / (EPS * ranges[f"seq_{i}"]))
+            exact &= torch.equal(got[f].values(), want[f].values())
+        # The same linear loss on both: its gradient does not depend on the (lossy) forward values, so the two
+        # gradient exchanges carry the same values and SGD(lr=1) leaves weight - gradient in each table.
+        torch.manual_seed(7)
+        weights = {f: torch.randn(want[f].values().shape) for f in FEATURES}
+        sum((got[f].values() * weights[f]).sum() for f in FEATURES).backward()
+        sum((want[f].values() * weights[f]).sum() for f in FEATURES).backward()
+        got_w, want_w = _weights(model), _weights(ref_model)
+        start = {k: v for k, v in _weights(uncompressed).items()}
+        grad_err = max((float(((got_w[k] - start[k]) - (want_w[k] - start[k])).abs().max()) for k in want_w),
+                       default=0.0)
+        grad_scale = max((float((want_w[k] - start[k]).abs().max()) for k in want_w), default=0.0)
+        # What DLAC's gradient bound allows per weight row: each occurrence of the id in the global batch brings
+        # one gradient row, each element within backward_eps x (range of the gradients sent), at most the global
+        # range of the loss weights / world; rows add up their occurrences' errors.
+        counts, lo, hi = [], [], []
+        for i, f in enumerate(FEATURES):
+            counts.append(torch.bincount(kjt[f].values(), minlength=50 + 30 * i).float())
+            values = weights[f] / world_size
+            lo.append(float(values.min()) if values.numel() else 0.0)
+            hi.append(float(values.max()) if values.numel() else 0.0)
+        for t in counts:
+            torch.distributed.all_reduce(t)
+        extremes = torch.tensor([*(-v for v in lo), *hi])
+        torch.distributed.all_reduce(extremes, op=torch.distributed.ReduceOp.MAX)
+        grad_ranges = (extremes[len(FEATURES):] + extremes[: len(FEATURES)]).tolist()
+        dlac_allowed = max(float(c.max()) * 0.01 * r for c, r in zip(counts, grad_ranges))
+        stats = group.stats()
+        out["modes"][mode] = {"worst": worst, "exact": exact, "grad_err": grad_err, "grad_scale": grad_scale,
+                              "dlac_allowed": dlac_allowed,
+                              "calls": stats.calls, "raw": stats.raw_bytes, "sent": stats.sent_bytes,
+                              "backward_calls": stats.backward_calls, "backward_raw": stats.backward_raw_bytes,
+                              "backward_sent": stats.backward_sent_bytes,
+                              "max_error_ratio": max(stats.table_max_error_ratio.values(), default=0.0),
+                              "tables": group.local_tables}
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_sequence_exchange_is_within_the_bound_and_gradients_per_backward_mode(world_size: int) -> None:
+    results = run_ranks(_parity, world_size, timeout=400)
+    tables = sorted(t for r in results for t in r["modes"]["fp32"]["tables"])
+    assert tables == [f"seq_{i}" for i in range(len(FEATURES))]  # every table sharded once, every one compressed
+    for r in results:
+        for mode, m in r["modes"].items():
+            assert m["worst"] <= 1.0 + 1e-5, (mode, m)  # every element within eps x the table's range
+            assert m["max_error_ratio"] <= 1.0 + 1e-5, (mode, m)
+            if m["calls"]:
+                assert m["raw"] > 0 and m["sent"] < m["raw"], (mode, m)  # compression happened
+                assert m["backward_calls"] == 1 and m["backward_raw"] > 0
+            if mode == "dlac":  # within the bound of CompressionConfig().backward_eps = 0.01, summed per row
+                assert m["grad_err"] <= m["dlac_allowed"] * (1 + 1e-5) + 1e-7, m
+            else:  # the cast's relative rounding: bf16 keeps 8 bits, fp16 11
+                tolerance = {"fp32": 1e-6, "bf16": 2**-8, "fp16": 2**-11}[mode]
+                assert m["grad_err"] <= tolerance * max(m["grad_scale"], 1e-6) + 1e-7, (mode, m)
+        fp32 = r["modes"]["fp32"]
+        assert fp32["grad_err"] == 0.0  # float32 gradients travel exactly
+        if r["modes"]["bf16"]["backward_calls"]:
+            assert r["modes"]["bf16"]["backward_sent"] * 2 == fp32["backward_sent"]
+    assert any(not m["exact"] for r in results for m in r["modes"].values())  # the forward was lossy somewhere
+
+
+def _mixed(rank: int, world_size: int) -> dict:
+    """A LightningModule-like model with an EmbeddingCollection beside an EmbeddingBagCollection, as a new user
+    writes it; row-wise sequence tables say in the log why they stay uncompressed."""
+    from torchrec.distributed.embedding import ShardedEmbeddingCollection
+    from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    torch.distributed.init_process_group("gloo")
+    records: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("lightning_dlac.comm.inject").addHandler(handler)
+    model, group = _shard(_SequenceModel(with_bags=True), ["table_wise"], compress=True, backward="bf16")
+    kinds = sorted(type(m).__name__ for m in model.modules()
+                   if isinstance(m, (ShardedEmbeddingCollection, ShardedEmbeddingBagCollection)))
+    bags = KeyedJaggedTensor(keys=["b_0"], values=torch.arange(6) % 40, lengths=torch.ones(6, dtype=torch.long))
+    seq, pooled = model(_batch(rank, 1), bags)
+    shapes = {f: list(seq[f].values().shape) for f in FEATURES}
+    exchanges = sorted(type(a).__name__ for a in group)
+    rw_model, rw_group = _shard(_SequenceModel(), ["row_wise"], compress=True)
+    return {"kinds": kinds, "exchanges": exchanges, "pooled": list(pooled.values().shape), "shapes": shapes,
+            "rw_exchanges": len(rw_group), "log": records}
+
+
+@pytest.mark.slow
+def test_embedding_collection_beside_bags_is_sharded_and_row_wise_tables_are_named() -> None:
+    results = run_ranks(_mixed, 2, timeout=400)
+    for r in results:
+        assert r["kinds"] == ["ShardedEmbeddingBagCollection", "ShardedEmbeddingCollection"]
+        assert all(s[1] == DIM for s in r["shapes"].values()) and r["pooled"] == [6, DIM]
+        assert r["rw_exchanges"] == 0
+        assert any("seq_0" in line and "row_wise" in line and "uncompressed" in line for line in r["log"]), r["log"]
+    exchanges = [e for r in results for e in r["exchanges"]]
+    assert "CompressedSequenceEmbeddingsAllToAll" in exchanges and "CompressedPooledEmbeddingsAllToAll" in exchanges
+
+
+def test_sequence_exchange_rejects_a_layout_with_the_wrong_number_of_ranks() -> None:
+    from lightning_dlac.comm import CompressionConfig, ErrorBounds
+    from lightning_dlac.comm.sequence import CompressedSequenceEmbeddingsAllToAll
+
+    class _OneRank:
+        def size(self) -> int:
+            return 1
+
+    with pytest.raises(ValueError, match=r"tables_per_rank needs one entry per rank \(1\), got 2"):
+        CompressedSequenceEmbeddingsAllToAll(_OneRank(), [["a"], ["b"]], CompressionConfig(), ErrorBounds(EPS),
+                                             uncompressed=None)
