@@ -212,3 +212,67 @@ def test_sequence_exchange_rejects_a_layout_with_the_wrong_number_of_ranks() -> 
     with pytest.raises(ValueError, match=r"tables_per_rank needs one entry per rank \(1\), got 2"):
         CompressedSequenceEmbeddingsAllToAll(_OneRank(), [["a"], ["b"]], CompressionConfig(), ErrorBounds(EPS),
                                              uncompressed=None)
+
+
+def _lightning_fit(rank: int, world_size: int) -> dict:
+    """The new user's case: a LightningModule with an EmbeddingCollection beside an EmbeddingBagCollection, trained
+    with ``strategy="dlac"`` and the DLACCallback, nothing else said."""
+    import lightning.pytorch as pl
+    from torch.utils.data import IterableDataset
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    from lightning_dlac import DLACCallback
+    from lightning_dlac.strategy import dense_parameters
+    from tests.conftest import trainer
+
+    class Batches(IterableDataset):
+        def __iter__(self):  # noqa: ANN204
+            for step in range(12):
+                seq = _batch(rank, step, batch_size=16)
+                gen = torch.Generator().manual_seed(step * 10 + rank)
+                bags = KeyedJaggedTensor(keys=["b_0"], values=torch.randint(0, 40, (32,), generator=gen),
+                                         lengths=torch.full((16,), 2))
+                labels = (seq.lengths().view(len(FEATURES), 16).sum(0) > 10).float()  # learnable from the ids
+                yield seq, bags, labels
+
+    class Module(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = _SequenceModel(with_bags=True)
+            self.head = nn.Linear(DIM * (len(FEATURES) + 1), 1)
+
+        def training_step(self, batch, batch_idx):  # noqa: ANN001, ANN201
+            seq, bags, labels = batch
+            out, pooled = self.model(seq, bags)
+            # Sum each sample's sequence embeddings per feature (a minimal sequence model).
+            per_feature = [torch.zeros(16, DIM).index_add(0, torch.repeat_interleave(torch.arange(16),
+                           out[f].lengths()), out[f].values()) for f in FEATURES]
+            logits = self.head(torch.cat([pooled.values(), *per_feature], dim=1)).squeeze(-1)
+            return nn.functional.binary_cross_entropy_with_logits(logits, labels)
+
+        def configure_optimizers(self):  # noqa: ANN201
+            return torch.optim.Adagrad(dense_parameters(self), lr=0.05)
+
+        def train_dataloader(self):  # noqa: ANN201
+            return torch.utils.data.DataLoader(Batches(), batch_size=None)
+
+    module = Module()
+    t = trainer(world_size, "dlac", max_epochs=1, callbacks=[DLACCallback(calibration_batches=2, T=4)])
+    t.fit(module)
+    stats = t.strategy.total_comm_stats()
+    held = sorted(n.split(".")[-2] for n, p in module.named_parameters() if "ec.embeddings" in n and p.numel())
+    return {"exchanges": sorted(type(a).__name__ for a in t.strategy.exchanges), "calls": stats.calls,
+            "raw": stats.raw_bytes, "sent": stats.sent_bytes, "tables": sorted(stats.table_raw_bytes),
+            "held": held}
+
+
+@pytest.mark.slow
+def test_a_lightning_module_with_sequence_features_trains_with_strategy_dlac() -> None:
+    results = run_ranks(_lightning_fit, 2, timeout=400)
+    for r in results:
+        assert "CompressedSequenceEmbeddingsAllToAll" in r["exchanges"], r
+        assert r["calls"] > 0 and r["sent"] < r["raw"], r
+    # Table-wise: each sequence table lives on one rank (it used to be replicated on every rank).
+    held0, held1 = results[0]["held"], results[1]["held"]
+    assert held0 and held1 and not set(held0) & set(held1) and sorted(held0 + held1) == [f"seq_{i}" for i in range(5)]
+    assert sorted({t for r in results for t in r["tables"]}) == ["bag_0", *[f"seq_{i}" for i in range(5)]]
