@@ -25,8 +25,10 @@ from lightning_dlac.adaptive import (
     homogenization_index,
     sensitivity_classes,
     sensitivity_table_bounds,
+    value_homogenization_counts,
+    value_homogenization_index,
 )
-from lightning_dlac.codec import encode
+from lightning_dlac.codec import decode, encode
 
 # ---------------------------------------------------------------------------------------------------- schedules
 
@@ -111,6 +113,25 @@ def test_observe_measures_what_the_codec_sends() -> None:
     assert s.ratios()[0.05] > s.ratios()[0.01] > 1
     counts = [homogenization_counts(c, 0.05) for c in chunks]
     assert (s.distinct_raw, s.distinct_quantized) == tuple(map(sum, zip(*counts)))
+    counts = [value_homogenization_counts(c, 0.05) for c in chunks]
+    assert (s.distinct_raw_values, s.distinct_quantized_values) == tuple(map(sum, zip(*counts)))
+    assert s.homogenization_index == s.distinct_quantized_values / s.distinct_raw_values
+
+
+def test_value_homogenization_counts_merge_values_within_one_bin_per_column() -> None:
+    # Column 0: -1, 0, 0.001, 1 (0 and 0.001 share a bin at eps 0.05); column 1: four values far apart.
+    chunk = torch.tensor([[-1.0, -1.0], [0.0, -0.3], [0.001, 0.3], [1.0, 1.0]])
+    assert value_homogenization_counts(chunk, 0.05) == (8, 7)
+    assert value_homogenization_index(chunk, 0.05) == pytest.approx(7 / 8)
+    # No two whole rows share every bin, so the paper's vector index sees nothing to merge.
+    assert homogenization_counts(chunk, 0.05) == (4, 4)
+    assert value_homogenization_counts(torch.cat([chunk, chunk]), 0.05) == (8, 7)  # repeats are not distinct
+    assert value_homogenization_counts(torch.ones(5, 3), 0.05) == (3, 3)
+    assert value_homogenization_counts(torch.zeros(0, 3), 0.05) == (0, 0)
+    assert value_homogenization_index(torch.zeros(0, 3), 0.05) == 1.0
+    # Many distinct values crowd into 1 / (2 eps) bins: a diverse table has a low index even when rows differ.
+    diverse = torch.randn(512, 16, generator=torch.Generator().manual_seed(0))
+    assert value_homogenization_index(diverse, 0.03) < 0.1 and homogenization_index(diverse, 0.03) == 1.0
 
 
 def test_non_finite_chunks_are_counted_and_sent_raw() -> None:
@@ -123,12 +144,19 @@ def test_non_finite_chunks_are_counted_and_sent_raw() -> None:
     assert s.homogenization_index == 1.0
 
 
-def test_sensitivity_is_the_mean_relative_loss_change() -> None:
+def test_sensitivity_is_the_rms_relative_loss_change() -> None:
     stats = CalibrationStats([0.01, 0.05], index_eps=0.05)
     stats.record_loss("t", 2.0, [2.0, 2.2])
-    stats.record_loss("t", 1.0, [1.0, 1.1])
-    assert stats.tables["t"].sensitivity() == pytest.approx({0.01: 0.0, 0.05: 0.3 / 3.0})
+    stats.record_loss("t", 1.0, [1.0, 0.9])  # the signed changes cancel: their mean says nothing about the table
+    s = stats.tables["t"]
+    rms = math.sqrt((0.2**2 + 0.1**2) / 2) / 1.5
+    assert s.sensitivity() == pytest.approx({0.01: 0.0, 0.05: rms})
+    assert s.mean_loss_change() == pytest.approx({0.01: 0.0, 0.05: 0.1 / 3.0})
     assert CalibrationStats([0.01], 0.01).table("u").sensitivity() is None
+    # Statistics saved before the squares were kept (no loss_delta_sq) fall back to |mean change| / mean loss.
+    old = s.as_dict()
+    del old["loss_delta_sq"], old["distinct_raw_values"], old["distinct_quantized_values"]
+    assert TableStats.from_dict(old).sensitivity() == pytest.approx({0.01: 0.0, 0.05: 0.1 / 3.0})
     with pytest.raises(ValueError, match="one probed loss per candidate"):
         stats.record_loss("t", 1.0, [1.0])
 
@@ -160,6 +188,7 @@ def test_statistics_reduce_across_ranks_through_tensors() -> None:
     for name in ("t0", "t1", "t2"):
         got, want = a.tables[name].as_dict(), both.tables[name].as_dict()
         assert got.pop("loss_delta") == pytest.approx(want.pop("loss_delta"))
+        assert got.pop("loss_delta_sq") == pytest.approx(want.pop("loss_delta_sq"))
         assert got.pop("base_loss") == pytest.approx(want.pop("base_loss"))
         assert got == want, name
     assert a.tables["t3"].chunks == 0 and a.tables["t3"].homogenization_index == 1.0
@@ -250,11 +279,14 @@ def test_invalid_class_settings_are_rejected(make, message: str) -> None:  # noq
 
 def _two_tables(rows: int = 64) -> dict[str, torch.Tensor]:
     """``diverse``: distinct rows crowded within one quantization bin of each other (the bound would erase their
-    differences: tight); ``repeated``: 4 distinct rows far apart (the bound keeps them apart: loose)."""
+    differences: tight); ``repeated``: 4 distinct rows whose values lie a third of the range apart in every column
+    (the bound keeps them apart: loose)."""
     g = torch.Generator().manual_seed(3)
     crowd = torch.randn(1, 8, generator=g) + 1e-4 * torch.randn(rows - 2, 8, generator=g)
+    levels = torch.linspace(-1.0, 1.0, 4)
+    four = torch.stack([levels[torch.randperm(4, generator=g)] for _ in range(8)], dim=1)
     return {"diverse": torch.cat([torch.full((1, 8), -5.0), torch.full((1, 8), 5.0), crowd]),
-            "repeated": torch.randn(4, 8, generator=g)[torch.arange(rows) % 4]}
+            "repeated": four[torch.arange(rows) % 4]}
 
 
 def test_calibrator_measures_from_calibration_start_and_applies_bounds_after_its_batches() -> None:
@@ -390,3 +422,64 @@ def test_a_measurement_in_progress_survives_the_state_round_trip() -> None:
     fresh.load_state_dict({**state, "measurement": None})
     fresh.begin()
     assert fresh.wants_probe and not fresh.calibrated
+
+
+# ---------------------------------------------------------------------------------------------------- planted data
+
+
+def _calibrate_on_planted(mode: str, roles: list[str], tolerance: float = 1e-3) -> tuple[Calibrator, list[str]]:
+    """Drive a Calibrator as DLACCallback does, on the planted-sensitivity oracle: each batch's pooled embeddings
+    are the observed chunks, and the probe's loss is the oracle's with the real (reference) codec's error on the
+    probed table."""
+    from lightning_dlac.examples.planted import PlantedSensitivityGenerator
+
+    gen = PlantedSensitivityGenerator(roles, rows=2000, seed=0)
+    cal = Calibrator(CalibrationSettings(mode=mode, batches=2, sensitivity_batches=2, codec_impl="ref",
+                                         sensitivity_tolerance=tolerance))
+    cal.begin()
+    for i in range(2):
+        batch = gen.batch(i, batch_size=256)
+        pooled = gen.pooled(batch)
+        names = list(pooled)
+
+        def loss_at(bounds: ProbeBounds, pooled=pooled, names=names, batch=batch) -> float:  # noqa: ANN001
+            eps = bounds.effective_many(names).tolist()
+            sent = {n: decode(encode(c, eps=e, impl="ref"), impl="ref") if e > 0 else c
+                    for (n, c), e in zip(pooled.items(), eps)}
+            return gen.loss(sent, batch.labels)
+
+        assert cal.wants_probe
+        cal.probe(names, loss_at)
+        for name, chunk in pooled.items():
+            cal.observe(name, chunk)
+        cal.batch_measured()
+    cal.finish(2, names, lambda t, op: t)
+    return cal, names
+
+
+def test_sensitivity_calibration_finds_the_planted_tables() -> None:
+    """Sensitive tables (signal in small differences next to large anchors) tight; noise and repeated tables
+    loose. Two probe batches of 256 samples; the tolerance leaves a 2x margin over the repeated tables' loss change
+    at the loosest bound (0.3-1.3e-3 at 1-2 batches, against 3e-3 and more for the sensitive tables at 0.03)."""
+    roles = ["sensitive", "noise", "repeated", "sensitive", "noise", "repeated"]
+    cal, names = _calibrate_on_planted("sensitivity", roles, tolerance=2e-3)
+    by_role = {r: {cal.table_bounds[n] for n, rr in zip(names, roles) if rr == r} for r in set(roles)}
+    assert by_role == {"sensitive": {0.01}, "noise": {0.05}, "repeated": {0.05}}
+    for n, r in zip(names, roles):
+        sens = cal.table_stats[n].sensitivity()
+        if r == "sensitive":  # the error hurts more the looser the bound
+            assert sens[0.05] > 2e-3 and sens[0.05] > sens[0.01]
+        if r == "noise":  # the labels do not depend on it: the loss does not move
+            assert sens[0.05] == 0.0
+
+
+def test_homogenization_calibration_on_planted_tables_separates_diverse_from_repeated() -> None:
+    """The per-column index puts the sensitive (diverse) tables tight and the repeated (a few well separated
+    vectors) tables loose. It sees the payload only, not the labels: a diverse noise table is tight too, which
+    costs bytes but no accuracy (only the sensitivity probe can tell it apart)."""
+    roles = ["sensitive", "noise", "repeated", "sensitive", "noise", "repeated"]
+    cal, names = _calibrate_on_planted("homogenization", roles)
+    classes = {n: str(cal.classes[n]) for n in names}
+    assert {classes[n] for n, r in zip(names, roles) if r == "sensitive"} == {"tight"}
+    assert {classes[n] for n, r in zip(names, roles) if r == "repeated"} == {"loose"}
+    assert {classes[n] for n, r in zip(names, roles) if r == "noise"} == {"tight"}

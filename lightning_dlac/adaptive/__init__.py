@@ -6,6 +6,8 @@ from lightning_dlac.adaptive.calibration import (
     distinct_rows,
     homogenization_counts,
     homogenization_index,
+    value_homogenization_counts,
+    value_homogenization_index,
 )
 from lightning_dlac.adaptive.calibrator import Calibration, CalibrationSettings, Calibrator, ProbeBounds
 from lightning_dlac.adaptive.policy import (
@@ -38,4 +40,6 @@ __all__ = [
     "homogenization_index",
     "sensitivity_classes",
     "sensitivity_table_bounds",
+    "value_homogenization_counts",
+    "value_homogenization_index",
 ]

@@ -4,13 +4,21 @@ For every table, over the chunks it sent during calibration (every destination r
 every rank once the statistics are reduced across ranks through :meth:`CalibrationStats.to_tensors`):
 
 - the value range (min and max over its chunks);
-- the **homogenization index**: distinct quantized vectors / distinct raw vectors at the index bound. Quantizing
-  with the chunk's own range (exactly as the codec does) merges raw vectors that lie within one bin of each other in
-  every coordinate. An index of 1 means the bound keeps every distinct embedding distinct; a low index means the
-  error erases differences between the table's embeddings, so the table needs a tighter bound;
+- the **homogenization index**: distinct quantized values / distinct raw values at the index bound, counted per
+  embedding coordinate (column) and summed over columns. Quantizing with the chunk's own range (exactly as the codec
+  does) merges raw values that lie within one bin of each other. An index of 1 means the bound keeps every distinct
+  value distinct; a low index means the error erases differences between the table's embeddings, so the table needs
+  a tighter bound. The paper counts whole vectors instead (distinct quantized vectors / distinct raw vectors); on
+  real payloads at dim 64 two learned vectors almost never agree in every coordinate, so that count is 1.0 for every
+  table and classifies nothing (measured on Criteo and the synthetic data). It is still measured and reported
+  (:attr:`TableStats.vector_homogenization_index`);
 - the compressed size at every candidate bound (the real codec's output), hence the ratio each bound would buy;
 - the **sensitivity** (beyond the paper): the change of the training loss when only this table's pooled embeddings
-  carry the codec's error at a candidate bound, everything else exact, summed over probe batches and ranks.
+  carry the codec's error at a candidate bound, everything else exact, over probe batches and ranks. The codec's
+  error is zero-mean to first order, so the *signed* loss change of a batch is mostly ``gradient . error``, whose
+  sign is noise and whose mean over batches tends to the (tiny) second-order term: one batch's signed change says
+  little. Its *magnitude* is what grows with the table's influence on the loss (``|gradient| x bound x range``), so
+  the probe keeps the sum of squared changes and the measure is their root mean square.
 
 Every statistic is a sum, a minimum or a maximum, so ranks combine them with three all-reduces and all end with the
 same numbers (and the same bounds).
@@ -52,9 +60,41 @@ def homogenization_counts(chunk: torch.Tensor, eps: float) -> tuple[int, int]:
     return raw, distinct_rows(q[3].view(chunk.shape))
 
 
+def _distinct_per_column(x: torch.Tensor) -> int:
+    """Number of distinct values in each column of a 2-D tensor, summed over columns."""
+    if x.numel() == 0:
+        return 0
+    ordered = torch.sort(x, dim=0).values
+    return int(x.shape[1] + (ordered[1:] != ordered[:-1]).sum())
+
+
+def value_homogenization_counts(chunk: torch.Tensor, eps: float) -> tuple[int, int]:
+    """``(distinct raw values, distinct quantized values)`` of one float32 chunk at relative bound ``eps``, counted
+    per column and summed over columns, quantized exactly as the codec quantizes it (relative to the chunk's own
+    value range)."""
+    chunk = chunk.detach().float().contiguous()
+    raw = _distinct_per_column(chunk)
+    if raw == 0:
+        return 0, 0
+    mode, q = ref.quantize(chunk, eps, True)
+    if mode is Mode.CONST:
+        return raw, chunk.shape[1]
+    if mode is Mode.RAW:
+        return raw, raw  # sent exactly: nothing is merged
+    return raw, _distinct_per_column(q[3].view(chunk.shape))
+
+
 def homogenization_index(chunk: torch.Tensor, eps: float) -> float:
-    """Distinct quantized rows / distinct raw rows of one chunk at relative bound ``eps`` (1.0 for an empty chunk)."""
+    """Distinct quantized rows / distinct raw rows of one chunk at relative bound ``eps`` (1.0 for an empty chunk):
+    the paper's, whole-vector index."""
     raw, quantized = homogenization_counts(chunk, eps)
+    return quantized / raw if raw else 1.0
+
+
+def value_homogenization_index(chunk: torch.Tensor, eps: float) -> float:
+    """Distinct quantized values / distinct raw values of one chunk at relative bound ``eps``, per column (1.0 for an
+    empty chunk): the index calibration classifies by."""
+    raw, quantized = value_homogenization_counts(chunk, eps)
     return quantized / raw if raw else 1.0
 
 
@@ -68,17 +108,21 @@ class TableStats:
     non_finite_chunks: int = 0
     min: float = math.inf
     max: float = -math.inf
-    distinct_raw: int = 0
-    distinct_quantized: int = 0
+    distinct_raw: int = 0  # distinct raw vectors, summed over chunks
+    distinct_quantized: int = 0  # distinct quantized vectors at the index bound, summed over chunks
     encoded_bytes: list[int] = field(default_factory=list)
-    probes: int = 0  # (batch, rank) loss measurements summed into base_loss / loss_delta
+    probes: int = 0  # (batch, rank) loss measurements summed into base_loss / loss_delta / loss_delta_sq
     base_loss: float = 0.0
-    loss_delta: list[float] = field(default_factory=list)
+    loss_delta: list[float] = field(default_factory=list)  # sum of signed loss changes, per candidate
+    distinct_raw_values: int = 0  # distinct raw values per column, summed over columns and chunks
+    distinct_quantized_values: int = 0  # the same after quantization at the index bound
+    loss_delta_sq: list[float] = field(default_factory=list)  # sum of squared loss changes, per candidate
 
     def __post_init__(self) -> None:
         n = len(self.candidates)
         self.encoded_bytes = list(self.encoded_bytes) or [0] * n
         self.loss_delta = list(self.loss_delta) or [0.0] * n
+        self.loss_delta_sq = list(self.loss_delta_sq) or [0.0] * n
 
     @property
     def value_range(self) -> float:
@@ -87,7 +131,16 @@ class TableStats:
 
     @property
     def homogenization_index(self) -> float:
-        """Distinct quantized / distinct raw vectors at the index bound, over all chunks (1.0 if nothing seen)."""
+        """Distinct quantized / distinct raw values per column at the index bound, over all chunks (1.0 if nothing
+        seen). Statistics saved before the per-column counts existed (checkpoints of earlier versions) hold only
+        vector counts: for them it is :attr:`vector_homogenization_index`."""
+        if self.distinct_raw_values:
+            return self.distinct_quantized_values / self.distinct_raw_values
+        return self.vector_homogenization_index
+
+    @property
+    def vector_homogenization_index(self) -> float:
+        """The paper's index: distinct quantized / distinct raw vectors at the index bound (1.0 if nothing seen)."""
         return self.distinct_quantized / self.distinct_raw if self.distinct_raw else 1.0
 
     @property
@@ -101,10 +154,21 @@ class TableStats:
         return {eps: raw / b if b else 1.0 for eps, b in zip(self.candidates, self.encoded_bytes)}
 
     def sensitivity(self) -> dict[float, float] | None:
-        """Mean loss change per probe at each candidate bound, relative to the exact loss (``None`` if unprobed)."""
+        """Root-mean-square loss change per probe at each candidate bound, relative to the mean exact loss (``None``
+        if unprobed). Statistics saved before the squares were kept fall back to ``|mean change|``."""
         if not self.probes or self.base_loss == 0:
             return None
-        return {eps: d / self.base_loss for eps, d in zip(self.candidates, self.loss_delta)}
+        base = abs(self.base_loss) / self.probes
+        if not any(self.loss_delta_sq) and any(self.loss_delta):
+            return {eps: abs(d) / abs(self.base_loss) for eps, d in zip(self.candidates, self.loss_delta)}
+        return {eps: math.sqrt(sq / self.probes) / base for eps, sq in zip(self.candidates, self.loss_delta_sq)}
+
+    def mean_loss_change(self) -> dict[float, float] | None:
+        """Signed mean loss change per probe at each candidate bound, relative to the mean exact loss (``None`` if
+        unprobed): near zero even for a sensitive table (see the module docstring), reported for comparison."""
+        if not self.probes or self.base_loss == 0:
+            return None
+        return {eps: d / abs(self.base_loss) for eps, d in zip(self.candidates, self.loss_delta)}
 
     def as_dict(self) -> dict:
         """Plain-data form (for checkpoints and reports)."""
@@ -121,18 +185,25 @@ class TableStats:
             "probes": self.probes,
             "base_loss": self.base_loss,
             "loss_delta": list(self.loss_delta),
+            "distinct_raw_values": self.distinct_raw_values,
+            "distinct_quantized_values": self.distinct_quantized_values,
+            "loss_delta_sq": list(self.loss_delta_sq),
         }
 
     @classmethod
     def from_dict(cls, d: Mapping) -> TableStats:
-        """Inverse of :meth:`as_dict`."""
+        """Inverse of :meth:`as_dict` (also of the dicts of earlier versions, which lack the per-column counts and
+        the squared loss changes)."""
         d = dict(d)
         d["candidates"] = tuple(d["candidates"])
         return cls(**d)
 
 
-# Layout of one table's sums in the all-reduce vector: fixed fields, then encoded bytes and loss deltas per candidate.
-_SUM_FIELDS = ("chunks", "elements", "non_finite_chunks", "distinct_raw", "distinct_quantized", "probes", "base_loss")
+# Layout of one table's sums in the all-reduce vector: fixed fields, then encoded bytes, loss deltas and squared loss
+# deltas per candidate.
+_SUM_FIELDS = ("chunks", "elements", "non_finite_chunks", "distinct_raw", "distinct_quantized", "probes", "base_loss",
+               "distinct_raw_values", "distinct_quantized_values")
+_PER_CANDIDATE = ("encoded_bytes", "loss_delta", "loss_delta_sq")
 
 
 class CalibrationStats:
@@ -179,6 +250,9 @@ class CalibrationStats:
         raw, quantized = homogenization_counts(chunk, self.index_eps)
         s.distinct_raw += raw
         s.distinct_quantized += quantized
+        raw, quantized = value_homogenization_counts(chunk, self.index_eps)
+        s.distinct_raw_values += raw
+        s.distinct_quantized_values += quantized
         for i, eps in enumerate(self.candidates):
             s.encoded_bytes[i] += int(encode(chunk, eps=eps, impl=self.codec_impl).numel())
 
@@ -190,7 +264,9 @@ class CalibrationStats:
         s.probes += 1
         s.base_loss += float(base_loss)
         for i, loss in enumerate(probed_losses):
-            s.loss_delta[i] += float(loss) - float(base_loss)
+            delta = float(loss) - float(base_loss)
+            s.loss_delta[i] += delta
+            s.loss_delta_sq[i] += delta * delta
 
     # ------------------------------------------------------------------ cross-rank reduction
 
@@ -198,7 +274,7 @@ class CalibrationStats:
         """The statistics of ``names`` (in that order) as three float64 tensors to all-reduce with SUM, MIN and MAX
         (keys ``"sum"``, ``"min"``, ``"max"``); every rank must pass the same ``names``."""
         n = len(self.candidates)
-        width = len(_SUM_FIELDS) + 2 * n
+        width = len(_SUM_FIELDS) + len(_PER_CANDIDATE) * n
         sums = torch.zeros(len(names), width, dtype=torch.float64)
         mins = torch.full((len(names),), math.inf, dtype=torch.float64)
         maxs = torch.full((len(names),), -math.inf, dtype=torch.float64)
@@ -206,7 +282,7 @@ class CalibrationStats:
             s = self.tables.get(name)
             if s is None:
                 continue
-            row = [getattr(s, f) for f in _SUM_FIELDS] + list(s.encoded_bytes) + list(s.loss_delta)
+            row = [getattr(s, f) for f in _SUM_FIELDS] + [v for f in _PER_CANDIDATE for v in getattr(s, f)]
             sums[i] = torch.tensor(row, dtype=torch.float64)
             mins[i], maxs[i] = s.min, s.max
         return {"sum": sums, "min": mins, "max": maxs}
@@ -223,5 +299,6 @@ class CalibrationStats:
                 setattr(s, f, row[j] if f == "base_loss" else int(round(row[j])))
             s.encoded_bytes = [int(round(v)) for v in row[k : k + n]]
             s.loss_delta = row[k + n : k + 2 * n]
+            s.loss_delta_sq = row[k + 2 * n : k + 3 * n]
             s.min, s.max = float(mins[i]), float(maxs[i])
             self.tables[name] = s

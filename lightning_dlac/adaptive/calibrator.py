@@ -162,8 +162,9 @@ class Calibrator:
         return dict(self._table_stats)
 
     def report(self) -> list[dict[str, Any]]:
-        """One row per table: class, bound, homogenization index, distinct vectors per chunk, value range, ratio and
-        (if probed) relative loss change at each candidate bound."""
+        """One row per table: class, bound, homogenization index (per column, and the paper's whole-vector one),
+        distinct vectors per chunk, value range, ratio and (if probed) RMS relative loss change at each candidate
+        bound."""
         rows = []
         for name in sorted(self._table_stats):
             s = self._table_stats[name]
@@ -174,6 +175,7 @@ class Calibrator:
                     "class": str(self._classes[name]) if name in self._classes else None,
                     "eps": self._table_bounds.get(name),
                     "homogenization_index": s.homogenization_index,
+                    "vector_homogenization_index": s.vector_homogenization_index,
                     "distinct_per_chunk": s.distinct_per_chunk,
                     "value_range": s.value_range,
                     "ratio": {str(k): v for k, v in s.ratios().items()},
