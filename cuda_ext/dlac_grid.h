@@ -827,24 +827,17 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
     const int64_t before = ch.row_base > 0 ? incl[ch.row_base - 1] : 0;
     s[kStNuniq] = ch.rows < 2 ? uint32_t(ch.rows) : uint32_t(incl[ch.row_base + ch.rows - 1] - before);
   });
-  // Histograms: all codes, the unique rows' codes, the row index.
-  for_each_element_if(TL, NT, DLAC_LAMBDA(int64_t i) {
-        const uint32_t* s = S + i * kStWords;
-        return s[kStKind] == kKindQuant && s[kStQmax] < A && dedup_candidate(uint64_t(CH[i].rows), s[kStNuniq]);
-      },
-      DLAC_LAMBDA(int64_t i, int64_t l, int64_t r, int64_t) {
-    const uint32_t* s = S + i * kStWords;
-    if (s[kStKind] != kKindQuant || s[kStQmax] >= A) return;
-    const EncChunk& ch = CH[i];
-    if (!dedup_candidate(uint64_t(ch.rows), s[kStNuniq])) return;
-    if (first[ch.row_base + r]) hist_add(hist + (i * 3 + 1) * A + codes[ch.elem_base + l]);
-  });
+  // The histograms of the unique rows' codes and of the row index, one row per work item: every row adds its index,
+  // a first row its codes (so the rows that repeat one, most of them in embedding payloads, read no codes at all).
   for_each(RW, DLAC_LAMBDA(int64_t g) {
     const int64_t i = find_segment(RWS, N, g);
     const uint32_t* s = S + i * kStWords;
     const EncChunk& ch = CH[i];
-    if (s[kStKind] != kKindQuant || !dedup_candidate(uint64_t(ch.rows), s[kStNuniq]) || s[kStNuniq] > A) return;
-    hist_add(hist + (i * 3 + 2) * A + index[g]);
+    if (s[kStKind] != kKindQuant || !dedup_candidate(uint64_t(ch.rows), s[kStNuniq])) return;
+    if (s[kStNuniq] <= A) hist_add(hist + (i * 3 + 2) * A + index[g]);
+    if (s[kStQmax] >= A || !first[g]) return;
+    const uint32_t* row = codes + ch.elem_base + (g - ch.row_base) * ch.dim;
+    for (int64_t j = 0; j < ch.dim; ++j) hist_add(hist + (i * 3 + 1) * A + row[j]);
   });
 
   // The histogram words the planner reads, compacted behind the state words: hist_lengths per (chunk, histogram),
