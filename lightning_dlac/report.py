@@ -3,11 +3,18 @@
 ``DLACCallback`` writes ``dlac_run.json`` (its metrics history, calibration and totals) at the end of fit and calls
 :func:`write_report` on rank 0. ``dlac report LOG_DIR`` (or ``python -m lightning_dlac.report LOG_DIR``) rebuilds
 the report from that file alone, e.g. after changing the plots.
+
+``dlac report LOG_DIR --baseline OTHER_LOG_DIR`` compares the run with a reference run, typically the same training
+uncompressed (``DLACStrategy(compress=False)``): the loss and AUROC plot overlays the reference's curves and the
+headline states the final differences. The reference is read from its ``dlac_run.json`` if it has one, else from
+the ``metrics.csv`` of Lightning's CSVLogger (an uncompressed run has no ``dlac_run.json``: the callback does
+nothing there).
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import math
 from collections.abc import Sequence
@@ -19,7 +26,10 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from lightning_dlac.adaptive import DecaySchedule
 
 RUN_FILE = "dlac_run.json"
+METRICS_CSV = "metrics.csv"
 REPORT_FILE = "dlac_report.md"
+# Final metrics compared with a baseline, in this order, when both runs have them.
+COMPARED = ("val/auroc", "val/loss", "train/loss", "test/auroc", "test/loss")
 PLOTS = {
     "ratio": "dlac_ratio_per_table.png",
     "bounds": "dlac_bounds.png",
@@ -50,8 +60,59 @@ def _table_order(names: Sequence[str]) -> list[str]:
     return sorted(names, key=key)
 
 
-def headline(run: dict[str, Any]) -> list[str]:
-    """The few lines printed at the end of fit."""
+def load_baseline(log_dir: str | Path) -> dict[str, Any]:
+    """The reference run of ``log_dir`` as ``{"name", "history", "final_metrics"}``: from its ``dlac_run.json``,
+    else from the ``metrics.csv`` of Lightning's CSVLogger (``batch`` is then Lightning's ``step``, the same count
+    for one optimizer step per batch; the final value of a metric is its last logged one)."""
+    log_dir = Path(log_dir)
+    run_file, csv_file = log_dir / RUN_FILE, log_dir / METRICS_CSV
+    if run_file.is_file():
+        run = json.loads(run_file.read_text())
+        return {"name": str(log_dir), "history": run.get("history") or [], "final_metrics": run.get("final_metrics")
+                or {}}
+    if not csv_file.is_file():
+        raise FileNotFoundError(
+            f"the baseline {log_dir} holds neither {RUN_FILE} nor {METRICS_CSV}: point --baseline at the log"
+            " directory of the reference run (e.g. logs/dlrm_synthetic/version_1), trained with a CSVLogger."
+        )
+    history: list[dict[str, Any]] = []
+    final: dict[str, float] = {}
+    with csv_file.open(newline="") as f:
+        for row in csv.DictReader(f):
+            try:
+                step = int(float(row.get("step") or ""))
+            except ValueError:
+                continue  # a row without a step cannot be placed on the curve
+            values = {}
+            for key, text in row.items():
+                if key in ("step", "epoch") or not text:
+                    continue
+                try:
+                    values[key] = float(text)
+                except ValueError:
+                    continue
+            if values:
+                history.append({"batch": step, **values})
+                final.update(values)
+    if not history:
+        raise ValueError(f"{csv_file} holds no metric rows: the baseline run logged nothing to compare with.")
+    return {"name": str(log_dir), "history": history, "final_metrics": final}
+
+
+def baseline_lines(run: dict[str, Any], baseline: dict[str, Any]) -> list[str]:
+    """The headline's comparison with a baseline: the final value of each metric both runs have, and the
+    difference (this run minus the baseline)."""
+    mine, ref = run.get("final_metrics") or {}, baseline.get("final_metrics") or {}
+    keys = [k for k in COMPARED if k in mine and k in ref]
+    if not keys:
+        return [f"vs baseline {baseline['name']}: no final metric in common to compare"]
+    parts = [f"{k} {mine[k]:.4f} vs {ref[k]:.4f} ({mine[k] - ref[k]:+.4f})" for k in keys]
+    return [f"vs baseline {baseline['name']}: " + ", ".join(parts)]
+
+
+def headline(run: dict[str, Any], baseline: dict[str, Any] | None = None) -> list[str]:
+    """The few lines printed at the end of fit (and, given a baseline from :func:`load_baseline`, the final
+    differences from it)."""
     s = run["summary"]
     raw, sent = s["raw_bytes"], s["sent_bytes"]
     lines = [
@@ -78,13 +139,15 @@ def headline(run: dict[str, Any]) -> list[str]:
     final = run.get("final_metrics") or {}
     if final:
         lines.append("final metrics: " + ", ".join(f"{k}={v:.4f}" for k, v in sorted(final.items())))
+    if baseline is not None:
+        lines += baseline_lines(run, baseline)
     return lines
 
 
-def _markdown(run: dict[str, Any], plots: dict[str, str]) -> str:
+def _markdown(run: dict[str, Any], plots: dict[str, str], baseline: dict[str, Any] | None = None) -> str:
     s = run["summary"]
     out = ["# DLAC compression report", ""]
-    out += [f"- {line}" for line in headline(run)]
+    out += [f"- {line}" for line in headline(run, baseline)]
     out += ["", "## Tables", ""]
     calib = {row["table"]: row for row in run.get("calibration") or []}
     table_raw, table_sent = s.get("table_raw_bytes", {}), s.get("table_sent_bytes", {})
@@ -130,7 +193,7 @@ def _markdown(run: dict[str, Any], plots: dict[str, str]) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-def _plot(run: dict[str, Any], log_dir: Path) -> dict[str, str]:
+def _plot(run: dict[str, Any], log_dir: Path, baseline: dict[str, Any] | None = None) -> dict[str, str]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -186,24 +249,43 @@ def _plot(run: dict[str, Any], log_dir: Path) -> dict[str, str]:
 
     loss = _series(history, "train/loss")
     auc = _series(history, "val/auroc")
-    if loss[0] or auc[0]:
+    ref_history = baseline["history"] if baseline is not None else []
+    ref_loss, ref_auc = _series(ref_history, "train/loss"), _series(ref_history, "val/auroc")
+    if loss[0] or auc[0] or ref_loss[0] or ref_auc[0]:
         fig, ax = plt.subplots(figsize=(8, 4))
+        handles = []
         if loss[0]:
-            ax.plot(*loss, color="tab:blue", label="train/loss")
-            ax.set_ylabel("train/loss")
+            handles += ax.plot(*loss, color="tab:blue", label="train/loss")
+        if ref_loss[0]:
+            handles += ax.plot(*ref_loss, color="tab:blue", linestyle="--", alpha=0.7, label="train/loss (baseline)")
+        ax.set_ylabel("train/loss")
         ax.set_xlabel("training batch")
-        if auc[0]:
+        if auc[0] or ref_auc[0]:
             ax2 = ax.twinx()
-            ax2.plot(*auc, color="tab:orange", marker="o", label="val/auroc")
+            if auc[0]:
+                handles += ax2.plot(*auc, color="tab:orange", marker="o", label="val/auroc")
+            if ref_auc[0]:
+                handles += ax2.plot(*ref_auc, color="tab:orange", marker="x", linestyle="--", alpha=0.7,
+                                    label="val/auroc (baseline)")
             ax2.set_ylabel("val/auroc")
-        ax.set_title("Training loss and validation AUC")
+        if baseline is not None:
+            ax.legend(handles=handles, fontsize=7, loc="best")
+        title = "Training loss and validation AUC"
+        ax.set_title(title + (f" (dashed: baseline {Path(baseline['name']).name})" if baseline is not None else ""))
         save(fig, "quality")
     return written
 
 
-def write_report(log_dir: str | Path, plots: bool = True) -> Path:
+def write_report(log_dir: str | Path, plots: bool = True, baseline: str | Path | None = None) -> Path:
     """Write ``dlac_report.md`` (and the PNG plots) into ``log_dir`` from its ``dlac_run.json``; return the
-    report's path."""
+    report's path.
+
+    Args:
+        log_dir: The run's log directory.
+        plots: Whether to draw the PNG plots.
+        baseline: Log directory of a reference run (see :func:`load_baseline`) whose loss and AUROC curves the
+            plots overlay and whose final metrics the headline compares with.
+    """
     log_dir = Path(log_dir)
     run_file = log_dir / RUN_FILE
     if not run_file.is_file():
@@ -212,24 +294,31 @@ def write_report(log_dir: str | Path, plots: bool = True) -> Path:
             " directory that holds its metrics, e.g. logs/dlrm_synthetic/version_0)."
         )
     run = json.loads(run_file.read_text())
-    written = _plot(run, log_dir) if plots else {}
+    ref = load_baseline(baseline) if baseline is not None else None
+    written = _plot(run, log_dir, ref) if plots else {}
     path = log_dir / REPORT_FILE
-    path.write_text(_markdown(run, written))
+    path.write_text(_markdown(run, written, ref))
     return path
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """``dlac report LOG_DIR``: rebuild the report of a finished run."""
+    """``dlac report LOG_DIR [--baseline OTHER_LOG_DIR]``: rebuild the report of a finished run, optionally
+    compared with a reference run."""
     parser = argparse.ArgumentParser(prog="dlac report", description=main.__doc__)
     parser.add_argument("log_dir", type=Path, help=f"run directory holding {RUN_FILE}")
     parser.add_argument("--no-plots", action="store_true", help="write the markdown only")
+    parser.add_argument("--baseline", type=Path, default=None,
+                        help=f"log directory of a reference run (its {RUN_FILE}, else its {METRICS_CSV}), e.g. the"
+                        " same training uncompressed: its loss and AUROC are overlaid and the final differences"
+                        " stated")
     args = parser.parse_args(argv)
     try:
-        path = write_report(args.log_dir, plots=not args.no_plots)
-    except FileNotFoundError as err:
+        path = write_report(args.log_dir, plots=not args.no_plots, baseline=args.baseline)
+        ref = load_baseline(args.baseline) if args.baseline is not None else None
+    except (FileNotFoundError, ValueError) as err:
         parser.error(str(err))
     run = json.loads((args.log_dir / RUN_FILE).read_text())
-    for line in headline(run):
+    for line in headline(run, ref):
         rank_zero_info(f"dlac: {line}")
     rank_zero_info(f"dlac: report in {path}")
 

@@ -270,3 +270,22 @@ def test_report_of_a_directory_without_a_run_names_it(tmp_path: Path, capsys: py
     with pytest.raises(SystemExit):
         main(["report", str(tmp_path)])
     assert f"{tmp_path / 'dlac_run.json'} does not exist" in capsys.readouterr().err
+
+
+def test_dlac_report_takes_a_baseline(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """`dlac report LOG_DIR --baseline OTHER` reaches the report: the logged headline and the report state the final
+    differences from the baseline's metrics.csv (an uncompressed run writes no dlac_run.json)."""
+    import logging
+
+    from tests.test_report import _run
+
+    run_dir, base_dir = tmp_path / "dlac", tmp_path / "fp32"
+    run_dir.mkdir()
+    base_dir.mkdir()
+    (run_dir / "dlac_run.json").write_text(json.dumps(_run({"val/auroc": 0.7712}, [0.70, 0.7712])))
+    (base_dir / "metrics.csv").write_text("epoch,step,val/auroc\n0,19,0.7700\n")
+    with caplog.at_level(logging.INFO):
+        main(["report", str(run_dir), "--baseline", str(base_dir), "--no-plots"])
+    line = f"vs baseline {base_dir}: val/auroc 0.7712 vs 0.7700 (+0.0012)"
+    assert f"dlac: {line}" in caplog.text
+    assert f"- {line}" in (run_dir / "dlac_report.md").read_text()
