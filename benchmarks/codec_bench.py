@@ -2,9 +2,10 @@
 
 Payloads: (a) 4096x64 float32 rows looked up from an embedding table with Zipf id frequencies; (b) the pooled
 embeddings (26 tables x dim 64) of 2,048 Criteo rows, captured from the example DLRM after it trained ~3 epochs on
-the rows before them. Every error-bounded method gets the same absolute bound per table chunk,
-``abs_eb = float32(eps) * (max - min)``. Prints a table, checks the DESIGN.md targets, writes JSON and optionally
-the "## Codec" section of docs/benchmarks.md.
+the rows before them; (c) ``dlrm_v2`` / ``dlrm_v2_iid``: the multi-hot pooled embeddings (26 tables x dim 128) of
+2,048 synthetic samples from MLPerf's DLRM v2 (DLRM_DCN, MLPerf pooling factors) after a short training. Every
+error-bounded method gets the same absolute bound per table chunk, ``abs_eb = float32(eps) * (max - min)``. Prints
+a table, checks the DESIGN.md targets, writes JSON and optionally the "## Codec" section of docs/benchmarks.md.
 
     python benchmarks/codec_bench.py                       # full run (~2-4 min on 2 cores)
     python benchmarks/codec_bench.py --quick               # smoke run, small sizes
@@ -94,6 +95,52 @@ def criteo_payload(
         f"pooled embeddings of the next {x.shape[0]} rows"
     )
     return x, list(range(0, x.shape[1] + 1, dim)), desc
+
+
+def dlrm_v2_payloads(capture_rows: int, steps: int, batch_size: int, max_rows: int) -> list[tuple]:
+    """MLPerf DLRM v2: train the example ``DLRM_DCN`` (dim 128, 3 cross layers of rank 512, MLPerf's MLPs) unsharded
+    on synthetic multi-hot data with MLPerf's pooling factors (bags per id, as MLPerf materialises them), then
+    capture the sum-pooled embeddings of ``capture_rows`` fresh samples: ``dlrm_v2`` (bags per id, the training
+    distribution) and ``dlrm_v2_iid`` (every id of a bag its own Zipf draw: bags repeat far less, the pessimistic
+    case). Returns ``(name, x [rows, 26 * 128], col_splits, description)`` tuples."""
+    from lightning_dlac.examples.data import MLPERF_MULTI_HOT_SIZES, SyntheticCriteoDataModule
+    from lightning_dlac.examples.dlrm import DLRMModule
+
+    def data(distribution: str, batch: int) -> SyntheticCriteoDataModule:
+        dm = SyntheticCriteoDataModule(max_rows=max_rows, batch_size=batch, num_train_batches=steps,
+                                       num_val_batches=1, multi_hot_sizes=list(MLPERF_MULTI_HOT_SIZES),
+                                       multi_hot_distribution=distribution, seed=0)
+        dm.setup("fit")
+        return dm
+
+    train = data("per_id", batch_size)
+    # Adagrad at 0.002 over every parameter, tables included: at 0.01 the DCN diverges (loss 0.7 -> 190 in 4 steps).
+    model = DLRMModule(num_embeddings_per_feature=train.num_embeddings_per_feature, embedding_dim=128,
+                       dense_arch_layer_sizes=[512, 256, 128], over_arch_layer_sizes=[1024, 1024, 512, 256, 1],
+                       interaction="dcn", dcn_num_layers=3, dcn_low_rank_dim=512, learning_rate=0.002, seed=0)
+    opt = model.configure_optimizers()
+    start, losses = time.perf_counter(), []
+    model.train()
+    for batch in train.train_dataloader():
+        opt.zero_grad()
+        loss = model.loss_fn(model(batch), batch.labels.float())
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    elapsed = time.perf_counter() - start
+    ebc = model.embedding_bag_collection
+    out = []
+    for name, distribution in (("dlrm_v2", "per_id"), ("dlrm_v2_iid", "independent")):
+        batch = next(iter(data(distribution, capture_rows).val_dataloader()))
+        with torch.no_grad():
+            d = ebc(batch.sparse_features).to_dict()
+        x = torch.cat([d[k] for k in d], dim=1).contiguous()
+        desc = (f"DLRM_DCN (MLPerf DLRM v2: 26 tables <= {max_rows} rows, dim 128, DCN 3 x rank 512) trained"
+                f" {steps} steps of {batch_size} synthetic multi-hot samples (MLPerf pooling factors, bags per id;"
+                f" loss {losses[0]:.3f} -> {losses[-1]:.3f}, {elapsed:.0f} s); sum-pooled embeddings of"
+                f" {x.shape[0]} fresh samples, bags {'per id' if distribution == 'per_id' else 'of independent ids'}")
+        out.append((name, x, list(range(0, x.shape[1] + 1, 128)), desc))
+    return out
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -354,6 +401,10 @@ def check_targets(rows: list[dict], impl: str) -> list[dict]:
                            frac >= TARGETS["entropy_fraction"]))
         if sz3:
             checks.append(("ratio / SZ3 >= 1", r["ratio"] / sz3["ratio"], r["ratio"] >= sz3["ratio"]))
+        int8 = by.get((payload, "fbgemm INT8 row-wise", None))
+        if int8 and payload.startswith("dlrm_v2") and eps == 0.03:  # issue 14's target for multi-hot DLRM v2
+            checks.append(("ratio / fbgemm INT8 row-wise >= 2.5", r["ratio"] / int8["ratio"],
+                           r["ratio"] >= 2.5 * int8["ratio"]))
         if "enc_gbps_1t" in r:
             checks.append((f"compress 1 thread >= {TARGETS['enc_gbps_1t']} GB/s", r["enc_gbps_1t"],
                            r["enc_gbps_1t"] >= TARGETS["enc_gbps_1t"]))
@@ -420,6 +471,9 @@ def main() -> None:
     parser.add_argument("--json-out", type=Path, default=REPO / "benchmarks" / "results" / "codec_bench.json")
     parser.add_argument("--markdown-out", type=Path, default=None, help="update the '## Codec' section of this file")
     parser.add_argument("--quick", action="store_true", help="smoke run: small payloads, 1 epoch, short timings")
+    parser.add_argument("--dlrm-v2-steps", type=int, default=32,
+                        help="training steps of the DLRM v2 (DCN, multi-hot) model before capturing its payloads")
+    parser.add_argument("--no-dlrm-v2", action="store_true", help="skip the dlrm_v2 / dlrm_v2_iid payloads")
     args = parser.parse_args()
     if args.quick:
         args.repeat, args.min_seconds, args.epochs = 2, 0.02, 1
@@ -456,6 +510,11 @@ def main() -> None:
         payloads.append(("criteo", x, cs, desc))
     else:
         notes.append(f"criteo payload skipped: {args.criteo} not found (pass --criteo PATH)")
+    if not args.no_dlrm_v2:
+        torch.set_num_threads(args.threads)
+        payloads += dlrm_v2_payloads(256 if args.quick else 2048, 4 if args.quick else args.dlrm_v2_steps,
+                                     64 if args.quick else 256, 10_000)
+        torch.set_num_threads(1)
 
     results: list[dict] = []
     forced: list[dict] = []

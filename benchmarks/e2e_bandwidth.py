@@ -9,7 +9,8 @@ Run as root on Linux (needs ``unshare -n`` and ``tc``), from the repository root
 Each rate runs in its own network namespace (``unshare -n``) whose private loopback is throttled with
 ``tc qdisc add dev lo root tbf rate <R> burst 1mb latency 20ms`` (nothing for ``unthrottled``); inside it, every
 variant is its own 2-rank launch (gloo, MASTER_ADDR=127.0.0.1, one thread per rank) training TorchRec's DLRM
-(26 tables of dim 64, one-hot Zipf ids from the example's synthetic Criteo generator) with a plain loop:
+(26 tables of dim 64, one-hot Zipf ids from the example's synthetic Criteo generator; ``--model dlrm_v2``: MLPerf's
+DLRM v2, DLRM_DCN with dim 128 and multi-hot ids with MLPerf's pooling factors) with a plain loop:
 DistributedModelParallel, table-wise sharding, fused Adagrad for the tables, dense Adagrad.
 """
 
@@ -182,10 +183,37 @@ def _codecs_registry(variant: Variant) -> tuple[dict[str, Any] | None, CountingC
 # One rank
 
 
+# --model: the example DLRM (dot interactions, dim 64, one-hot) or MLPerf's DLRM v2 (DCN v2 cross layers, dim 128,
+# MLPerf's MLPs, multi-hot features with MLPerf's pooling factors, bags per id as MLPerf materialises them).
+MODELS = ("dlrm", "dlrm_v2")
+# DLRM v2's DCN and 1024-wide over MLP diverge under dense Adagrad at 0.01 (loss 0.7 -> 1e4 in 4 steps, measured).
+DLRM_V2_DENSE_LR = 0.002
+# Each model's table has its own generated block (section, begin and end markers) in the markdown file.
+MARKDOWN_BLOCKS = {
+    "dlrm": (SECTION, BEGIN, END),
+    "dlrm_v2": ("## End-to-end training of DLRM v2 (DCN, dim 128, multi-hot) under a throttled interconnect",
+                "<!-- e2e_bandwidth dlrm_v2:begin -->", "<!-- e2e_bandwidth dlrm_v2:end -->"),
+}
+
+
+def _model_and_data(model: str, max_rows: int, batch_size: int) -> tuple[Any, Any]:
+    """The synthetic datamodule and the (unsharded) example LightningModule of ``--model``."""
+    from lightning_dlac.examples.data import MLPERF_MULTI_HOT_SIZES, SyntheticCriteoDataModule
+    from lightning_dlac.examples.dlrm import DLRMModule
+
+    if model == "dlrm_v2":
+        data = SyntheticCriteoDataModule(max_rows=max_rows, batch_size=batch_size, seed=0,
+                                         multi_hot_sizes=list(MLPERF_MULTI_HOT_SIZES))
+        dlrm = DLRMModule(data.num_embeddings_per_feature, embedding_dim=128, dense_arch_layer_sizes=[512, 256, 128],
+                          over_arch_layer_sizes=[1024, 1024, 512, 256, 1], interaction="dcn", dcn_num_layers=3,
+                          dcn_low_rank_dim=512, learning_rate=DLRM_V2_DENSE_LR)
+        return data, dlrm
+    data = SyntheticCriteoDataModule(max_rows=max_rows, batch_size=batch_size, seed=0)
+    return data, DLRMModule(data.num_embeddings_per_feature, embedding_dim=EMBEDDING_DIM, learning_rate=DENSE_LR)
+
+
 def _train_rank(rank: int, world_size: int, variant_name: str, cfg: dict[str, Any]) -> dict[str, Any]:
     import torch.distributed as dist
-    from lightning_dlac.examples.data import SyntheticCriteoDataModule
-    from lightning_dlac.examples.dlrm import DLRMModule
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
@@ -198,12 +226,11 @@ def _train_rank(rank: int, world_size: int, variant_name: str, cfg: dict[str, An
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     try:
         batch_size, steps, warmup = cfg["batch_size"], cfg["steps"], cfg["warmup"]
-        data = SyntheticCriteoDataModule(max_rows=cfg["max_rows"], batch_size=batch_size, seed=0)
+        data, dlrm = _model_and_data(cfg.get("model", "dlrm"), cfg["max_rows"], batch_size)
         gen = data.generator
         # Pre-draw every batch (rank r of W takes global batches r, r + W, ...) so that timing is training only.
         batches = [gen.batch(i * world_size + rank, batch_size=batch_size) for i in range(warmup + steps)]
 
-        dlrm = DLRMModule(data.num_embeddings_per_feature, embedding_dim=EMBEDDING_DIM, learning_rate=DENSE_LR)
         registry, fwd_codec, bwd_codec = _codecs_registry(variant)
         sharder = EmbeddingBagCollectionSharder(
             fused_params={
@@ -247,7 +274,7 @@ def _train_rank(rank: int, world_size: int, variant_name: str, cfg: dict[str, An
 
                 calibration = CalibrationStats(ClassBounds().candidates(), index_eps=0.03)
                 group.set_observer(calibration.observe)
-        dense_opt = torch.optim.Adagrad(dense_parameters(model), lr=DENSE_LR)
+        dense_opt = torch.optim.Adagrad(dense_parameters(model), lr=dlrm.hparams.learning_rate)
         loss_fn = torch.nn.BCEWithLogitsLoss()
         dims = {t.name: t.embedding_dim for t in tables}
         local_dim = sum(dims[n] for mp in plan.plan.values() for n, spec in mp.items() if rank in (spec.ranks or []))
@@ -433,7 +460,7 @@ def _table(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def _write_markdown(path: Path, rows: list[dict[str, Any]], command: str, cfg: dict[str, Any]) -> None:
-    write_generated_block(path, SECTION, BEGIN, END, [
+    write_generated_block(path, *MARKDOWN_BLOCKS[cfg.get("model", "dlrm")], [
         f"Command: `{command}`",
         "",
         f"Machine: {os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), 2 gloo ranks, one"
@@ -457,6 +484,9 @@ def main() -> None:
                         help="launches per variant, round-robin over the variants; their steps are pooled")
     parser.add_argument("--batch-size", type=int, default=4096, help="samples per rank per step")
     parser.add_argument("--max-rows", type=int, default=10_000, help="cap on every table's rows")
+    parser.add_argument("--model", choices=MODELS, default="dlrm",
+                        help="dlrm: dot interactions, dim 64, one-hot; dlrm_v2: MLPerf DLRM v2 (DCN, dim 128,"
+                        " multi-hot)")
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {list(VARIANTS)}")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds a 2-rank launch may take")
     parser.add_argument("--json-out", type=Path, default=REPO / "benchmarks/results/e2e_bandwidth.json")
@@ -475,7 +505,7 @@ def main() -> None:
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")
     cfg = dict(batch_size=args.batch_size, steps=args.steps, warmup=args.warmup, max_rows=args.max_rows,
-               timeout=args.timeout, repeats=args.repeats)
+               model=args.model, timeout=args.timeout, repeats=args.repeats)
 
     if args._inside is not None:
         _inside_namespace(args._inside, variants, cfg, args._rows_out)
