@@ -40,7 +40,7 @@ CRITEO = REPO.parent / "shared" / "data" / "criteo_kaggle_head10k.tsv"
 SECTION = "## Adaptive error bounds: accuracy and traffic"
 BEGIN, END = "<!-- adaptive_accuracy:begin -->", "<!-- adaptive_accuracy:end -->"
 VARIANTS = ("uncompressed", "constant 0.01", "DLAC homogenization", "DLAC sensitivity")
-DATASETS = ("criteo", "synthetic")
+DATASETS = ("criteo", "synthetic", "synthetic_v2")
 
 
 def _datamodule(dataset: str, cfg: dict[str, Any]):
@@ -49,9 +49,32 @@ def _datamodule(dataset: str, cfg: dict[str, Any]):
     if dataset == "criteo":
         return CriteoTSVDataModule(str(cfg["criteo_path"]), max_rows=cfg["max_rows"], batch_size=cfg["criteo_batch"],
                                    val_fraction=0.2, seed=0)
+    if dataset == "synthetic_v2":  # MLPerf DLRM v2's multi-hot features: its pooling factors, bags per id
+        from lightning_dlac.examples.data import MLPERF_MULTI_HOT_SIZES
+
+        return SyntheticCriteoDataModule(max_rows=cfg["max_rows"], batch_size=cfg["synthetic_batch"],
+                                         num_train_batches=cfg["synthetic_batches"], num_val_batches=8,
+                                         zipf_alpha=1.05, multi_hot_sizes=list(MLPERF_MULTI_HOT_SIZES),
+                                         seed=cfg.get("seed", 0))
     return SyntheticCriteoDataModule(max_rows=cfg["max_rows"], batch_size=cfg["synthetic_batch"],
                                      num_train_batches=cfg["synthetic_batches"], num_val_batches=8, zipf_alpha=1.05,
                                      seed=0)
+
+
+def _dlrm(dataset: str, dm: Any, cfg: dict[str, Any], seed: int) -> Any:
+    """The example DLRM for ``dataset``: ``synthetic_v2`` gets MLPerf's DLRM v2 (DLRM_DCN, dim 128, 3 cross layers
+    of rank 512, MLPerf's MLPs; dense Adagrad at 0.002, at which its DCN does not diverge), the others the small
+    dot-interaction DLRM of width ``cfg["dim"]``."""
+    from lightning_dlac.examples.dlrm import DLRMModule
+
+    if dataset == "synthetic_v2":
+        return DLRMModule(num_embeddings_per_feature=dm.num_embeddings_per_feature, embedding_dim=128,
+                          dense_arch_layer_sizes=[512, 256, 128], over_arch_layer_sizes=[1024, 1024, 512, 256, 1],
+                          interaction="dcn", dcn_num_layers=3, dcn_low_rank_dim=512, learning_rate=0.002,
+                          optimizer="adagrad", seed=seed)
+    return DLRMModule(num_embeddings_per_feature=dm.num_embeddings_per_feature, embedding_dim=cfg["dim"],
+                      dense_arch_layer_sizes=[256, cfg["dim"]], over_arch_layer_sizes=[256, 128, 1],
+                      learning_rate=0.01, optimizer="adagrad", seed=seed)
 
 
 def _callback(variant: str, total_steps: int, cfg: dict[str, Any]):
@@ -68,17 +91,13 @@ def _callback(variant: str, total_steps: int, cfg: dict[str, Any]):
 
 
 def _run(rank: int, world_size: int, dataset: str, variant: str, cfg: dict[str, Any]) -> dict[str, Any]:
-    from lightning_dlac.examples.dlrm import DLRMModule
-
     from lightning_dlac import DLACStrategy
 
     pl.seed_everything(0, verbose=False)
     dm = _datamodule(dataset, cfg)
     dm._set_rank(rank, world_size)  # the same sharding the trainer would give it; known before fit for T
     dm.setup("fit")
-    model = DLRMModule(num_embeddings_per_feature=dm.num_embeddings_per_feature, embedding_dim=cfg["dim"],
-                       dense_arch_layer_sizes=[256, cfg["dim"]], over_arch_layer_sizes=[256, 128, 1],
-                       learning_rate=0.01, optimizer="adagrad", seed=0)
+    model = _dlrm(dataset, dm, cfg, 0)
     epochs = cfg["criteo_epochs"] if dataset == "criteo" else 1
     steps = len(dm.train_dataloader()) * epochs
     compress = variant != "uncompressed"
