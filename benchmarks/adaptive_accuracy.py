@@ -7,13 +7,34 @@ seeds and the same data order; only the compression changes:
 - ``constant 0.01``: every table at eps 0.01 for the whole run (``DLACCallback(mode="off", c=1)``, for metrics);
 - ``DLAC homogenization``: the paper's policy, classes tight/base/loose = 0.01/0.03/0.05 by homogenization index,
   step schedule c=2 over the first half of training;
-- ``DLAC sensitivity``: bounds chosen by the loss-sensitivity probe, same schedule.
+- ``DLAC sensitivity``: bounds chosen by the loss-sensitivity probe (``--sensitivity-batches`` probe batches),
+  same schedule;
+- ``DLAC both directions``: the homogenization policy forward plus DLAC-compressed gradients at ``backward_eps``
+  (``--backward-eps``, default 0.01), what the end-to-end speedup figures use;
+- ``constant 0.05``: every table at the loosest class bound (the all-loose run calibration must beat on accuracy);
+- ``qcomm INT8/FP16``: TorchRec's practical baseline, ``DLACStrategy(compress=False)`` with the sharder given
+  TorchRec's qcomm codecs (INT8 row-wise forward, FP16 backward; the registry of benchmarks/e2e_bandwidth.py).
 
-Datasets: ``criteo`` (../shared/data/criteo_kaggle_head10k.tsv, 80/20 split) and ``synthetic`` (the demo's
-Criteo-like data). Prints a table, writes JSON, and with ``--markdown-out`` fills the "Adaptive error bounds"
-section of docs/benchmarks.md (the accuracy table and the per-table calibration of the Criteo run).
+The other variants send gradients in bf16 (DLACStrategy's default). Datasets: ``criteo``
+(../shared/data/criteo_kaggle_head10k.tsv, 80/20 split), ``synthetic`` (the demo's Criteo-like data),
+``planted`` (examples/planted.py: sensitive, noise and repeated tables) and ``synthetic_v2`` (MLPerf DLRM v2:
+DLRM_DCN, dim 128, multi-hot synthetic data with MLPerf's pooling factors). ``--seeds 0,1,2`` repeats every launch
+per seed (model initialisation, data order and, for the synthetic sets, the data); the summary reports per variant the
+mean and spread (sample standard deviation) over seeds of the AUROC difference from the uncompressed run of the
+same seed. Prints tables, writes JSON, and with ``--markdown-out`` fills the "Adaptive error bounds" section of
+docs/benchmarks.md (the accuracy tables and the per-table calibration of each dataset's first seed).
 
     python benchmarks/adaptive_accuracy.py --markdown-out docs/benchmarks.md
+
+The full matrix of issue 16 (several Criteo epochs, 2000 synthetic steps, 3 seeds; one results file per dataset,
+then one markdown section from all of them):
+
+    for d in criteo synthetic planted; do
+      python benchmarks/adaptive_accuracy.py --datasets $d --seeds 0,1,2 --criteo-epochs 4 \
+          --synthetic-batches 2000 --json-out benchmarks/results/adaptive_accuracy_$d.json
+    done
+    python benchmarks/adaptive_accuracy.py --markdown-out docs/benchmarks.md \
+        --from-json benchmarks/results/adaptive_accuracy_{criteo,synthetic,planted}.json
 """
 
 from __future__ import annotations
@@ -22,6 +43,7 @@ import argparse
 import os
 import platform
 import shlex
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -39,16 +61,23 @@ from _report import write_generated_block, write_results  # noqa: E402 - beside 
 CRITEO = REPO.parent / "shared" / "data" / "criteo_kaggle_head10k.tsv"
 SECTION = "## Adaptive error bounds: accuracy and traffic"
 BEGIN, END = "<!-- adaptive_accuracy:begin -->", "<!-- adaptive_accuracy:end -->"
-VARIANTS = ("uncompressed", "constant 0.01", "DLAC homogenization", "DLAC sensitivity")
-DATASETS = ("criteo", "synthetic", "synthetic_v2")
+VARIANTS = ("uncompressed", "constant 0.01", "DLAC homogenization", "DLAC sensitivity", "DLAC both directions",
+            "constant 0.05", "qcomm INT8/FP16")
+DATASETS = ("criteo", "synthetic", "planted", "synthetic_v2")
 
 
 def _datamodule(dataset: str, cfg: dict[str, Any]):
     from lightning_dlac.examples.data import CriteoTSVDataModule, SyntheticCriteoDataModule
 
+    seed = cfg.get("seed", 0)
+    if dataset == "planted":
+        from lightning_dlac.examples.planted import PlantedSensitivityDataModule
+
+        return PlantedSensitivityDataModule(batch_size=cfg["synthetic_batch"],
+                                            num_train_batches=cfg["synthetic_batches"], num_val_batches=8, seed=seed)
     if dataset == "criteo":
         return CriteoTSVDataModule(str(cfg["criteo_path"]), max_rows=cfg["max_rows"], batch_size=cfg["criteo_batch"],
-                                   val_fraction=0.2, seed=0)
+                                   val_fraction=0.2, seed=seed)
     if dataset == "synthetic_v2":  # MLPerf DLRM v2's multi-hot features: its pooling factors, bags per id
         from lightning_dlac.examples.data import MLPERF_MULTI_HOT_SIZES
 
@@ -58,7 +87,7 @@ def _datamodule(dataset: str, cfg: dict[str, Any]):
                                          seed=cfg.get("seed", 0))
     return SyntheticCriteoDataModule(max_rows=cfg["max_rows"], batch_size=cfg["synthetic_batch"],
                                      num_train_batches=cfg["synthetic_batches"], num_val_batches=8, zipf_alpha=1.05,
-                                     seed=0)
+                                     seed=seed)
 
 
 def _dlrm(dataset: str, dm: Any, cfg: dict[str, Any], seed: int) -> Any:
@@ -81,28 +110,64 @@ def _callback(variant: str, total_steps: int, cfg: dict[str, Any]):
     from lightning_dlac import DLACCallback
 
     common = dict(log_every_n_steps=10_000, prog_bar=False)
-    if variant == "constant 0.01":
+    if variant.startswith("constant"):
         return DLACCallback(mode="off", c=1.0, **common)
     T = max(total_steps // 2, 1)
     start = int(total_steps * cfg["calibration_start"])
-    mode = "homogenization" if variant == "DLAC homogenization" else "sensitivity"
+    mode = "sensitivity" if variant == "DLAC sensitivity" else "homogenization"
+    probes = cfg.get("sensitivity_batches", 1) if mode == "sensitivity" else 1
     return DLACCallback(mode=mode, calibration_batches=cfg["calibration_batches"], calibration_start=start,
-                        sensitivity_batches=1, schedule="step", c=2.0, T=T, **common)
+                        sensitivity_batches=min(probes, cfg["calibration_batches"]), schedule="step", c=2.0, T=T,
+                        **common)
+
+
+def _strategy(variant: str, cfg: dict[str, Any]):
+    """The variant's DLACStrategy, and for ``qcomm INT8/FP16`` the byte-counting forward codec TorchRec uses."""
+    from lightning_dlac import DLACStrategy
+
+    common = dict(embedding_optimizer="adagrad", embedding_lr=0.02)
+    if variant == "uncompressed":
+        return DLACStrategy(compress=False, **common), None
+    if variant == "qcomm INT8/FP16":
+        return DLACStrategy(compress=False, **common), _install_qcomm()
+    eps = 0.05 if variant == "constant 0.05" else 0.01
+    if variant == "DLAC both directions":
+        return DLACStrategy(compress=True, eps=eps, backward_compression="dlac", backward_eps=cfg["backward_eps"],
+                            **common), None
+    return DLACStrategy(compress=True, eps=eps, **common), None
+
+
+def _install_qcomm():
+    """Make every EmbeddingBagCollectionSharder built in this process carry TorchRec's qcomm INT8/FP16 codecs
+    (DLACStrategy has no qcomm option: with compress=False its sharder is TorchRec's own). The registry and its
+    byte-counting wrappers are benchmarks/e2e_bandwidth.py's."""
+    import torchrec.distributed.embeddingbag as ebc
+    from e2e_bandwidth import Variant, _codecs_registry
+
+    registry, fwd, _ = _codecs_registry(Variant("qcomm_int8_fp16", "qcomm INT8/FP16", "qcomm", "int8", "fp16"))
+    base = ebc.EmbeddingBagCollectionSharder
+
+    class QCommSharder(base):  # noqa: D101 - a one-argument default
+        def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+            kwargs.setdefault("qcomm_codecs_registry", registry)
+            super().__init__(*args, **kwargs)
+
+    ebc.EmbeddingBagCollectionSharder = QCommSharder
+    return fwd
 
 
 def _run(rank: int, world_size: int, dataset: str, variant: str, cfg: dict[str, Any]) -> dict[str, Any]:
-    from lightning_dlac import DLACStrategy
-
-    pl.seed_everything(0, verbose=False)
+    seed = cfg.get("seed", 0)
+    pl.seed_everything(seed, verbose=False)
     dm = _datamodule(dataset, cfg)
     dm._set_rank(rank, world_size)  # the same sharding the trainer would give it; known before fit for T
     dm.setup("fit")
-    model = _dlrm(dataset, dm, cfg, 0)
+    model = _dlrm(dataset, dm, cfg, seed)
     epochs = cfg["criteo_epochs"] if dataset == "criteo" else 1
     steps = len(dm.train_dataloader()) * epochs
-    compress = variant != "uncompressed"
-    strategy = DLACStrategy(compress=compress, eps=0.01, embedding_optimizer="adagrad", embedding_lr=0.02)
-    meter = _TrafficMeter()
+    strategy, qcomm_codec = _strategy(variant, cfg)
+    compress = strategy.compress
+    meter = _TrafficMeter(qcomm_codec)
     callbacks: list = [meter]
     dlac = _callback(variant, steps, cfg) if compress else None
     if dlac is not None:
@@ -115,9 +180,10 @@ def _run(rank: int, world_size: int, dataset: str, variant: str, cfg: dict[str, 
     seconds = time.perf_counter() - start
     m = trainer.callback_metrics
     out = {
-        "dataset": dataset, "variant": variant, "steps": meter.steps, "seconds": seconds,
+        "dataset": dataset, "variant": variant, "seed": seed, "steps": meter.steps, "seconds": seconds,
         "val_auroc": float(m["val/auroc"]), "val_loss": float(m["val/loss"]), "train_loss": float(m["train/loss"]),
-        "fwd_raw_bytes": meter.raw, "fwd_sent_bytes": meter.sent,
+        "fwd_raw_bytes": meter.raw, "fwd_sent_bytes": meter.sent, "bwd_raw_bytes": meter.bwd_raw,
+        "bwd_sent_bytes": meter.bwd_sent,
     }
     if dlac is not None and dlac.table_stats:
         out["calibration"] = dlac.calibration_report()
@@ -126,21 +192,31 @@ def _run(rank: int, world_size: int, dataset: str, variant: str, cfg: dict[str, 
 
 
 class _TrafficMeter(pl.Callback):
-    """Forward all-to-all bytes of the training batches only (not validation), from the strategy's counters."""
+    """All-to-all bytes of the training batches only (not validation), forward and backward, from the strategy's
+    counters (or, for the qcomm baseline, from the counting wrapper of TorchRec's forward codec; its backward is
+    FP16, half the float32 bytes by construction)."""
 
-    def __init__(self) -> None:
-        self.steps = self.raw = self.sent = 0
-        self._raw0 = self._sent0 = 0
+    def __init__(self, qcomm_codec: Any = None) -> None:
+        self.steps = self.raw = self.sent = self.bwd_raw = self.bwd_sent = 0
+        self._start = (0, 0, 0, 0)
+        self._qcomm = qcomm_codec
+
+    def _counts(self, trainer) -> tuple[int, int, int, int]:  # noqa: ANN001
+        if self._qcomm is not None:
+            return self._qcomm.raw_bytes, self._qcomm.sent_bytes, 0, 0
+        s = trainer.strategy.total_comm_stats()
+        return s.raw_bytes, s.sent_bytes, s.backward_raw_bytes, s.backward_sent_bytes
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:  # noqa: ANN001
-        s = trainer.strategy.total_comm_stats()
-        self._raw0, self._sent0 = s.raw_bytes, s.sent_bytes
+        self._start = self._counts(trainer)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:  # noqa: ANN001
-        s = trainer.strategy.total_comm_stats()
+        now = self._counts(trainer)
         self.steps += 1
-        self.raw += s.raw_bytes - self._raw0
-        self.sent += s.sent_bytes - self._sent0
+        self.raw += now[0] - self._start[0]
+        self.sent += now[1] - self._start[1]
+        self.bwd_raw += now[2] - self._start[2]
+        self.bwd_sent += now[3] - self._start[3]
 
 
 def _summarize(by_rank: list[dict[str, Any]]) -> dict[str, Any]:
@@ -148,27 +224,79 @@ def _summarize(by_rank: list[dict[str, Any]]) -> dict[str, Any]:
     # Both ranks log the same (synced) validation metrics; traffic is summed over ranks.
     r0["fwd_raw_bytes"] = sum(r["fwd_raw_bytes"] for r in by_rank)
     r0["fwd_sent_bytes"] = sum(r["fwd_sent_bytes"] for r in by_rank)
+    r0["bwd_raw_bytes"] = sum(r.get("bwd_raw_bytes", 0) for r in by_rank)
+    r0["bwd_sent_bytes"] = sum(r.get("bwd_sent_bytes", 0) for r in by_rank)
     return r0
+
+
+def _over_seeds(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (dataset, variant): the mean and sample standard deviation over seeds of the AUROC difference from the
+    uncompressed run of the same seed, the mean AUROC and the mean forward bytes per step (relative to the constant
+    0.01 run of the same seed)."""
+    base = {(r["dataset"], r.get("seed", 0)): r for r in rows if r["variant"] == "uncompressed"}
+    const = {(r["dataset"], r.get("seed", 0)): r for r in rows if r["variant"] == "constant 0.01"}
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["dataset"], r["variant"]), []).append(r)
+    out = []
+    for (dataset, variant), rs in groups.items():
+        deltas = [r["val_auroc"] - base[(dataset, r.get("seed", 0))]["val_auroc"]
+                  for r in rs if (dataset, r.get("seed", 0)) in base]
+        vs_const = []
+        for r in rs:
+            c = const.get((dataset, r.get("seed", 0)))
+            if c and c["fwd_sent_bytes"] and r["fwd_sent_bytes"]:
+                vs_const.append((r["fwd_sent_bytes"] / r["steps"]) / (c["fwd_sent_bytes"] / c["steps"]))
+        out.append({
+            "dataset": dataset, "variant": variant, "seeds": [r.get("seed", 0) for r in rs], "steps": rs[0]["steps"],
+            "val_auroc_mean": statistics.fmean(r["val_auroc"] for r in rs),
+            "delta_mean": statistics.fmean(deltas) if deltas else float("nan"),
+            "delta_sd": statistics.stdev(deltas) if len(deltas) > 1 else float("nan"),
+            "vs_constant_mean": statistics.fmean(vs_const) if vs_const else float("nan"),
+            "fwd_sent_per_step": statistics.fmean(r["fwd_sent_bytes"] / r["steps"] for r in rs),
+            "bwd_ratio": statistics.fmean(r["bwd_raw_bytes"] / r["bwd_sent_bytes"] for r in rs)
+            if all(r.get("bwd_sent_bytes") for r in rs) else None,
+        })
+    return out
+
+
+def _seed_table(summary: list[dict[str, Any]]) -> list[str]:
+    def num(v: float, fmt: str) -> str:
+        return "-" if v != v else format(v, fmt)
+
+    lines = [
+        "| dataset | variant | seeds | steps | mean val AUROC | AUROC vs uncompressed: mean | spread (sd) |"
+        " fwd bytes vs constant 0.01 | backward ratio |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for s in summary:
+        bwd = "-" if s["bwd_ratio"] is None else f"{s['bwd_ratio']:.1f}x"
+        lines.append(
+            f"| {s['dataset']} | {s['variant']} | {len(s['seeds'])} | {s['steps']} | {s['val_auroc_mean']:.4f} |"
+            f" {num(s['delta_mean'], '+.4f')} | {num(s['delta_sd'], '.4f')} | {num(s['vs_constant_mean'], '.2f')} |"
+            f" {bwd} |"
+        )
+    return lines
 
 
 def _table(rows: list[dict[str, Any]]) -> list[str]:
     raw_by_dataset = {r["dataset"]: r["fwd_raw_bytes"] / r["steps"] for r in rows if r["fwd_raw_bytes"]}
-    base = {r["dataset"]: r for r in rows if r["variant"] == "uncompressed"}
-    const = {r["dataset"]: r for r in rows if r["variant"] == "constant 0.01"}
+    base = {(r["dataset"], r.get("seed", 0)): r for r in rows if r["variant"] == "uncompressed"}
+    const = {(r["dataset"], r.get("seed", 0)): r for r in rows if r["variant"] == "constant 0.01"}
     lines = [
-        "| dataset | variant | val AUROC | vs uncompressed | val loss | fwd KiB/step (both ranks) | ratio |"
+        "| dataset | seed | variant | val AUROC | vs uncompressed | val loss | fwd KiB/step (both ranks) | ratio |"
         " vs constant 0.01 | s |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
-        d = r["dataset"]
+        d, key = r["dataset"], (r["dataset"], r.get("seed", 0))
         per_step = (r["fwd_sent_bytes"] / r["steps"]) if r["fwd_sent_bytes"] else raw_by_dataset.get(d, 0.0)
         ratio = raw_by_dataset.get(d, 0.0) / per_step if per_step else 1.0
-        delta = r["val_auroc"] - base[d]["val_auroc"] if d in base else float("nan")
-        c = const.get(d)
+        delta = r["val_auroc"] - base[key]["val_auroc"] if key in base else float("nan")
+        c = const.get(key)
         vs_const = per_step / (c["fwd_sent_bytes"] / c["steps"]) if c and c["fwd_sent_bytes"] else float("nan")
         lines.append(
-            f"| {d} | {r['variant']} | {r['val_auroc']:.4f} | {delta:+.4f} | {r['val_loss']:.4f} |"
+            f"| {d} | {r.get('seed', 0)} | {r['variant']} | {r['val_auroc']:.4f} | {delta:+.4f} | {r['val_loss']:.4f} |"
             f" {f'{per_step / 1024:.1f}' if per_step else '-'} | {ratio:.1f}x |"
             f" {'-' if vs_const != vs_const else f'{vs_const:.2f}'} | {r['seconds']:.0f} |"
         )
@@ -195,25 +323,65 @@ def _calibration_table(row: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _write_markdown(path: Path, rows: list[dict[str, Any]], command: str, cfg: dict[str, Any]) -> None:
-    parts = [
+def _settings(command: str, cfg: dict[str, Any], datasets: list[str]) -> list[str]:
+    return [
         f"Command: `{command}`",
         "",
-        f"Machine: {os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), 2 gloo ranks;"
-        f" torch {torch.__version__}. DLRM dim {cfg['dim']}, tables capped at {cfg['max_rows']} rows, fused Adagrad"
-        f" (lr 0.02) for the tables, dense Adagrad (lr 0.01). Criteo: {cfg['criteo_epochs']} epoch(s), batch"
-        f" {cfg['criteo_batch']} per rank. Synthetic: {cfg['synthetic_batches']} batches of"
+        f"Settings of {', '.join(datasets)}: DLRM dim {cfg['dim']}, tables capped at {cfg['max_rows']} rows, fused"
+        f" Adagrad (lr 0.02) for the tables, dense Adagrad (lr 0.01). Criteo: {cfg['criteo_epochs']} epoch(s), batch"
+        f" {cfg['criteo_batch']} per rank. Synthetic and planted: {cfg['synthetic_batches']} batches of"
         f" {cfg['synthetic_batch']} per rank. Calibration: {cfg['calibration_batches']} batches starting at"
-        f" {cfg['calibration_start']:.0%} of training; schedule step, c=2, T = half of training. Forward all-to-all"
-        " bytes of the training batches, summed over both ranks; AUROC of the final validation.",
+        f" {cfg['calibration_start']:.0%} of training ({cfg.get('sensitivity_batches', 1)} probe batch(es) in"
+        f" sensitivity mode); schedule step, c=2, T = half of training; backward eps {cfg.get('backward_eps', 0.01)}"
+        f" for DLAC both directions. Seeds {', '.join(map(str, cfg.get('seeds', [0])))}. Machine load (1-minute"
+        f" average) at the start: {cfg.get('load', '?')}.",
+        "",
+    ]
+
+
+def _write_markdown(path: Path, rows: list[dict[str, Any]], sources: list[tuple[str, dict[str, Any], list[str]]]
+                    ) -> None:
+    """Fill the section from ``rows``; ``sources`` holds the (command, settings, datasets) of each run that made
+    them."""
+    parts: list[str] = []
+    for command, cfg, datasets in sources:
+        parts += _settings(command, cfg, datasets)
+    parts += [
+        f"Machine: {os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), 2 gloo ranks;"
+        f" torch {torch.__version__}. Forward all-to-all bytes of the training batches, summed over both ranks;"
+        " AUROC of the final validation.",
+        "",
+        "Over seeds (AUROC difference from the uncompressed run of the same seed):",
+        "",
+        *_seed_table(_over_seeds(rows)),
+        "",
+        "Every launch:",
         "",
         *_table(rows),
     ]
-    for r in rows:
-        if r["variant"] == "DLAC homogenization" and r.get("calibration"):
-            parts += ["", f"Per-table calibration of the {r['dataset']} run (homogenization policy):", "",
-                      *_calibration_table(r)]
+    first_seed = min((r.get("seed", 0) for r in rows), default=0)
+    for variant in ("DLAC sensitivity", "DLAC homogenization"):
+        for r in rows:
+            if r["variant"] == variant and r.get("calibration") and r.get("seed", 0) == first_seed:
+                parts += ["", f"Per-table calibration of the {r['dataset']} run, seed {first_seed} ({variant}):", "",
+                          *_calibration_table(r)]
     write_generated_block(path, SECTION, BEGIN, END, parts)
+
+
+def _rebuild(paths: list[Path], markdown_out: Path | None) -> None:
+    """The tables (and the markdown section) from stored results files, e.g. one per dataset run with its own
+    settings."""
+    import json
+
+    stored = [json.loads(p.read_text()) for p in paths]
+    rows = [r for d in stored for r in d["results"]]
+    print("\n".join(_table(rows)))
+    print()
+    print("\n".join(_seed_table(_over_seeds(rows))))
+    if markdown_out is not None:
+        sources = [(d["command"], d["config"], sorted({r["dataset"] for r in d["results"]})) for d in stored]
+        _write_markdown(markdown_out, rows, sources)
+        print(f"wrote the tables into {markdown_out}")
 
 
 def main() -> None:
@@ -230,10 +398,20 @@ def main() -> None:
     parser.add_argument("--calibration-batches", type=int, default=8)
     parser.add_argument("--calibration-start", type=float, default=0.25,
                         help="fraction of training after which calibration starts")
+    parser.add_argument("--sensitivity-batches", type=int, default=4,
+                        help="probe batches of the sensitivity variant (at most --calibration-batches)")
+    parser.add_argument("--backward-eps", type=float, default=0.01, help="gradient bound of DLAC both directions")
+    parser.add_argument("--seeds", default="0", help="comma-separated seeds; every launch is repeated per seed")
+    parser.add_argument("--from-json", type=Path, nargs="+", default=None,
+                        help="run nothing: rebuild the tables (and --markdown-out) from these results files, e.g. one"
+                        " per dataset run with its own settings")
     parser.add_argument("--timeout", type=float, default=1200.0, help="seconds a 2-rank launch may take")
     parser.add_argument("--json-out", type=Path, default=REPO / "benchmarks/results/adaptive_accuracy.json")
     parser.add_argument("--markdown-out", type=Path, default=None)
     args = parser.parse_args()
+    if args.from_json:
+        _rebuild(args.from_json, args.markdown_out)
+        return
 
     datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
@@ -245,9 +423,17 @@ def main() -> None:
         parser.error(f"{args.criteo_path} does not exist; pass --criteo-path or --datasets synthetic")
     if not 0 <= args.calibration_start < 1:
         parser.error("--calibration-start must be a fraction in [0, 1)")
+    try:
+        seeds = [int(v) for v in args.seeds.split(",") if v.strip()]
+    except ValueError:
+        parser.error(f"--seeds={args.seeds!r} must be comma-separated integers, e.g. 0,1,2")
+    if not seeds:
+        parser.error("--seeds needs at least one seed")
     cfg = dict(criteo_path=str(args.criteo_path), criteo_epochs=args.criteo_epochs, criteo_batch=args.criteo_batch,
                synthetic_batches=args.synthetic_batches, synthetic_batch=args.synthetic_batch, max_rows=args.max_rows,
-               dim=args.dim, calibration_batches=args.calibration_batches, calibration_start=args.calibration_start)
+               dim=args.dim, calibration_batches=args.calibration_batches, calibration_start=args.calibration_start,
+               sensitivity_batches=args.sensitivity_batches, backward_eps=args.backward_eps, seeds=seeds,
+               load=f"{os.getloadavg()[0]:.1f}")
 
     from lightning_dlac.codec import native_available
     from tests._launch import run_ranks
@@ -257,18 +443,22 @@ def main() -> None:
     command = "python benchmarks/adaptive_accuracy.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     rows = []
     for dataset in datasets:
-        for variant in variants:
-            print(f"{dataset} / {variant} ...", flush=True)
-            rows.append(_summarize(run_ranks(_run, 2, dataset, variant, cfg, timeout=args.timeout)))
-            r = rows[-1]
-            print(f"  val AUROC {r['val_auroc']:.4f}, forward bytes/step {r['fwd_sent_bytes'] / r['steps']:.0f},"
-                  f" {r['seconds']:.0f} s", flush=True)
+        for seed in seeds:  # variants of one seed back to back: they share the machine's load most closely
+            for variant in variants:
+                print(f"{dataset} / seed {seed} / {variant} ...", flush=True)
+                launch = dict(cfg, seed=seed)
+                rows.append(_summarize(run_ranks(_run, 2, dataset, variant, launch, timeout=args.timeout)))
+                r = rows[-1]
+                print(f"  val AUROC {r['val_auroc']:.4f}, forward bytes/step {r['fwd_sent_bytes'] / r['steps']:.0f},"
+                      f" {r['seconds']:.0f} s", flush=True)
     print()
     print("\n".join(_table(rows)))
+    print()
+    print("\n".join(_seed_table(_over_seeds(rows))))
     write_results(args.json_out, command, cfg, rows)
     print(f"\nwrote {args.json_out}")
     if args.markdown_out is not None:
-        _write_markdown(args.markdown_out, rows, command, cfg)
+        _write_markdown(args.markdown_out, rows, [(command, cfg, datasets)])
         print(f"wrote the tables into {args.markdown_out}")
 
 
