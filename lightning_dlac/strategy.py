@@ -67,8 +67,8 @@ class _DMPForwardRedirection(_DDPForwardRedirection):
 
 
 class DLACStrategy(DDPStrategy):
-    """Shard every TorchRec ``EmbeddingBagCollection`` of the LightningModule across the ranks; train the rest
-    data-parallel; compress the pooled-embedding all-to-all.
+    """Shard every TorchRec ``EmbeddingBagCollection`` and ``EmbeddingCollection`` of the LightningModule across the
+    ranks; train the rest data-parallel; compress the pooled- and sequence-embedding all-to-alls.
 
     After the process group exists, the strategy shards the module with :func:`~lightning_dlac.sharding.shard_model`
     (TorchRec's planner, table-wise by default, inside ``DistributedModelParallel``, which keeps the dense
