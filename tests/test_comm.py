@@ -393,9 +393,10 @@ def test_auto_fallback_sends_uncompressed_only_while_that_is_faster() -> None:
     assert r0 == r1  # the same way on every rank at every call, as the collectives require
     uncompressed = {k for k, raw in enumerate(r0) if raw}
     # Calls 0-1 measure the codec, call 2 the plain all-to-all; the codec is slower by 1.5x, so the plain one is used
-    # and the codec checked 4 * 1.5 = 6 calls later (8). From call 11 the plain one is slow: the check at 14 sees the
-    # codec faster again and switches back; the gap is now 7.7x, so the next check is 30 calls away (none in 24).
-    assert uncompressed == {2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13}, sorted(uncompressed)
+    # and the codec checked 4 calls later (6); that confirms it, so the next check is min(4 * 1.5, 2 * 4) = 6 calls
+    # on (12). From call 11 the plain one is slow: the check at 12 sees the codec faster again and switches back,
+    # checked 4 calls later (16, confirmed: the gap is 7.7x, the next check 8 calls on, at 24).
+    assert uncompressed == {2, 3, 4, 5, 7, 8, 9, 10, 11, 16}, sorted(uncompressed)
 
 
 # ---------------------------------------------------------------------------------------------- through Lightning

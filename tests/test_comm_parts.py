@@ -92,42 +92,66 @@ def test_fallback_uses_the_faster_way_and_checks_the_other_every_n_calls_while_t
 def test_fallback_checks_less_often_the_larger_the_gap(ratio: float, interval: int) -> None:
     assert check_interval(4, [0.01, 0.01 * ratio], max_stretch=16) == interval
     assert check_interval(4, [0.01 * ratio, 0.01], max_stretch=16) == interval  # whichever way is the faster
-    # A slow link: compression `ratio` times faster; checks of the uncompressed way at 2, then every `interval` calls.
-    calls = 2 + 5 * interval
+    # A slow link: compression `ratio` times faster. The first check (2) decides; the next comes 4 calls later, and
+    # each check that confirms the decision doubles the interval, up to the gap's.
+    calls = 400
     policy = UncompressedFallback(4, lambda s: list(s), max_stretch=16)
     ways, timed = _drive(policy, {False: 0.01, True: 0.01 * ratio}, calls)
+    expected, gap = [2], 4
+    while expected[-1] + gap < calls:
+        expected.append(expected[-1] + gap)
+        gap = min(2 * gap, interval)
     checks = [k for k, u in enumerate(ways) if u]
-    assert checks == list(range(2, calls, interval)) and policy.interval == interval
-    # Timed: call 1, the checks, and the call before each check (the last one before the next check, at `calls`).
-    assert [k for k, t in enumerate(timed) if t] == [1, *sorted({*checks, *(k - 1 for k in checks[1:]), calls - 1})]
-    # What the checks cost over whole intervals after the warm-up: below 1 / check_every of the fast way's time per
-    # call up to the cap (a 300x gap is the cap's case: (300 - 1) / 64 of it).
-    extra = len(checks) * 0.01 * (ratio - 1) / (calls - 2)
+    assert checks == expected and policy.interval == interval, checks
+    # Timed: call 1, the checks, and the call before each check (the next one's too).
+    before = {k - 1 for k in [*checks[1:], expected[-1] + gap] if k - 1 < calls}
+    assert [k for k, t in enumerate(timed) if t] == [1, *sorted({*checks, *before})]
+    # Once doubled up to the gap's interval, what the checks cost per call is below 1 / check_every of the fast
+    # way's time up to the cap (a 300x gap is the cap's case: (300 - 1) / 64 of it).
+    steady = [k for a, k in itertools.pairwise(checks) if k - a == interval]
+    extra = (len(steady) - 1) * 0.01 * (ratio - 1) / (steady[-1] - steady[0])
     assert extra <= 0.01 / 4 * max(1.0, (ratio - 1) / 16) + 1e-12
 
 
 def test_fallback_interval_follows_the_measured_gap_as_it_changes() -> None:
     policy = UncompressedFallback(4, lambda s: list(s), max_stretch=16)
-    cost = {False: 0.01, True: 0.08}  # a slow link: 8x, checks 32 calls apart
+    cost = {False: 0.01, True: 0.08}  # a slow link: 8x, checks doubling up to 32 calls apart
     ways, _ = _drive(policy, cost, 40)
-    assert [k for k, u in enumerate(ways) if u] == [2, 34] and policy.interval == 32
+    assert [k for k, u in enumerate(ways) if u] == [2, 6, 14, 30] and policy.interval == 32
     # The link gets faster: each check's average (of the way's last two times) closes in on the new gap, and the
     # checks come closer together until they are check_every apart again.
     cost[True] = 0.011
     ways, _ = _drive(policy, cost, 120)
     checks = [40 + k for k, u in enumerate(ways) if u]
-    gaps = [b - a for a, b in itertools.pairwise([34, *checks])]
+    gaps = [b - a for a, b in itertools.pairwise([30, *checks])]
     assert gaps[0] == 32 and gaps == sorted(gaps, reverse=True) and gaps[-3:] == [4, 4, 4], gaps
-    # Faster still (5x): the uncompressed way wins its next check and stays; the codec's checks spread out as the
-    # averages close in on the 5x gap (20 calls apart).
+    # Faster still (5x): the uncompressed way wins its next check (161) and stays; the changed decision is checked
+    # 4 calls later, then at growing intervals as the averages close in on the 5x gap (at most 20 calls apart).
     cost[True] = 0.002
-    ways, _ = _drive(policy, cost, 40)
+    ways, _ = _drive(policy, cost, 60)
     compressed = [k for k, u in enumerate(ways) if not u]
     gaps = [b - a for a, b in itertools.pairwise(compressed[1:])]
-    assert compressed[0] == 0 and all(ways[1 : compressed[1]]) and gaps == sorted(gaps) and 4 < gaps[0], compressed
+    assert compressed[:2] == [0, 5] and all(ways[1:5]) and gaps == sorted(gaps) and gaps[0] > 4, compressed
     assert 4 < policy.interval <= 20
     with pytest.raises(ValueError, match="max_stretch=0.5 must be a finite number >= 1"):
         UncompressedFallback(4, lambda s: list(s), max_stretch=0.5)
+
+
+def test_fallback_undoes_a_wrong_decision_within_check_every_calls() -> None:
+    # One noisy time at the first check makes the uncompressed way look 10x faster on a link where compression is
+    # 10x faster: the next check, 4 calls later, sees the real gap and switches back (then the checks spread out).
+    # Checks spread out at once instead, for a gap this large, would have kept the wrong way for 64 calls.
+    uncompressed_times = iter([0.001] + [0.1] * 100)  # the check at 2 (noisy), then every uncompressed timed call
+    policy = UncompressedFallback(4, lambda s: list(s), max_stretch=16)
+    ways = []
+    for _ in range(40):
+        call = policy.next_call()
+        ways.append(call.uncompressed)
+        if call.timed:
+            policy.record(call.uncompressed, next(uncompressed_times) if call.uncompressed else 0.01)
+    assert ways[:7] == [False, False, True, True, True, True, False]
+    # Back to compressed at 6; checked at 10 (4 calls after the change), then 8 calls later (18), doubling on.
+    assert not any(ways[7:10]) and ways[10] and not any(ways[11:18]) and ways[18], ways
 
 
 def test_fallback_decides_from_the_slowest_rank() -> None:

@@ -6,13 +6,16 @@ launch and times a call as every phase of it, the gradient exchange of its backw
 the same way), so a call's time is read at the next launch.
 
 A check (one call of the way not taken) costs the gap between the two ways' times, so checks are spread further
-apart the larger the measured gap (the slower way's time over the faster's, ``r``):
+apart the larger the measured gap (the slower way's time over the faster's, ``r``). A decision that a check
+changed, or the first one, is checked again after ``check_every`` calls; each check that confirms it doubles the
+interval, up to the gap's (a single noisy time that picks the wrong way is undone within ``check_every`` calls):
 
 | quantity | formula |
 |---|---|
-| calls to the next check | ``check_every * min(max(r, 1), max_stretch)``, rounded down |
+| calls to the next check, at most | ``check_every * min(max(r, 1), max_stretch)``, rounded down (``check_interval``) |
+| calls to the next check | ``check_every`` after a changed decision, else ``min(2 * previous, at most)`` |
 | a check's extra time | ``(r - 1) * t_fast`` |
-| extra time per call, amortized | ``(r - 1) / r * t_fast / check_every < t_fast / check_every`` (r below the cap) |
+| extra time per call, amortized, once doubled up | ``(r - 1) / r * t_fast / check_every`` (r below the cap) |
 | the same, r above the cap | ``(r - 1) / (max_stretch * check_every) * t_fast`` |
 
 On a slow link (compression 3x faster, say) the uncompressed way is tried a third as often as on a link where the
@@ -51,8 +54,9 @@ class UncompressedFallback:
 
     Calls 0 and 1 are compressed (call 0 carries one-time set-up costs, so only call 1 is timed); call 2 goes
     uncompressed and is timed; from then on the faster way is used, and the way not taken is tried once (a *check*)
-    after :func:`check_interval` calls: ``check_every`` while the two ways' times are close, up to ``max_stretch``
-    times that as the gap grows (the module docstring has the formulas). Only calls whose times are used are timed:
+    ``check_every`` calls after a decision changes, then at intervals doubling with each confirming check up to
+    :func:`check_interval` calls: ``check_every`` while the two ways' times are close, up to ``max_stretch`` times
+    that as the gap grows (the module docstring has the formulas). Only calls whose times are used are timed:
     each check, and the call of the way in use just before it; so on a GPU only those calls wait for the device.
     Each way's time is the mean of its last two timed calls (an exponential average of weight 1/2). A decision
     compares the slowest rank's times (``slowest`` is one all-reduce MAX), so every rank takes the same way at the
@@ -78,6 +82,7 @@ class UncompressedFallback:
         self._checking = False
         self._next_check = 2
         self._interval = self._every
+        self._decided = False  # no check has decided yet
 
     @property
     def calls(self) -> int:
@@ -111,7 +116,10 @@ class UncompressedFallback:
         compressed_s, uncompressed_s = self._seconds[False], self._seconds[True]
         if self._checking and compressed_s is not None and uncompressed_s is not None:
             compressed_s, uncompressed_s = self._slowest([compressed_s, uncompressed_s])
+            confirmed = self._decided and (uncompressed_s < compressed_s) == self._uncompressed
             self._uncompressed = uncompressed_s < compressed_s
-            self._interval = check_interval(self._every, [compressed_s, uncompressed_s], self._stretch)
+            at_most = check_interval(self._every, [compressed_s, uncompressed_s], self._stretch)
+            self._interval = min(at_most, 2 * self._interval) if confirmed else self._every
+            self._decided = True
             self._next_check = self._calls - 1 + self._interval
             self._checking = False
