@@ -75,7 +75,7 @@ def _weights(dmp) -> dict[str, torch.Tensor]:  # noqa: ANN001
     return out
 
 
-def _parity(rank: int, world_size: int) -> dict:
+def _parity(rank: int, world_size: int, sharding_type: str = "table_wise") -> dict:
     from torchrec.distributed.embedding import ShardedEmbeddingCollection
 
     torch.distributed.init_process_group("gloo")
@@ -88,7 +88,7 @@ def _parity(rank: int, world_size: int) -> dict:
     load_global_weights(uncompressed, global_state)
     assert any(isinstance(m, ShardedEmbeddingCollection) for m in uncompressed.modules())
     for mode in ("fp32", "bf16", "fp16", "dlac"):
-        model, group = _shard(_SequenceModel(), ["table_wise"], compress=True, backward=mode)
+        model, group = _shard(_SequenceModel(), [sharding_type], compress=True, backward=mode)
         load_global_weights(model, global_state)
         ref_model, _ = _shard(_SequenceModel(), ["table_wise"], compress=False)
         load_global_weights(ref_model, global_state)
@@ -141,9 +141,12 @@ def _parity(rank: int, world_size: int) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("world_size", [2, 3])
-def test_sequence_exchange_is_within_the_bound_and_gradients_per_backward_mode(world_size: int) -> None:
-    results = run_ranks(_parity, world_size, timeout=400)
+@pytest.mark.parametrize(("world_size", "sharding_type"), [(2, "table_wise"), (3, "table_wise"), (2, "column_wise")])
+def test_sequence_exchange_is_within_the_bound_and_gradients_per_backward_mode(world_size: int,
+                                                                               sharding_type: str) -> None:
+    # Column-wise sequence shardings use the same output dist (TwSequenceEmbeddingDist); compared against
+    # TorchRec's table-wise uncompressed result, the same embeddings.
+    results = run_ranks(_parity, world_size, sharding_type, timeout=400)
     tables = sorted(t for r in results for t in r["modes"]["fp32"]["tables"])
     assert tables == [f"seq_{i}" for i in range(len(FEATURES))]  # every table sharded once, every one compressed
     for r in results:
