@@ -53,11 +53,12 @@ class Variant:
 
     name: str
     label: str
-    kind: str  # "fp32" | "qcomm" | "dlac" | "zero"
+    kind: str  # "fp32" | "qcomm" | "dlac" | "zero" | "zero_same"
     forward: str = "fp32"  # qcomm forward precision, or "zero8"
     backward: str = "fp32"  # qcomm / dlac backward encoding, or "zero8"
     auto_fallback: bool = False  # DLAC: DLACStrategy(compress="auto"), the uncompressed fallback
     classes: bool = False  # DLAC: per-table bounds from the homogenization classes, calibrated on the warm-up steps
+    overlap: bool = True  # DLAC: exchanges launched and waited on when needed (False: the synchronous path)
 
 
 VARIANTS: dict[str, Variant] = {
@@ -69,12 +70,17 @@ VARIANTS: dict[str, Variant] = {
         Variant("dlac_bf16", "DLAC fwd + BF16 bwd", "dlac", "dlac", "bf16"),
         Variant("dlac_fp16", "DLAC fwd + FP16 bwd", "dlac", "dlac", "fp16"),
         Variant("dlac_dlac", "DLAC both directions", "dlac", "dlac", "dlac"),
+        Variant("dlac_dlac_sync", "DLAC both directions, synchronous exchanges", "dlac", "dlac", "dlac",
+                overlap=False),
         Variant("dlac_classes", "DLAC fwd (table-wise classes) + BF16 bwd", "dlac", "dlac", "bf16", classes=True),
         Variant("dlac_auto", "DLAC fwd + BF16 bwd, compress=auto", "dlac", "dlac", "bf16", auto_fallback=True),
         Variant("zero8_fwd", "zero-cost 8x, fwd only", "zero", "zero8", "fp32"),
         Variant("zero8_both", "zero-cost 8x, both directions", "zero", "zero8", "zero8"),
+        Variant("zero_same_ratio", "zero-cost, DLAC's bytes, both directions", "zero_same", "zero_same", "zero_same"),
     )
 }
+# zero_same_ratio sends what the launch of this variant just before it (same repeat, same namespace) sent.
+SAME_BYTES_AS = "dlac_dlac"
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -179,6 +185,120 @@ def _codecs_registry(variant: Variant) -> tuple[dict[str, Any] | None, CountingC
     return registry, fwd, bwd
 
 
+class ZeroCostSameBytesExchange(torch.nn.Module):
+    """Stand-in for the compressed all-to-all that sends, per step and per rank, exactly the bytes a DLAC launch
+    sent (its mean per step, both directions: the int64 size exchange, then the payload) and costs nothing to
+    encode or decode: the ceiling of DLAC at its own compression ratios.
+
+    Like DLAC, a rank keeps its own rows exactly and sends nothing for them; every other column arrives as zeros
+    (garbage, as the zero-cost 8x stand-in's): the loss stays finite, the tables do not learn.
+
+    Args:
+        pg: Process group.
+        dims_per_rank: Column block dims per rank (the output dist's layout).
+        callbacks: The output dist's callbacks, applied on ``wait()``.
+        fwd_bytes: Per rank: forward bytes it sends per step (size exchange included), split evenly over the others.
+        bwd_bytes: The same for the gradient exchange.
+    """
+
+    def __init__(self, pg: Any, dims_per_rank: list[list[int]], callbacks: list[Any], fwd_bytes: list[int],
+                 bwd_bytes: list[int]) -> None:
+        import torch.distributed as dist
+
+        super().__init__()
+        self.pg, self.rank, self.world = pg, dist.get_rank(pg), dist.get_world_size(pg)
+        self.dim_sums = [sum(d) for d in dims_per_rank]
+        self.n_local = [len(d) for d in dims_per_rank]
+        self.callbacks = list(callbacks or [])
+        self.fwd_bytes, self.bwd_bytes = fwd_bytes, bwd_bytes
+        self.sent = {"fwd": 0, "bwd": 0}
+
+    def forward(self, local_embs: torch.Tensor, batch_size_per_rank: list[int] | None = None) -> Any:
+        from torchrec.distributed.dist_data import PooledEmbeddingsAwaitable
+        from torchrec.distributed.types import Awaitable
+
+        class Ready(Awaitable[torch.Tensor]):
+            def _wait_impl(self) -> torch.Tensor:
+                return out
+
+        if not batch_size_per_rank:
+            batch_size_per_rank = [local_embs.size(0) // self.world] * self.world
+        out = _ZeroCostSameBytesFn.apply(local_embs, self, list(batch_size_per_rank))
+        awaitable = PooledEmbeddingsAwaitable(tensor_awaitable=Ready())
+        awaitable.callbacks.extend(self.callbacks)
+        return awaitable
+
+    def send(self, per_rank_bytes: list[int], n_sizes: list[int], direction: str) -> None:
+        """One size exchange and one payload exchange with DLAC's byte counts (forward: a rank sends one size per
+        local table to each other rank; backward: one per destination's table)."""
+        import torch.distributed as dist
+
+        me, world = self.rank, self.world
+        others = world - 1
+        if not others:
+            return
+        # Sizes: forward, rank s sends n_local[s] int64 to each other rank; backward, it sends n_local[d] to rank d.
+        size_out = [0 if d == me else (n_sizes[me] if direction == "fwd" else n_sizes[d]) for d in range(world)]
+        size_in = [0 if s == me else (n_sizes[s] if direction == "fwd" else n_sizes[me]) for s in range(world)]
+        sizes_recv = torch.empty(sum(size_in), dtype=torch.int64)
+        dist.all_to_all_single(sizes_recv, torch.zeros(sum(size_out), dtype=torch.int64), size_in, size_out,
+                               group=self.pg)
+
+        def payload(src: int) -> int:  # bytes rank src sends to each other rank, its size exchange taken out
+            size_bytes = (n_sizes[src] if direction == "fwd" else sum(n_sizes) - n_sizes[src]) * 8
+            return max(0, per_rank_bytes[src] - size_bytes) // others
+
+        out_splits = [0 if d == me else payload(me) for d in range(world)]
+        in_splits = [0 if s == me else payload(s) for s in range(world)]
+        received = torch.empty(sum(in_splits), dtype=torch.uint8)
+        dist.all_to_all_single(received, torch.zeros(sum(out_splits), dtype=torch.uint8), in_splits, out_splits,
+                               group=self.pg)
+        self.sent[direction] += sum(out_splits) + sum(size_out) * 8
+
+
+class _ZeroCostSameBytesFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, local_embs: torch.Tensor, a2a: ZeroCostSameBytesExchange, batch_size_per_rank: list[int]):  # noqa: ANN001, ANN205
+        ctx.a2a, ctx.batch_size_per_rank = a2a, batch_size_per_rank
+        a2a.send(a2a.fwd_bytes, a2a.n_local, "fwd")
+        me = a2a.rank
+        first_row, first_col = sum(batch_size_per_rank[:me]), sum(a2a.dim_sums[:me])
+        out = local_embs.new_zeros(batch_size_per_rank[me], sum(a2a.dim_sums))
+        out[:, first_col : first_col + a2a.dim_sums[me]] = local_embs[first_row : first_row + batch_size_per_rank[me]]
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor):  # noqa: ANN001, ANN205
+        a2a, batch_size_per_rank = ctx.a2a, ctx.batch_size_per_rank
+        a2a.send(a2a.bwd_bytes, a2a.n_local, "bwd")
+        me = a2a.rank
+        first_row, first_col = sum(batch_size_per_rank[:me]), sum(a2a.dim_sums[:me])
+        grad = grad_output.new_zeros(sum(batch_size_per_rank), a2a.dim_sums[me])
+        grad[first_row : first_row + batch_size_per_rank[me]] = grad_output[:, first_col : first_col + a2a.dim_sums[me]]
+        return grad, None, None
+
+
+def _install_zero_cost_same_bytes(model: torch.nn.Module, fwd_bytes: list[int],
+                                  bwd_bytes: list[int]) -> list[ZeroCostSameBytesExchange]:
+    """Put a :class:`ZeroCostSameBytesExchange` where install_compressed_all_to_all puts DLAC's exchange."""
+    from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
+    from torchrec.distributed.sharding.tw_sharding import TwPooledEmbeddingDist
+
+    installed = []
+    for sebc in model.modules():
+        if isinstance(sebc, ShardedEmbeddingBagCollection):
+            for dist_module in sebc._output_dists:
+                if type(dist_module) is TwPooledEmbeddingDist:
+                    a2a = ZeroCostSameBytesExchange(dist_module._pg, dist_module._emb_dim_per_rank_per_feature,
+                                                    dist_module._callbacks, fwd_bytes, bwd_bytes)
+                    dist_module._dist = a2a
+                    installed.append(a2a)
+    if len(installed) != 1:
+        raise RuntimeError(f"zero_same_ratio expects one table-wise output dist, found {len(installed)}: DLAC's"
+                           " per-step bytes are per model, not per dist.")
+    return installed
+
+
 # --------------------------------------------------------------------------------------------------------------
 # One rank
 
@@ -257,7 +377,7 @@ def _train_rank(rank: int, world_size: int, variant_name: str, cfg: dict[str, An
         calibration = None
         if variant.kind == "dlac":
             config = CompressionConfig(backward=variant.backward, auto_fallback=variant.auto_fallback,
-                                       fallback_check_every=4)
+                                       fallback_check_every=4, overlap=variant.overlap)
             group = install_compressed_all_to_all(model, config, bounds)
             if not group:
                 raise RuntimeError("install_compressed_all_to_all installed nothing: the plan is not table-wise.")
@@ -274,6 +394,10 @@ def _train_rank(rank: int, world_size: int, variant_name: str, cfg: dict[str, An
 
                 calibration = CalibrationStats(ClassBounds().candidates(), index_eps=0.03)
                 group.set_observer(calibration.observe)
+        zero_same = None
+        if variant.kind == "zero_same":
+            same = cfg["same_bytes"]
+            (zero_same,) = _install_zero_cost_same_bytes(model, same["fwd"], same["bwd"])
         dense_opt = torch.optim.Adagrad(dense_parameters(model), lr=dlrm.hparams.learning_rate)
         loss_fn = torch.nn.BCEWithLogitsLoss()
         dims = {t.name: t.embedding_dim for t in tables}
@@ -288,6 +412,8 @@ def _train_rank(rank: int, world_size: int, variant_name: str, cfg: dict[str, An
             if i == warmup:
                 dist.barrier()
                 warm = group.stats() if group else None  # counters only grow: the timed steps are the difference
+                if zero_same is not None:
+                    zero_same.sent = {"fwd": 0, "bwd": 0}
                 for c in (fwd_codec, bwd_codec):
                     if c is not None:
                         c.reset()
@@ -316,6 +442,9 @@ def _train_rank(rank: int, world_size: int, variant_name: str, cfg: dict[str, An
                 table_bounds=bounds.table_bounds(),
                 max_error_over_bound=max(stats.table_max_error_ratio.values(), default=None),
             )
+        elif zero_same is not None:
+            out.update(fwd_raw_bytes=raw_fwd, fwd_sent_bytes=zero_same.sent["fwd"], bwd_raw_bytes=raw_fwd,
+                       bwd_sent_bytes=zero_same.sent["bwd"], fwd_calls=steps)
         elif fwd_codec is not None:
             # TorchRec's codecs see the whole send buffer, every destination's equal share included.
             out.update(
@@ -350,7 +479,8 @@ def _summarize(variant: Variant, rate: str, per_rank: list[dict[str, Any]], cfg:
     if variant.kind == "dlac":
         fwd_a2a_s = sum(per_step(k) for k in ("fwd_encode_s", "fwd_exchange_s", "fwd_decode_s"))
     row = dict(
-        rate=rate, variant=variant.name, label=variant.label, median_step_ms=median_s * 1e3,
+        rate=rate, world_size=world, variant=variant.name, label=variant.label, median_step_ms=median_s * 1e3,
+        mean_step_ms=statistics.fmean(step_s) * 1e3,  # counts the rare slow steps (compress="auto"'s checks)
         step_ms=[s * 1e3 for s in step_s], samples_per_s=world * cfg["batch_size"] / median_s,
         fwd_a2a_ms=None if fwd_a2a_s is None else fwd_a2a_s * 1e3,
         fwd_a2a_share=None if fwd_a2a_s is None else fwd_a2a_s / median_s,
@@ -395,7 +525,12 @@ def _inside_namespace(rate: str, variants: list[str], cfg: dict[str, Any], out: 
     for rep in range(cfg["repeats"]):
         for name in variants:
             t0 = time.perf_counter()
-            per_rank = run_ranks(_train_rank, 2, name, cfg, timeout=cfg["timeout"])
+            launch_cfg = cfg
+            if name == "zero_same_ratio":  # the bytes per step, per rank, of this repeat's DLAC launch
+                dlac = launches[SAME_BYTES_AS][-1]
+                launch_cfg = dict(cfg, same_bytes={
+                    d: [round(r[f"{d}_sent_bytes"] / cfg["steps"]) for r in dlac] for d in ("fwd", "bwd")})
+            per_rank = run_ranks(_train_rank, cfg["world_size"], name, launch_cfg, timeout=cfg["timeout"])
             launches[name].append(per_rank)
             step_ms = statistics.median(max(r["times"][i] for r in per_rank) for i in range(cfg["steps"])) * 1e3
             print(f"  [{rate}] {name} (launch {rep + 1}/{cfg['repeats']}): {step_ms:.0f} ms/step"
@@ -459,11 +594,30 @@ def _table(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _ceiling_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """DLAC both directions against the zero-cost stand-in with its bytes (its ceiling), and the overlapped exchange
+    against the synchronous one, per rate: ratios of median step times (and of the per-launch medians, paired by
+    repeat: the two launches of a pair ran back to back)."""
+    lines = []
+    for rate in dict.fromkeys(r["rate"] for r in rows):
+        at = {r["variant"]: r for r in rows if r["rate"] == rate}
+        for name, ref, what in (("dlac_dlac", "zero_same_ratio", "fraction of the same-bytes zero-cost ceiling"),
+                                ("dlac_dlac", "dlac_dlac_sync", "overlapped / synchronous speed")):
+            if name in at and ref in at:
+                pooled = at[ref]["median_step_ms"] / at[name]["median_step_ms"]
+                paired = [b / a for a, b in zip(at[name]["launch_median_ms"], at[ref]["launch_median_ms"])]
+                at[name][f"vs_{ref}"] = pooled
+                spread = f" (per repeat {min(paired):.2f}-{max(paired):.2f})" if len(paired) > 1 else ""
+                lines.append(f"- {rate}: {at[name]['label']}: {what} {pooled:.2f}{spread}")
+    return lines
+
+
 def _write_markdown(path: Path, rows: list[dict[str, Any]], command: str, cfg: dict[str, Any]) -> None:
     write_generated_block(path, *MARKDOWN_BLOCKS[cfg.get("model", "dlrm")], [
         f"Command: `{command}`",
         "",
-        f"Machine: {os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), 2 gloo ranks, one"
+        f"Machine: {os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}),"
+        f" {cfg.get('world_size', 2)} gloo ranks, one"
         f" thread each; torch {torch.__version__}. Batch {cfg['batch_size']} per rank; each variant launched"
         f" {cfg['repeats']} time(s), round-robin over the variants, {cfg['steps']} timed steps after"
         f" {cfg['warmup']} warm-up steps per launch; median over all timed steps (per step, the slower rank), and"
@@ -471,6 +625,8 @@ def _write_markdown(path: Path, rows: list[dict[str, Any]], command: str, cfg: d
         " keeps for itself are a local copy: DLAC neither encodes nor sends them).",
         "",
         *_table(rows),
+        "",
+        *_ceiling_lines(rows),
     ])
 
 
@@ -483,6 +639,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1,
                         help="launches per variant, round-robin over the variants; their steps are pooled")
     parser.add_argument("--batch-size", type=int, default=4096, help="samples per rank per step")
+    parser.add_argument("--world-size", type=int, default=2,
+                        help="ranks per launch (they share the throttled loopback: its rate is for all of them)")
     parser.add_argument("--max-rows", type=int, default=10_000, help="cap on every table's rows")
     parser.add_argument("--model", choices=MODELS, default="dlrm",
                         help="dlrm: dot interactions, dim 64, one-hot; dlrm_v2: MLPerf DLRM v2 (DCN, dim 128,"
@@ -504,8 +662,16 @@ def main() -> None:
         parser.error("--steps and --batch-size must be >= 1, --warmup >= 0")
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")
+    if "zero_same_ratio" in variants:  # launched right after the DLAC launch whose bytes it sends
+        if SAME_BYTES_AS not in variants:
+            parser.error(f"zero_same_ratio sends what {SAME_BYTES_AS} sent in the same repeat: add {SAME_BYTES_AS}")
+        variants.remove("zero_same_ratio")
+        variants.insert(variants.index(SAME_BYTES_AS) + 1, "zero_same_ratio")
+    if args.world_size < 2:
+        parser.error("--world-size must be >= 2 (the all-to-all needs another rank)")
     cfg = dict(batch_size=args.batch_size, steps=args.steps, warmup=args.warmup, max_rows=args.max_rows,
-               model=args.model, timeout=args.timeout, repeats=args.repeats)
+               world_size=args.world_size, model=args.model,
+               timeout=args.timeout, repeats=args.repeats)
 
     if args._inside is not None:
         _inside_namespace(args._inside, variants, cfg, args._rows_out)
@@ -539,6 +705,7 @@ def main() -> None:
 
     print()
     print("\n".join(_table(rows)))
+    print("\n".join(_ceiling_lines(rows)))
     write_results(args.json_out, command, cfg, rows)
     print(f"\nwrote {args.json_out}")
     if args.markdown_out is not None:
