@@ -462,3 +462,40 @@ def test_max_error_measures_finite_elements_and_flags_changed_non_finite_ones() 
     assert max_error(x, z) == math.inf
     with pytest.raises(ValueError, match="shapes differ"):
         max_error(x, x[:1])
+
+
+def test_class_thresholds_reach_the_classification() -> None:
+    from lightning_dlac import DLACCallback
+    from lightning_dlac.adaptive import TableClass
+
+    # The same chunks, three threshold settings: each moves the table into the class the thresholds say.
+    g = torch.Generator().manual_seed(0)
+    crowd = torch.cat([torch.full((1, 8), -4.0), torch.full((1, 8), 4.0), 1e-4 * torch.randn(62, 8, generator=g)])
+    classes = []
+    for tight_below, loose_from in ((0.9, 0.99), (0.0, 0.0), (1.0, 1.0)):
+        cal = DLACCallback(tight_below=tight_below, loose_from=loose_from, calibration_batches=1,
+                           sensitivity_batches=0).calibrator
+        cal.begin()
+        cal.observe("crowded", crowd)  # distinct values within one bin of each other: index well below 0.9
+        levels = torch.arange(4.0)[:, None].expand(4, 8)  # 4 rows whose values are far apart in every column
+        cal.observe("apart", levels[torch.arange(64) % 4])  # the bound keeps every value apart: index 1.0
+        cal.batch_measured()
+        cal.finish(1, ["apart", "crowded"], lambda t, op: t)
+        classes.append(cal.classes)
+    assert classes[0] == {"crowded": TableClass.TIGHT, "apart": TableClass.LOOSE}
+    assert classes[1] == {"crowded": TableClass.LOOSE, "apart": TableClass.LOOSE}  # every index >= 0: loose
+    assert classes[2] == {"crowded": TableClass.TIGHT, "apart": TableClass.LOOSE}  # only index 1.0 is not tight
+
+
+@pytest.mark.parametrize(("start_method", "launcher"), [("popen", "_SubprocessScriptLauncher"),
+                                                       ("spawn", "_MultiProcessingLauncher")])
+def test_start_method_picks_lightning_s_launcher(start_method: str, launcher: str) -> None:
+    import lightning.pytorch as pl
+
+    from lightning_dlac import DLACStrategy
+
+    t = pl.Trainer(accelerator="cpu", devices=2, strategy=DLACStrategy(start_method=start_method), logger=False,
+                   enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
+    assert type(t.strategy.launcher).__name__ == launcher
+    if start_method == "spawn":
+        assert t.strategy.launcher._start_method == "spawn"
