@@ -306,19 +306,20 @@ def _table(rows: list[dict[str, Any]]) -> list[str]:
 def _calibration_table(row: dict[str, Any]) -> list[str]:
     cands = list(row["calibration"][0]["ratio"])
     lines = [
-        "| table | rows | distinct vectors / chunk | homogenization index | class | eps | "
+        "| table | rows | distinct vectors / chunk | homogenization index | vector index | class | eps | "
         + " | ".join(f"ratio @ {c}" for c in cands) + " | " + " | ".join(f"loss change @ {c}" for c in cands) + " |",
-        "|---|---:|---:|---:|---|---:|" + "---:|" * (2 * len(cands)),
+        "|---|---:|---:|---:|---:|---|---:|" + "---:|" * (2 * len(cands)),
     ]
     order = sorted(row["calibration"], key=lambda r: int(r["table"].rsplit("_", 1)[1]))
     for t in order:
         ratios = " | ".join(f"{t['ratio'][c]:.1f}" for c in cands)
+        vector = f"{t['vector_homogenization_index']:.3f}" if "vector_homogenization_index" in t else "-"
         changes = " | ".join(
             "-" if t["loss_change"] is None else f"{t['loss_change'][c]:+.1e}" for c in cands
         )
         lines.append(
             f"| {t['table']} | {row['table_rows'].get(t['table'], '')} | {t['distinct_per_chunk']:.1f} |"
-            f" {t['homogenization_index']:.3f} | {t['class']} | {t['eps']} | {ratios} | {changes} |"
+            f" {t['homogenization_index']:.3f} | {vector} | {t['class']} | {t['eps']} | {ratios} | {changes} |"
         )
     return lines
 
@@ -374,6 +375,14 @@ def _rebuild(paths: list[Path], markdown_out: Path | None) -> None:
     import json
 
     stored = [json.loads(p.read_text()) for p in paths]
+    seen: dict[str, int] = {}
+    for d in stored:
+        for name in {r["dataset"] for r in d["results"]}:
+            seen[name] = seen.get(name, 0) + 1
+    for p, d in zip(paths, stored):  # one dataset run with different settings: name each run by its file
+        for r in d["results"]:
+            if seen[r["dataset"]] > 1:
+                r["dataset"] = f"{r['dataset']} ({p.stem.removeprefix('adaptive_accuracy_')})"
     rows = [r for d in stored for r in d["results"]]
     print("\n".join(_table(rows)))
     print()
