@@ -70,6 +70,9 @@ class DLACCallback(Callback):
         tight_below: Homogenization index below which a table is tight.
         loose_from: Homogenization index from which a table is loose.
         index_eps: Bound at which the homogenization index is measured (default ``base_eps``).
+        index: Which homogenization index classifies: ``"vector"`` (the paper's: distinct quantized / distinct raw
+            vectors) or ``"value"`` (the same per coordinate, which also sees tables whose vectors all stay distinct;
+            more tables come out tight). See docs/adaptive.md for when each can be trusted.
         candidates: Bounds whose ratio and sensitivity are measured (default the three class bounds).
         sensitivity_tolerance: Largest relative change of the loss a table's bound may cause in sensitivity mode.
         calibration_batches: Number of batches calibration measures.
@@ -95,7 +98,7 @@ class DLACCallback(Callback):
 
     def __init__(self, mode: str = "homogenization", tight_eps: float = 0.01, base_eps: float = 0.03,
                  loose_eps: float = 0.05, tight_below: float = 0.9, loose_from: float = 0.99,
-                 index_eps: float | None = None, candidates: Sequence[float] | None = None,
+                 index_eps: float | None = None, index: str = "vector", candidates: Sequence[float] | None = None,
                  sensitivity_tolerance: float = 1e-3, calibration_batches: int = 8, calibration_start: int = 0,
                  sensitivity_batches: int = 1, recalibrate_every: int = 0,
                  calibration_dataloader: Iterable[Any] | None = None, schedule: str = "step", c: float = 2.0,
@@ -106,7 +109,7 @@ class DLACCallback(Callback):
         index_eps = renamed_option(type(self).__name__, "probe_eps", "index_eps", probe_eps, index_eps, None)
         self.settings = CalibrationSettings(
             mode=mode, class_bounds=self.class_bounds, thresholds=HomogenizationThresholds(tight_below, loose_from),
-            index_eps=base_eps if index_eps is None else index_eps,
+            index_eps=base_eps if index_eps is None else index_eps, index=index,
             candidates=self.class_bounds.candidates() if candidates is None else tuple(candidates),
             sensitivity_tolerance=sensitivity_tolerance, batches=calibration_batches, start=calibration_start,
             sensitivity_batches=sensitivity_batches, recalibrate_every=recalibrate_every,

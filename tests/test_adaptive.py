@@ -433,13 +433,14 @@ def _planted(roles: list[str]):  # noqa: ANN202
     return PlantedSensitivityGenerator(roles, rows=2000, seed=0)
 
 
-def _calibrate_on_planted(mode: str, roles: list[str], tolerance: float = 1e-3) -> tuple[Calibrator, list[str]]:
+def _calibrate_on_planted(mode: str, roles: list[str], tolerance: float = 1e-3,
+                          index: str = "vector") -> tuple[Calibrator, list[str]]:
     """Drive a Calibrator as DLACCallback does, on the planted-sensitivity oracle: each batch's pooled embeddings
     are the observed chunks, and the probe's loss is the oracle's with the real (reference) codec's error on the
     probed table."""
     gen = _planted(roles)
     cal = Calibrator(CalibrationSettings(mode=mode, batches=2, sensitivity_batches=2, codec_impl="ref",
-                                         sensitivity_tolerance=tolerance))
+                                         sensitivity_tolerance=tolerance, index=index))
     cal.begin()
     for i in range(2):
         batch = gen.batch(i, batch_size=256)
@@ -482,7 +483,7 @@ def test_homogenization_calibration_on_planted_tables_separates_diverse_from_rep
     vectors) tables loose. It sees the payload only, not the labels: a diverse noise table is tight too, which
     costs bytes but no accuracy (only the sensitivity probe can tell it apart)."""
     roles = ["sensitive", "noise", "repeated", "sensitive", "noise", "repeated"]
-    cal, names = _calibrate_on_planted("homogenization", roles)
+    cal, names = _calibrate_on_planted("homogenization", roles, index="value")
     classes = {n: str(cal.classes[n]) for n in names}
     assert {classes[n] for n, r in zip(names, roles) if r == "sensitive"} == {"tight"}
     assert {classes[n] for n, r in zip(names, roles) if r == "repeated"} == {"loose"}

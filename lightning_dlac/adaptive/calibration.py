@@ -138,6 +138,11 @@ class TableStats:
             return self.distinct_quantized_values / self.distinct_raw_values
         return self.vector_homogenization_index
 
+    def index_of(self, kind: str) -> float:
+        """The homogenization index of ``kind``: ``"vector"`` (:attr:`vector_homogenization_index`, the paper's) or
+        ``"value"`` (:attr:`homogenization_index`, per coordinate)."""
+        return self.vector_homogenization_index if kind == "vector" else self.homogenization_index
+
     @property
     def vector_homogenization_index(self) -> float:
         """The paper's index: distinct quantized / distinct raw vectors at the index bound (1.0 if nothing seen)."""

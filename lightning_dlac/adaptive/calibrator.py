@@ -31,6 +31,7 @@ import torch
 from lightning_dlac.adaptive.bounds import check_count, check_relative_bound
 from lightning_dlac.adaptive.calibration import CalibrationStats, TableStats
 from lightning_dlac.adaptive.policy import (
+    INDEX_KINDS,
     ClassBounds,
     HomogenizationThresholds,
     TableClass,
@@ -66,6 +67,7 @@ class CalibrationSettings:
     class_bounds: ClassBounds = ClassBounds()  # bound of each class
     thresholds: HomogenizationThresholds = HomogenizationThresholds()  # class boundaries on the index
     index_eps: float = 0.03  # bound at which the homogenization index is measured
+    index: str = "vector"  # which index classifies: "vector" (the paper's) or "value" (per coordinate)
     candidates: tuple[float, ...] = (0.01, 0.03, 0.05)  # bounds whose ratio and sensitivity are measured
     sensitivity_tolerance: float = 1e-3  # largest relative loss change a bound may cause (sensitivity mode)
     batches: int = 8  # batches one calibration measures
@@ -75,6 +77,9 @@ class CalibrationSettings:
     codec_impl: str = "auto"  # codec that measures compressed sizes
 
     def __post_init__(self) -> None:
+        if self.index not in INDEX_KINDS:
+            kinds = ", ".join(map(repr, INDEX_KINDS))
+            raise ValueError(f"index={self.index!r} is not supported; choose one of {kinds}.")
         if self.mode not in MODES:
             raise ValueError(f"mode={self.mode!r} is not supported; choose one of {', '.join(map(repr, MODES))}.")
         check_relative_bound(self.index_eps, "index_eps")
@@ -240,7 +245,7 @@ class Calibrator:
         self._table_stats = {n: self._stats.tables[n] for n in tables}
         s = self.settings
         if s.mode == "homogenization":
-            self._classes = classify(self._table_stats, s.thresholds)
+            self._classes = classify(self._table_stats, s.thresholds, s.index)
             self._table_bounds = class_table_bounds(self._classes, s.class_bounds)
         else:
             self._table_bounds = sensitivity_table_bounds(self._table_stats, s.sensitivity_tolerance)

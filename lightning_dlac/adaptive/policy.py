@@ -77,11 +77,20 @@ class HomogenizationThresholds:
             )
 
 
-def classify(stats: Mapping[str, TableStats], thresholds: HomogenizationThresholds) -> dict[str, TableClass]:
-    """Class of every table from its homogenization index."""
+# Which homogenization index classifies: "vector" (the paper's: distinct quantized / distinct raw vectors) or "value"
+# (the same per coordinate; see TableStats.index_of).
+INDEX_KINDS = ("vector", "value")
+
+
+def classify(
+    stats: Mapping[str, TableStats], thresholds: HomogenizationThresholds, index: str = "vector"
+) -> dict[str, TableClass]:
+    """Class of every table from its homogenization index of kind ``index`` (``"vector"`` or ``"value"``)."""
+    if index not in INDEX_KINDS:
+        raise ValueError(f"index={index!r} is not supported; choose one of {', '.join(map(repr, INDEX_KINDS))}.")
     classes = {}
     for name, s in stats.items():
-        h = s.homogenization_index
+        h = s.index_of(index)
         if h < thresholds.tight_below:
             classes[name] = TableClass.TIGHT
         elif h >= thresholds.loose_from:
