@@ -11,8 +11,8 @@ The exchange is split as TorchRec's ``All2All_Pooled_Req`` / ``All2All_Pooled_Wa
 exchanges the sizes and launches the payload all-to-all (``async_op=True``), and returns a pending awaitable whose
 ``wait()`` waits for the bytes and decodes. The backward likewise: the gradient of the waited output launches the
 gradient exchange, and the gradient of the launch waits for it and decodes, so autograd and DDP's gradient
-all-reduce can run in between. With ``CompressionConfig(overlap=False)`` each exchange is waited on as soon as it
-is launched (the synchronous path, for A/B measurements).
+all-reduce can run in between. With ``CompressionConfig(overlap=False)`` (the default on gloo) each exchange is
+waited on as soon as it is launched (the synchronous path).
 """
 
 from __future__ import annotations
@@ -91,10 +91,11 @@ class _PendingExchange(Awaitable[torch.Tensor]):
 class CompressedPooledEmbeddingsAllToAll(nn.Module):
     """Error-bounded compressed replacement of TorchRec's ``PooledEmbeddingsAllToAll``: same inputs, same output
     layout, an awaitable with the same callbacks. :meth:`forward` launches the payload exchange and returns; the
-    awaitable's ``wait()`` waits for it, decodes and applies the callbacks (with ``config.overlap=False`` the
-    exchange has finished when :meth:`forward` returns). Phase times cover the work on this rank's side of both
-    halves. With the uncompressed fallback, a call the fallback times counts every phase from its launch to the next
-launch (its forward and its gradient exchange), read at that next launch.
+    awaitable's ``wait()`` waits for it, decodes and applies the callbacks (synchronous, as with
+    ``config.overlap=False`` and by default on gloo, the exchange has finished when :meth:`forward` returns). Phase
+    times cover the work on this rank's side of both halves. With the uncompressed fallback, a call the fallback
+    times counts every phase from its launch to the next launch (its forward and its gradient exchange), read at
+    that next launch.
 
     Args:
         pg: Process group of the exchange.
@@ -128,6 +129,7 @@ launch (its forward and its gradient exchange), read at that next launch.
         self._bounds = bounds
         self._callbacks = list(callbacks or [])
         self._on_record = True
+        self._overlap = config.overlap if config.overlap is not None else dist.get_backend(pg) == "nccl"
         self._stats = CommStats()
         self._timer: PhaseTimer | None = None
         self._fallback = UncompressedFallback(config.fallback_check_every, self._slowest) if config.auto_fallback \
@@ -192,7 +194,7 @@ launch (its forward and its gradient exchange), read at that next launch.
         timer = self._timer_for(local_embs) if on_record else PhaseTimer(local_embs.device)  # off the record: nobody
         call = _Call(list(batch_size_per_rank), on_record, timer, local_embs.dtype)
         launched = _ExchangeLaunch.apply(local_embs, self, call)
-        if self._config.overlap:
+        if self._overlap:
             pending: Awaitable[torch.Tensor] = _PendingExchange(self, call, launched)
         else:
             pending = _Ready(_ExchangeWait.apply(launched, self, call))
@@ -289,7 +291,7 @@ launch (its forward and its gradient exchange), read at that next launch.
             s.backward_calls += 1
             s.backward_raw_bytes += grad.size(0) * (grad.size(1) - self.layout.dim_sums[self.layout.rank]) * 4
             s.backward_sent_bytes += call.backward.sent
-        if not self._config.overlap:
+        if not self._overlap:
             call.grad = self._wait_backward(call)
 
     def _backward_mode(self, call: _Call) -> BackwardCompression:

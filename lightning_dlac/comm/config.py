@@ -43,7 +43,10 @@ class CompressionConfig:
         fallback_check_every: With ``auto_fallback``, calls between checks of the way not taken (more while the two
             ways' times differ a lot, see :class:`~lightning_dlac.comm.fallback.UncompressedFallback`).
         overlap: Launch each payload exchange and return, waiting for it (and decoding) only when its result is
-            needed, as TorchRec's request / wait pair; ``False`` waits at once (the synchronous path).
+            needed, as TorchRec's request / wait pair; ``False`` waits at once (the synchronous path). ``None``
+            (default): overlapped on NCCL, synchronous on gloo, where the loopback or TCP transfer is CPU work that
+            competes with the step's compute (measured in docs/benchmarks.md: the synchronous path was faster in
+            11 of 13 paired CPU launches).
     """
 
     backward: BackwardCompression | str = BackwardCompression.BF16  # gradient exchange encoding
@@ -52,7 +55,7 @@ class CompressionConfig:
     impl: str = "auto"  # codec implementation: auto | native | ref
     auto_fallback: bool = False  # send uncompressed while that is faster
     fallback_check_every: int = 64  # calls between checks of the way not taken
-    overlap: bool = True  # wait for a launched exchange only when its result is needed
+    overlap: bool | None = None  # wait for a launched exchange only when needed; None: on NCCL only
 
     def __post_init__(self) -> None:
         self.backward_eps = check_relative_bound(self.backward_eps, "backward_eps")
