@@ -96,8 +96,9 @@ def _option_fits(rank: int, world_size: int, ckpt_dir: str) -> dict:
                         index_eps=0.99, per_table_metrics=False, prog_bar=False, c=1.0, log_every_n_steps=2)
     recorder, losses, memory = bounds_recorder(dlac), loss_recorder(), memory_logger()
     model, data = small_dlrm(), small_data(train_batches=8)
+    # The memory logger has no directory, so the report goes to default_root_dir: keep it out of the checkout.
     t = trainer(world_size, strategy, max_epochs=1, callbacks=[dlac, recorder, losses], logger=[memory],
-                limit_val_batches=0)
+                limit_val_batches=0, default_root_dir=str(Path(ckpt_dir).parent / "run"))
     t.fit(model, datamodule=data)
     out["A"] = {
         "backend": dist.get_backend(),
