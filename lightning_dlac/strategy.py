@@ -120,6 +120,9 @@ class DLACStrategy(DDPStrategy):
         static_graph: Of that ``DistributedDataParallel``.
         bucket_cap_mb: Of that ``DistributedDataParallel``.
         embedding_eps: Deprecated name of ``adagrad_epsilon``.
+        overlap: Launch each payload exchange and wait for it (and decode) only when its result is needed, as
+            TorchRec's request / wait pair; ``False`` waits at once. ``None``: overlapped on NCCL, synchronous on gloo
+            (measured faster on CPU; docs/benchmarks.md).
         probe_every: Deprecated name of ``fallback_check_every``.
     """
 
@@ -148,6 +151,7 @@ class DLACStrategy(DDPStrategy):
         codec_impl: str = "auto",
         error_every: int = 10,
         fallback_check_every: int = 64,
+        overlap: bool | None = None,
         find_unused_parameters: bool = False,
         static_graph: bool = False,
         bucket_cap_mb: int = 25,
@@ -188,6 +192,7 @@ class DLACStrategy(DDPStrategy):
             auto_fallback=compress == "auto",
             fallback_check_every=renamed_option(name, "probe_every", "fallback_check_every", probe_every,
                                                 fallback_check_every, 64),
+            overlap=overlap,
         )
         self._error_bounds = ErrorBounds(default_eps=eps)
         self._group: ExchangeGroup | None = None

@@ -91,7 +91,7 @@ def _option_fits(rank: int, world_size: int, ckpt_dir: str) -> dict:
     torch.manual_seed(0)
     strategy = DLACStrategy(eps=0.02, embedding_optimizer="sgd", compress="auto", fallback_check_every=2,
                             process_group_backend="gloo", find_unused_parameters=True, static_graph=True,
-                            bucket_cap_mb=1)
+                            bucket_cap_mb=1, overlap=True)
     dlac = DLACCallback(calibration_start=3, calibration_batches=2, sensitivity_batches=1, candidates=[0.02, 0.04],
                         index_eps=0.99, per_table_metrics=False, prog_bar=False, c=1.0, log_every_n_steps=2)
     recorder, losses, memory = bounds_recorder(dlac), loss_recorder(), memory_logger()
@@ -101,6 +101,7 @@ def _option_fits(rank: int, world_size: int, ckpt_dir: str) -> dict:
                 limit_val_batches=0, default_root_dir=str(Path(ckpt_dir).parent / "run"))
     t.fit(model, datamodule=data)
     out["A"] = {
+        "overlapped": [a2a.overlapped for a2a in t.strategy.exchanges],
         "backend": dist.get_backend(),
         "ddp": _ddp_options(t.strategy),
         "momentum": _momentum_shapes(t.strategy),
@@ -226,9 +227,10 @@ def test_embedding_optimizer_epsilon_and_lr_reach_the_fused_optimizer(option_fit
 
 
 @pytest.mark.slow
-def test_ddp_options_and_process_group_backend_are_applied(option_fits: tuple[list[dict], Path]) -> None:
+def test_ddp_options_process_group_backend_and_overlap_are_applied(option_fits: tuple[list[dict], Path]) -> None:
     for r in option_fits[0]:
         assert r["A"]["backend"] == "gloo"
+        assert r["A"]["overlapped"] and all(r["A"]["overlapped"])  # overlap=True over gloo, in a whole fit
         assert r["A"]["ddp"] == [(True, True, 1 * 2**20)], r["A"]["ddp"]
         assert r["B"]["ddp"] == [(False, False, 25 * 2**20)], r["B"]["ddp"]  # the defaults
     from lightning_dlac import DLACStrategy

@@ -212,6 +212,7 @@ def test_compress_auto_configures_the_uncompressed_fallback_and_old_names_still_
     auto = DLACStrategy(compress="auto", fallback_check_every=16)
     assert auto.compress and auto.compression.auto_fallback and auto.compression.fallback_check_every == 16
     assert not DLACStrategy().compression.auto_fallback and not DLACStrategy(compress=False).compress
+    assert DLACStrategy(overlap=True).compression.overlap is True and DLACStrategy().compression.overlap is None
     # Renamed options keep their old YAML keys for one release, with a warning that names the new key.
     with pytest.warns(FutureWarning, match="use fallback_check_every=8"):
         assert DLACStrategy(compress="auto", probe_every=8).compression.fallback_check_every == 8

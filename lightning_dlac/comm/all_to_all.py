@@ -139,6 +139,11 @@ class CompressedPooledEmbeddingsAllToAll(nn.Module):
         self.observer: Callable[[str, torch.Tensor], None] | None = None
 
     @property
+    def overlapped(self) -> bool:
+        """Whether forward launches the payload exchange and ``wait()`` finishes it (else it finishes at once)."""
+        return self._overlap
+
+    @property
     def callbacks(self) -> list[Callable[[torch.Tensor], torch.Tensor]]:
         """Output callbacks, as on TorchRec's module."""
         return self._callbacks
