@@ -47,7 +47,8 @@ if TYPE_CHECKING:
     from lightning.pytorch.accelerators import Accelerator
     from torchrec.distributed.model_parallel import DistributedModelParallel
 
-    from lightning_dlac.comm import CompressedPooledEmbeddingsAllToAll, ExchangeGroup
+    from lightning_dlac.comm import ExchangeGroup
+    from lightning_dlac.comm.group import Exchange
 
 
 class _DMPForwardRedirection(_DDPForwardRedirection):
@@ -244,7 +245,7 @@ class DLACStrategy(DDPStrategy):
         return self._group
 
     @property
-    def exchanges(self) -> list[CompressedPooledEmbeddingsAllToAll]:
+    def exchanges(self) -> list[Exchange]:
         """The installed compressed all-to-all modules (empty before setup or with ``compress=False``)."""
         return list(self._group or [])
 

@@ -9,10 +9,15 @@ import torch
 
 from lightning_dlac.comm.all_to_all import BoundSource, CompressedPooledEmbeddingsAllToAll
 from lightning_dlac.comm.config import ErrorBounds
+from lightning_dlac.comm.sequence import CompressedSequenceEmbeddingsAllToAll
 from lightning_dlac.comm.stats import CommStats
 
+# What the group holds: the pooled and the sequence exchanges, which share the interface the group uses (tables,
+# observer, off_the_record, stats).
+Exchange = CompressedPooledEmbeddingsAllToAll | CompressedSequenceEmbeddingsAllToAll
 
-class ExchangeGroup(Sequence[CompressedPooledEmbeddingsAllToAll]):
+
+class ExchangeGroup(Sequence[Exchange]):
     """The compressed all-to-alls installed in one model, with their table layout, bounds, observer and statistics.
 
     :func:`~lightning_dlac.comm.install_compressed_all_to_all` returns it. A policy reads and writes the exchanges
@@ -26,7 +31,7 @@ class ExchangeGroup(Sequence[CompressedPooledEmbeddingsAllToAll]):
         bounds: The per-table bounds they all read.
     """
 
-    def __init__(self, exchanges: Sequence[CompressedPooledEmbeddingsAllToAll], bounds: ErrorBounds) -> None:
+    def __init__(self, exchanges: Sequence[Exchange], bounds: ErrorBounds) -> None:
         self._exchanges = list(exchanges)
         self._bounds = bounds
 
