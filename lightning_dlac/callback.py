@@ -40,11 +40,12 @@ class DLACCallback(Callback):
     **Table-wise level** (:class:`~lightning_dlac.adaptive.Calibrator`). Over ``calibration_batches`` training
     batches from ``calibration_start`` (or the batches of ``calibration_dataloader``, before training starts) every
     table is measured on the real payload it sends: value range, homogenization index at ``index_eps``, compressed
-    size at each candidate bound and, on the first ``sensitivity_batches`` of them, the change of the training loss
-    when only that table carries the codec's error (a *probe*). The statistics are all-reduced, so every rank picks
+    size at each candidate bound and, on the first ``sensitivity_batches`` of them, the root mean square of the change
+    of the training loss when only that table carries the codec's error (a *probe*; the signed change is mostly noise,
+    see :mod:`lightning_dlac.adaptive.calibration`). The statistics are all-reduced, so every rank picks
     the same bound per table: ``mode="homogenization"`` (the paper) puts index ``< tight_below`` *tight*, index
     ``>= loose_from`` *loose*, the rest *base*; ``mode="sensitivity"`` takes the largest candidate whose relative
-    loss change is within ``sensitivity_tolerance``; ``mode="off"`` keeps the strategy's ``eps``. Until calibration
+    RMS loss change is within ``sensitivity_tolerance``; ``mode="off"`` keeps the strategy's ``eps``. Until calibration
     ends, tables use the strategy's ``eps``.
 
     **Iteration-wise level.** Every bound is multiplied by ``m(t)`` (:class:`~lightning_dlac.adaptive.DecaySchedule`)
