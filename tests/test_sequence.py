@@ -217,10 +217,15 @@ def test_sequence_exchange_rejects_a_layout_with_the_wrong_number_of_ranks() -> 
                                              uncompressed=None)
 
 
-def _lightning_fit(rank: int, world_size: int) -> dict:
+def _lightning_fit(rank: int, world_size: int, ckpt_dir: str | None = None, phase: str = "uninterrupted") -> dict:
     """The new user's case: a LightningModule with an EmbeddingCollection beside an EmbeddingBagCollection, trained
-    with ``strategy="dlac"`` and the DLACCallback, nothing else said."""
+    with ``strategy="dlac"`` and the DLACCallback, nothing else said. ``phase``: ``"uninterrupted"`` (two epochs when
+    ``ckpt_dir`` is given, else one), ``"first"`` (one epoch, then a checkpoint into ``ckpt_dir``) or ``"resume"``
+    (from that checkpoint to the end of the second epoch)."""
+    from pathlib import Path
+
     import lightning.pytorch as pl
+    from lightning.pytorch.callbacks import ModelCheckpoint
     from torch.utils.data import IterableDataset
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
@@ -259,14 +264,28 @@ def _lightning_fit(rank: int, world_size: int) -> dict:
         def train_dataloader(self):  # noqa: ANN201
             return torch.utils.data.DataLoader(Batches(), batch_size=None)
 
+    class Losses(pl.Callback):
+        def __init__(self) -> None:
+            self.losses: list[float] = []
+
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):  # noqa: ANN001, ANN201
+            self.losses.append(float(outputs["loss"]))
+
     module = Module()
-    t = trainer(world_size, "dlac", max_epochs=1, callbacks=[DLACCallback(calibration_batches=2, T=4)])
-    t.fit(module)
+    losses, dlac = Losses(), DLACCallback(calibration_batches=2, T=4)
+    callbacks: list = [losses, dlac]
+    if phase == "first":
+        callbacks.append(ModelCheckpoint(dirpath=ckpt_dir, every_n_epochs=1, save_top_k=-1))
+    epochs = 1 if ckpt_dir is None or phase == "first" else 2
+    t = trainer(world_size, "dlac", max_epochs=epochs, callbacks=callbacks, enable_checkpointing=phase == "first")
+    t.fit(module, ckpt_path=str(next(Path(ckpt_dir).iterdir())) if phase == "resume" else None)
     stats = t.strategy.total_comm_stats()
     held = sorted(n.split(".")[-2] for n, p in module.named_parameters() if "ec.embeddings" in n and p.numel())
+    # numpy, not tensors: a tensor crosses the result queue as a shared-memory handle of a process that has exited
+    weights = {n: p.detach().numpy().copy() for n, p in module.named_parameters() if "ec.embeddings" in n and p.numel()}
     return {"exchanges": sorted(type(a).__name__ for a in t.strategy.exchanges), "calls": stats.calls,
             "raw": stats.raw_bytes, "sent": stats.sent_bytes, "tables": sorted(stats.table_raw_bytes),
-            "held": held}
+            "held": held, "losses": losses.losses, "weights": weights, "table_bounds": dlac.table_bounds}
 
 
 @pytest.mark.slow
@@ -279,3 +298,18 @@ def test_a_lightning_module_with_sequence_features_trains_with_strategy_dlac() -
     held0, held1 = results[0]["held"], results[1]["held"]
     assert held0 and held1 and not set(held0) & set(held1) and sorted(held0 + held1) == [f"seq_{i}" for i in range(5)]
     assert sorted({t for r in results for t in r["tables"]}) == ["bag_0", *[f"seq_{i}" for i in range(5)]]
+
+
+@pytest.mark.slow
+def test_a_run_with_sequence_features_resumes_exactly(tmp_path) -> None:  # noqa: ANN001
+    """The sharded sequence tables, their fused optimizer state and the bounds of their exchange travel in the
+    checkpoint: the epoch after a resume is the uninterrupted run's second epoch, loss for loss and weight for weight."""
+    uninterrupted = run_ranks(_lightning_fit, 2, str(tmp_path), "uninterrupted", timeout=400)
+    run_ranks(_lightning_fit, 2, str(tmp_path), "first", timeout=400)
+    resumed = run_ranks(_lightning_fit, 2, str(tmp_path), "resume", timeout=400)
+    for u, r in zip(uninterrupted, resumed):
+        assert len(u["losses"]) == 24 and r["losses"] == u["losses"][12:]
+        assert r["table_bounds"] == u["table_bounds"] and any(t.startswith("seq_") for t in u["table_bounds"])
+        assert r["weights"].keys() == u["weights"].keys() and r["weights"]
+        for name, w in u["weights"].items():
+            assert (r["weights"][name] == w).all(), name
