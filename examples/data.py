@@ -218,17 +218,16 @@ def multi_hot_from_one_hot(
             f"ids must be [tables, batch] with one multi_hot_sizes and num_embeddings_per_feature entry per table;"
             f" got ids {list(ids.shape)}, {len(multi_hot_sizes)} sizes, {len(num_embeddings_per_feature)} tables."
         )
-    num_tables, batch_size = ids.shape
-    sizes = torch.tensor([int(p) for p in multi_hot_sizes], dtype=torch.int64)
-    rows = torch.tensor([int(n) for n in num_embeddings_per_feature], dtype=torch.int64)
-    # One pass over every output position: its table, sample and slot in the bag (slot 0 is the one-hot id).
-    table = torch.repeat_interleave(torch.arange(num_tables), sizes * batch_size)
-    within = torch.arange(table.numel()) - (torch.cumsum(sizes * batch_size, 0) - sizes * batch_size)[table]
-    pool = sizes[table]
-    sample, slot = within // pool, within % pool
-    one = ids.long()[table, sample]
-    extra = _mix64(((one * 1_000_003 + table) * 1_009 + slot) ^ salt) % rows[table]
-    return torch.where(slot == 0, one, extra)
+    ids = ids.long()
+    bags = []
+    for table, (pool, rows) in enumerate(zip(multi_hot_sizes, num_embeddings_per_feature)):
+        one = ids[table].unsqueeze(1)  # [B, 1]: slot 0 of every bag
+        if int(pool) > 1:
+            slot = torch.arange(1, int(pool), dtype=torch.int64)  # slots 1 .. P - 1, broadcast over the samples
+            extra = _mix64(((one * 1_000_003 + table) * 1_009 + slot) ^ salt) % int(rows)
+            one = torch.cat([one, extra], dim=1)
+        bags.append(one.reshape(-1))  # [B * P], sample-major
+    return torch.cat(bags) if bags else ids.new_empty(0)
 
 
 class _SyntheticCriteoGenerator:
@@ -892,15 +891,15 @@ class _BinaryBatches:
             from torchrec.datasets.criteo import BinaryCriteoUtils
 
             for (dense, sparse, labels), first, rows, multi_hot in self.segments:
-                load = functools.partial(BinaryCriteoUtils.load_npy_range, start_row=first, num_rows=rows, mmap_mode=True)
+                load = functools.partial(
+                    BinaryCriteoUtils.load_npy_range, start_row=first, num_rows=rows, mmap_mode=True
+                )
                 if multi_hot is None:
                     middle = [load(str(sparse))]
                 else:
                     npz, members = multi_hot
-                    middle = [
-                        np.memmap(npz, dtype=m.dtype, mode="r", offset=m.offset, shape=(m.rows, m.cols))[first : first + rows]
-                        for m in members
-                    ]
+                    maps = [np.memmap(npz, m.dtype, "r", offset=m.offset, shape=(m.rows, m.cols)) for m in members]
+                    middle = [a[first : first + rows] for a in maps]
                 arrays.append((load(str(dense)), *middle, load(str(labels))))
         else:
             fmt = np.lib.format

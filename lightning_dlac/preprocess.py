@@ -30,6 +30,11 @@ run with the file and line number, unless ``skip_bad_lines`` (then bad lines are
 
 ``DLAC_PREPROCESS_IMPL`` = ``auto`` (default: native if it builds, else a one-time warning and the Python parser,
 about 40k rows/s against over 1M) | ``native`` | ``python`` chooses the parser, like ``DLAC_CODEC_IMPL`` for the codec.
+
+With ``--multi-hot-sizes`` (:func:`materialize_multi_hot`) each day's one-hot ids then become MLPerf DLRM v2's
+multi-hot bags, ``<stem>_sparse_multi_hot.npz`` (one int32 ``[N, P_t]`` array per feature, members ``"0"`` ..
+``"25"``, stored uncompressed as ``np.savez`` stores them), streamed in blocks; :func:`check_criteo_multi_hot` is the
+loader's check of those files.
 """
 
 from __future__ import annotations
@@ -717,7 +722,7 @@ MULTI_HOT_SUFFIX = "sparse_multi_hot"
 # and ignore it, this package's loader checks it against its num_embeddings_per_feature.
 MULTI_HOT_TABLES_MEMBER = "num_embeddings_per_feature"
 # Rows materialised per block: about 215 ids per row with MLPerf's pooling factors, so a block's ids and the hash's
-# temporaries stay near 150 MiB per worker.
+# temporaries (one table at a time) stay well under 100 MiB per worker.
 MULTI_HOT_BLOCK_ROWS = 8192
 # zipfile's limits: past them a size or an offset goes to a ZIP64 extra field (zipfile.ZIP64_LIMIT is 2**31 - 1).
 _ZIP64_LIMIT = (1 << 31) - 1
@@ -904,7 +909,6 @@ def _materialize_one(
         zw.update_crc(len(names) - 1, meta.tobytes())
         hashes = np.asarray(tables, dtype=np.int64)
         row_bytes = SPARSE_COLUMNS * 8
-        splits = [p * 1 for p in sizes]
 
         def block(lo: int) -> list[np.ndarray]:
             n = min(block_rows, rows - lo)
@@ -914,7 +918,7 @@ def _materialize_one(
             one_hot = np.frombuffer(data, dtype=np.int64).reshape(n, SPARSE_COLUMNS) % hashes
             ids = torch.from_numpy(np.ascontiguousarray(one_hot.T))
             values = multi_hot_from_one_hot(ids, sizes, tables).to(torch.int32).numpy()
-            parts = np.split(values, np.cumsum([p * n for p in splits])[:-1])
+            parts = np.split(values, np.cumsum([p * n for p in sizes])[:-1])  # feature t: its [n, P_t] ids
             for t, part in enumerate(parts):
                 _pwrite_all(fd, part, zw.member_offset(t) + len(headers[t]) + lo * sizes[t] * 4)
             return parts
@@ -929,14 +933,19 @@ def _materialize_one(
                 # A bounded window of blocks in flight; their CRCs are folded in row order as they complete.
                 pending: list[Any] = []
                 nxt = 0
-                while nxt < len(starts) or pending:
-                    while nxt < len(starts) and len(pending) < 2 * workers:
-                        pending.append((starts[nxt], pool.submit(block, starts[nxt])))
-                        nxt += 1
-                    lo, fut = pending.pop(0)
-                    for t, part in enumerate(fut.result()):
-                        zw.update_crc(t, part)
-                    bar.update(min(block_rows, rows - lo))
+                try:
+                    while nxt < len(starts) or pending:
+                        while nxt < len(starts) and len(pending) < 2 * workers:
+                            pending.append((starts[nxt], pool.submit(block, starts[nxt])))
+                            nxt += 1
+                        lo, fut = pending.pop(0)
+                        for t, part in enumerate(fut.result()):
+                            zw.update_crc(t, part)
+                        bar.update(min(block_rows, rows - lo))
+                except BaseException:
+                    for _, fut in pending:  # a failed block or Ctrl-C: start no more; the pool waits for the rest
+                        fut.cancel()
+                    raise
         finally:
             bar.close()
         length = zw.finish()
@@ -982,7 +991,8 @@ def materialize_multi_hot(
     progress: bool = True,
     block_rows: int = MULTI_HOT_BLOCK_ROWS,
 ) -> list[MultiHotMaterialization]:
-    """MLPerf DLRM v2's multi-hot ids from one-hot Criteo days: ``<stem>_sparse.npy`` -> ``<stem>_sparse_multi_hot.npz``.
+    """MLPerf DLRM v2's multi-hot ids from one-hot Criteo days: ``<stem>_sparse.npy`` to
+    ``<stem>_sparse_multi_hot.npz``.
 
     As MLPerf's ``materialize_synthetic_multihot_dataset.py`` (torchrec_dlrm) does, feature ``t``'s one-hot id ``i``
     (taken modulo ``num_embeddings_per_feature[t]``) becomes the bag ``[i, e_1, ..., e_{P-1}]`` of
@@ -994,7 +1004,7 @@ def materialize_multi_hot(
     ``num_embeddings_per_feature``, records the table sizes, which ``CriteoBinaryDataModule`` checks.
 
     The day is read and written in blocks of ``block_rows`` rows (``workers`` at a time), so memory stays near
-    ``workers x 150 MiB`` whatever the day's size; the output is written as ``<name>.partial``, flushed and renamed.
+    ``workers x 100 MiB`` whatever the day's size; the output is written as ``<name>.partial``, flushed and renamed.
     When ``output_dir`` is not the input's directory the day's dense and labels files are hard-linked (or copied)
     there too, so the directory holds everything the loader reads.
 
@@ -1215,7 +1225,8 @@ def check_criteo_multi_hot(
         raise ValueError(
             f"{npz} was materialised for tables of {file_tables} rows, but num_embeddings_per_feature is"
             f" {[int(n) for n in num_embeddings_per_feature]}: its ids would not index these tables as drawn. Set"
-            f" num_embeddings_per_feature to the file's (--data.num_embeddings_per_feature=[{','.join(map(str, file_tables))}])"
+            " num_embeddings_per_feature to the file's"
+            f" (--data.num_embeddings_per_feature=[{','.join(map(str, file_tables))}])"
             f" or re-materialise with `{create} --overwrite`."
         )
     return rows[0], members
@@ -1257,6 +1268,10 @@ def _kaggle_tables() -> Sequence[int]:
     return CRITEO_KAGGLE_CARDINALITIES
 
 
+def _table_sizes_option(text: str) -> list[int]:
+    return _int_list(text, {"mlperf": _mlperf_tables, "kaggle": _kaggle_tables}, "--num-embeddings-per-feature")
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dlac preprocess",
@@ -1273,7 +1288,7 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     criteo.add_argument(
         "inputs", nargs="+", metavar="INPUT",
-        help="Criteo TSV files (decompressed), or with --multi-hot-sizes also <stem>_sparse.npy files already converted",
+        help="Criteo TSV files (decompressed), or with --multi-hot-sizes also <stem>_sparse.npy files converted before",
     )  # fmt: skip
     criteo.add_argument("--output", "-o", required=True, help="output directory (created if missing)")
     criteo.add_argument("--workers", "-j", type=int, default=1, help="threads per file (default 1)")
@@ -1291,7 +1306,7 @@ def _build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     criteo.add_argument(
         "--num-embeddings-per-feature", metavar="N0,...,N25|mlperf|kaggle",
-        type=lambda t: _int_list(t, {"mlperf": _mlperf_tables, "kaggle": _kaggle_tables}, "--num-embeddings-per-feature"),
+        type=_table_sizes_option,
         help="table sizes the multi-hot ids are drawn for (required with --multi-hot-sizes; train with the same):"
         " 'mlperf' is MLPerf's Criteo 1TB sizes (40M-row cap), 'kaggle' Criteo Kaggle's cardinalities",
     )  # fmt: skip

@@ -281,3 +281,25 @@ def test_local_header_is_where_mlperfs_reader_looks(tmp_path: Path) -> None:
             at = info.header_offset + len(info.FileHeader()) + 20
             assert data[at : at + 6] == b"\x93NUMPY", info.filename
             assert struct.unpack("<HH", data[info.header_offset + 26 : info.header_offset + 30])[1] == 20
+
+
+def test_a_failed_materialisation_leaves_no_file_that_looks_finished(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lightning_dlac.examples import data
+
+    _day(tmp_path, "day_3", 200, seed=3)
+    calls = []
+
+    def failing(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("disk gone")
+        return multi_hot_from_one_hot(*args, **kwargs)
+
+    monkeypatch.setattr(data, "multi_hot_from_one_hot", failing)
+    with pytest.raises(RuntimeError, match="disk gone"):
+        P.materialize_multi_hot([P.binary_paths(tmp_path, "day_3")[1]], tmp_path, SIZES, TABLES, workers=2,
+                                block_rows=16, progress=False)  # fmt: skip
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["day_3_dense.npy", "day_3_labels.npy", "day_3_sparse.npy"]
+    assert len(calls) < 13  # the blocks after the failure were not all computed
