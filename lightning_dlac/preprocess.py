@@ -1325,6 +1325,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if log.level == logging.NOTSET:
+        # An import (torchrec's) may already have given the root logger a handler at WARNING: the per-file summary
+        # lines are INFO and would not be seen.
+        log.setLevel(logging.INFO)
     multi_hot = args.multi_hot_sizes is not None
     tables = args.num_embeddings_per_feature
     if multi_hot and tables is None:

@@ -4,6 +4,7 @@ reads it back per rank as the per-id bags of the one-hot ids; bad files and opti
 
 from __future__ import annotations
 
+import logging
 import os
 import struct
 import zipfile
@@ -94,12 +95,16 @@ def _batches(dm: CriteoBinaryDataModule, split: str) -> list[Batch]:
 
 
 @pytest.mark.parametrize("mmap_mode", [False, True])
-def test_round_trip_from_tsv_gives_the_per_id_bags_of_the_one_hot_ids(tmp_path: Path, mmap_mode: bool) -> None:
+def test_round_trip_from_tsv_gives_the_per_id_bags_of_the_one_hot_ids(
+    tmp_path: Path, mmap_mode: bool, caplog: pytest.LogCaptureFixture
+) -> None:
     tsv = write_criteo_tsv(tmp_path / "train.txt", rows=700, positives=150, seed=1)
     out = tmp_path / "npy"
     args = ["criteo", "--output", str(out), "--no-progress", "--multi-hot-sizes", "mlperf",
             "--num-embeddings-per-feature", "mlperf", "--max-rows", "1000", str(tsv)]  # fmt: skip
-    assert P.main(args) == 0
+    with caplog.at_level(logging.INFO, logger="lightning_dlac.preprocess"):
+        assert P.main(args) == 0
+    assert "train_sparse.npy -> " in caplog.text and "train_sparse_multi_hot.npz: 700 rows in" in caplog.text
     assert sorted(p.name for p in out.iterdir()) == [
         "train_dense.npy", "train_labels.npy", "train_sparse.npy", "train_sparse_multi_hot.npz"
     ]  # fmt: skip
