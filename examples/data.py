@@ -41,6 +41,7 @@ __all__ = [
     "DEFAULT_MAX_ROWS",
     "FEATURE_NAMES",
     "MLPERF_MULTI_HOT_SIZES",
+    "MLPERF_NUM_EMBEDDINGS_PER_FEATURE",
     "NUM_DENSE_FEATURES",
     "CriteoBinaryDataModule",
     "CriteoTSVDataModule",
@@ -164,7 +165,25 @@ _HASH_MASK = (1 << 62) - 1
 MLPERF_MULTI_HOT_SIZES: tuple[int, ...] = (
     3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1,
 )  # fmt: skip
+# MLPerf DLRM v2's table sizes for Criteo 1TB (torchrec_dlrm's --num_embeddings_per_feature: the largest capped at
+# 40M rows), which its multi-hot dataset was materialised for.
+MLPERF_NUM_EMBEDDINGS_PER_FEATURE: tuple[int, ...] = (
+    40000000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 40000000, 3067956, 405282, 10, 2209, 11938, 155, 4, 976,
+    14, 40000000, 40000000, 40000000, 590152, 12973, 108, 36,
+)  # fmt: skip
 MULTI_HOT_DISTRIBUTIONS = ("per_id", "independent")
+
+
+def _check_multi_hot_sizes(multi_hot_sizes: Sequence[int]) -> list[int]:
+    sizes = [int(p) for p in multi_hot_sizes]
+    if len(sizes) != len(FEATURE_NAMES):
+        raise ValueError(
+            f"multi_hot_sizes needs one pooling factor per categorical feature ({len(FEATURE_NAMES)}), got"
+            f" {len(sizes)}; e.g. MLPerf DLRM v2's {list(MLPERF_MULTI_HOT_SIZES)}."
+        )
+    if min(sizes) < 1:
+        raise ValueError(f"multi_hot_sizes must all be at least 1, got {sizes}.")
+    return sizes
 
 
 def _mix64(x: torch.Tensor) -> torch.Tensor:
@@ -199,17 +218,16 @@ def multi_hot_from_one_hot(
             f"ids must be [tables, batch] with one multi_hot_sizes and num_embeddings_per_feature entry per table;"
             f" got ids {list(ids.shape)}, {len(multi_hot_sizes)} sizes, {len(num_embeddings_per_feature)} tables."
         )
-    num_tables, batch_size = ids.shape
-    sizes = torch.tensor([int(p) for p in multi_hot_sizes], dtype=torch.int64)
-    rows = torch.tensor([int(n) for n in num_embeddings_per_feature], dtype=torch.int64)
-    # One pass over every output position: its table, sample and slot in the bag (slot 0 is the one-hot id).
-    table = torch.repeat_interleave(torch.arange(num_tables), sizes * batch_size)
-    within = torch.arange(table.numel()) - (torch.cumsum(sizes * batch_size, 0) - sizes * batch_size)[table]
-    pool = sizes[table]
-    sample, slot = within // pool, within % pool
-    one = ids.long()[table, sample]
-    extra = _mix64(((one * 1_000_003 + table) * 1_009 + slot) ^ salt) % rows[table]
-    return torch.where(slot == 0, one, extra)
+    ids = ids.long()
+    bags = []
+    for table, (pool, rows) in enumerate(zip(multi_hot_sizes, num_embeddings_per_feature)):
+        one = ids[table].unsqueeze(1)  # [B, 1]: slot 0 of every bag
+        if int(pool) > 1:
+            slot = torch.arange(1, int(pool), dtype=torch.int64)  # slots 1 .. P - 1, broadcast over the samples
+            extra = _mix64(((one * 1_000_003 + table) * 1_009 + slot) ^ salt) % int(rows)
+            one = torch.cat([one, extra], dim=1)
+        bags.append(one.reshape(-1))  # [B * P], sample-major
+    return torch.cat(bags) if bags else ids.new_empty(0)
 
 
 class _SyntheticCriteoGenerator:
@@ -492,14 +510,7 @@ class SyntheticCriteoDataModule(_RankShardedDataModule):
         if ids_per_feature < 1:
             raise ValueError(f"ids_per_feature must be at least 1, got {ids_per_feature}.")
         if multi_hot_sizes is not None:
-            multi_hot_sizes = [int(p) for p in multi_hot_sizes]
-            if len(multi_hot_sizes) != len(FEATURE_NAMES):
-                raise ValueError(
-                    f"multi_hot_sizes needs one pooling factor per categorical feature ({len(FEATURE_NAMES)}), got"
-                    f" {len(multi_hot_sizes)}; e.g. MLPerf DLRM v2's {list(MLPERF_MULTI_HOT_SIZES)}."
-                )
-            if min(multi_hot_sizes) < 1:
-                raise ValueError(f"multi_hot_sizes must all be at least 1, got {multi_hot_sizes}.")
+            multi_hot_sizes = _check_multi_hot_sizes(multi_hot_sizes)
             if ids_per_feature != 1:
                 raise ValueError(
                     f"ids_per_feature={ids_per_feature} and multi_hot_sizes both set the ids per feature; give only"
@@ -813,33 +824,49 @@ class CriteoTSVDataModule(_RankShardedDataModule):
 _DAYS_1TB = 24
 
 
+# One file segment of a split: (the stem's (dense, sparse, labels) paths, first row, rows, the stem's multi-hot arrays
+# (the .npz path and each feature's member) or None when the one-hot sparse file is read).
+_Segment = tuple[tuple[Path, Path, Path], int, int, "tuple[Path, list] | None"]
+
+
 class _BinaryBatches:
     """Picklable ``global_index -> Batch`` over a split of TorchRec-layout ``.npy`` files.
 
-    The split is a list of ``(dense, sparse, labels paths, first row, rows)`` segments read as one concatenation;
-    global batch ``g`` is its rows ``[g * B, (g + 1) * B)`` (or batch ``order[g]`` when shuffled). Files are opened
-    lazily in each process (DataLoader workers included). By default each batch's rows are read with ``pread`` into
-    fresh arrays, so a rank's resident memory is one batch whatever the data size; with ``mmap_mode`` the files are
-    memory-mapped through TorchRec's ``load_npy_range(mmap_mode=True)`` instead (zero-copy from the page cache, but
-    the mapped pages count in the rank's RSS, and the kernel maps neighbours of the pages read: about 1.3x the
-    rank's share after an epoch, measured in docs/benchmarks.md).
+    The split is a list of ``(dense, sparse, labels paths, first row, rows, multi-hot)`` segments read as one
+    concatenation; global batch ``g`` is its rows ``[g * B, (g + 1) * B)`` (or batch ``order[g]`` when shuffled).
+    Files are opened lazily in each process (DataLoader workers included). By default each batch's rows are read
+    with ``pread`` into fresh arrays, so a rank's resident memory is one batch whatever the data size; with
+    ``mmap_mode`` the files are memory-mapped through TorchRec's ``load_npy_range(mmap_mode=True)`` instead
+    (zero-copy from the page cache, but the mapped pages count in the rank's RSS, and the kernel maps neighbours of
+    the pages read: about 1.3x the rank's share after an epoch, measured in docs/benchmarks.md).
+
+    With ``multi_hot_sizes`` the categorical ids come from each stem's ``_sparse_multi_hot.npz`` instead: one
+    ``[rows, multi_hot_sizes[t]]`` array per feature, stored uncompressed, so each is read (or memory-mapped) at its
+    member's offset like a ``.npy``. Its ids are used as they are (they were taken modulo the table sizes when the
+    file was materialised); one outside its table stops training with an error naming the file.
     """
 
     def __init__(
         self,
-        segments: list[tuple[tuple[Path, Path, Path], int, int]],
+        segments: list[_Segment],
         table_sizes: Sequence[int],
         batch_size: int,
         order: np.ndarray | None,
         mmap_mode: bool = False,
+        multi_hot_sizes: Sequence[int] | None = None,
     ) -> None:
         self.segments = segments
         self.batch_size = batch_size
         self.order = order
         self.mmap_mode = mmap_mode
+        self.table_sizes = [int(n) for n in table_sizes]
         self.hashes = np.asarray(table_sizes, dtype=np.int64).reshape(1, -1)
-        self.bounds = np.cumsum([0, *(rows for _, _, rows in segments)])
-        self.lengths = torch.ones(len(FEATURE_NAMES) * batch_size, dtype=torch.int32)
+        self.bounds = np.cumsum([0, *(rows for _, _, rows, _ in segments)])
+        self.multi_hot_sizes = list(multi_hot_sizes) if multi_hot_sizes is not None else None
+        if self.multi_hot_sizes is None:
+            self.lengths = torch.ones(len(FEATURE_NAMES) * batch_size, dtype=torch.int32)
+        else:
+            self.lengths = torch.tensor(self.multi_hot_sizes, dtype=torch.int32).repeat_interleave(batch_size)
         self._arrays: list | None = None
 
     @property
@@ -852,47 +879,79 @@ class _BinaryBatches:
 
     def __del__(self) -> None:
         if not getattr(self, "mmap_mode", True) and getattr(self, "_arrays", None):
-            for files in self._arrays:
-                for fd, _, _, _ in files:
-                    os.close(fd)
+            for fd in {fd for files in self._arrays for fd, _, _, _ in files}:
+                os.close(fd)
 
     def _open(self) -> list:
-        if self._arrays is None:
-            if self.mmap_mode:
-                from torchrec.datasets.criteo import BinaryCriteoUtils
+        """Per segment, its arrays in the order (dense, sparse (one array, or one per feature), labels)."""
+        if self._arrays is not None:
+            return self._arrays
+        arrays = []
+        if self.mmap_mode:
+            from torchrec.datasets.criteo import BinaryCriteoUtils
 
-                self._arrays = [
-                    tuple(BinaryCriteoUtils.load_npy_range(str(p), first, rows, mmap_mode=True) for p in paths)
-                    for paths, first, rows in self.segments
-                ]
-            else:
-                arrays = []
-                for paths, first, _ in self.segments:
-                    files = []
-                    for p in paths:
-                        with open(p, "rb") as f:
-                            fmt = np.lib.format
-                            v1 = fmt.read_magic(f) == (1, 0)
-                            shape, _, dtype = (fmt.read_array_header_1_0 if v1 else fmt.read_array_header_2_0)(f)
-                            start = f.tell() + first * shape[1] * dtype.itemsize
-                        files.append((os.open(p, os.O_RDONLY), start, shape[1] * dtype.itemsize, (dtype, shape[1])))
-                    arrays.append(files)
-                self._arrays = arrays
-        return self._arrays
+            for (dense, sparse, labels), first, rows, multi_hot in self.segments:
+                load = functools.partial(
+                    BinaryCriteoUtils.load_npy_range, start_row=first, num_rows=rows, mmap_mode=True
+                )
+                if multi_hot is None:
+                    middle = [load(str(sparse))]
+                else:
+                    npz, members = multi_hot
+                    maps = [np.memmap(npz, m.dtype, "r", offset=m.offset, shape=(m.rows, m.cols)) for m in members]
+                    middle = [a[first : first + rows] for a in maps]
+                arrays.append((load(str(dense)), *middle, load(str(labels))))
+        else:
+            fmt = np.lib.format
+            for (dense, sparse, labels), first, _, multi_hot in self.segments:
+                files = []
+                for p in (dense, sparse, labels) if multi_hot is None else (dense, labels):
+                    with open(p, "rb") as f:
+                        v1 = fmt.read_magic(f) == (1, 0)
+                        shape, _, dtype = (fmt.read_array_header_1_0 if v1 else fmt.read_array_header_2_0)(f)
+                        start = f.tell() + first * shape[1] * dtype.itemsize
+                    files.append((os.open(p, os.O_RDONLY), start, shape[1] * dtype.itemsize, (dtype, shape[1])))
+                if multi_hot is not None:
+                    npz, members = multi_hot
+                    fd = os.open(npz, os.O_RDONLY)  # one descriptor for all of the file's members
+                    row = [m.cols * m.dtype.itemsize for m in members]
+                    files[1:1] = [(fd, m.offset + first * r, r, (m.dtype, m.cols)) for m, r in zip(members, row)]
+                arrays.append(files)
+        self._arrays = arrays
+        return arrays
 
     def _read(self, k: int, lo: int, n: int) -> tuple[np.ndarray, ...]:
         """Rows ``[lo, lo + n)`` of segment ``k``."""
         if self.mmap_mode:
-            return tuple(a[lo : lo + n] for a in self._open()[k])
-        out = []
-        for fd, offset, row_bytes, (dtype, cols) in self._open()[k]:
-            data = os.pread(fd, n * row_bytes, offset + lo * row_bytes)
-            if len(data) != n * row_bytes:
-                raise OSError(f"short read from {self.segments[k][0]}: the file changed while training?")
-            out.append(np.frombuffer(data, dtype=dtype).reshape(n, cols))
-        return tuple(out)
+            out = tuple(a[lo : lo + n] for a in self._open()[k])
+        else:
+            parts = []
+            for fd, offset, row_bytes, (dtype, cols) in self._open()[k]:
+                data = os.pread(fd, n * row_bytes, offset + lo * row_bytes)
+                if len(data) != n * row_bytes:
+                    raise OSError(f"short read from {self.segments[k][0]}: the file changed while training?")
+                parts.append(np.frombuffer(data, dtype=dtype).reshape(n, cols))
+            out = tuple(parts)
+        if self.segments[k][3] is not None:
+            self._check_ids(k, lo, out[1:-1])
+        return out
 
-    def _rows(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _check_ids(self, k: int, lo: int, features: Sequence[np.ndarray]) -> None:
+        """Multi-hot ids are not hashed: name the file if one lies outside its table."""
+        for t, (ids, rows) in enumerate(zip(features, self.table_sizes)):
+            if ids.size and (int(ids.max()) >= rows or int(ids.min()) < 0):
+                npz = self.segments[k][3][0]
+                first = self.segments[k][1] + lo
+                bad = int(ids.max()) if int(ids.max()) >= rows else int(ids.min())
+                raise ValueError(
+                    f"{npz}: feature {FEATURE_NAMES[t]} holds id {bad} (rows {first}..{first + len(ids) - 1}), outside"
+                    f" its table of {rows} rows (num_embeddings_per_feature[{t}]). The file was materialised for other"
+                    " table sizes: set num_embeddings_per_feature to those (MLPerf's own files:"
+                    " MLPERF_NUM_EMBEDDINGS_PER_FEATURE), or re-materialise it with `dlac preprocess criteo"
+                    " --multi-hot-sizes ... --num-embeddings-per-feature ... --overwrite` (docs/data.md)."
+                )
+
+    def _rows(self, lo: int, hi: int) -> tuple[np.ndarray, ...]:
         pieces = []
         k = int(np.searchsorted(self.bounds, lo, side="right")) - 1
         while lo < hi:
@@ -902,14 +961,18 @@ class _BinaryBatches:
             lo += take
             k += 1
         if len(pieces) == 1:
-            return pieces[0]  # type: ignore[return-value]
-        return tuple(np.concatenate(parts) for parts in zip(*pieces))  # type: ignore[return-value]
+            return pieces[0]
+        return tuple(np.concatenate(parts) for parts in zip(*pieces))
 
     def __call__(self, index: int) -> Batch:
         g = int(self.order[index]) if self.order is not None else index
-        dense, sparse, labels = self._rows(g * self.batch_size, (g + 1) * self.batch_size)
-        # Ids modulo the table sizes (TorchRec's `hashes`), then key-major for the KJT: all of cat_0, then cat_1...
-        ids = torch.from_numpy(np.ascontiguousarray((sparse % self.hashes).T)).view(-1)
+        dense, *sparse, labels = self._rows(g * self.batch_size, (g + 1) * self.batch_size)
+        if self.multi_hot_sizes is None:
+            # Ids modulo the table sizes (TorchRec's `hashes`), then key-major for the KJT: all of cat_0, then cat_1...
+            ids = torch.from_numpy(np.ascontiguousarray((sparse[0] % self.hashes).T)).view(-1)
+        else:
+            # Feature-major, each feature's [B, P] ids sample by sample: the KJT's values with lengths P.
+            ids = torch.from_numpy(np.concatenate([f.reshape(-1) for f in sparse]).astype(np.int64))
         return _make_batch(
             torch.from_numpy(np.array(dense, dtype=np.float32)),
             ids,
@@ -925,6 +988,10 @@ class CriteoBinaryDataModule(_RankShardedDataModule):
     ``... train.txt`` (Kaggle); TorchRec's ``scripts/npy_preproc_criteo.py`` writes the same files. Dense features
     are TorchRec's ``log(x - min + 2)``, categoricals are taken modulo the table sizes when batches are built (as
     TorchRec's ``InMemoryBinaryCriteoIterDataPipe(mmap_mode=True, hashes=...)`` does), labels become float32.
+
+    Multi-hot (MLPerf DLRM v2): with ``multi_hot_sizes`` the categoricals come from ``<stem>_sparse_multi_hot.npz``
+    (``<stem>_sparse.npy`` is then not needed), as torchrec_dlrm's ``MultiHotCriteoIterDataPipe`` reads MLPerf's
+    dataset; ``dlac preprocess criteo --multi-hot-sizes mlperf ...`` materialises them from the one-hot days.
 
     Splits:
 
@@ -960,6 +1027,14 @@ class CriteoBinaryDataModule(_RankShardedDataModule):
         num_workers: DataLoader worker processes.
         mmap_mode: Memory-map the files (TorchRec's ``load_npy_range(mmap_mode=True)``) instead of reading each
             batch's rows: zero-copy from the page cache, but the mapped pages count in the rank's resident memory.
+        multi_hot_sizes: Ids per sample of each of the 26 features (MLPerf DLRM v2: :data:`MLPERF_MULTI_HOT_SIZES`).
+            Set, the categoricals are read from ``<stem>_sparse_multi_hot.npz`` (MLPerf's layout: one int32
+            ``[rows, multi_hot_sizes[t]]`` array per feature, members ``"0"`` .. ``"25"``, written by ``dlac
+            preprocess criteo --multi-hot-sizes`` or MLPerf's materialisation script) instead of
+            ``<stem>_sparse.npy``, each rank reading its rows in place as with the ``.npy`` files, and KJT lengths are
+            the pooling factors. Ids are used as stored: the file must have been materialised for
+            ``num_embeddings_per_feature`` (checked at construction when the file records its table sizes, and
+            per batch: an id outside its table raises an error naming the file). ``None``: one-hot.
     """
 
     def __init__(
@@ -977,8 +1052,9 @@ class CriteoBinaryDataModule(_RankShardedDataModule):
         seed: int = 0,
         num_workers: int = 0,
         mmap_mode: bool = False,
+        multi_hot_sizes: list[int] | None = None,
     ) -> None:
-        from lightning_dlac.preprocess import check_criteo_binary
+        from lightning_dlac.preprocess import check_criteo_binary, check_criteo_multi_hot, multi_hot_path
 
         num_embeddings_per_feature = _resolve_table_sizes(num_embeddings_per_feature, max_rows)
         super().__init__(num_embeddings_per_feature, batch_size, num_workers)
@@ -1006,8 +1082,20 @@ class CriteoBinaryDataModule(_RankShardedDataModule):
         overlap = sorted(set(train_stems) & set(val_stems))
         if overlap:
             raise ValueError(f"{overlap} are both training and held-out stems; a stem belongs to one of them.")
+        if multi_hot_sizes is not None:
+            multi_hot_sizes = _check_multi_hot_sizes(multi_hot_sizes)
+        self.multi_hot_sizes = multi_hot_sizes
         # Headers only: fails here, before any process is launched, naming the file and the problem.
-        self._rows = {stem: check_criteo_binary(directory, stem) for stem in [*train_stems, *val_stems]}
+        self._multi_hot: dict[str, tuple[Path, list] | None] = {}
+        self._rows: dict[str, int] = {}
+        for stem in [*train_stems, *val_stems]:
+            if multi_hot_sizes is None:
+                self._rows[stem] = check_criteo_binary(directory, stem)
+                self._multi_hot[stem] = None
+            else:
+                rows, members = check_criteo_multi_hot(directory, stem, multi_hot_sizes, num_embeddings_per_feature)
+                self._rows[stem] = rows
+                self._multi_hot[stem] = (multi_hot_path(directory, stem), members)
         self.data_dir = directory
         self.train_stems = list(train_stems)
         self.val_stems = list(val_stems)
@@ -1019,7 +1107,7 @@ class CriteoBinaryDataModule(_RankShardedDataModule):
         self.mmap_mode = mmap_mode
         self._splits = self._plan_splits()
 
-    def _segments(self, stems: list[str], lo: int, hi: int) -> list[tuple[tuple[Path, Path, Path], int, int]]:
+    def _segments(self, stems: list[str], lo: int, hi: int) -> list[_Segment]:
         """Rows ``[lo, hi)`` of the concatenation of ``stems``, as per-file segments."""
         from lightning_dlac.preprocess import binary_paths
 
@@ -1030,11 +1118,11 @@ class CriteoBinaryDataModule(_RankShardedDataModule):
             n = self._rows[stem]
             a, b = max(lo, start), min(hi, start + n)
             if a < b:
-                out.append((binary_paths(self.data_dir, stem), a - start, b - a))
+                out.append((binary_paths(self.data_dir, stem), a - start, b - a, self._multi_hot[stem]))
             start += n
         return out
 
-    def _plan_splits(self) -> dict[str, list[tuple[tuple[Path, Path, Path], int, int]]]:
+    def _plan_splits(self) -> dict[str, list[_Segment]]:
         total = sum(self._rows[s] for s in self.train_stems)
         if self.val_stems:
             held = sum(self._rows[s] for s in self.val_stems)
@@ -1055,7 +1143,7 @@ class CriteoBinaryDataModule(_RankShardedDataModule):
 
     def split_rows(self, split: str) -> int:
         """Rows in ``split`` (``train``, ``val`` or ``test``), before cutting into batches."""
-        return sum(rows for _, _, rows in self._splits[split])
+        return sum(rows for _, _, rows, _ in self._splits[split])
 
     @override
     def setup(self, stage: str) -> None:
@@ -1097,7 +1185,7 @@ class CriteoBinaryDataModule(_RankShardedDataModule):
             total = num_batches * self._world_size
             order = np.random.default_rng(self.seed).permutation(total)
         sizes = self.num_embeddings_per_feature
-        fn = _BinaryBatches(self._splits[split], sizes, self.batch_size, order, self.mmap_mode)
+        fn = _BinaryBatches(self._splits[split], sizes, self.batch_size, order, self.mmap_mode, self.multi_hot_sizes)
         return _RankBatches(fn, num_batches, self._rank, self._world_size)
 
     def train_dataset(self) -> _RankBatches:

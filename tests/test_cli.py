@@ -26,6 +26,7 @@ OVERRIDES = {
     "dlrm_uncompressed.yaml": [],
     "dlrm_criteo.yaml": ["--data.train_path={criteo}"],
     "dlrm_criteo_binary.yaml": ["--data.data_dir={criteo_binary}"],
+    "dlrm_v2_criteo_binary.yaml": ["--data.data_dir={criteo_binary}"],
     "dlrm_gpu.yaml": ["--trainer.accelerator=cpu", "--trainer.devices=2",
                       "--trainer.strategy.init_args.process_group_backend=gloo"],
 }
@@ -66,18 +67,21 @@ def _criteo_file(tmp_path: Path) -> Path:
 @pytest.mark.parametrize("name", sorted(OVERRIDES))
 def test_each_shipped_config_builds(name: str, tmp_path: Path) -> None:
     overrides = [o.format(criteo=_criteo_file(tmp_path), criteo_binary=tmp_path / "npy") for o in OVERRIDES[name]]
-    if name == "dlrm_criteo_binary.yaml":  # the Criteo file converted by `dlac preprocess criteo`
-        from lightning_dlac.preprocess import preprocess_criteo
+    if name in ("dlrm_criteo_binary.yaml", "dlrm_v2_criteo_binary.yaml"):  # converted by `dlac preprocess criteo`
+        from lightning_dlac.preprocess import main as preprocess
 
-        [converted] = preprocess_criteo([_criteo_file(tmp_path)], tmp_path / "npy", progress=False)
-        overrides.append(f"--data.train_stems=[{converted.stem}]")
+        multi_hot = ["--multi-hot-sizes", "mlperf", "--num-embeddings-per-feature", "mlperf", "--max-rows", "10000"]
+        criteo = _criteo_file(tmp_path)
+        assert preprocess(["criteo", "--output", str(tmp_path / "npy"), "--no-progress", str(criteo),
+                           *(multi_hot if "v2" in name else [])]) == 0  # fmt: skip
+        overrides.append(f"--data.train_stems=[{criteo.stem}]")
     cli = build_cli(["--config", str(CONFIGS / name), "--trainer.logger=false", *overrides], run=False)
     settings = _settings(cli)
     assert settings["strategy"] == "DLACStrategy" and settings["tables"] == 26
     assert settings["compress"] == (name != "dlrm_uncompressed.yaml")
     assert ("callback" in settings) == (name != "dlrm_uncompressed.yaml")
     assert list(cli.model.hparams.num_embeddings_per_feature) == cli.datamodule.num_embeddings_per_feature
-    if name == "dlrm_v2_synthetic.yaml":  # MLPerf DLRM v2: DCN, dim 128, multi-hot with MLPerf's pooling factors
+    if "v2" in name:  # MLPerf DLRM v2: DCN, dim 128, multi-hot with MLPerf's pooling factors
         assert type(cli.model.model).__name__ == "DLRM_DCN" and cli.model.hparams.embedding_dim == 128
         from lightning_dlac.examples.data import MLPERF_MULTI_HOT_SIZES
 
