@@ -377,7 +377,8 @@ def _train_rank(rank: int, world_size: int, variant_name: str, cfg: dict[str, An
         calibration = None
         if variant.kind == "dlac":
             config = CompressionConfig(backward=variant.backward, auto_fallback=variant.auto_fallback,
-                                       fallback_check_every=4, overlap=variant.overlap)
+                                       fallback_check_every=cfg.get("fallback_check_every", 64),
+                                       overlap=variant.overlap)
             group = install_compressed_all_to_all(model, config, bounds)
             if not group:
                 raise RuntimeError("install_compressed_all_to_all installed nothing: the plan is not table-wise.")
@@ -403,7 +404,7 @@ def _train_rank(rank: int, world_size: int, variant_name: str, cfg: dict[str, An
         dims = {t.name: t.embedding_dim for t in tables}
         local_dim = sum(dims[n] for mp in plan.plan.values() for n, spec in mp.items() if rank in (spec.ranks or []))
 
-        times, losses = [], []
+        times, losses, uncompressed_steps = [], [], []
         for i, batch in enumerate(batches):
             if i == warmup and calibration is not None:
                 classes = classify(calibration.tables, HomogenizationThresholds())
@@ -417,6 +418,7 @@ def _train_rank(rank: int, world_size: int, variant_name: str, cfg: dict[str, An
                 for c in (fwd_codec, bwd_codec):
                     if c is not None:
                         c.reset()
+            sent_uncompressed = group.stats().uncompressed_calls if group else 0
             t0 = time.perf_counter()
             logits = model(batch.dense_features, batch.sparse_features).squeeze(-1)
             loss = loss_fn(logits, batch.labels)
@@ -426,9 +428,12 @@ def _train_rank(rank: int, world_size: int, variant_name: str, cfg: dict[str, An
             elapsed = time.perf_counter() - t0
             if i >= warmup:
                 times.append(elapsed)
+                # compress="auto": whether this step's exchange went uncompressed (a check of the other way)
+                uncompressed_steps.append(bool(group) and group.stats().uncompressed_calls > sent_uncompressed)
             losses.append(loss.item())
 
-        out: dict[str, Any] = {"times": times, "losses": losses, "local_dim": local_dim}
+        out: dict[str, Any] = {"times": times, "losses": losses, "local_dim": local_dim,
+                               "uncompressed_steps": uncompressed_steps}
         # Bytes to other ranks (the block a rank keeps is a local copy, and DLAC's statistics count it nowhere).
         remote = (world_size - 1) / world_size
         raw_fwd = (world_size - 1) * batch_size * local_dim * 4 * steps
@@ -500,6 +505,12 @@ def _summarize(variant: Variant, rate: str, per_rank: list[dict[str, Any]], cfg:
     if variant.auto_fallback:
         row["uncompressed_share"] = per_rank[0]["uncompressed_calls"] / max(per_rank[0]["fwd_calls"], 1)
         row["label"] += f" ({row['uncompressed_share']:.0%} of steps uncompressed)"
+        # What the checks cost, measured within the launches (immune to load drift between launches): the mean
+        # step over the mean step that went compressed, i.e. the fixed-compression step of the same launches.
+        flags = [any(r["uncompressed_steps"][i] for r in per_rank) for i in range(steps)]
+        compressed = [s for s, f in zip(step_s, flags) if not f]
+        row["uncompressed_steps"] = [i for i, f in enumerate(flags) if f]
+        row["check_overhead"] = statistics.fmean(step_s) / statistics.fmean(compressed) - 1 if compressed else None
     if variant.classes:
         chosen = {t: eps for r in per_rank for t, eps in r["table_bounds"].items()}
         row["table_bounds"] = chosen
@@ -552,6 +563,7 @@ def _pool(launches: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     for rank_records in zip(*launches):
         first = dict(rank_records[0])
         first["times"] = [t for r in rank_records for t in r["times"]]
+        first["uncompressed_steps"] = [u for r in rank_records for u in r["uncompressed_steps"]]
         for key, value in rank_records[0].items():
             if key.endswith(("_bytes", "_s", "_calls")) and isinstance(value, (int, float)):
                 first[key] = sum(r[key] for r in rank_records)
@@ -609,6 +621,13 @@ def _ceiling_lines(rows: list[dict[str, Any]]) -> list[str]:
                 at[name][f"vs_{ref}"] = pooled
                 spread = f" (per repeat {min(paired):.2f}-{max(paired):.2f})" if len(paired) > 1 else ""
                 lines.append(f"- {rate}: {at[name]['label']}: {what} {pooled:.2f}{spread}")
+        auto, fixed = at.get("dlac_auto"), at.get("dlac_bf16")
+        if auto is not None and auto.get("check_overhead") is not None:
+            versus = (f"; mean step speed {fixed['mean_step_ms'] / auto['mean_step_ms']:.2f}x of fixed compression's"
+                      " (DLAC fwd + BF16 bwd, other launches)" if fixed is not None else "")
+            lines.append(f"- {rate}: compress=auto: its {len(auto['uncompressed_steps'])} uncompressed steps of"
+                         f" {len(auto['step_ms'])} cost {auto['check_overhead']:+.1%} over its compressed steps"
+                         f" (the same launches' fixed compression){versus}")
     return lines
 
 
@@ -646,6 +665,9 @@ def main() -> None:
                         help="dlrm: dot interactions, dim 64, one-hot; dlrm_v2: MLPerf DLRM v2 (DCN, dim 128,"
                         " multi-hot)")
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {list(VARIANTS)}")
+    parser.add_argument("--fallback-check-every", type=int, default=64,
+                        help="dlac_auto: exchanges between checks of the way not taken (the library's default 64;"
+                             " a short launch sees a check only with a small value, e.g. 4 for 8 steps)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds a 2-rank launch may take")
     parser.add_argument("--json-out", type=Path, default=REPO / "benchmarks/results/e2e_bandwidth.json")
     parser.add_argument("--markdown-out", type=Path, default=None,
@@ -667,10 +689,12 @@ def main() -> None:
             parser.error(f"zero_same_ratio sends what {SAME_BYTES_AS} sent in the same repeat: add {SAME_BYTES_AS}")
         variants.remove("zero_same_ratio")
         variants.insert(variants.index(SAME_BYTES_AS) + 1, "zero_same_ratio")
+    if args.fallback_check_every < 1:
+        parser.error("--fallback-check-every must be >= 1")
     if args.world_size < 2:
         parser.error("--world-size must be >= 2 (the all-to-all needs another rank)")
     cfg = dict(batch_size=args.batch_size, steps=args.steps, warmup=args.warmup, max_rows=args.max_rows,
-               world_size=args.world_size, model=args.model,
+               world_size=args.world_size, model=args.model, fallback_check_every=args.fallback_check_every,
                timeout=args.timeout, repeats=args.repeats)
 
     if args._inside is not None:
