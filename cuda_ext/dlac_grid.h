@@ -189,6 +189,47 @@ void for_each_element(const Tile* tiles, int64_t ntiles, F f) {
   for_each_element_if(tiles, ntiles, AllChunks{}, f);
 }
 
+// Block passes: one block per tile whose chunk passes guard, with a scratch Scratch shared by the block (shared
+// memory on the GPU), run as phases with a barrier between them: phase(tile, thread, nthreads, scratch) for every
+// thread of the block, then the next phase. The emulation keeps one scratch per tile, filled with a poison pattern
+// (shared memory starts undefined: a phase that reads a word no earlier phase wrote changes the bytes the tests
+// compare), and runs each phase for every (tile, thread) work item in the order DLAC_EMULATE_ORDER asks for before
+// the next phase starts, as if every block reached each barrier together.
+#if defined(__CUDACC__)
+template <class Scratch, class G, class... P>
+__global__ void __launch_bounds__(kTileThreads) block_kernel(const Tile* tiles, G guard, P... phases) {
+  __shared__ Scratch scratch;
+  const Tile t = tiles[blockIdx.x];
+  if (!guard(int64_t(t.chunk))) return;  // the whole block leaves before its first barrier
+  ((phases(t, threadIdx.x, blockDim.x, scratch), __syncthreads()), ...);
+}
+template <class Scratch, class G, class... P>
+void for_each_tile_block_if(const Tile* tiles, int64_t ntiles, G guard, P... phases) {
+  static_assert(sizeof(Scratch) <= 48 * 1024, "static shared memory is limited to 48 KB a block");
+  if (ntiles <= 0) return;
+  TORCH_CHECK(ntiles < (int64_t(1) << 31), "too many tiles for one launch: ", ntiles);
+  block_kernel<Scratch><<<unsigned(ntiles), kTileThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(tiles, guard,
+                                                                                                   phases...);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+#else
+template <class Scratch, class G, class... P>
+void for_each_tile_block_if(const Tile* tiles, int64_t ntiles, G guard, P... phases) {
+  if (ntiles <= 0) return;
+  std::vector<char> runs(size_t(ntiles), 0);  // the guard, once per block as the kernel reads it
+  for_each(ntiles, [&](int64_t b) { runs[size_t(b)] = guard(int64_t(tiles[b].chunk)) ? 1 : 0; });
+  std::vector<Scratch> scratch(static_cast<size_t>(ntiles));
+  std::memset(static_cast<void*>(scratch.data()), 0xA5, scratch.size() * sizeof(Scratch));
+  auto run = [&](const auto& phase) {
+    for_each(ntiles * kTileThreads, [&](int64_t w) {
+      const int64_t b = w / kTileThreads;
+      if (runs[size_t(b)]) phase(tiles[b], uint32_t(w % kTileThreads), uint32_t(kTileThreads), scratch[size_t(b)]);
+    });
+  };
+  (run(phases), ...);
+}
+#endif
+
 // On the device (sm_80+), the lanes of a warp that target the same word first combine their values and one of them
 // does the atomic: neighbouring codes share payload words, and every element of a chunk updates the same minimum.
 // (__activemask() lanes all reach the __match_any_sync that follows: there is no branch between them.)
@@ -254,6 +295,51 @@ DLAC_HD inline void hist_add(uint32_t* p) {
 #else
   *p += 1;
 #endif
+}
+
+DLAC_HD inline void atomic_add(uint32_t* p, uint32_t v) {
+#if defined(__CUDA_ARCH__)
+  atomicAdd(reinterpret_cast<unsigned int*>(p), v);
+#else
+  *p += v;
+#endif
+}
+
+// Element passes that count one histogram bin per element (f returns it, or kNoBin): each block counts its tile
+// in a block-local histogram of kHuffMaxAlphabet bins (16 KB of shared memory; a tile belongs to one chunk, so one
+// histogram a block), then adds its non-zero bins to the chunk's histogram at hist + chunk * stride. The global
+// histogram gets one atomic per distinct code of a tile instead of one per warp and distinct code.
+constexpr uint32_t kNoBin = 0xFFFFFFFFu;
+struct HistScratch {
+  uint32_t bins[kHuffMaxAlphabet];
+};
+struct ZeroBins {
+  DLAC_HD void operator()(const Tile&, uint32_t thread, uint32_t nthreads, HistScratch& sm) const {
+    for (uint32_t b = thread; b < kHuffMaxAlphabet; b += nthreads) sm.bins[b] = 0;
+  }
+};
+template <class F>
+struct CountBins {
+  F f;
+  DLAC_HD void operator()(const Tile& t, uint32_t thread, uint32_t nthreads, HistScratch& sm) const {
+    walk_tile(t, thread, nthreads, [&](int64_t i, int64_t l, int64_t r, int64_t j) {
+      const uint32_t bin = f(i, l, r, j);
+      if (bin < kHuffMaxAlphabet) hist_add(sm.bins + bin);
+    });
+  }
+};
+struct FlushBins {
+  uint32_t* hist;
+  int64_t stride;
+  DLAC_HD void operator()(const Tile& t, uint32_t thread, uint32_t nthreads, HistScratch& sm) const {
+    uint32_t* h = hist + int64_t(t.chunk) * stride;
+    for (uint32_t b = thread; b < kHuffMaxAlphabet; b += nthreads)
+      if (sm.bins[b] != 0) atomic_add(h + b, sm.bins[b]);
+  }
+};
+template <class G, class F>
+void for_each_element_counted_if(const Tile* tiles, int64_t ntiles, G guard, uint32_t* hist, int64_t stride, F f) {
+  for_each_tile_block_if<HistScratch>(tiles, ntiles, guard, ZeroBins{}, CountBins<F>{f}, FlushBins{hist, stride});
 }
 
 // The segment holding item e: the last i in [0, nseg) with starts[i] <= e (empty segments are skipped over).
@@ -683,14 +769,13 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
   // element's verdict (the CPU tries the steps in order; an element's verdict is its own), its code, the maximum
   // code, and the histogram of all codes (read only when every code is below A, and then this counts every code).
   // If the chunk does not keep the first step, these codes are redone below; if it goes RAW they are never read.
-  for_each_element_if(TL, NT, DLAC_LAMBDA(int64_t i) { return S[i * kStWords + kStKind] == kKindQuant; },
-      DLAC_LAMBDA(int64_t i, int64_t l, int64_t r, int64_t j) {
+  for_each_element_counted_if(TL, NT, DLAC_LAMBDA(int64_t i) { return S[i * kStWords + kStKind] == kKindQuant; },
+      hist, 3 * A, DLAC_LAMBDA(int64_t i, int64_t l, int64_t r, int64_t j) -> uint32_t {
     uint32_t* s = S + i * kStWords;
-    if (s[kStKind] != kKindQuant) return;
     const EncChunk& ch = CH[i];
     const float lo = bits_to_float(s[kStMin]), eb = bits_to_float(s[kStEb]);
     const float step = f_mul(eb, step_factor(0));
-    if (!(f_isfinite(step) && step > 0.0f)) return;  // the chooser stops at the first step: RAW
+    if (!(f_isfinite(step) && step > 0.0f)) return kNoBin;  // the chooser stops at the first step: RAW
     uint32_t code = 0;
     const int st = quantize_element(xp[(ch.r0 + r) * ld + ch.c0 + j], lo, eb, step, &code);
     if (st == kOverflow) atomic_or(s + kStOverflow, 1u);
@@ -698,7 +783,7 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
     const int64_t e = ch.elem_base + l;
     codes[e] = code;
     atomic_max(s + kStQmax, code);
-    if (code < uint32_t(A)) hist_add(hist + (i * 3 + 0) * A + code);
+    return code;  // counted only below A (the planner reads this histogram only when every code is)
   });
   // The other steps' verdicts, only in chunks where some element missed the first step and none overflowed (the
   // chooser would stop at an overflow).
@@ -747,12 +832,11 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
     const int64_t i = t / A;
     if (S[i * kStWords + kStKind] == kKindQuant && S[i * kStWords + kStRecode]) hist[(i * 3 + 0) * A + (t - i * A)] = 0;
   });
-  for_each_element_if(TL, NT, DLAC_LAMBDA(int64_t i) {
+  for_each_element_counted_if(TL, NT, DLAC_LAMBDA(int64_t i) {
         return S[i * kStWords + kStKind] == kKindQuant && S[i * kStWords + kStRecode] != 0u;
       },
-      DLAC_LAMBDA(int64_t i, int64_t l, int64_t r, int64_t j) {
+      hist, 3 * A, DLAC_LAMBDA(int64_t i, int64_t l, int64_t r, int64_t j) -> uint32_t {
     uint32_t* s = S + i * kStWords;
-    if (s[kStKind] != kKindQuant || !s[kStRecode]) return;
     const EncChunk& ch = CH[i];
     const int64_t e = ch.elem_base + l;
     uint32_t code = 0;
@@ -760,7 +844,7 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
                      bits_to_float(s[kStStep]), &code);
     codes[e] = code;
     atomic_max(s + kStQmax, code);
-    if (code < uint32_t(A)) hist_add(hist + (i * 3 + 0) * A + code);
+    return code;
   });
   // Unique code rows: each slot ends up holding the smallest row with its content.
   for_each(RW, DLAC_LAMBDA(int64_t g) {
