@@ -110,6 +110,29 @@ void for_each(int64_t n, F f) {
 }
 #endif
 
+// f(i) for every i in [0, n), run by all 32 lanes of one warp together on the device (every lane gets the same i,
+// so a branch on i is taken by the whole warp and the warp_* functions below may shuffle); once per i on the host.
+#if defined(__CUDACC__)
+template <class F>
+__global__ void for_each_warp_kernel(int64_t n, F f) {
+  const int64_t nwarps = (int64_t(gridDim.x) * blockDim.x) / 32;
+  for (int64_t i = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32; i < n; i += nwarps) f(i);
+}
+template <class F>
+void for_each_warp(int64_t n, F f) {
+  if (n <= 0) return;
+  constexpr int kThreads = 256, kWarps = kThreads / 32;
+  const int64_t blocks = std::min<int64_t>((n + kWarps - 1) / kWarps, 65535 * 8);
+  for_each_warp_kernel<<<unsigned(blocks), kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(n, f);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+#else
+template <class F>
+void for_each_warp(int64_t n, F f) {
+  for_each(n, f);
+}
+#endif
+
 // Per-chunk tiles: each chunk's elements cut into tiles of up to kTileElems consecutive elements; one thread block
 // works on one tile, so every element knows its chunk without a search, and its row and column advance by additions
 // (one division per thread and tile instead of a binary search over chunk starts and a division per element).
@@ -353,22 +376,70 @@ DLAC_HD inline int64_t find_segment(const int64_t* starts, int64_t nseg, int64_t
   return lo;
 }
 
-// Hash of a code row read as 32-bit words (the device's hash set; any hash does, insert and lookup share it).
-DLAC_HD inline uint64_t hash_words(const uint32_t* p, int64_t dim) {
-  uint64_t h0 = 0x9E3779B97F4A7C15ull, h1 = 0xC2B2AE3D27D4EB4Full;
-  int64_t j = 0;
-  for (; j + 1 < dim; j += 2) {
-    h0 = (h0 ^ p[j]) * 0x100000001B3ull;
-    h1 = (h1 ^ p[j + 1]) * 0x100000001B3ull;
-  }
-  if (j < dim) h0 = (h0 ^ p[j]) * 0x100000001B3ull;
-  return (h0 ^ (h1 >> 29) ^ (h1 << 7)) * 0xFF51AFD7ED558CCDull;
+// Warp-cooperative code rows: one warp per row, lane L taking the row's words L, L + 32, ... (a warp reads the row
+// in coalesced 128-byte pieces instead of one thread walking it word by word). The row's hash is the xor of its
+// lanes' hashes, its comparison the and of its lanes': combined with shuffles on the device, and on the host by
+// running the same lane functions for lanes 0..31 one after another, so the emulation computes the very hash and
+// comparisons of the GPU (any hash gives the same bytes: a slot keeps the smallest row of its content).
+constexpr uint32_t kWarp = 32;
+DLAC_HD inline uint64_t mix64(uint64_t k) {
+  k ^= k >> 33;
+  k *= 0xFF51AFD7ED558CCDull;
+  k ^= k >> 33;
+  k *= 0xC4CEB9FE1A85EC53ull;
+  return k ^ (k >> 33);
 }
-
-DLAC_HD inline bool rows_equal(const uint32_t* a, const uint32_t* b, int64_t dim) {
-  for (int64_t j = 0; j < dim; ++j)
+DLAC_HD inline uint64_t lane_hash(const uint32_t* p, int64_t dim, uint32_t lane) {
+  if (int64_t(lane) >= dim) return 0;
+  uint64_t h = 0x9E3779B97F4A7C15ull * (uint64_t(lane) + 1);
+  for (int64_t j = lane; j < dim; j += kWarp) h = (h ^ p[j]) * 0x100000001B3ull;
+  return mix64(h);
+}
+DLAC_HD inline bool lane_equal(const uint32_t* a, const uint32_t* b, int64_t dim, uint32_t lane) {
+  for (int64_t j = lane; j < dim; j += kWarp)
     if (a[j] != b[j]) return false;
   return true;
+}
+#if defined(__CUDA_ARCH__)
+__device__ inline uint32_t warp_lane() { return threadIdx.x & (kWarp - 1); }
+#endif
+// Called by all 32 lanes of a warp together on the device (for_each_warp), once per row on the host.
+DLAC_HD inline uint64_t warp_row_hash(const uint32_t* p, int64_t dim) {
+#if defined(__CUDA_ARCH__)
+  uint64_t h = lane_hash(p, dim, warp_lane());
+  for (int o = kWarp / 2; o > 0; o >>= 1) h ^= __shfl_xor_sync(0xFFFFFFFFu, h, o);
+#else
+  uint64_t h = 0;
+  for (uint32_t lane = 0; lane < kWarp; ++lane) h ^= lane_hash(p, dim, lane);
+#endif
+  return mix64(h);
+}
+DLAC_HD inline bool warp_rows_equal(const uint32_t* a, const uint32_t* b, int64_t dim) {
+#if defined(__CUDA_ARCH__)
+  return __all_sync(0xFFFFFFFFu, lane_equal(a, b, dim, warp_lane())) != 0;
+#else
+  for (uint32_t lane = 0; lane < kWarp; ++lane)
+    if (!lane_equal(a, b, dim, lane)) return false;
+  return true;
+#endif
+}
+// The lane that does a warp's atomics and writes (the only "lane" on the host).
+DLAC_HD inline bool warp_leader() {
+#if defined(__CUDA_ARCH__)
+  return warp_lane() == 0;
+#else
+  return true;
+#endif
+}
+// A compare-and-swap by the leader, its result given to every lane.
+DLAC_HD inline uint32_t warp_cas(uint32_t* p, uint32_t expected, uint32_t v) {
+#if defined(__CUDA_ARCH__)
+  uint32_t old = 0;
+  if (warp_leader()) old = atomicCAS(reinterpret_cast<unsigned int*>(p), expected, v);
+  return __shfl_sync(0xFFFFFFFFu, old, 0);
+#else
+  return atomic_cas(p, expected, v);
+#endif
 }
 
 // float <-> an unsigned key with the same order (for atomic min / max of floats).
@@ -846,8 +917,9 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
     atomic_max(s + kStQmax, code);
     return code;
   });
-  // Unique code rows: each slot ends up holding the smallest row with its content.
-  for_each(RW, DLAC_LAMBDA(int64_t g) {
+  // Unique code rows: each slot ends up holding the smallest row with its content. One warp per row (hash and
+  // comparisons warp-cooperative; every branch below depends only on values all lanes share).
+  for_each_warp(RW, DLAC_LAMBDA(int64_t g) {
     const int64_t i = find_segment(RWS, N, g);
     const EncChunk& ch = CH[i];
     if (S[i * kStWords + kStKind] != kKindQuant || ch.rows < 2) return;
@@ -856,23 +928,24 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
     const uint32_t* row = base + int64_t(r) * ch.dim;
     uint32_t* slots = table + ch.hash_base;
     const uint32_t mask = uint32_t(ch.hash_cap - 1);
-    uint32_t slot = uint32_t(hash_words(row, ch.dim) >> 32) & mask;
+    uint32_t slot = uint32_t(warp_row_hash(row, ch.dim) >> 32) & mask;
     for (int64_t probe = 0; probe < ch.hash_cap; ++probe) {
-      const uint32_t old = atomic_cas(slots + slot, kEmpty, r);
+      const uint32_t old = warp_cas(slots + slot, kEmpty, r);
       if (old == kEmpty) return;
-      if (rows_equal(base + int64_t(old) * ch.dim, row, ch.dim)) {
-        atomic_min(slots + slot, r);
+      if (warp_rows_equal(base + int64_t(old) * ch.dim, row, ch.dim)) {
+        if (warp_leader()) atomic_min(slots + slot, r);
         return;
       }
       slot = (slot + 1) & mask;
     }
-    atomic_or(S + i * kStWords + kStError, kErrHashFull);
+    if (warp_leader()) atomic_or(S + i * kStWords + kStError, kErrHashFull);
   });
-  for_each(RW, DLAC_LAMBDA(int64_t g) {
+  for_each_warp(RW, DLAC_LAMBDA(int64_t g) {
     const int64_t i = find_segment(RWS, N, g);
     const EncChunk& ch = CH[i];
+    const bool leader = warp_leader();
     if (S[i * kStWords + kStKind] != kKindQuant || ch.rows < 2) {
-      first[g] = 0u;  // every row gets its flag here: the running count below reads them all
+      if (leader) first[g] = 0u;  // every row gets its flag here: the running count below reads them all
       return;
     }
     const uint32_t r = uint32_t(g - ch.row_base);
@@ -880,19 +953,23 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
     const uint32_t* row = base + int64_t(r) * ch.dim;
     const uint32_t* slots = table + ch.hash_base;
     const uint32_t mask = uint32_t(ch.hash_cap - 1);
-    uint32_t slot = uint32_t(hash_words(row, ch.dim) >> 32) & mask;
+    uint32_t slot = uint32_t(warp_row_hash(row, ch.dim) >> 32) & mask;
     for (int64_t probe = 0; probe < ch.hash_cap; ++probe, slot = (slot + 1) & mask) {
-      const uint32_t u = slots[slot];
-      if (u != kEmpty && rows_equal(base + int64_t(u) * ch.dim, row, ch.dim)) {
-        rep[g] = u;
-        first[g] = u == r ? 1u : 0u;
+      const uint32_t u = slots[slot];  // the table is complete: every lane reads the same word
+      if (u != kEmpty && warp_rows_equal(base + int64_t(u) * ch.dim, row, ch.dim)) {
+        if (leader) {
+          rep[g] = u;
+          first[g] = u == r ? 1u : 0u;
+        }
         return;
       }
     }
     // Not found (only after the insert failed): keep every later index in range until the read-back raises.
-    atomic_or(S + i * kStWords + kStError, kErrHashLost);
-    rep[g] = r;
-    first[g] = 1u;
+    if (leader) {
+      atomic_or(S + i * kStWords + kStError, kErrHashLost);
+      rep[g] = r;
+      first[g] = 1u;
+    }
   });
   // First-appearance ids: a running count of first rows.
   at::Tensor incl_t = at::cumsum(first_t, 0, at::kLong);
