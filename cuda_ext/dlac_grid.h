@@ -4,8 +4,12 @@
 //
 // Every kernel is written once as a lambda over one work item (an element, a row, a symbol, a Huffman block, a
 // CRC segment, a chunk) and run with for_each, or for elements and symbols with for_each_element over per-chunk
-// tiles (one block per tile of one chunk or stream, so no work item searches for its chunk). Work items only communicate through atomics whose result does not
-// depend on their order (or, min, max, add, and a compare-and-swap hash insert that keeps the smallest row), so
+// tiles (one block per tile of one chunk or stream, so no work item searches for its chunk). Two kinds of kernel
+// work on more than one item, and the emulation runs them through the same code: block passes
+// (for_each_tile_block_if: phases over one tile with a block-shared scratch, shared memory on the GPU, and a barrier
+// between them; the emulation poisons one scratch per tile and finishes each phase before the next) and warp passes
+// (for_each_warp: the 32 lanes of a warp on one code row, combined by shuffles; the emulation runs the lanes in turn).
+// Work items only communicate through atomics whose result does not depend on their order (or, min, max, add, and a compare-and-swap hash insert that keeps the smallest row), so
 // running them one after another on the host computes exactly what the GPU computes. Per-chunk decisions that must
 // equal the CPU encoder's (PACK / HUFF / DEDUP / RAW, Huffman code lengths, headers) are made on the host by the
 // same functions dlac_codec.h gives the CPU encoder, from statistics the device gathers.
@@ -16,11 +20,13 @@
 // pinned, non-blocking copy (Staging). The first call on a device also uploads the CRC tables, blocking.
 //
 // Encode: range and finiteness -> per-chunk kind and bound -> the first quantization step checked, with its codes
-// and their histogram, in one pass (the other three steps only where it misses; codes redone for chunks that keep a
-// later step) -> unique code rows (hash set keeping the first row of each, probes bounded, then a
-// prefix sum gives first-appearance ids) -> histograms of unique rows and row index -> [host: plan, headers, Huffman
-// tables] -> RAW copies, every code written at its bit offset (a prefix sum of code lengths), block end offsets,
-// CRC-32 per segment joined per chunk.
+// and their histogram (per tile in shared memory, its non-zero bins added to the chunk's), in one pass (the other
+// three steps only where it misses; codes redone for chunks that keep a later step) -> unique code rows (one warp
+// per row hashes and compares it; hash set keeping the first row of each, probes bounded, then a prefix sum gives
+// first-appearance ids) -> histograms of unique rows and row index -> [host: plan, headers, Huffman tables] -> RAW
+// copies, every code placed at its bit offset (a prefix sum of code lengths) by tile-wise packing (a block ORs its
+// tile's codes into words in shared memory and stores them whole, only its first and last word by atomic OR),
+// block end offsets, CRC-32 per segment joined per chunk.
 // Decode: headers and CRC per chunk -> [host: header validation] -> Huffman sections validated and tables built per
 // section, one thread per Huffman block, PACK values per element -> dequantized output -> [host: error flags].
 #pragma once
@@ -364,6 +370,25 @@ template <class G, class F>
 void for_each_element_counted_if(const Tile* tiles, int64_t ntiles, G guard, uint32_t* hist, int64_t stride, F f) {
   for_each_tile_block_if<HistScratch>(tiles, ntiles, guard, ZeroBins{}, CountBins<F>{f}, FlushBins{hist, stride});
 }
+
+// Tile-wise bit packing: the payload bits [begin, end) of a tile of one stream's symbols (bit lengths nbits, their
+// running sum cum over all streams), and the 32-bit payload words they touch. A tile's codes span at most
+// kTileElems * kMaxCodeBits bits, so kPackWords words of shared memory hold them at any alignment.
+struct TileBits {
+  int64_t begin, end;
+  DLAC_HD int64_t words() const { return end > begin ? ((end - 1) >> 5) - (begin >> 5) + 1 : 0; }
+};
+template <class Stream>
+DLAC_HD inline TileBits tile_bits(const Stream& es, const Tile& t, const int64_t* cum, const int32_t* nbits) {
+  const int64_t before = es.sym_base > 0 ? cum[es.sym_base - 1] : 0;
+  const int64_t a = es.sym_base + t.first, b = a + t.count - 1;
+  return {es.data_bit + (cum[a] - nbits[a] - before), es.data_bit + (cum[b] - before)};
+}
+static_assert(kMaxCodeBits <= 32 && kHuffMaxLen <= kMaxCodeBits, "a code fits one 32-bit word");
+constexpr int64_t kPackWords = kTileElems * kMaxCodeBits / 32 + 1;
+struct PackScratch {
+  uint32_t words[kPackWords];
+};
 
 // The segment holding item e: the last i in [0, nseg) with starts[i] <= e (empty segments are skipped over).
 DLAC_HD inline int64_t find_segment(const int64_t* starts, int64_t nseg, int64_t e) {
@@ -1129,6 +1154,8 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
       es.src = part.src;
       es.huff = part.p->huff ? 1 : 0;
       es.width = part.p->width;
+      TORCH_CHECK(part.p->width <= kMaxCodeBits, "chunk ", i, ": a ", part.p->width, "-bit PACK stream (the format "
+                  "allows ", kMaxCodeBits, "); this is a bug in the encoder's plan, please report it");
       if (part.p->huff) {
         std::vector<uint8_t> prefix(huff_prefix_size(*part.p));
         write_huff_prefix(*part.p, uint64_t(part.count), prefix.data());
@@ -1207,21 +1234,41 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
     });
     at::Tensor cum_t = at::cumsum(bits_t, 0, at::kLong);
     const int64_t* cum = ptr<int64_t>(cum_t);
-    for_each_element(STL, NST, DLAC_LAMBDA(int64_t k, int64_t l, int64_t, int64_t) {
-      const EncStream& es = SS[k];
+    // Tile-wise bit packing: a block ORs its tile's codes into words in shared memory, then stores the words that
+    // hold only its own bits as they are, and ORs in only the first and the last (shared with the neighbouring tile,
+    // or with the stream's prefix and block ends): one global store per payload word instead of an atomic OR per code.
+    const auto zero = DLAC_LAMBDA(const Tile& t, uint32_t thread, uint32_t nthreads, PackScratch& sm) {
+      const int64_t nw = tile_bits(SS[t.chunk], t, cum, nbits).words();
+      for (int64_t w = thread; w < nw; w += nthreads) sm.words[w] = 0;
+    };
+    const auto pack = DLAC_LAMBDA(const Tile& t, uint32_t thread, uint32_t nthreads, PackScratch& sm) {
+      const EncStream& es = SS[t.chunk];
+      const int64_t origin = 32 * (tile_bits(es, t, cum, nbits).begin >> 5);
       const uint32_t* src = es.src == 0 ? srcs0 : es.src == 1 ? srcs1 : srcs2;
-      const uint32_t v = src[es.src_base + l];
-      const int64_t t = es.sym_base + l;
-      const uint32_t len = uint32_t(nbits[t]);
-      if (len == 0) return;
-      const uint32_t code = es.huff ? (CT[es.table_off + v] & 0xFFFFFFu) : v;
       const int64_t before = es.sym_base > 0 ? cum[es.sym_base - 1] : 0;
-      const int64_t bit = es.data_bit + (cum[t] - len - before);
-      const int64_t w = bit >> 5;
-      const uint32_t sh = uint32_t(bit & 31);
-      atomic_or(words + w, code << sh);
-      if (sh + len > 32) atomic_or(words + w + 1, code >> (32 - sh));
-    });
+      walk_tile(t, thread, nthreads, [&](int64_t, int64_t l, int64_t, int64_t) {
+        const int64_t s = es.sym_base + l;
+        const uint32_t len = uint32_t(nbits[s]);
+        if (len == 0) return;
+        const uint32_t v = src[es.src_base + l];
+        const uint32_t code = es.huff ? (CT[es.table_off + v] & 0xFFFFFFu) : v;
+        const int64_t bit = es.data_bit + (cum[s] - len - before) - origin;
+        const int64_t w = bit >> 5;
+        const uint32_t sh = uint32_t(bit & 31);
+        atomic_or(sm.words + w, code << sh);
+        if (sh + len > 32) atomic_or(sm.words + w + 1, code >> (32 - sh));
+      });
+    };
+    const auto flush = DLAC_LAMBDA(const Tile& t, uint32_t thread, uint32_t nthreads, PackScratch& sm) {
+      const TileBits tb = tile_bits(SS[t.chunk], t, cum, nbits);
+      const int64_t nw = tb.words(), w0 = tb.begin >> 5;
+      for (int64_t w = thread; w < nw; w += nthreads) {
+        const uint32_t v = sm.words[w];
+        if (w > 0 && w < nw - 1) words[w0 + w] = v;
+        else if (v != 0) atomic_or(words + w0 + w, v);
+      }
+    };
+    for_each_tile_block_if<PackScratch>(STL, NST, AllChunks{}, zero, pack, flush);
     // Huffman block end offsets (bits from the start of the stream).
     for_each(BLK, DLAC_LAMBDA(int64_t g) {
       const int64_t k = find_segment(BST, NS, g);
