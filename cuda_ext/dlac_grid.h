@@ -334,7 +334,8 @@ DLAC_HD inline void atomic_add(uint32_t* p, uint32_t v) {
 #endif
 }
 
-// Element passes that count one histogram bin per element (f returns it, or kNoBin): each block counts its tile
+// Element passes that count one histogram bin per element (f returns it; a bin >= kHuffMaxAlphabet, kNoBin among
+// them, is not counted: the planner reads no histogram of a chunk with such codes): each block counts its tile
 // in a block-local histogram of kHuffMaxAlphabet bins (16 KB of shared memory; a tile belongs to one chunk, so one
 // histogram a block), then adds its non-zero bins to the chunk's histogram at hist + chunk * stride. The global
 // histogram gets one atomic per distinct code of a tile instead of one per warp and distinct code.
