@@ -4,8 +4,12 @@
 //
 // Every kernel is written once as a lambda over one work item (an element, a row, a symbol, a Huffman block, a
 // CRC segment, a chunk) and run with for_each, or for elements and symbols with for_each_element over per-chunk
-// tiles (one block per tile of one chunk or stream, so no work item searches for its chunk). Work items only communicate through atomics whose result does not
-// depend on their order (or, min, max, add, and a compare-and-swap hash insert that keeps the smallest row), so
+// tiles (one block per tile of one chunk or stream, so no work item searches for its chunk). Two kinds of kernel
+// work on more than one item, and the emulation runs them through the same code: block passes
+// (for_each_tile_block_if: phases over one tile with a block-shared scratch, shared memory on the GPU, and a barrier
+// between them; the emulation poisons one scratch per tile and finishes each phase before the next) and warp passes
+// (for_each_warp: the 32 lanes of a warp on one code row, combined by shuffles; the emulation runs the lanes in turn).
+// Work items only communicate through atomics whose result does not depend on their order (or, min, max, add, and a compare-and-swap hash insert that keeps the smallest row), so
 // running them one after another on the host computes exactly what the GPU computes. Per-chunk decisions that must
 // equal the CPU encoder's (PACK / HUFF / DEDUP / RAW, Huffman code lengths, headers) are made on the host by the
 // same functions dlac_codec.h gives the CPU encoder, from statistics the device gathers.
@@ -16,11 +20,13 @@
 // pinned, non-blocking copy (Staging). The first call on a device also uploads the CRC tables, blocking.
 //
 // Encode: range and finiteness -> per-chunk kind and bound -> the first quantization step checked, with its codes
-// and their histogram, in one pass (the other three steps only where it misses; codes redone for chunks that keep a
-// later step) -> unique code rows (hash set keeping the first row of each, probes bounded, then a
-// prefix sum gives first-appearance ids) -> histograms of unique rows and row index -> [host: plan, headers, Huffman
-// tables] -> RAW copies, every code written at its bit offset (a prefix sum of code lengths), block end offsets,
-// CRC-32 per segment joined per chunk.
+// and their histogram (per tile in shared memory, its non-zero bins added to the chunk's), in one pass (the other
+// three steps only where it misses; codes redone for chunks that keep a later step) -> unique code rows (one warp
+// per row hashes and compares it; hash set keeping the first row of each, probes bounded, then a prefix sum gives
+// first-appearance ids) -> histograms of unique rows and row index -> [host: plan, headers, Huffman tables] -> RAW
+// copies, every code placed at its bit offset (a prefix sum of code lengths) by tile-wise packing (a block ORs its
+// tile's codes into words in shared memory and stores them whole, only its first and last word by atomic OR),
+// block end offsets, CRC-32 per segment joined per chunk.
 // Decode: headers and CRC per chunk -> [host: header validation] -> Huffman sections validated and tables built per
 // section, one thread per Huffman block, PACK values per element -> dequantized output -> [host: error flags].
 #pragma once
@@ -110,6 +116,29 @@ void for_each(int64_t n, F f) {
 }
 #endif
 
+// f(i) for every i in [0, n), run by all 32 lanes of one warp together on the device (every lane gets the same i,
+// so a branch on i is taken by the whole warp and the warp_* functions below may shuffle); once per i on the host.
+#if defined(__CUDACC__)
+template <class F>
+__global__ void for_each_warp_kernel(int64_t n, F f) {
+  const int64_t nwarps = (int64_t(gridDim.x) * blockDim.x) / 32;
+  for (int64_t i = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32; i < n; i += nwarps) f(i);
+}
+template <class F>
+void for_each_warp(int64_t n, F f) {
+  if (n <= 0) return;
+  constexpr int kThreads = 256, kWarps = kThreads / 32;
+  const int64_t blocks = std::min<int64_t>((n + kWarps - 1) / kWarps, 65535 * 8);
+  for_each_warp_kernel<<<unsigned(blocks), kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(n, f);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+#else
+template <class F>
+void for_each_warp(int64_t n, F f) {
+  for_each(n, f);
+}
+#endif
+
 // Per-chunk tiles: each chunk's elements cut into tiles of up to kTileElems consecutive elements; one thread block
 // works on one tile, so every element knows its chunk without a search, and its row and column advance by additions
 // (one division per thread and tile instead of a binary search over chunk starts and a division per element).
@@ -189,6 +218,47 @@ void for_each_element(const Tile* tiles, int64_t ntiles, F f) {
   for_each_element_if(tiles, ntiles, AllChunks{}, f);
 }
 
+// Block passes: one block per tile whose chunk passes guard, with a scratch Scratch shared by the block (shared
+// memory on the GPU), run as phases with a barrier between them: phase(tile, thread, nthreads, scratch) for every
+// thread of the block, then the next phase. The emulation keeps one scratch per tile, filled with a poison pattern
+// (shared memory starts undefined: a phase that reads a word no earlier phase wrote changes the bytes the tests
+// compare), and runs each phase for every (tile, thread) work item in the order DLAC_EMULATE_ORDER asks for before
+// the next phase starts, as if every block reached each barrier together.
+#if defined(__CUDACC__)
+template <class Scratch, class G, class... P>
+__global__ void __launch_bounds__(kTileThreads) block_kernel(const Tile* tiles, G guard, P... phases) {
+  __shared__ Scratch scratch;
+  const Tile t = tiles[blockIdx.x];
+  if (!guard(int64_t(t.chunk))) return;  // the whole block leaves before its first barrier
+  ((phases(t, threadIdx.x, blockDim.x, scratch), __syncthreads()), ...);
+}
+template <class Scratch, class G, class... P>
+void for_each_tile_block_if(const Tile* tiles, int64_t ntiles, G guard, P... phases) {
+  static_assert(sizeof(Scratch) <= 48 * 1024, "static shared memory is limited to 48 KB a block");
+  if (ntiles <= 0) return;
+  TORCH_CHECK(ntiles < (int64_t(1) << 31), "too many tiles for one launch: ", ntiles);
+  block_kernel<Scratch><<<unsigned(ntiles), kTileThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(tiles, guard,
+                                                                                                   phases...);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+#else
+template <class Scratch, class G, class... P>
+void for_each_tile_block_if(const Tile* tiles, int64_t ntiles, G guard, P... phases) {
+  if (ntiles <= 0) return;
+  std::vector<char> runs(size_t(ntiles), 0);  // the guard, once per block as the kernel reads it
+  for_each(ntiles, [&](int64_t b) { runs[size_t(b)] = guard(int64_t(tiles[b].chunk)) ? 1 : 0; });
+  std::vector<Scratch> scratch(static_cast<size_t>(ntiles));
+  std::memset(static_cast<void*>(scratch.data()), 0xA5, scratch.size() * sizeof(Scratch));
+  auto run = [&](const auto& phase) {
+    for_each(ntiles * kTileThreads, [&](int64_t w) {
+      const int64_t b = w / kTileThreads;
+      if (runs[size_t(b)]) phase(tiles[b], uint32_t(w % kTileThreads), uint32_t(kTileThreads), scratch[size_t(b)]);
+    });
+  };
+  (run(phases), ...);
+}
+#endif
+
 // On the device (sm_80+), the lanes of a warp that target the same word first combine their values and one of them
 // does the atomic: neighbouring codes share payload words, and every element of a chunk updates the same minimum.
 // (__activemask() lanes all reach the __match_any_sync that follows: there is no branch between them.)
@@ -256,6 +326,71 @@ DLAC_HD inline void hist_add(uint32_t* p) {
 #endif
 }
 
+DLAC_HD inline void atomic_add(uint32_t* p, uint32_t v) {
+#if defined(__CUDA_ARCH__)
+  atomicAdd(reinterpret_cast<unsigned int*>(p), v);
+#else
+  *p += v;
+#endif
+}
+
+// Element passes that count one histogram bin per element (f returns it; a bin >= kHuffMaxAlphabet, kNoBin among
+// them, is not counted: the planner reads no histogram of a chunk with such codes): each block counts its tile
+// in a block-local histogram of kHuffMaxAlphabet bins (16 KB of shared memory; a tile belongs to one chunk, so one
+// histogram a block), then adds its non-zero bins to the chunk's histogram at hist + chunk * stride. The global
+// histogram gets one atomic per distinct code of a tile instead of one per warp and distinct code.
+constexpr uint32_t kNoBin = 0xFFFFFFFFu;
+struct HistScratch {
+  uint32_t bins[kHuffMaxAlphabet];
+};
+struct ZeroBins {
+  DLAC_HD void operator()(const Tile&, uint32_t thread, uint32_t nthreads, HistScratch& sm) const {
+    for (uint32_t b = thread; b < kHuffMaxAlphabet; b += nthreads) sm.bins[b] = 0;
+  }
+};
+template <class F>
+struct CountBins {
+  F f;
+  DLAC_HD void operator()(const Tile& t, uint32_t thread, uint32_t nthreads, HistScratch& sm) const {
+    walk_tile(t, thread, nthreads, [&](int64_t i, int64_t l, int64_t r, int64_t j) {
+      const uint32_t bin = f(i, l, r, j);
+      if (bin < kHuffMaxAlphabet) hist_add(sm.bins + bin);
+    });
+  }
+};
+struct FlushBins {
+  uint32_t* hist;
+  int64_t stride;
+  DLAC_HD void operator()(const Tile& t, uint32_t thread, uint32_t nthreads, HistScratch& sm) const {
+    uint32_t* h = hist + int64_t(t.chunk) * stride;
+    for (uint32_t b = thread; b < kHuffMaxAlphabet; b += nthreads)
+      if (sm.bins[b] != 0) atomic_add(h + b, sm.bins[b]);
+  }
+};
+template <class G, class F>
+void for_each_element_counted_if(const Tile* tiles, int64_t ntiles, G guard, uint32_t* hist, int64_t stride, F f) {
+  for_each_tile_block_if<HistScratch>(tiles, ntiles, guard, ZeroBins{}, CountBins<F>{f}, FlushBins{hist, stride});
+}
+
+// Tile-wise bit packing: the payload bits [begin, end) of a tile of one stream's symbols (bit lengths nbits, their
+// running sum cum over all streams), and the 32-bit payload words they touch. A tile's codes span at most
+// kTileElems * kMaxCodeBits bits, so kPackWords words of shared memory hold them at any alignment.
+struct TileBits {
+  int64_t begin, end;
+  DLAC_HD int64_t words() const { return end > begin ? ((end - 1) >> 5) - (begin >> 5) + 1 : 0; }
+};
+template <class Stream>
+DLAC_HD inline TileBits tile_bits(const Stream& es, const Tile& t, const int64_t* cum, const int32_t* nbits) {
+  const int64_t before = es.sym_base > 0 ? cum[es.sym_base - 1] : 0;
+  const int64_t a = es.sym_base + t.first, b = a + t.count - 1;
+  return {es.data_bit + (cum[a] - nbits[a] - before), es.data_bit + (cum[b] - before)};
+}
+static_assert(kMaxCodeBits <= 32 && kHuffMaxLen <= kMaxCodeBits, "a code fits one 32-bit word");
+constexpr int64_t kPackWords = kTileElems * kMaxCodeBits / 32 + 1;
+struct PackScratch {
+  uint32_t words[kPackWords];
+};
+
 // The segment holding item e: the last i in [0, nseg) with starts[i] <= e (empty segments are skipped over).
 DLAC_HD inline int64_t find_segment(const int64_t* starts, int64_t nseg, int64_t e) {
   int64_t lo = 0, hi = nseg;
@@ -267,22 +402,70 @@ DLAC_HD inline int64_t find_segment(const int64_t* starts, int64_t nseg, int64_t
   return lo;
 }
 
-// Hash of a code row read as 32-bit words (the device's hash set; any hash does, insert and lookup share it).
-DLAC_HD inline uint64_t hash_words(const uint32_t* p, int64_t dim) {
-  uint64_t h0 = 0x9E3779B97F4A7C15ull, h1 = 0xC2B2AE3D27D4EB4Full;
-  int64_t j = 0;
-  for (; j + 1 < dim; j += 2) {
-    h0 = (h0 ^ p[j]) * 0x100000001B3ull;
-    h1 = (h1 ^ p[j + 1]) * 0x100000001B3ull;
-  }
-  if (j < dim) h0 = (h0 ^ p[j]) * 0x100000001B3ull;
-  return (h0 ^ (h1 >> 29) ^ (h1 << 7)) * 0xFF51AFD7ED558CCDull;
+// Warp-cooperative code rows: one warp per row, lane L taking the row's words L, L + 32, ... (a warp reads the row
+// in coalesced 128-byte pieces instead of one thread walking it word by word). The row's hash is the xor of its
+// lanes' hashes, its comparison the and of its lanes': combined with shuffles on the device, and on the host by
+// running the same lane functions for lanes 0..31 one after another, so the emulation computes the very hash and
+// comparisons of the GPU (any hash gives the same bytes: a slot keeps the smallest row of its content).
+constexpr uint32_t kWarp = 32;
+DLAC_HD inline uint64_t mix64(uint64_t k) {
+  k ^= k >> 33;
+  k *= 0xFF51AFD7ED558CCDull;
+  k ^= k >> 33;
+  k *= 0xC4CEB9FE1A85EC53ull;
+  return k ^ (k >> 33);
 }
-
-DLAC_HD inline bool rows_equal(const uint32_t* a, const uint32_t* b, int64_t dim) {
-  for (int64_t j = 0; j < dim; ++j)
+DLAC_HD inline uint64_t lane_hash(const uint32_t* p, int64_t dim, uint32_t lane) {
+  if (int64_t(lane) >= dim) return 0;
+  uint64_t h = 0x9E3779B97F4A7C15ull * (uint64_t(lane) + 1);
+  for (int64_t j = lane; j < dim; j += kWarp) h = (h ^ p[j]) * 0x100000001B3ull;
+  return mix64(h);
+}
+DLAC_HD inline bool lane_equal(const uint32_t* a, const uint32_t* b, int64_t dim, uint32_t lane) {
+  for (int64_t j = lane; j < dim; j += kWarp)
     if (a[j] != b[j]) return false;
   return true;
+}
+#if defined(__CUDA_ARCH__)
+__device__ inline uint32_t warp_lane() { return threadIdx.x & (kWarp - 1); }
+#endif
+// Called by all 32 lanes of a warp together on the device (for_each_warp), once per row on the host.
+DLAC_HD inline uint64_t warp_row_hash(const uint32_t* p, int64_t dim) {
+#if defined(__CUDA_ARCH__)
+  uint64_t h = lane_hash(p, dim, warp_lane());
+  for (int o = kWarp / 2; o > 0; o >>= 1) h ^= __shfl_xor_sync(0xFFFFFFFFu, h, o);
+#else
+  uint64_t h = 0;
+  for (uint32_t lane = 0; lane < kWarp; ++lane) h ^= lane_hash(p, dim, lane);
+#endif
+  return mix64(h);
+}
+DLAC_HD inline bool warp_rows_equal(const uint32_t* a, const uint32_t* b, int64_t dim) {
+#if defined(__CUDA_ARCH__)
+  return __all_sync(0xFFFFFFFFu, lane_equal(a, b, dim, warp_lane())) != 0;
+#else
+  for (uint32_t lane = 0; lane < kWarp; ++lane)
+    if (!lane_equal(a, b, dim, lane)) return false;
+  return true;
+#endif
+}
+// The lane that does a warp's atomics and writes (the only "lane" on the host).
+DLAC_HD inline bool warp_leader() {
+#if defined(__CUDA_ARCH__)
+  return warp_lane() == 0;
+#else
+  return true;
+#endif
+}
+// A compare-and-swap by the leader, its result given to every lane.
+DLAC_HD inline uint32_t warp_cas(uint32_t* p, uint32_t expected, uint32_t v) {
+#if defined(__CUDA_ARCH__)
+  uint32_t old = 0;
+  if (warp_leader()) old = atomicCAS(reinterpret_cast<unsigned int*>(p), expected, v);
+  return __shfl_sync(0xFFFFFFFFu, old, 0);
+#else
+  return atomic_cas(p, expected, v);
+#endif
 }
 
 // float <-> an unsigned key with the same order (for atomic min / max of floats).
@@ -683,14 +866,13 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
   // element's verdict (the CPU tries the steps in order; an element's verdict is its own), its code, the maximum
   // code, and the histogram of all codes (read only when every code is below A, and then this counts every code).
   // If the chunk does not keep the first step, these codes are redone below; if it goes RAW they are never read.
-  for_each_element_if(TL, NT, DLAC_LAMBDA(int64_t i) { return S[i * kStWords + kStKind] == kKindQuant; },
-      DLAC_LAMBDA(int64_t i, int64_t l, int64_t r, int64_t j) {
+  for_each_element_counted_if(TL, NT, DLAC_LAMBDA(int64_t i) { return S[i * kStWords + kStKind] == kKindQuant; },
+      hist, 3 * A, DLAC_LAMBDA(int64_t i, int64_t l, int64_t r, int64_t j) -> uint32_t {
     uint32_t* s = S + i * kStWords;
-    if (s[kStKind] != kKindQuant) return;
     const EncChunk& ch = CH[i];
     const float lo = bits_to_float(s[kStMin]), eb = bits_to_float(s[kStEb]);
     const float step = f_mul(eb, step_factor(0));
-    if (!(f_isfinite(step) && step > 0.0f)) return;  // the chooser stops at the first step: RAW
+    if (!(f_isfinite(step) && step > 0.0f)) return kNoBin;  // the chooser stops at the first step: RAW
     uint32_t code = 0;
     const int st = quantize_element(xp[(ch.r0 + r) * ld + ch.c0 + j], lo, eb, step, &code);
     if (st == kOverflow) atomic_or(s + kStOverflow, 1u);
@@ -698,7 +880,7 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
     const int64_t e = ch.elem_base + l;
     codes[e] = code;
     atomic_max(s + kStQmax, code);
-    if (code < uint32_t(A)) hist_add(hist + (i * 3 + 0) * A + code);
+    return code;  // counted only below A (the planner reads this histogram only when every code is)
   });
   // The other steps' verdicts, only in chunks where some element missed the first step and none overflowed (the
   // chooser would stop at an overflow).
@@ -747,12 +929,11 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
     const int64_t i = t / A;
     if (S[i * kStWords + kStKind] == kKindQuant && S[i * kStWords + kStRecode]) hist[(i * 3 + 0) * A + (t - i * A)] = 0;
   });
-  for_each_element_if(TL, NT, DLAC_LAMBDA(int64_t i) {
+  for_each_element_counted_if(TL, NT, DLAC_LAMBDA(int64_t i) {
         return S[i * kStWords + kStKind] == kKindQuant && S[i * kStWords + kStRecode] != 0u;
       },
-      DLAC_LAMBDA(int64_t i, int64_t l, int64_t r, int64_t j) {
+      hist, 3 * A, DLAC_LAMBDA(int64_t i, int64_t l, int64_t r, int64_t j) -> uint32_t {
     uint32_t* s = S + i * kStWords;
-    if (s[kStKind] != kKindQuant || !s[kStRecode]) return;
     const EncChunk& ch = CH[i];
     const int64_t e = ch.elem_base + l;
     uint32_t code = 0;
@@ -760,10 +941,11 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
                      bits_to_float(s[kStStep]), &code);
     codes[e] = code;
     atomic_max(s + kStQmax, code);
-    if (code < uint32_t(A)) hist_add(hist + (i * 3 + 0) * A + code);
+    return code;
   });
-  // Unique code rows: each slot ends up holding the smallest row with its content.
-  for_each(RW, DLAC_LAMBDA(int64_t g) {
+  // Unique code rows: each slot ends up holding the smallest row with its content. One warp per row (hash and
+  // comparisons warp-cooperative; every branch below depends only on values all lanes share).
+  for_each_warp(RW, DLAC_LAMBDA(int64_t g) {
     const int64_t i = find_segment(RWS, N, g);
     const EncChunk& ch = CH[i];
     if (S[i * kStWords + kStKind] != kKindQuant || ch.rows < 2) return;
@@ -772,23 +954,24 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
     const uint32_t* row = base + int64_t(r) * ch.dim;
     uint32_t* slots = table + ch.hash_base;
     const uint32_t mask = uint32_t(ch.hash_cap - 1);
-    uint32_t slot = uint32_t(hash_words(row, ch.dim) >> 32) & mask;
+    uint32_t slot = uint32_t(warp_row_hash(row, ch.dim) >> 32) & mask;
     for (int64_t probe = 0; probe < ch.hash_cap; ++probe) {
-      const uint32_t old = atomic_cas(slots + slot, kEmpty, r);
+      const uint32_t old = warp_cas(slots + slot, kEmpty, r);
       if (old == kEmpty) return;
-      if (rows_equal(base + int64_t(old) * ch.dim, row, ch.dim)) {
-        atomic_min(slots + slot, r);
+      if (warp_rows_equal(base + int64_t(old) * ch.dim, row, ch.dim)) {
+        if (warp_leader()) atomic_min(slots + slot, r);
         return;
       }
       slot = (slot + 1) & mask;
     }
-    atomic_or(S + i * kStWords + kStError, kErrHashFull);
+    if (warp_leader()) atomic_or(S + i * kStWords + kStError, kErrHashFull);
   });
-  for_each(RW, DLAC_LAMBDA(int64_t g) {
+  for_each_warp(RW, DLAC_LAMBDA(int64_t g) {
     const int64_t i = find_segment(RWS, N, g);
     const EncChunk& ch = CH[i];
+    const bool leader = warp_leader();
     if (S[i * kStWords + kStKind] != kKindQuant || ch.rows < 2) {
-      first[g] = 0u;  // every row gets its flag here: the running count below reads them all
+      if (leader) first[g] = 0u;  // every row gets its flag here: the running count below reads them all
       return;
     }
     const uint32_t r = uint32_t(g - ch.row_base);
@@ -796,19 +979,23 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
     const uint32_t* row = base + int64_t(r) * ch.dim;
     const uint32_t* slots = table + ch.hash_base;
     const uint32_t mask = uint32_t(ch.hash_cap - 1);
-    uint32_t slot = uint32_t(hash_words(row, ch.dim) >> 32) & mask;
+    uint32_t slot = uint32_t(warp_row_hash(row, ch.dim) >> 32) & mask;
     for (int64_t probe = 0; probe < ch.hash_cap; ++probe, slot = (slot + 1) & mask) {
-      const uint32_t u = slots[slot];
-      if (u != kEmpty && rows_equal(base + int64_t(u) * ch.dim, row, ch.dim)) {
-        rep[g] = u;
-        first[g] = u == r ? 1u : 0u;
+      const uint32_t u = slots[slot];  // the table is complete: every lane reads the same word
+      if (u != kEmpty && warp_rows_equal(base + int64_t(u) * ch.dim, row, ch.dim)) {
+        if (leader) {
+          rep[g] = u;
+          first[g] = u == r ? 1u : 0u;
+        }
         return;
       }
     }
     // Not found (only after the insert failed): keep every later index in range until the read-back raises.
-    atomic_or(S + i * kStWords + kStError, kErrHashLost);
-    rep[g] = r;
-    first[g] = 1u;
+    if (leader) {
+      atomic_or(S + i * kStWords + kStError, kErrHashLost);
+      rep[g] = r;
+      first[g] = 1u;
+    }
   });
   // First-appearance ids: a running count of first rows.
   at::Tensor incl_t = at::cumsum(first_t, 0, at::kLong);
@@ -968,6 +1155,8 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
       es.src = part.src;
       es.huff = part.p->huff ? 1 : 0;
       es.width = part.p->width;
+      TORCH_CHECK(part.p->width <= kMaxCodeBits, "chunk ", i, ": a ", part.p->width, "-bit PACK stream (the format "
+                  "allows ", kMaxCodeBits, "); this is a bug in the encoder's plan, please report it");
       if (part.p->huff) {
         std::vector<uint8_t> prefix(huff_prefix_size(*part.p));
         write_huff_prefix(*part.p, uint64_t(part.count), prefix.data());
@@ -1046,21 +1235,41 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
     });
     at::Tensor cum_t = at::cumsum(bits_t, 0, at::kLong);
     const int64_t* cum = ptr<int64_t>(cum_t);
-    for_each_element(STL, NST, DLAC_LAMBDA(int64_t k, int64_t l, int64_t, int64_t) {
-      const EncStream& es = SS[k];
+    // Tile-wise bit packing: a block ORs its tile's codes into words in shared memory, then stores the words that
+    // hold only its own bits as they are, and ORs in only the first and the last (shared with the neighbouring tile,
+    // or with the stream's prefix and block ends): one global store per payload word instead of an atomic OR per code.
+    const auto zero = DLAC_LAMBDA(const Tile& t, uint32_t thread, uint32_t nthreads, PackScratch& sm) {
+      const int64_t nw = tile_bits(SS[t.chunk], t, cum, nbits).words();
+      for (int64_t w = thread; w < nw; w += nthreads) sm.words[w] = 0;
+    };
+    const auto pack = DLAC_LAMBDA(const Tile& t, uint32_t thread, uint32_t nthreads, PackScratch& sm) {
+      const EncStream& es = SS[t.chunk];
+      const int64_t origin = 32 * (tile_bits(es, t, cum, nbits).begin >> 5);
       const uint32_t* src = es.src == 0 ? srcs0 : es.src == 1 ? srcs1 : srcs2;
-      const uint32_t v = src[es.src_base + l];
-      const int64_t t = es.sym_base + l;
-      const uint32_t len = uint32_t(nbits[t]);
-      if (len == 0) return;
-      const uint32_t code = es.huff ? (CT[es.table_off + v] & 0xFFFFFFu) : v;
       const int64_t before = es.sym_base > 0 ? cum[es.sym_base - 1] : 0;
-      const int64_t bit = es.data_bit + (cum[t] - len - before);
-      const int64_t w = bit >> 5;
-      const uint32_t sh = uint32_t(bit & 31);
-      atomic_or(words + w, code << sh);
-      if (sh + len > 32) atomic_or(words + w + 1, code >> (32 - sh));
-    });
+      walk_tile(t, thread, nthreads, [&](int64_t, int64_t l, int64_t, int64_t) {
+        const int64_t s = es.sym_base + l;
+        const uint32_t len = uint32_t(nbits[s]);
+        if (len == 0) return;
+        const uint32_t v = src[es.src_base + l];
+        const uint32_t code = es.huff ? (CT[es.table_off + v] & 0xFFFFFFu) : v;
+        const int64_t bit = es.data_bit + (cum[s] - len - before) - origin;
+        const int64_t w = bit >> 5;
+        const uint32_t sh = uint32_t(bit & 31);
+        atomic_or(sm.words + w, code << sh);
+        if (sh + len > 32) atomic_or(sm.words + w + 1, code >> (32 - sh));
+      });
+    };
+    const auto flush = DLAC_LAMBDA(const Tile& t, uint32_t thread, uint32_t nthreads, PackScratch& sm) {
+      const TileBits tb = tile_bits(SS[t.chunk], t, cum, nbits);
+      const int64_t nw = tb.words(), w0 = tb.begin >> 5;
+      for (int64_t w = thread; w < nw; w += nthreads) {
+        const uint32_t v = sm.words[w];
+        if (w > 0 && w < nw - 1) words[w0 + w] = v;
+        else if (v != 0) atomic_or(words + w0 + w, v);
+      }
+    };
+    for_each_tile_block_if<PackScratch>(STL, NST, AllChunks{}, zero, pack, flush);
     // Huffman block end offsets (bits from the start of the stream).
     for_each(BLK, DLAC_LAMBDA(int64_t g) {
       const int64_t k = find_segment(BST, NS, g);

@@ -185,6 +185,30 @@ def test_device_pipeline_uses_pack_when_it_is_smaller(emulated):
     assert torch.equal(payload, encode_grid(x, [0, 500], [0, 16], eps=1e-4, impl="ref")[0])
 
 
+@pytest.mark.parametrize("order", ["forward", "reverse", "shuffle"])
+def test_device_pipeline_packs_and_counts_streams_of_several_tiles(emulated, monkeypatch, order):
+    # A block counts its tile's codes in a histogram of its own and adds the non-zero bins to its chunk's; it packs
+    # its tile of 8192 symbols into words of its own and stores them whole, OR-ing only the first and the last into
+    # the payload. Chunks and streams of several tiles, starting at byte offsets that are no multiple of 4 (so tile
+    # boundaries fall inside words): PACK of 13-bit codes, Huffman codes of varying length, DEDUP's two sections.
+    monkeypatch.setenv("DLAC_EMULATE_ORDER", order)
+    g = torch.Generator().manual_seed(11)
+    n = 2500
+    wide = torch.rand(n, 7, generator=g)  # ~5000 values of eps 1e-4 are too many for Huffman: PACK, 3 tiles
+    gauss = torch.randn(n, 12, generator=g)
+    x = torch.cat([gauss[:, :2], wide, gauss[:, 2:], zipf_payload(rows=n, dim=40, vocab=50)], dim=1)
+    rs, cs = [0, n], np.cumsum([0, 2, 7, 10, 40]).tolist()
+    bounds = [0.01, 1e-4, 0.01, 0.01]
+    payload, sizes = emu_encode(x, rs, cs, bounds)
+    native = torch.ops.dlac.encode_grid(x, rs, cs, torch.tensor(bounds), True)
+    assert torch.equal(sizes, native[1]) and torch.equal(payload, native[0])
+    assert [i.mode for i in inspect_grid(payload, sizes)] == [Mode.HUFF, Mode.PACK, Mode.HUFF, Mode.DEDUP]
+    starts = np.cumsum([0, *sizes.tolist()])[:-1]
+    assert starts[1] % 4 and starts[3] % 4  # the PACK and DEDUP sections start inside a payload word
+    out = torch.ops.dlac_emu.decode_grid(payload, sizes, rs, cs)
+    assert torch.equal(bits(out), bits(torch.ops.dlac.decode_grid(payload, sizes, rs, cs)))
+
+
 def _mutations(payload: torch.Tensor, sizes: torch.Tensor, n: int, seed: int):
     """Corrupted copies of a grid payload: bit flips, structural edits behind recomputed checksums, bad sizes."""
     from test_codec_errors import _refresh_crc
