@@ -55,10 +55,11 @@ def zipf_payload(rows: int, dim: int, vocab: int = 2000, alpha: float = 1.1, see
 
 def criteo_payload(
     path: Path, capture_rows: int, epochs: int, max_rows: int, max_samples: int | None = None
-) -> tuple[torch.Tensor, list[int], str]:
+) -> tuple[torch.Tensor, torch.Tensor, list[int], str, str]:
     """Train the example DLRM unsharded on the rows before the last ``capture_rows`` of ``path`` (the module's own
     Adagrad over every parameter, tables included), then return the pooled embeddings of those last rows as
-    ``[capture_rows, 26 * dim]`` with one column block per table, and a one-line description."""
+    ``[capture_rows, 26 * dim]`` with one column block per table, the loss gradients w.r.t. them (same shape: the
+    payload of the backward exchange), the column splits, and a one-line description of each."""
     from lightning_dlac.examples.data import CriteoTSVDataModule
     from lightning_dlac.examples.dlrm import DLRMModule
 
@@ -81,12 +82,21 @@ def criteo_payload(
             opt.step()
             losses.append(loss.item())
     ebc = model.model.sparse_arch.embedding_bag_collection
-    parts = []
-    with torch.no_grad():
-        for batch in dm.val_dataloader():
+    m = model.model
+    parts, grads = [], []
+    for batch in dm.val_dataloader():
+        with torch.no_grad():
             d = ebc(batch.sparse_features).to_dict()
-            parts.append(torch.cat([d[k] for k in d], dim=1))
+        pooled = torch.cat([d[k] for k in d], dim=1)
+        parts.append(pooled)
+        # The gradient the backward all-to-all sends: d(batch-mean BCE loss)/d(pooled embeddings) of this batch, as
+        # TorchRec's DLRM computes it (the sparse arch's [B, tables, dim] output feeds the interaction).
+        emb = pooled.view(pooled.shape[0], -1, 64).detach().requires_grad_(True)
+        logits = m.over_arch(m.inter_arch(dense_features=m.dense_arch(batch.dense_features), sparse_features=emb))
+        model.loss_fn(logits.squeeze(-1), batch.labels.float()).backward()
+        grads.append(emb.grad.reshape(pooled.shape[0], -1))
     x = torch.cat(parts).contiguous()
+    grad = torch.cat(grads).contiguous()
     dim = 64
     train_rows = n - int(round(capture_rows / n * n))
     desc = (
@@ -94,7 +104,10 @@ def criteo_payload(
         f"({len(losses)} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}, {time.perf_counter() - start:.0f} s); "
         f"pooled embeddings of the next {x.shape[0]} rows"
     )
-    return x, list(range(0, x.shape[1] + 1, dim)), desc
+    gdesc = (f"gradients of the same model's batch-mean BCE loss w.r.t. those pooled embeddings (batches of 256, "
+             f"as the backward all-to-all sends them; mean {float(grad.mean()):.1e}, std {float(grad.std()):.1e}, "
+             f"max |g| {float(grad.abs().max()):.1e})")
+    return x, grad, list(range(0, x.shape[1] + 1, dim)), desc, gdesc
 
 
 def dlrm_v2_payloads(capture_rows: int, steps: int, batch_size: int, max_rows: int) -> list[tuple]:
@@ -504,12 +517,12 @@ def main() -> None:
     payloads = [("zipf", zipf_payload(rows, 64), [0, 64], f"{rows}x64 Zipf(1.1) lookups from a 2000-row table")]
     if args.criteo.is_file():
         torch.set_num_threads(args.threads)  # training is not what is measured
-        x, cs, desc = criteo_payload(args.criteo, 256 if args.quick else 2048, args.epochs, 10_000,
-                                     max_samples=2048 if args.quick else None)
+        x, grad, cs, desc, gdesc = criteo_payload(args.criteo, 256 if args.quick else 2048, args.epochs, 10_000,
+                                                  max_samples=2048 if args.quick else None)
         torch.set_num_threads(1)
-        payloads.append(("criteo", x, cs, desc))
+        payloads += [("criteo", x, cs, desc), ("gradient", grad, cs, gdesc)]
     else:
-        notes.append(f"criteo payload skipped: {args.criteo} not found (pass --criteo PATH)")
+        notes.append(f"criteo and gradient payloads skipped: {args.criteo} not found (pass --criteo PATH)")
     if not args.no_dlrm_v2:
         torch.set_num_threads(args.threads)
         payloads += dlrm_v2_payloads(256 if args.quick else 2048, 4 if args.quick else args.dlrm_v2_steps,
