@@ -38,6 +38,7 @@ CRITEO = Path(__file__).resolve().parents[2] / "shared" / "data" / "criteo_kaggl
 SECTION = "## Codec"
 BEGIN, END = "<!-- codec_bench.py: generated, begin -->", "<!-- codec_bench.py: generated, end -->"
 TARGETS = {"entropy_fraction": 0.9, "enc_gbps_1t": 1.0, "dec_gbps_1t": 1.5}
+GRADIENT_TARGETS = {"enc_gbps_1t": 1.5, "dec_gbps_1t": 1.5}  # issue 15: the backward exchange's payload
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -398,7 +399,8 @@ def format_markdown(rows: list[dict]) -> str:
 
 
 def check_targets(rows: list[dict], impl: str) -> list[dict]:
-    """DESIGN.md targets per payload and eps: DLAC >= 90% of dedup+entropy, never below SZ3; one-thread speed."""
+    """DESIGN.md targets per payload and eps: DLAC >= 90% of dedup+entropy, never below SZ3; one-thread speed
+    (1.5 GB/s encode and decode on the gradient payload, issue 15)."""
     out = []
     by = {(r["payload"], r["method"], r["eps"]): r for r in rows}
     dlac = f"DLAC ({impl})"
@@ -419,10 +421,11 @@ def check_targets(rows: list[dict], impl: str) -> list[dict]:
             checks.append(("ratio / fbgemm INT8 row-wise >= 2.5", r["ratio"] / int8["ratio"],
                            r["ratio"] >= 2.5 * int8["ratio"]))
         if "enc_gbps_1t" in r:
-            checks.append((f"compress 1 thread >= {TARGETS['enc_gbps_1t']} GB/s", r["enc_gbps_1t"],
-                           r["enc_gbps_1t"] >= TARGETS["enc_gbps_1t"]))
-            checks.append((f"decompress 1 thread >= {TARGETS['dec_gbps_1t']} GB/s", r["dec_gbps_1t"],
-                           r["dec_gbps_1t"] >= TARGETS["dec_gbps_1t"]))
+            t = GRADIENT_TARGETS if payload == "gradient" else TARGETS
+            checks.append((f"compress 1 thread >= {t['enc_gbps_1t']} GB/s", r["enc_gbps_1t"],
+                           r["enc_gbps_1t"] >= t["enc_gbps_1t"]))
+            checks.append((f"decompress 1 thread >= {t['dec_gbps_1t']} GB/s", r["dec_gbps_1t"],
+                           r["dec_gbps_1t"] >= t["dec_gbps_1t"]))
         out += [dict(payload=payload, eps=eps, target=t, value=v, met=bool(m)) for t, v, m in checks]
     return out
 
