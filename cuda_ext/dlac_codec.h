@@ -1108,8 +1108,10 @@ constexpr int64_t kRawProbeMinRepeat = 16;
 // ones are quantized; unique code rows are then found among those, in the same first-appearance order as the
 // reference's dedup over all rows (the first row with a given code row is always the first row of its raw row, and
 // raw rows are numbered in order of first appearance, whether found by hashing or taken as distinct).
-inline void encode_chunk(const float* x, int64_t rows, int64_t dim, int64_t ld, float bound, bool relative,
-                         std::vector<uint8_t>& out) {
+template <int64_t kDim>
+inline void encode_chunk_dim(const float* x, int64_t rows, int64_t dim_arg, int64_t ld, float bound, bool relative,
+                             std::vector<uint8_t>& out) {
+  const int64_t dim = kDim > 0 ? kDim : dim_arg;
   Header h;
   h.rows = uint32_t(rows);
   h.dim = uint32_t(dim);
@@ -1260,6 +1262,15 @@ inline void encode_chunk(const float* x, int64_t rows, int64_t dim, int64_t ld, 
   }
   out.resize(size);
   finish(out, h);
+}
+
+// The encoder compiled for the common table widths too, where the per-row loops have a known trip count (the
+// widths DLRM uses; any other goes through the generic one, with the same bytes).
+inline void encode_chunk(const float* x, int64_t rows, int64_t dim, int64_t ld, float bound, bool relative,
+                         std::vector<uint8_t>& out) {
+  if (dim == 64) return encode_chunk_dim<64>(x, rows, dim, ld, bound, relative, out);
+  if (dim == 128) return encode_chunk_dim<128>(x, rows, dim, ld, bound, relative, out);
+  encode_chunk_dim<0>(x, rows, dim, ld, bound, relative, out);
 }
 
 // Decode one validated-size chunk into out (rows x dim floats, row stride ld). Throws DecodeError.

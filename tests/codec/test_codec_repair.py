@@ -172,3 +172,13 @@ def test_repairs_happen_and_match_including_the_largest_code(native):
         if all(found.values()):
             break
     assert all(found.values()), f"no chunk exercised every repair: {found}"
+
+
+@pytest.mark.parametrize("dim", [63, 64, 65, 128])
+@pytest.mark.parametrize("eps", [1e-6, 0.01, 0.05])
+def test_specialized_widths_match_reference(native, dim, eps):
+    # The native encoder has copies compiled for dim 64 and 128; neighbouring widths take the generic one.
+    x = _gradient_like(300, dim, seed=dim)
+    x[150:160] = x[:10]  # a few repeated raw rows as well
+    _parity(x, eps=eps)
+    _parity(x[:, : dim // 2 * 2 : 1], eps=eps)
