@@ -332,9 +332,16 @@ DLAC_HD inline int quantize_element(float xv, float lo, float eb, float step, ui
 
 // Codes for the rows at rowp (nrows x dim) for one step: 1 if every element holds within eb (after neighbour
 // repair), 0 if one cannot, -1 if a code would not fit in 24 bits. Mirrors reference._quantize_with_step.
+// *qmax is set to the largest code when every element holds; hi is the largest element; suspect is scratch.
+//
+// The main loop only tests float32 |x - xh| < eb, which implies the exact |x - xh| <= eb (rounding is monotone and
+// eb is a float32, so an exact difference >= eb cannot round below eb); rows with an element that fails it (one
+// off by a rounding error, or exactly on the bound) are listed and re-tested exactly, then repaired.
 DLAC_ALWAYS_INLINE inline int quantize_with_step(const float* const* rowp, int64_t nrows, int64_t dim, float lo,
-                                                 float eb, float step, uint32_t* codes) {
-  uint32_t overflow = 0, bad = 0;
+                                                 float hi, float eb, float step, uint32_t* codes, uint32_t* qmax,
+                                                 std::vector<uint32_t>& suspect) {
+  uint32_t overflow = 0;
+  suspect.clear();
   for (int64_t r = 0; r < nrows; ++r) {
     const float* p = rowp[r];
     uint32_t* c = codes + r * dim;
@@ -346,32 +353,45 @@ DLAC_ALWAYS_INLINE inline int quantize_with_step(const float* const* rowp, int64
       v = kMaxQ < v ? kMaxQ : v;  // its codes are discarded when it overflows; clamping keeps the loop branch-free
       float q = (v + kRoundMagic) - kRoundMagic;
       float xh = lo + q * step;
-      bd |= outside(xv, xh, eb);
+      bd |= uint32_t(!(std::fabs(xv - xh) < eb));
       c[j] = uint32_t(int32_t(q));  // 0 <= q <= 2^23: exact through int32 (which vectorizes; uint32 does not)
     }
     overflow |= of;
-    bad |= bd;
+    if (bd) suspect.push_back(uint32_t(r));
   }
   if (overflow) return -1;
-  if (!bad) return 1;
-  // Rare: the rounded code misses the bound by a rounding error. Try the neighbours, in the reference's order.
-  for (int64_t r = 0; r < nrows; ++r) {
+  // Every step of the rounded code is a monotone float32 operation, so the largest element has the largest code.
+  const uint32_t top = uint32_t(int32_t(((hi - lo) / step + kRoundMagic) - kRoundMagic));
+  *qmax = top;
+  if (suspect.empty()) return 1;
+  // The exact test, and where the rounded code misses the bound by a rounding error, its neighbours in the
+  // reference's order. The largest code changes only if a repair moves a code above it or one at it down.
+  uint32_t m = top;
+  bool rescan = false;
+  for (uint32_t r : suspect) {
     const float* p = rowp[r];
-    uint32_t* c = codes + r * dim;
+    uint32_t* c = codes + int64_t(r) * dim;
     for (int64_t j = 0; j < dim; ++j) {
       float xv = p[j];
       float q = float(c[j]);
       if (within(xv, lo + q * step, eb)) continue;
       float down = q - 1.0f, up = q + 1.0f;
       if (c[j] >= 1 && within(xv, lo + down * step, eb)) {
+        rescan |= c[j] == top;
         c[j] -= 1;
       } else if (within(xv, lo + up * step, eb)) {
         c[j] += 1;
+        m = c[j] > m ? c[j] : m;
       } else {
         return 0;
       }
     }
   }
+  if (rescan) {
+    m = 0;
+    for (int64_t i = 0; i < nrows * dim; ++i) m = codes[i] > m ? codes[i] : m;
+  }
+  *qmax = m;
   return 1;
 }
 
@@ -395,10 +415,23 @@ inline std::vector<uint8_t> huffman_lengths(const std::vector<uint64_t>& freq) {
   // which are created with non-decreasing weights and increasing ids (all above the leaves'), so each queue is
   // already in (weight, id) order and the lighter front is the heap's next pop.
   using Item = std::pair<uint64_t, uint32_t>;  // (weight, id)
-  std::vector<Item> leaves;
-  leaves.reserve(used.size());
-  for (uint32_t s : used) leaves.push_back({freq[s], s});
-  std::sort(leaves.begin(), leaves.end());
+  // The leaves in (weight, id) order, and the symbols in (weight descending, id) order for handing out lengths:
+  // weights below kSmall by a counting sort (a row index stream's weights are mostly 1 or 2, and std::sort over
+  // its thousands of symbols took about 6% of gradient encode time), the others by std::sort.
+  constexpr uint64_t kSmall = 64;
+  uint32_t bucket[kSmall + 1] = {0};
+  std::vector<Item> big;
+  for (uint32_t s : used) {
+    if (freq[s] < kSmall) bucket[freq[s] + 1] += 1;
+    else big.push_back({freq[s], s});
+  }
+  std::sort(big.begin(), big.end());
+  for (uint64_t w = 1; w <= kSmall; ++w) bucket[w] += bucket[w - 1];  // bucket[w]: first slot of weight w
+  const size_t nsmall = bucket[kSmall];
+  std::vector<Item> leaves(used.size());
+  for (uint32_t s : used)  // ids ascending within a weight
+    if (freq[s] < kSmall) leaves[bucket[freq[s]]++] = {freq[s], s};
+  std::copy(big.begin(), big.end(), leaves.begin() + nsmall);
   std::vector<Item> merged;
   merged.reserve(used.size());
   size_t li = 0, mi = 0;
@@ -430,10 +463,17 @@ inline std::vector<uint8_t> huffman_lengths(const std::vector<uint64_t>& freq) {
       counts[j] -= 1;
     }
   }
-  std::vector<uint32_t> order = used;
-  std::sort(order.begin(), order.end(), [&](uint32_t u, uint32_t v) {
-    return freq[u] != freq[v] ? freq[u] > freq[v] : u < v;
-  });
+  // (weight descending, id ascending): the leaves' weight groups in reverse, ids ascending within each.
+  std::vector<uint32_t> order(used.size());
+  {
+    size_t k = 0, end = leaves.size();
+    while (end > 0) {
+      size_t begin = end - 1;
+      while (begin > 0 && leaves[begin - 1].first == leaves[end - 1].first) --begin;
+      for (size_t i = begin; i < end; ++i) order[k++] = leaves[i].second;
+      end = begin;
+    }
+  }
   size_t k = 0;
   for (uint32_t len = 1; len <= kHuffMaxLen; ++len)
     for (uint64_t c = 0; c < counts[len]; ++c) lens[order[k++]] = uint8_t(len);
@@ -553,25 +593,47 @@ inline std::vector<uint32_t> huff_code_table(const StreamPlan& p) {
   return table;
 }
 
+inline void store_u64(uint8_t* p, uint64_t v) { std::memcpy(p, &v, 8); }
+
+// Writes the section (p.size bytes at out) and up to 8 zero bytes after it: out must have 8 writable bytes past
+// the section, which a later section may then overwrite. Codes are at most 12 bits, so four of them fit in the
+// 64-bit accumulator on top of the < 8 bits left over, and each group of four costs one unconditional 8-byte store.
 inline void huff_encode(const uint32_t* vals, uint64_t n, const StreamPlan& p, uint8_t* out) {
+  static_assert(7 + 4 * kHuffMaxLen <= 64, "four codes must fit in the bit accumulator");
   const uint32_t nblocks = uint32_t(ceil_div(n, kHuffBlock));
   write_huff_prefix(p, n, out);
   uint8_t* ends = out + huff_prefix_size(p);
   uint8_t* q = ends + 4 * size_t(nblocks);
   std::vector<uint32_t> table = huff_code_table(p);
-  BitWriter w(q);
-  uint64_t bitpos = 0;
+  const uint32_t* t = table.data();
+  uint64_t acc = 0, bitpos = 0;
+  uint32_t nb = 0;  // bits in acc, < 8 between groups
+  auto put = [&](uint32_t e) {
+    acc |= uint64_t(e & 0xFFFFFFu) << nb;
+    nb += e >> 24;
+  };
+  auto drain = [&]() {
+    store_u64(q, acc);
+    q += nb >> 3;
+    bitpos += nb & ~7u;
+    acc >>= (nb & ~7u);
+    nb &= 7u;
+  };
   for (uint32_t b = 0; b < nblocks; ++b) {
-    uint64_t end = std::min<uint64_t>(n, uint64_t(b + 1) * kHuffBlock);
-    for (uint64_t i = uint64_t(b) * kHuffBlock; i < end; ++i) {
-      uint32_t t = table[vals[i]];
-      uint32_t len = t >> 24;
-      w.put(t & 0xFFFFFFu, len);
-      bitpos += len;
+    const uint64_t begin = uint64_t(b) * kHuffBlock, end = std::min<uint64_t>(n, begin + kHuffBlock);
+    uint64_t i = begin;
+    for (; i + 4 <= end; i += 4) {
+      put(t[vals[i]]);
+      put(t[vals[i + 1]]);
+      put(t[vals[i + 2]]);
+      put(t[vals[i + 3]]);
+      drain();
     }
-    store_u32(ends + 4 * size_t(b), uint32_t(bitpos));
+    for (; i < end; ++i) put(t[vals[i]]);
+    drain();
+    store_u32(ends + 4 * size_t(b), uint32_t(bitpos + nb));
   }
-  w.flush();
+  store_u64(q, acc);
 }
 
 // Decode n values of a PACK stream (data holds exactly ceil(n*width/8) bytes, validated by the header).
@@ -734,12 +796,20 @@ inline void huff_decode(const uint8_t* data, uint64_t size, uint64_t n, uint32_t
   const uint8_t* ends = v.ends;
   const uint8_t* stream = v.stream;
   const uint64_t stream_bytes = v.stream_bytes;
-  std::vector<uint16_t> table(1u << kHuffMaxLen, 0);
+  // Per-thread buffers: a fresh multi-megabyte allocation per section costs page faults (see EncodeScratch).
+  thread_local std::vector<uint16_t> table(1u << kHuffMaxLen, 0);
+  thread_local std::vector<uint8_t> padded;
   huff_decode_table(v, table.data());
   // Pad the stream so 8-byte reads never leave the buffer.
-  std::vector<uint8_t> padded(stream_bytes + 8, 0);
+  padded.resize(stream_bytes + 8);
   std::memcpy(padded.data(), stream, stream_bytes);
+  std::memset(padded.data() + stream_bytes, 0, 8);
   const uint8_t* bits = padded.data();
+  struct Trim {
+    ~Trim() {
+      if (padded.capacity() > (size_t(64) << 20)) std::vector<uint8_t>().swap(padded);
+    }
+  } trim;
   // Each symbol's position depends on the previous one's length, so one block is a serial chain; blocks are
   // independent, so kLanes of them are decoded in lock-step to overlap their chains.
   constexpr uint64_t kLanes = 4;
@@ -787,15 +857,25 @@ inline void huff_decode(const uint8_t* data, uint64_t size, uint64_t n, uint32_t
 // Row dedup: unique rows in order of first appearance + per-row index (mirrors reference.unique_rows)
 // ------------------------------------------------------------------------------------------------------------
 
-DLAC_HD inline uint64_t hash_row(const uint8_t* p, uint32_t dim) {
-  uint64_t h0 = 0x9E3779B97F4A7C15ull, h1 = 0xC2B2AE3D27D4EB4Full;
-  uint32_t j = 0;
-  for (; j + 1 < dim; j += 2) {
-    h0 = (h0 ^ load_u32(p + 4 * j)) * 0x100000001B3ull;
-    h1 = (h1 ^ load_u32(p + 4 * j + 4)) * 0x100000001B3ull;
+// Four independent multiply chains over 8-byte words: the chains' latencies overlap (ids do not depend on the hash,
+// only the table's probing does).
+inline uint64_t hash_row(const uint8_t* p, uint32_t dim) {
+  constexpr uint64_t kMul = 0x100000001B3ull;
+  uint64_t h0 = 0x9E3779B97F4A7C15ull, h1 = 0xC2B2AE3D27D4EB4Full, h2 = 0x165667B19E3779F9ull,
+           h3 = 0x27D4EB2F165667C5ull;
+  const uint64_t bytes = uint64_t(dim) * 4;
+  uint64_t i = 0;
+  for (; i + 32 <= bytes; i += 32) {
+    h0 = (h0 ^ load_u64(p + i)) * kMul;
+    h1 = (h1 ^ load_u64(p + i + 8)) * kMul;
+    h2 = (h2 ^ load_u64(p + i + 16)) * kMul;
+    h3 = (h3 ^ load_u64(p + i + 24)) * kMul;
   }
-  if (j < dim) h0 = (h0 ^ load_u32(p + 4 * j)) * 0x100000001B3ull;
-  return (h0 ^ (h1 >> 29) ^ (h1 << 7)) * 0xFF51AFD7ED558CCDull;
+  for (; i + 8 <= bytes; i += 8) h0 = (h0 ^ load_u64(p + i)) * kMul;
+  if (i < bytes) h1 = (h1 ^ load_u32(p + i)) * kMul;
+  uint64_t h = h0 ^ (h1 >> 29) ^ (h1 << 7) ^ (h2 >> 17) ^ (h2 << 23) ^ (h3 >> 41) ^ (h3 << 11);
+  h ^= h >> 33;
+  return h * 0xFF51AFD7ED558CCDull;
 }
 
 // Hash set of rows (dim 32-bit words, compared bytewise): ids are handed out in order of first insertion.
@@ -970,13 +1050,68 @@ inline void encode_raw(const float* x, int64_t rows, int64_t dim, int64_t ld, st
   finish(out, h);
 }
 
+// Histogram of n values below f.size(), added to f. Four partial counts: a stream dominated by one value (the zero
+// code of a gradient) would otherwise wait on the previous increment of the same counter at every element.
+inline void add_histogram(const uint32_t* vals, uint64_t n, std::vector<uint64_t>& f, std::vector<uint32_t>& part) {
+  const size_t a = f.size();
+  part.assign(4 * a, 0);
+  uint32_t *p0 = part.data(), *p1 = p0 + a, *p2 = p1 + a, *p3 = p2 + a;
+  uint64_t i = 0;  // 32-bit partial counts cannot overflow: a chunk holds at most 2^28 elements
+  for (; i + 4 <= n; i += 4) {
+    p0[vals[i]] += 1;
+    p1[vals[i + 1]] += 1;
+    p2[vals[i + 2]] += 1;
+    p3[vals[i + 3]] += 1;
+  }
+  for (; i < n; ++i) p0[vals[i]] += 1;
+  for (size_t k = 0; k < a; ++k) f[k] += uint64_t(p0[k]) + p1[k] + p2[k] + p3[k];
+}
+
+// Working buffers of the encoder, kept per thread across chunks: allocating them afresh for every chunk cost page
+// faults and zeroing (about 7% of gradient encode time). Buffers over kScratchKeep bytes are released after use.
+struct EncodeScratch {
+  static constexpr size_t kScratchKeep = size_t(64) << 20;
+  std::vector<uint32_t> raw_index, rcodes, codes, uniq, index, code_of_raw, part, suspect;
+  std::vector<uint64_t> mult, cnt;
+  std::vector<const float*> rowp;
+  std::vector<float> values;
+  template <typename V>
+  static void trim(V& v) {
+    if (v.capacity() * sizeof(typename V::value_type) > kScratchKeep) V().swap(v);
+  }
+  void release_large() {
+    trim(raw_index), trim(rcodes), trim(codes), trim(uniq), trim(index), trim(code_of_raw), trim(mult), trim(cnt),
+        trim(rowp), trim(values);
+  }
+};
+inline EncodeScratch& encode_scratch() {
+  thread_local EncodeScratch s;
+  return s;
+}
+// Grows v to at least n elements without zeroing what it already holds (the callers overwrite what they use).
+template <typename V>
+inline typename V::value_type* at_least(V& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+  return v.data();
+}
+
+// Rows hashed for raw-row dedup before deciding whether it pays: if fewer than one in kRawProbeMinRepeat of the
+// first kRawProbe rows repeats an earlier row (gradients: none do), the remaining rows are taken as distinct.
+// Raw-row dedup only saves quantizing repeated rows twice; the code-row dedup finds every repeat anyway, so the
+// output does not depend on this choice.
+constexpr int64_t kRawProbe = 256;
+constexpr int64_t kRawProbeMinRepeat = 16;
+
 // Encode one chunk (row stride ld, unit column stride) into out. bound is float32; 0 means RAW.
 //
 // Identical float rows give identical codes, so rows are deduplicated on their raw bits first and only the distinct
 // ones are quantized; unique code rows are then found among those, in the same first-appearance order as the
-// reference's dedup over all rows (the first row with a given code row is always the first row of its raw row).
-inline void encode_chunk(const float* x, int64_t rows, int64_t dim, int64_t ld, float bound, bool relative,
-                         std::vector<uint8_t>& out) {
+// reference's dedup over all rows (the first row with a given code row is always the first row of its raw row, and
+// raw rows are numbered in order of first appearance, whether found by hashing or taken as distinct).
+template <int64_t kDim>
+inline void encode_chunk_dim(const float* x, int64_t rows, int64_t dim_arg, int64_t ld, float bound, bool relative,
+                             std::vector<uint8_t>& out) {
+  const int64_t dim = kDim > 0 ? kDim : dim_arg;
   Header h;
   h.rows = uint32_t(rows);
   h.dim = uint32_t(dim);
@@ -989,18 +1124,38 @@ inline void encode_chunk(const float* x, int64_t rows, int64_t dim, int64_t ld, 
   };
   if (n == 0) return emit_const(0.0f);
   if (bound == 0.0f) return encode_raw(x, rows, dim, ld, out);
+  EncodeScratch& s = encode_scratch();
+  struct Release {
+    EncodeScratch& s;
+    ~Release() { s.release_large(); }
+  } release{s};
 
-  // Pass 1: min, max, finiteness and raw-row dedup.
-  RowTable raw(rows, uint32_t(dim));
-  std::vector<uint32_t> raw_index(rows);
+  // Pass 1: min, max, finiteness and raw-row dedup (given up after kRawProbe rows if it finds few repeats).
+  const int64_t probe = std::min<int64_t>(rows, kRawProbe);
+  RowTable raw{uint64_t(probe), uint32_t(dim)};
+  uint32_t* raw_index = at_least(s.raw_index, size_t(rows));
   float lo = INFINITY, hi = -INFINITY;
   bool nonfinite = false;
+  int64_t hashed = rows;  // rows [0, hashed) are numbered by the table, rows after it are distinct raw rows
   {
     RangeScan scan;
-    for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t r = 0; r < probe; ++r) {
       const float* p = x + r * ld;
       scan.add(p, dim);
       raw_index[r] = raw.insert(reinterpret_cast<const uint8_t*>(p));
+    }
+    if (rows > probe && (probe - int64_t(raw.size())) * kRawProbeMinRepeat < probe) {
+      hashed = probe;
+      for (int64_t r = probe; r < rows; ++r) scan.add(x + r * ld, dim);
+    } else if (rows > probe) {
+      RowTable grown{uint64_t(rows), uint32_t(dim)};  // re-insert the probed rows: ids stay in the same order
+      for (int64_t r = 0; r < probe; ++r) grown.insert(reinterpret_cast<const uint8_t*>(x + r * ld));
+      for (int64_t r = probe; r < rows; ++r) {
+        const float* p = x + r * ld;
+        scan.add(p, dim);
+        raw_index[r] = grown.insert(reinterpret_cast<const uint8_t*>(p));
+      }
+      std::swap(raw, grown);
     }
     scan.finish(lo, hi, nonfinite);
   }
@@ -1011,51 +1166,74 @@ inline void encode_chunk(const float* x, int64_t rows, int64_t dim, int64_t ld, 
   const float eb = relative ? bound * (hi - lo) : bound;
   if (!(std::isfinite(eb) && eb > 0.0f)) return encode_raw(x, rows, dim, ld, out);
 
+  // Raw rows: the table's, then every row after the hashed ones.
+  const uint32_t nhashed = raw.size();
+  const uint32_t nraw = uint32_t(nhashed + (rows - hashed));
+  const float** rowp = at_least(s.rowp, nraw);
+  for (uint32_t u = 0; u < nhashed; ++u) rowp[u] = reinterpret_cast<const float*>(raw.first[u]);
+  for (int64_t r = hashed; r < rows; ++r) {
+    rowp[nhashed + (r - hashed)] = x + r * ld;
+    raw_index[r] = uint32_t(nhashed + (r - hashed));
+  }
+  const bool raw_identity = nraw == uint64_t(rows);  // raw row u is row u: codes are already in row order
+
   // Pass 2: quantize the distinct raw rows with the first step that holds every element.
-  const uint32_t nraw = raw.size();
-  std::vector<const float*> rowp(nraw);
-  for (uint32_t u = 0; u < nraw; ++u) rowp[u] = reinterpret_cast<const float*>(raw.first[u]);
-  std::vector<uint32_t> rcodes(size_t(nraw) * dim);
+  uint32_t* rcodes = at_least(s.rcodes, size_t(nraw) * dim);
   float step = 0.0f;
   int held = 0;
+  uint32_t qmax = 0;
   for (float k : kStepFactors) {
     step = eb * k;
     if (!(std::isfinite(step) && step > 0.0f)) return encode_raw(x, rows, dim, ld, out);
-    held = quantize_with_step(rowp.data(), nraw, dim, lo, eb, step, rcodes.data());
+    held = quantize_with_step(rowp, nraw, dim, lo, hi, eb, step, rcodes, &qmax, s.suspect);
     if (held != 0) break;  // 1: held; -1: code overflow, which smaller steps cannot help
   }
   if (held != 1) return encode_raw(x, rows, dim, ld, out);
 
-  // Multiplicities, code-row dedup, histograms.
-  std::vector<uint64_t> mult(nraw, 0);
+  // Code-row dedup over the raw rows; cnt: rows per unique code row.
+  uint64_t* mult = at_least(s.mult, nraw);
+  std::fill(mult, mult + nraw, 0);
   for (int64_t r = 0; r < rows; ++r) mult[raw_index[r]] += 1;
-  uint32_t qmax = 0;
-  for (uint32_t c : rcodes) qmax = c > qmax ? c : qmax;
   RowTable cod(nraw, uint32_t(dim));
-  std::vector<uint32_t> code_of_raw(nraw);
-  for (uint32_t u = 0; u < nraw; ++u)
-    code_of_raw[u] = cod.insert(reinterpret_cast<const uint8_t*>(rcodes.data() + size_t(u) * dim));
+  uint32_t* code_of_raw = at_least(s.code_of_raw, nraw);
+  uint64_t* cnt = at_least(s.cnt, nraw);
+  std::fill(cnt, cnt + nraw, 0);
+  for (uint32_t u = 0; u < nraw; ++u) {
+    const uint32_t k = cod.insert(reinterpret_cast<const uint8_t*>(rcodes + size_t(u) * dim));
+    code_of_raw[u] = k;
+    cnt[k] += mult[u];
+  }
   const uint32_t nuniq = cod.size();
+  // The unique code rows, contiguous: they appear in increasing order among the raw rows' codes.
+  const uint32_t* uniq = rcodes;
+  if (nuniq < nraw) {
+    uint32_t* uq = at_least(s.uniq, size_t(nuniq) * dim);
+    for (uint32_t k = 0; k < nuniq; ++k) std::memcpy(uq + size_t(k) * dim, cod.first[k], 4 * size_t(dim));
+    uniq = uq;
+  }
+  const bool dedup = dedup_candidate(rows, nuniq);
   const bool huff_ok = uint64_t(qmax) + 1 <= kHuffMaxAlphabet;
-  std::vector<uint64_t> freq;
+  // Histograms: f0 over the unique code rows; every code's (freq) is f0 plus the extra copies of repeated rows.
+  std::vector<uint64_t> freq, f0, f1;
   if (huff_ok) {
-    freq.assign(size_t(qmax) + 1, 0);
-    for (uint32_t u = 0; u < nraw; ++u) {
-      const uint32_t* c = rcodes.data() + size_t(u) * dim;
-      const uint64_t m = mult[u];
-      for (int64_t j = 0; j < dim; ++j) freq[c[j]] += m;
+    f0.assign(size_t(qmax) + 1, 0);
+    add_histogram(uniq, uint64_t(nuniq) * dim, f0, s.part);
+    freq = f0;
+    for (uint32_t k = 0; k < nuniq; ++k) {
+      if (cnt[k] == 1) continue;
+      const uint32_t* c = uniq + size_t(k) * dim;
+      const uint64_t extra = cnt[k] - 1;
+      for (int64_t j = 0; j < dim; ++j) freq[c[j]] += extra;
     }
   }
-  std::vector<uint32_t> uniq, index;
-  std::vector<uint64_t> f0, f1;
-  const bool dedup = dedup_candidate(rows, nuniq);
+  uint32_t* index = nullptr;
   if (dedup) {
-    uniq.resize(size_t(nuniq) * dim);
-    for (uint32_t u = 0; u < nuniq; ++u) std::memcpy(uniq.data() + size_t(u) * dim, cod.first[u], 4 * size_t(dim));
-    index.resize(rows);
+    index = at_least(s.index, size_t(rows));
     for (int64_t r = 0; r < rows; ++r) index[r] = code_of_raw[raw_index[r]];
-    if (huff_ok) f0 = histogram(uniq.data(), uniq.size(), qmax);
-    if (index_huff_ok(nuniq)) f1 = histogram(index.data(), index.size(), nuniq - 1);
+    if (index_huff_ok(nuniq)) {
+      f1.assign(nuniq, 0);
+      add_histogram(index, uint64_t(rows), f1, s.part);
+    }
   }
   ChunkPlan plan = plan_chunk(rows, dim, qmax, nuniq, huff_ok ? &freq : nullptr,
                               dedup && huff_ok ? &f0 : nullptr, dedup && index_huff_ok(nuniq) ? &f1 : nullptr);
@@ -1063,21 +1241,36 @@ inline void encode_chunk(const float* x, int64_t rows, int64_t dim, int64_t ld, 
   const uint8_t mode = plan.mode;
   const StreamPlan &whole = plan.whole, &p0 = plan.p0, &p1 = plan.p1;
   h = quantized_header(plan, rows, dim, lo, eb, step, nuniq);
-  out.assign(kHeaderSize + plan.body, 0);
+  const size_t size = kHeaderSize + plan.body;
+  out.assign(size + 8, 0);  // huff_encode writes up to 8 bytes past its section
   uint8_t* body = out.data() + kHeaderSize;
   if (mode == kDedup) {
-    if (p0.huff) huff_encode(uniq.data(), uniq.size(), p0, body);
-    else pack_stream(uniq.data(), uniq.size(), p0.width, body);
-    if (p1.huff) huff_encode(index.data(), index.size(), p1, body + p0.size);
-    else pack_stream(index.data(), index.size(), p1.width, body + p0.size);
+    if (p0.huff) huff_encode(uniq, uint64_t(nuniq) * dim, p0, body);
+    else pack_stream(uniq, uint64_t(nuniq) * dim, p0.width, body);
+    if (p1.huff) huff_encode(index, uint64_t(rows), p1, body + p0.size);
+    else pack_stream(index, uint64_t(rows), p1.width, body + p0.size);
   } else {
-    std::vector<uint32_t> codes(n);
-    for (int64_t r = 0; r < rows; ++r)
-      std::memcpy(codes.data() + r * dim, rcodes.data() + size_t(raw_index[r]) * dim, 4 * size_t(dim));
-    if (whole.huff) huff_encode(codes.data(), n, whole, body);
-    else pack_stream(codes.data(), n, whole.width, body);
+    const uint32_t* codes = rcodes;
+    if (!raw_identity) {
+      uint32_t* c = at_least(s.codes, n);
+      for (int64_t r = 0; r < rows; ++r)
+        std::memcpy(c + r * dim, rcodes + size_t(raw_index[r]) * dim, 4 * size_t(dim));
+      codes = c;
+    }
+    if (whole.huff) huff_encode(codes, n, whole, body);
+    else pack_stream(codes, n, whole.width, body);
   }
+  out.resize(size);
   finish(out, h);
+}
+
+// The encoder compiled for the common table widths too, where the per-row loops have a known trip count (the
+// widths DLRM uses; any other goes through the generic one, with the same bytes).
+inline void encode_chunk(const float* x, int64_t rows, int64_t dim, int64_t ld, float bound, bool relative,
+                         std::vector<uint8_t>& out) {
+  if (dim == 64) return encode_chunk_dim<64>(x, rows, dim, ld, bound, relative, out);
+  if (dim == 128) return encode_chunk_dim<128>(x, rows, dim, ld, bound, relative, out);
+  encode_chunk_dim<0>(x, rows, dim, ld, bound, relative, out);
 }
 
 // Decode one validated-size chunk into out (rows x dim floats, row stride ld). Throws DecodeError.
@@ -1105,11 +1298,16 @@ inline void decode_chunk(const uint8_t* buf, uint64_t size, int64_t rows, int64_
     });
     return;
   }
+  EncodeScratch& s = encode_scratch();  // the encoder's per-thread buffers serve the decoder as well
+  struct Release {
+    EncodeScratch& s;
+    ~Release() { s.release_large(); }
+  } release{s};
   if (h.mode == kHuff) {
-    std::vector<uint32_t> codes(n);
-    huff_decode(sec0, h.sec0, n, codes.data());
+    uint32_t* codes = at_least(s.codes, n);
+    huff_decode(sec0, h.sec0, n, codes);
     for (int64_t r = 0; r < rows; ++r) {
-      const uint32_t* c = codes.data() + r * dim;
+      const uint32_t* c = codes + r * dim;
       float* o = out + r * ld;
       for (int64_t j = 0; j < dim; ++j) o[j] = lo + float(int32_t(c[j])) * step;
     }
@@ -1118,17 +1316,18 @@ inline void decode_chunk(const uint8_t* buf, uint64_t size, int64_t rows, int64_
   // DEDUP: dequantize the unique rows once, then copy one per output row.
   const uint32_t u = h.nuniq;
   const uint64_t nu = uint64_t(u) * dim;
-  std::vector<uint32_t> ucodes(nu), index(rows);
-  if (h.flags & kFlagSec0Huff) huff_decode(sec0, h.sec0, nu, ucodes.data());
+  uint32_t* ucodes = at_least(s.uniq, nu);
+  uint32_t* index = at_least(s.index, size_t(rows));
+  if (h.flags & kFlagSec0Huff) huff_decode(sec0, h.sec0, nu, ucodes);
   else unpack_stream(sec0, h.sec0, nu, h.width0, [&](uint64_t i, uint32_t q) { ucodes[i] = q; });
-  if (h.flags & kFlagSec1Huff) huff_decode(sec1, h.sec1, rows, index.data());
+  if (h.flags & kFlagSec1Huff) huff_decode(sec1, h.sec1, rows, index);
   else unpack_stream(sec1, h.sec1, rows, h.width1, [&](uint64_t i, uint32_t q) { index[i] = q; });
-  std::vector<float> table(nu);
   // Codes are below 2^24: through int32 the conversion is exact and vectorizes (uint32 -> float does not).
+  float* table = at_least(s.values, nu);
   for (uint64_t i = 0; i < nu; ++i) table[i] = lo + float(int32_t(ucodes[i])) * step;
   for (int64_t r = 0; r < rows; ++r) {
     if (index[r] >= u) fail("DEDUP index out of range");
-    std::memcpy(out + r * ld, table.data() + size_t(index[r]) * dim, 4 * dim);
+    std::memcpy(out + r * ld, table + size_t(index[r]) * dim, 4 * dim);
   }
 }
 
