@@ -1191,18 +1191,37 @@ inline void encode_chunk_dim(const float* x, int64_t rows, int64_t dim_arg, int6
   int64_t hashed = rows;  // rows [0, hashed) are numbered by the table, rows after it are distinct raw rows
   {
     RangeScan scan;
+    // The first pass reads x from memory, one row per page when x is a column block of a wider tensor (a gradient
+    // chunk's rows are 6.5 KB apart); hardware prefetchers stay within a page, so the rows ahead are fetched here.
+    auto prefetch_row = [&](int64_t r) {
+#if defined(__GNUC__)
+      if (r < rows) {
+        const char* p = reinterpret_cast<const char*>(x + r * ld);
+        for (int64_t b = 0; b < 4 * dim; b += 64) __builtin_prefetch(p + b);
+      }
+#else
+      (void)r;
+#endif
+    };
+    constexpr int64_t kAhead = 8;
+    for (int64_t r = 0; r < kAhead; ++r) prefetch_row(r);
     for (int64_t r = 0; r < probe; ++r) {
+      prefetch_row(r + kAhead);
       const float* p = x + r * ld;
       scan.add(p, dim);
       raw_index[r] = raw.insert(reinterpret_cast<const uint8_t*>(p));
     }
     if (rows > probe && (probe - int64_t(raw.size())) * kRawProbeMinRepeat < probe) {
       hashed = probe;
-      for (int64_t r = probe; r < rows; ++r) scan.add(x + r * ld, dim);
+      for (int64_t r = probe; r < rows; ++r) {
+        prefetch_row(r + kAhead);
+        scan.add(x + r * ld, dim);
+      }
     } else if (rows > probe) {
       RowTable grown{uint64_t(rows), uint32_t(dim)};  // re-insert the probed rows: ids stay in the same order
       for (int64_t r = 0; r < probe; ++r) grown.insert(reinterpret_cast<const uint8_t*>(x + r * ld));
       for (int64_t r = probe; r < rows; ++r) {
+        prefetch_row(r + kAhead);
         const float* p = x + r * ld;
         scan.add(p, dim);
         raw_index[r] = grown.insert(reinterpret_cast<const uint8_t*>(p));
