@@ -27,6 +27,7 @@
 #include <emmintrin.h>
 #endif
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <stdexcept>
@@ -376,8 +377,12 @@ __attribute__((target("avx2"))) __attribute__((noinline)) uint32_t quantize_rows
     std::vector<uint32_t>& suspect) {
   return quantize_rows<kDim>(rowp, nrows, dim, lo, eb, step, codes, suspect);
 }
+// DLAC_CPU_BASELINE set (and not "0") keeps the SSE2 loop on an AVX2 host, so that tests can check both copies.
 inline bool cpu_has_avx2() {
-  static const bool has = __builtin_cpu_supports("avx2");
+  static const bool has = [] {
+    const char* off = std::getenv("DLAC_CPU_BASELINE");
+    return !(off != nullptr && off[0] != '\0' && std::strcmp(off, "0") != 0) && __builtin_cpu_supports("avx2");
+  }();
   return has;
 }
 #endif
