@@ -3,10 +3,11 @@
 Payloads: (a) 4096x64 float32 rows looked up from an embedding table with Zipf id frequencies; (b) the pooled
 embeddings (26 tables x dim 64) of 2,048 Criteo rows, captured from the example DLRM after it trained ~3 epochs on
 the rows before them, and ``gradient``: the loss gradients w.r.t. those pooled embeddings (the backward exchange's
-payload; target 1.5 GB/s one-thread encode and decode); (c) ``dlrm_v2`` / ``dlrm_v2_iid``: the multi-hot pooled embeddings (26 tables x dim 128) of
-2,048 synthetic samples from MLPerf's DLRM v2 (DLRM_DCN, MLPerf pooling factors) after a short training. Every
-error-bounded method gets the same absolute bound per table chunk, ``abs_eb = float32(eps) * (max - min)``. Prints
-a table, checks the DESIGN.md targets, writes JSON and optionally the "## Codec" section of docs/benchmarks.md.
+payload; target 1.5 GB/s one-thread encode and decode); (c) ``dlrm_v2`` / ``dlrm_v2_iid``: the multi-hot pooled
+embeddings (26 tables x dim 128) of 2,048 synthetic samples from MLPerf's DLRM v2 (DLRM_DCN, MLPerf pooling factors)
+after a short training. Every error-bounded method gets the same absolute bound per table chunk, ``abs_eb =
+float32(eps) * (max - min)``. Prints a table, checks the DESIGN.md targets, writes JSON and optionally the "##
+Codec" section of docs/benchmarks.md.
 
     python benchmarks/codec_bench.py                       # full run (~2-4 min on 2 cores)
     python benchmarks/codec_bench.py --quick               # smoke run, small sizes

@@ -86,6 +86,43 @@ def test_single_thread_and_multi_thread_agree(native):
     assert torch.equal(bits(decode_grid(p1, s1, rs, cs, impl="native")), bits(decode_grid(p1, s1, rs, cs, impl="ref")))
 
 
+_BASELINE_SCRIPT = """
+import sys, torch
+from lightning_dlac.codec import encode_grid
+x, rs, cs, eps = torch.load(sys.argv[1])
+p, s = encode_grid(x, rs, cs, eps=eps, impl="native")
+torch.save((p, s), sys.argv[2])
+"""
+
+
+def _quantize_grid():
+    g = torch.Generator().manual_seed(7)
+    heavy = torch.randn(2048, 64, generator=g) * torch.rand(2048, 64, generator=g) ** 4  # gradient-like tails
+    x = torch.cat([heavy, torch.randn(2048, 128, generator=g), torch.rand(2048, 37, generator=g)], dim=1)
+    return x, [0, 1000, 2048], [0, 64, 192, 229], torch.tensor([0.01, 0.03, 0.002])
+
+
+def test_baseline_and_avx2_quantize_loops_give_the_reference_bytes(native, tmp_path):
+    """The encoder's quantize loop has an SSE2 and an AVX2 copy chosen at run time; DLAC_CPU_BASELINE=1 (read once per
+    process, hence the subprocess) forces the SSE2 one. Both must give the reference's bytes."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    x, rs, cs, eps = _quantize_grid()
+    want_p, want_s = encode_grid(x, rs, cs, eps=eps, impl="ref")
+    p, s = encode_grid(x, rs, cs, eps=eps, impl="native")
+    assert torch.equal(p, want_p) and torch.equal(s, want_s)
+    torch.save((x, rs, cs, eps), tmp_path / "in.pt")
+    repo = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ, DLAC_CPU_BASELINE="1", PYTHONPATH=os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]))
+    subprocess.run([sys.executable, "-c", _BASELINE_SCRIPT, str(tmp_path / "in.pt"), str(tmp_path / "out.pt")],
+                   env=env, check=True, cwd=repo)
+    p2, s2 = torch.load(tmp_path / "out.pt")
+    assert torch.equal(p2, want_p) and torch.equal(s2, want_s)
+
+
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
