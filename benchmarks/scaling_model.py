@@ -107,10 +107,9 @@ def _pick(rows: list[dict[str, Any]], rate: str, variant: str) -> dict[str, Any]
 def calibrate(rows: list[dict[str, Any]], world: int, rate: str, args: argparse.Namespace, cast: float,
               params: int) -> tuple[Workload, Codec] | None:
     """The model's inputs at ``world`` ranks from the launches at ``rate`` (None if a needed launch is missing)."""
-    fp32 = _pick(rows, rate, "fp32")
     fwd = _pick(rows, rate, "dlac_bf16") or _pick(rows, rate, "dlac_dlac")
     both = _pick(rows, rate, "dlac_dlac")
-    if fp32 is None or fwd is None or both is None:
+    if fwd is None or both is None:
         return None
     loop = Link(RATE_GBIT.get(rate, args.loopback_gbit), args.latency_us, "shared")
     raw = fwd["fwd_raw_bytes_per_step"]
@@ -144,7 +143,7 @@ def validate(rows: list[dict[str, Any]], args: argparse.Namespace, cast: float, 
         calibration = next((c for c in ("unthrottled", "10gbit") if c in rates), None)
         inputs = calibrate(run, world, calibration, args, cast, params) if calibration else None
         if inputs is None:
-            print(f"{source}, {world} ranks: no fp32 + DLAC launches at a fast rate to calibrate from; skipped")
+            print(f"{source}, {world} ranks: no DLAC-both-directions launch at a fast rate to calibrate from; skipped")
             continue
         workload, codec = inputs
         for rate, gbit in RATE_GBIT.items():
