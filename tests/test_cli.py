@@ -68,7 +68,7 @@ def _criteo_file(tmp_path: Path) -> Path:
 def test_each_shipped_config_builds(name: str, tmp_path: Path) -> None:
     overrides = [o.format(criteo=_criteo_file(tmp_path), criteo_binary=tmp_path / "npy") for o in OVERRIDES[name]]
     if name in ("dlrm_criteo_binary.yaml", "dlrm_v2_criteo_binary.yaml"):  # converted by `dlac preprocess criteo`
-        from lightning_dlac.preprocess import main as preprocess
+        from lightning_dlac.criteo.command import main as preprocess
 
         multi_hot = ["--multi-hot-sizes", "mlperf", "--num-embeddings-per-feature", "mlperf", "--max-rows", "10000"]
         criteo = _criteo_file(tmp_path)
@@ -83,7 +83,7 @@ def test_each_shipped_config_builds(name: str, tmp_path: Path) -> None:
     assert list(cli.model.hparams.num_embeddings_per_feature) == cli.datamodule.num_embeddings_per_feature
     if "v2" in name:  # MLPerf DLRM v2: DCN, dim 128, multi-hot with MLPerf's pooling factors
         assert type(cli.model.model).__name__ == "DLRM_DCN" and cli.model.hparams.embedding_dim == 128
-        from lightning_dlac.examples.data import MLPERF_MULTI_HOT_SIZES
+        from lightning_dlac.criteo import MLPERF_MULTI_HOT_SIZES
 
         assert cli.datamodule.multi_hot_sizes == list(MLPERF_MULTI_HOT_SIZES)
     if name == "dlrm_criteo.yaml":
@@ -253,7 +253,7 @@ def test_dlac_test_on_preprocessed_criteo_as_a_user_runs_it(tmp_path: Path) -> N
     """`dlac test` (2 ranks, Lightning's launcher) with the binary Criteo config on a generated TSV converted by
     `dlac preprocess criteo`: the test metrics and this rank's bytes are printed, nothing lands in the working
     directory. (The synthetic and TSV datamodules have no test split; no shipped datamodule has a predict split.)"""
-    from lightning_dlac.preprocess import preprocess_criteo
+    from lightning_dlac.criteo import preprocess_criteo
 
     work = tmp_path / "cwd"
     work.mkdir()

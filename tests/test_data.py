@@ -9,17 +9,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 from lightning.pytorch import LightningModule, Trainer
-from lightning_dlac.examples.data import (
-    CRITEO_KAGGLE_CARDINALITIES,
-    FEATURE_NAMES,
-    CriteoTSVDataModule,
-    SyntheticCriteoDataModule,
-    capped_cardinalities,
-)
+from lightning_dlac.examples.synthetic import SyntheticCriteoDataModule
+from lightning_dlac.examples.tsv import CriteoTSVDataModule
 from torchmetrics.classification import BinaryAUROC
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from lightning_dlac.criteo import CRITEO_KAGGLE_CARDINALITIES, FEATURE_NAMES, capped_cardinalities
 from tests.conftest import write_criteo_tsv
 
 CRITEO_SAMPLE = Path(__file__).resolve().parents[2] / "shared" / "data" / "criteo_kaggle_head10k.tsv"
@@ -118,7 +114,7 @@ def test_synthetic_ranks_get_disjoint_interleaved_streams() -> None:
     per_rank = []
     for rank in range(2):
         dm = SyntheticCriteoDataModule(**kwargs)
-        dm._set_rank(rank, 2)
+        dm.set_rank(rank, 2)
         dm.setup("fit")
         per_rank.append((_batches(dm), _batches(dm, "val")))
         assert len(per_rank[-1][0]) == 3 and len(per_rank[-1][1]) == 2
@@ -304,7 +300,7 @@ def test_criteo_tsv_shards_evenly_across_ranks(criteo_file: Path) -> None:
     streams = []
     for rank in range(2):
         dm = CriteoTSVDataModule(**kwargs)
-        dm._set_rank(rank, 2)
+        dm.set_rank(rank, 2)
         if rank == 0:
             with pytest.warns(UserWarning, match="validation is empty"):  # 1,000 val rows: no batch per rank
                 dm.setup("fit")
@@ -380,6 +376,6 @@ def test_criteo_tsv_missing_path_names_it_and_the_argument(tmp_path: Path) -> No
 def test_criteo_tsv_too_few_rows_for_the_world(tmp_path: Path) -> None:
     path = _write_rows(tmp_path / "train.tsv", [_good_row()] * 10)
     dm = CriteoTSVDataModule(str(path), batch_size=4, val_fraction=0.0)
-    dm._set_rank(0, 4)
+    dm.set_rank(0, 4)
     with pytest.raises(ValueError, match="batch_size"):
         dm.setup("fit")
