@@ -393,3 +393,13 @@ def test_light_subcommands_import_neither_torch_nor_lightning(argv: list[str]) -
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "usage: dlac" in proc.stdout
     assert "LOADED []" in proc.stdout, proc.stdout[-2000:]
+
+
+def test_a_config_naming_the_old_examples_data_path_still_builds(tmp_path: Path) -> None:
+    """Configs written before examples/ was split name `lightning_dlac.examples.data.<DataModule>`."""
+    new = "lightning_dlac.examples.synthetic.SyntheticCriteoDataModule"
+    old = tmp_path / "old.yaml"
+    assert new in CONFIG.read_text()
+    old.write_text(CONFIG.read_text().replace(new, "lightning_dlac.examples.data.SyntheticCriteoDataModule"))
+    cli = build_cli(["--config", str(old), "--trainer.logger=false"], run=False)
+    assert type(cli.datamodule).__module__ == "lightning_dlac.examples.synthetic"

@@ -226,8 +226,7 @@ def read_tsv(path: str | os.PathLike, max_rows: int | None = None, impl: str = "
         if len(b.labels)
     ]
     if not pieces:
-        empty = CriteoRows(np.empty(0, np.int32), np.empty((0, DENSE_COLUMNS), np.int32), np.empty((0, SPARSE_COLUMNS),
-                           np.int64), spec.INT32_MAX)  # fmt: skip
-        return empty
+        dense, sparse = np.empty((0, DENSE_COLUMNS), np.int32), np.empty((0, SPARSE_COLUMNS), np.int64)
+        return CriteoRows(np.empty(0, np.int32), dense, sparse, spec.INT32_MAX)
     labels, dense, sparse, mins = zip(*pieces)
     return CriteoRows(np.concatenate(labels), np.concatenate(dense), np.concatenate(sparse), min(mins))
