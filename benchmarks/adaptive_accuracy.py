@@ -67,7 +67,8 @@ DATASETS = ("criteo", "synthetic", "planted", "synthetic_v2")
 
 
 def _datamodule(dataset: str, cfg: dict[str, Any]):
-    from lightning_dlac.examples.data import CriteoTSVDataModule, SyntheticCriteoDataModule
+    from lightning_dlac.examples.synthetic import SyntheticCriteoDataModule
+    from lightning_dlac.examples.tsv import CriteoTSVDataModule
 
     seed = cfg.get("seed", 0)
     if dataset == "planted":
@@ -79,7 +80,7 @@ def _datamodule(dataset: str, cfg: dict[str, Any]):
         return CriteoTSVDataModule(str(cfg["criteo_path"]), max_rows=cfg["max_rows"], batch_size=cfg["criteo_batch"],
                                    val_fraction=0.2, seed=seed)
     if dataset == "synthetic_v2":  # MLPerf DLRM v2's multi-hot features: its pooling factors, bags per id
-        from lightning_dlac.examples.data import MLPERF_MULTI_HOT_SIZES
+        from lightning_dlac.criteo import MLPERF_MULTI_HOT_SIZES
 
         return SyntheticCriteoDataModule(max_rows=cfg["max_rows"], batch_size=cfg["synthetic_batch"],
                                          num_train_batches=cfg["synthetic_batches"], num_val_batches=8,
@@ -160,7 +161,7 @@ def _run(rank: int, world_size: int, dataset: str, variant: str, cfg: dict[str, 
     seed = cfg.get("seed", 0)
     pl.seed_everything(seed, verbose=False)
     dm = _datamodule(dataset, cfg)
-    dm._set_rank(rank, world_size)  # the same sharding the trainer would give it; known before fit for T
+    dm.set_rank(rank, world_size)  # the same sharding the trainer would give it; known before fit for T
     dm.setup("fit")
     model = _dlrm(dataset, dm, cfg, seed)
     epochs = cfg["criteo_epochs"] if dataset == "criteo" else 1

@@ -63,8 +63,8 @@ def criteo_payload(
     Adagrad over every parameter, tables included), then return the pooled embeddings of those last rows as
     ``[capture_rows, 26 * dim]`` with one column block per table, the loss gradients w.r.t. them (same shape: the
     payload of the backward exchange), the column splits, and a one-line description of each."""
-    from lightning_dlac.examples.data import CriteoTSVDataModule
     from lightning_dlac.examples.dlrm import DLRMModule
+    from lightning_dlac.examples.tsv import CriteoTSVDataModule
 
     n = sum(1 for _ in path.open())
     n = n if max_samples is None else min(n, max_samples)
@@ -119,8 +119,10 @@ def dlrm_v2_payloads(capture_rows: int, steps: int, batch_size: int, max_rows: i
     capture the sum-pooled embeddings of ``capture_rows`` fresh samples: ``dlrm_v2`` (bags per id, the training
     distribution) and ``dlrm_v2_iid`` (every id of a bag its own Zipf draw: bags repeat far less, the pessimistic
     case). Returns ``(name, x [rows, 26 * 128], col_splits, description)`` tuples."""
-    from lightning_dlac.examples.data import MLPERF_MULTI_HOT_SIZES, SyntheticCriteoDataModule
     from lightning_dlac.examples.dlrm import DLRMModule
+    from lightning_dlac.examples.synthetic import SyntheticCriteoDataModule
+
+    from lightning_dlac.criteo import MLPERF_MULTI_HOT_SIZES
 
     def data(distribution: str, batch: int) -> SyntheticCriteoDataModule:
         dm = SyntheticCriteoDataModule(max_rows=max_rows, batch_size=batch, num_train_batches=steps,

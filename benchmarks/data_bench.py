@@ -67,9 +67,9 @@ def _status_mib() -> dict[str, float]:
 def _child(spec: dict[str, Any]) -> dict[str, Any]:
     kind = spec["kind"]
     if kind == "preprocess":
-        from lightning_dlac.preprocess import _resolve_parser, preprocess_criteo
+        from lightning_dlac.criteo import preprocess_criteo, resolve_parser
 
-        _resolve_parser(spec["impl"])  # build/load outside the timing
+        resolve_parser(spec["impl"])  # build/load outside the timing
         base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         [r] = preprocess_criteo([spec["input"]], spec["output"], workers=spec["workers"], impl=spec["impl"],
                                 progress=False, overwrite=True)  # fmt: skip
@@ -95,14 +95,14 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
         import torch
 
         torch.set_num_threads(1)
-        from lightning_dlac.examples.data import CriteoBinaryDataModule
+        from lightning_dlac.examples.binary import CriteoBinaryDataModule
 
         before = _status_mib()
         t0 = time.perf_counter()
         dm = CriteoBinaryDataModule(spec["data_dir"], train_stems=spec["train"], val_stems=spec["val"],
                                     batch_size=spec["batch_size"], max_rows=spec["max_rows"],
                                     mmap_mode=spec["mmap_mode"])  # fmt: skip
-        dm._set_rank(spec["rank"], spec["world_size"])
+        dm.set_rank(spec["rank"], spec["world_size"])
         dm.setup("fit")
         loader = iter(dm.train_dataloader())
         next(loader)
@@ -118,8 +118,9 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
         import torch
 
         torch.set_num_threads(1)
-        from lightning_dlac.examples.data import capped_cardinalities
         from lightning_dlac.examples.dlrm import DLRMModule
+
+        from lightning_dlac.criteo import capped_cardinalities
 
         b = spec["batch_size"]
         sizes = capped_cardinalities(spec["max_rows"])
@@ -127,12 +128,11 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
                            over_arch_layer_sizes=[512, 256, 1], learning_rate=0.01)  # fmt: skip
         model.embedding_bag_collection.requires_grad_(False)
         opt = torch.optim.Adagrad([p for p in model.parameters() if p.requires_grad], lr=0.01)
-        from lightning_dlac.examples.data import _make_batch
+        from lightning_dlac.examples.base import make_batch
 
         gen = torch.Generator().manual_seed(0)
         ids = torch.cat([torch.randint(0, n, (b,), generator=gen) for n in sizes])
-        batch = _make_batch(torch.rand(b, 13, generator=gen), ids, torch.ones(26 * b, dtype=torch.int32),
-                            (torch.rand(b, generator=gen) < 0.25).float())  # fmt: skip
+        batch = make_batch(torch.rand(b, 13, generator=gen), ids, (torch.rand(b, generator=gen) < 0.25).float())
         times = []
         for i in range(spec["steps"] + 3):
             t0 = time.perf_counter()
@@ -185,7 +185,7 @@ def _head(src: Path, dst: Path, rows: int) -> None:
 
 def _write_binary(directory: Path, stem: str, rows: int, seed: int) -> None:
     """A TorchRec-layout set of ``rows`` rows, written in chunks (never all in memory)."""
-    from lightning_dlac.preprocess import binary_paths
+    from lightning_dlac.criteo import binary_paths
 
     rng = np.random.default_rng(seed)
     dense_p, sparse_p, labels_p = binary_paths(directory, stem)
@@ -282,7 +282,7 @@ def main() -> None:
         runs = [
             ("TorchRec tsv_to_npys", dict(kind="torchrec", input=str(tr_slice), output=str(work / "tr"))),
             ("dlac preprocess, Python parser, 1 worker",
-             dict(kind="preprocess", impl="python", workers=1, input=str(py_slice), output=str(work / "py"))),
+             dict(kind="preprocess", impl="ref", workers=1, input=str(py_slice), output=str(work / "py"))),
             ("dlac preprocess, native, 1 worker",
              dict(kind="preprocess", impl="native", workers=1, input=str(tsv), output=str(work / "n1"))),
             ("dlac preprocess, native, 2 workers",
@@ -303,7 +303,7 @@ def main() -> None:
         for r in pre:
             r["vs_torchrec"] = r["rate"] / pre[0]["rate"]
         # Identity on the TorchRec slice: our converter's arrays against TorchRec's.
-        from lightning_dlac.preprocess import binary_paths, preprocess_criteo
+        from lightning_dlac.criteo import binary_paths, preprocess_criteo
 
         preprocess_criteo([tr_slice], work / "check", workers=2, progress=False, overwrite=True)
         for ours, suffix in zip(binary_paths(work / "check", tr_slice.stem), ("dense", "sparse", "labels")):

@@ -318,8 +318,10 @@ MARKDOWN_BLOCKS = {
 
 def _model_and_data(model: str, max_rows: int, batch_size: int) -> tuple[Any, Any]:
     """The synthetic datamodule and the (unsharded) example LightningModule of ``--model``."""
-    from lightning_dlac.examples.data import MLPERF_MULTI_HOT_SIZES, SyntheticCriteoDataModule
     from lightning_dlac.examples.dlrm import DLRMModule
+    from lightning_dlac.examples.synthetic import SyntheticCriteoDataModule
+
+    from lightning_dlac.criteo import MLPERF_MULTI_HOT_SIZES
 
     if model == "dlrm_v2":
         data = SyntheticCriteoDataModule(max_rows=max_rows, batch_size=batch_size, seed=0,

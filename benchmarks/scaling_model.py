@@ -56,8 +56,8 @@ RATE_GBIT = {"1gbit": 1.0, "10gbit": 10.0}  # and "unthrottled": --loopback-gbit
 
 def dense_params() -> int:
     """Dense parameters of the e2e benchmark's DLRM (its all-reduce)."""
-    from lightning_dlac.examples.data import SyntheticCriteoDataModule
     from lightning_dlac.examples.dlrm import DLRMModule
+    from lightning_dlac.examples.synthetic import SyntheticCriteoDataModule
 
     data = SyntheticCriteoDataModule(max_rows=1000, batch_size=8, seed=0)
     model = DLRMModule(data.num_embeddings_per_feature, embedding_dim=DIMS[0])

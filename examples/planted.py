@@ -1,7 +1,7 @@
 """Synthetic click data whose tables differ in how much compression error they tolerate (planted sensitivity).
 
-The Criteo-like generator in :mod:`examples.data` gives every informative table the same kind of signal, so a
-calibration has nothing to tell apart. Here every table has a *role*:
+The Criteo-like generator of :mod:`lightning_dlac.examples.synthetic` gives every informative table the same kind of
+signal, so a calibration has nothing to tell apart. Here every table has a *role*:
 
 - ``sensitive``: ``rows`` ids drawn uniformly; many ids with small effects (``small_effect``) plus two rare
   *anchor* ids with a large effect (``+-anchor_effect``). It tolerates little: the anchors stretch the value range,
@@ -22,32 +22,26 @@ planted tables. :class:`PlantedSensitivityDataModule` serves the same data (ids 
 its own embeddings.
 
 Batches are a pure function of ``(seed, split, index)``, rank ``r`` of ``W`` reads global batches
-``r, r + W, ...`` (as every datamodule of :mod:`examples.data`).
+``r, r + W, ...`` (:class:`~lightning_dlac.examples.base.RankShardedDataModule`, as every example datamodule).
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
 from torchrec.datasets.utils import Batch
-from typing_extensions import override
 
-from .data import (
-    FEATURE_NAMES,
-    NUM_DENSE_FEATURES,
-    _make_batch,
-    _RankBatches,
-    _RankShardedDataModule,
-    _stream_seed,
-)
+from lightning_dlac.criteo.format import DENSE_COLUMNS, FEATURE_NAMES
+
+from .base import RankShardedDataModule, make_batch, stream_seed
 
 __all__ = ["ROLES", "PlantedSensitivityDataModule", "PlantedSensitivityGenerator", "default_roles"]
 
 ROLES = ("sensitive", "noise", "repeated")
 _TRAIN, _VAL, _MODEL, _CALIBRATION = 0, 1, 3, 2
+_SPLIT_STREAMS = {"train": _TRAIN, "val": _VAL}
 
 
 def default_roles(num_tables: int = len(FEATURE_NAMES)) -> list[str]:
@@ -105,7 +99,7 @@ class PlantedSensitivityGenerator:
         self.seed = seed
         self.anchor_rate = anchor_rate
         self.table_rows = [repeated_rows if r == "repeated" else rows for r in self.roles]
-        gen = torch.Generator().manual_seed(_stream_seed(seed, _MODEL, 0))
+        gen = torch.Generator().manual_seed(stream_seed(seed, _MODEL, 0))
         self.embeddings: list[torch.Tensor] = []
         self.readouts: list[torch.Tensor] = []
         unit = torch.zeros(dim)
@@ -129,7 +123,7 @@ class PlantedSensitivityGenerator:
                 w = torch.zeros(dim)
             self.embeddings.append(e)
             self.readouts.append(w)
-        self._dense_w = torch.zeros(NUM_DENSE_FEATURES)  # dense features are noise: the signal is in the tables
+        self._dense_w = torch.zeros(DENSE_COLUMNS)  # dense features are noise: the signal is in the tables
         self.bias = 0.0
         self.bias = self._fit_bias(positive_rate)
 
@@ -139,7 +133,7 @@ class PlantedSensitivityGenerator:
         return [t for t, r in enumerate(self.roles) if r == "sensitive"]
 
     def _fit_bias(self, positive_rate: float) -> float:
-        gen = torch.Generator().manual_seed(_stream_seed(self.seed, _CALIBRATION, 0))
+        gen = torch.Generator().manual_seed(stream_seed(self.seed, _CALIBRATION, 0))
         logit = self.logits_of(self.pooled_ids(self._ids(8192, gen)))
         lo, hi = -20.0, 20.0
         for _ in range(50):
@@ -171,13 +165,13 @@ class PlantedSensitivityGenerator:
 
     def batch(self, index: int, split: int = _TRAIN, batch_size: int = 512) -> Batch:
         """Batch ``index`` of ``split``, a pure function of ``(seed, split, index)``."""
-        gen = torch.Generator().manual_seed(_stream_seed(self.seed, 10 + split, index))
+        gen = torch.Generator().manual_seed(stream_seed(self.seed, 10 + split, index))
         ids = self._ids(batch_size, gen)
         logit = self.logits_of(self.pooled_ids(ids))
-        dense = torch.log1p(torch.rand(batch_size, NUM_DENSE_FEATURES, generator=gen) * 10)
+        dense = torch.log1p(torch.rand(batch_size, DENSE_COLUMNS, generator=gen) * 10)
         labels = (torch.rand(batch_size, generator=gen) < torch.sigmoid(logit)).float()
         lengths = torch.ones(len(ids) * batch_size, dtype=torch.int32)
-        return _make_batch(dense, torch.cat(ids), lengths, labels)
+        return make_batch(dense, torch.cat(ids), labels, lengths)
 
     def pooled(self, batch: Batch) -> dict[str, torch.Tensor]:
         """The oracle's pooled embeddings of a batch drawn from this generator, one ``[B, dim]`` chunk per table
@@ -192,7 +186,7 @@ class PlantedSensitivityGenerator:
         return float(F.binary_cross_entropy_with_logits(self.logits_of(chunks), labels))
 
 
-class PlantedSensitivityDataModule(_RankShardedDataModule):
+class PlantedSensitivityDataModule(RankShardedDataModule):
     """The planted-sensitivity data (see the module docstring) for a DLRM with 26 tables.
 
     Args:
@@ -228,18 +222,11 @@ class PlantedSensitivityDataModule(_RankShardedDataModule):
                 raise ValueError(f"{name} must be non-negative, got {value}.")
         self.num_train_batches, self.num_val_batches = num_train_batches, num_val_batches
 
-    @override
-    def setup(self, stage: str) -> None:
-        self._resolve_rank()
+    def num_batches(self, split: str) -> int:
+        """Global batches of ``split``: ``num_train_batches`` / ``num_val_batches`` for every rank."""
+        per_rank = {"train": self.num_train_batches, "val": self.num_val_batches}.get(split, 0)
+        return per_rank * self.world_size
 
-    def _split(self, split: int, num_batches: int) -> _RankBatches:
-        fn = functools.partial(self.generator.batch, split=split, batch_size=self.batch_size)
-        return _RankBatches(fn, num_batches, self._rank, self._world_size)
-
-    def train_dataset(self) -> _RankBatches:
-        """This rank's training batches."""
-        return self._split(_TRAIN, self.num_train_batches)
-
-    def val_dataset(self) -> _RankBatches:
-        """This rank's validation batches."""
-        return self._split(_VAL, self.num_val_batches)
+    def read_batch(self, split: str, index: int) -> Batch:
+        """Global batch ``index`` of ``split``, drawn from the planted model."""
+        return self.generator.batch(index, _SPLIT_STREAMS[split], self.batch_size)

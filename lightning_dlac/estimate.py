@@ -258,8 +258,6 @@ def main(argv: list[str] | None = None) -> None:
     """``dlac estimate``: predicted step time and speedup of FP32, INT8/FP16 and DLAC on your cluster."""
     import argparse
 
-    from lightning.pytorch.utilities.rank_zero import rank_zero_info
-
     parser = argparse.ArgumentParser(
         prog="dlac estimate", description=main.__doc__,
         epilog="Every default is this project's measured DLRM (26 tables x dim 64, batch 4096 per rank, ratios from"
@@ -285,6 +283,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cast-gbps", type=float, required=True,
                         help="TorchRec qcomm INT8/FP16 quantize GB/s per rank (your device)")
     args = parser.parse_args(argv)
+    from lightning.pytorch.utilities.rank_zero import rank_zero_info  # after parsing: `--help` stays instant
+
     try:
         worlds = _ints(args.world_sizes)
         workload = Workload(args.batch, _dims(args.dims), args.compute_ms, args.dense_params, args.allreduce_hidden)

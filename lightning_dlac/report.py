@@ -21,10 +21,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch.utilities.rank_zero import rank_zero_info
-
-from lightning_dlac.adaptive import DecaySchedule
-
 RUN_FILE = "dlac_run.json"
 METRICS_CSV = "metrics.csv"
 REPORT_FILE = "dlac_report.md"
@@ -199,6 +195,8 @@ def _plot(run: dict[str, Any], log_dir: Path, baseline: dict[str, Any] | None = 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from lightning_dlac.adaptive import DecaySchedule  # here, not at the top: `dlac report --help` stays instant
+
     history = run.get("history") or []
     if not history:
         return {}
@@ -312,6 +310,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                         " same training uncompressed: its loss and AUROC are overlaid and the final differences"
                         " stated")
     args = parser.parse_args(argv)
+    from lightning.pytorch.utilities.rank_zero import rank_zero_info
+
     try:
         path = write_report(args.log_dir, plots=not args.no_plots, baseline=args.baseline)
         ref = load_baseline(args.baseline) if args.baseline is not None else None

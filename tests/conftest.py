@@ -76,7 +76,7 @@ def small_dlrm(seed: int = 0, **kwargs: Any) -> Any:
 
 def small_data(seed: int = 0, train_batches: int = 30, batch_size: int = 64) -> Any:
     """Synthetic Criteo-like batches for :func:`small_dlrm` (4 validation batches)."""
-    from lightning_dlac.examples.data import SyntheticCriteoDataModule
+    from lightning_dlac.examples.synthetic import SyntheticCriteoDataModule
 
     return SyntheticCriteoDataModule(
         num_embeddings_per_feature=ROWS,

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from lightning_dlac import DLACCallback, DLACStrategy
-from lightning_dlac.cli import build_cli, main
+from lightning_dlac.cli import CLIUserError, build_cli, main, name_option
 from tests.conftest import write_criteo_tsv
 
 CONFIGS = Path(__file__).resolve().parents[1] / "examples" / "configs"
@@ -68,7 +68,7 @@ def _criteo_file(tmp_path: Path) -> Path:
 def test_each_shipped_config_builds(name: str, tmp_path: Path) -> None:
     overrides = [o.format(criteo=_criteo_file(tmp_path), criteo_binary=tmp_path / "npy") for o in OVERRIDES[name]]
     if name in ("dlrm_criteo_binary.yaml", "dlrm_v2_criteo_binary.yaml"):  # converted by `dlac preprocess criteo`
-        from lightning_dlac.preprocess import main as preprocess
+        from lightning_dlac.criteo.command import main as preprocess
 
         multi_hot = ["--multi-hot-sizes", "mlperf", "--num-embeddings-per-feature", "mlperf", "--max-rows", "10000"]
         criteo = _criteo_file(tmp_path)
@@ -83,7 +83,7 @@ def test_each_shipped_config_builds(name: str, tmp_path: Path) -> None:
     assert list(cli.model.hparams.num_embeddings_per_feature) == cli.datamodule.num_embeddings_per_feature
     if "v2" in name:  # MLPerf DLRM v2: DCN, dim 128, multi-hot with MLPerf's pooling factors
         assert type(cli.model.model).__name__ == "DLRM_DCN" and cli.model.hparams.embedding_dim == 128
-        from lightning_dlac.examples.data import MLPERF_MULTI_HOT_SIZES
+        from lightning_dlac.criteo import MLPERF_MULTI_HOT_SIZES
 
         assert cli.datamodule.multi_hot_sizes == list(MLPERF_MULTI_HOT_SIZES)
     if name == "dlrm_criteo.yaml":
@@ -253,7 +253,7 @@ def test_dlac_test_on_preprocessed_criteo_as_a_user_runs_it(tmp_path: Path) -> N
     """`dlac test` (2 ranks, Lightning's launcher) with the binary Criteo config on a generated TSV converted by
     `dlac preprocess criteo`: the test metrics and this rank's bytes are printed, nothing lands in the working
     directory. (The synthetic and TSV datamodules have no test split; no shipped datamodule has a predict split.)"""
-    from lightning_dlac.preprocess import preprocess_criteo
+    from lightning_dlac.criteo import preprocess_criteo
 
     work = tmp_path / "cwd"
     work.mkdir()
@@ -293,3 +293,113 @@ def test_dlac_report_takes_a_baseline(tmp_path: Path, caplog: pytest.LogCaptureF
     line = f"vs baseline {base_dir}: val/auroc 0.7712 vs 0.7700 (+0.0012)"
     assert f"dlac: {line}" in caplog.text
     assert f"- {line}" in (run_dir / "dlac_report.md").read_text()
+
+
+# ---------------------------------------------------------------- errors a user can read, and a CLI that starts at once
+
+# (arguments, the option named, the class that rejected the value, the library's message): a missing file, an
+# out-of-range bound, an unknown mode.
+USER_ERRORS = {
+    "missing file": (["--config", str(CONFIGS / "dlrm_criteo.yaml"), "--data.train_path=/nonexistent/train.txt"],
+                     "--data.train_path=/nonexistent/train.txt", "CriteoTSVDataModule",
+                     "Criteo TSV file not found: '/nonexistent/train.txt'"),
+    "bound out of range": (["--config", str(CONFIG), "--trainer.strategy.init_args.eps=2"],
+                           "--trainer.strategy.init_args.eps=2", "DLACStrategy",
+                           "default_eps=2.0 is out of range: a relative error bound must be in (0, 1)"),
+    "unknown mode": (["--config", str(CONFIG), "--trainer.callbacks.init_args.mode=bogus"],
+                     "--trainer.callbacks.init_args.mode=bogus", "DLACCallback", "mode='bogus' is not supported"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(USER_ERRORS))
+def test_a_rejected_value_names_the_option_as_given(case: str) -> None:
+    args, option, component, message = USER_ERRORS[case]
+    with pytest.raises(CLIUserError) as info:
+        build_cli([*args, "--trainer.logger=false"], run=False)
+    assert (info.value.option, info.value.component) == (option, component)
+    assert message in info.value.message and str(info.value).startswith(f"{option} ({component}): {message}")
+
+
+def test_a_rejected_trainer_setting_names_the_option() -> None:
+    with pytest.raises(CLIUserError) as info:
+        build_cli(["--config", str(CONFIG), "--trainer.logger=false", "--trainer.devices=0"], run=False)
+    assert (info.value.option, info.value.component) == ("--trainer.devices=0", "Trainer")
+
+
+def test_name_option_prefers_what_the_message_names_in_the_users_spelling() -> None:
+    argv = ["fit", "--config", "x.yaml", "--data.init_args.batch_size=0", "--data.max_rows", "5"]
+    assert name_option(argv, "data", ["batch_size", "max_rows"], "batch_size must be at least 1, got 0.") == (
+        "--data.init_args.batch_size=0"
+    )
+    # The message names no parameter (as DLACStrategy's, which reports its bounds object's `default_eps`): every
+    # option of the component given on the command line.
+    assert name_option(argv, "data", ["batch_size", "max_rows"], "something else") == (
+        "--data.init_args.batch_size=0, --data.max_rows 5"
+    )
+    # Set in a config file: the parameter the message names, spelled as an option.
+    assert name_option(["fit"], "trainer.callbacks", ["mode", "T"], "mode='x' is not supported") == (
+        "--trainer.callbacks.init_args.mode"
+    )
+    assert name_option(["fit"], "data", ["train_path"], "Set `train_path` of X") == "--data.train_path"
+    assert name_option(["fit"], "trainer.strategy", ["eps"], "default_eps=2.0 is out of range") is None
+
+
+def _dlac_user_error(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
+    work = tmp_path / "cwd"
+    work.mkdir(exist_ok=True)
+    return _dlac(["fit", *args, "--trainer.logger=false"], cwd=work, timeout=300)
+
+
+@pytest.mark.slow  # a fresh `dlac fit`
+@pytest.mark.parametrize("case", list(USER_ERRORS))
+def test_dlac_fit_stops_on_a_user_error_with_its_message_and_status_2(case: str, tmp_path: Path) -> None:
+    args, option, component, message = USER_ERRORS[case]
+    proc = _dlac_user_error(args, tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr[-4000:]
+    assert "Traceback" not in proc.stdout + proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if "error" in line]
+    assert lines[0].startswith(f"dlac fit: error: {option} ({component}): {message}"), proc.stderr
+    assert "--debug or DLAC_DEBUG=1" in proc.stderr
+
+
+@pytest.mark.slow  # a fresh `dlac fit`
+def test_debug_shows_the_traceback_from_where_the_library_raised(tmp_path: Path) -> None:
+    args, option, _, message = USER_ERRORS["bound out of range"]
+    proc = _dlac_user_error([*args, "--debug"], tmp_path)
+    assert proc.returncode == 1 and "Traceback" in proc.stderr
+    assert "lightning_dlac/adaptive/bounds.py" in proc.stderr or "lightning_dlac/comm" in proc.stderr
+    assert f"CLIUserError: {option} (DLACStrategy): {message}" in proc.stderr
+
+
+IMPORTS_AFTER_HELP = """
+import sys
+from lightning_dlac.cli import main
+try:
+    main({argv!r})
+except SystemExit as exit:
+    assert exit.code == 0, exit.code
+heavy = ("torch", "lightning", "pytorch_lightning", "torchrec", "fbgemm_gpu", "torchmetrics", "matplotlib")
+print("LOADED", sorted({{m.split(".")[0] for m in sys.modules}} & set(heavy)))
+"""
+
+
+@pytest.mark.slow  # a fresh Python process
+@pytest.mark.parametrize("argv", [["preprocess", "criteo", "--help"], ["report", "--help"], ["estimate", "--help"]])
+def test_light_subcommands_import_neither_torch_nor_lightning(argv: list[str]) -> None:
+    """`dlac preprocess|report|estimate --help` answers without importing torch, Lightning or TorchRec, so it starts
+    as fast as a bare `python -c "import numpy"` (measured in the report of this change, not here)."""
+    proc = subprocess.run([sys.executable, "-c", IMPORTS_AFTER_HELP.format(argv=argv)], capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "usage: dlac" in proc.stdout
+    assert "LOADED []" in proc.stdout, proc.stdout[-2000:]
+
+
+def test_a_config_naming_the_old_examples_data_path_still_builds(tmp_path: Path) -> None:
+    """Configs written before examples/ was split name `lightning_dlac.examples.data.<DataModule>`."""
+    new = "lightning_dlac.examples.synthetic.SyntheticCriteoDataModule"
+    old = tmp_path / "old.yaml"
+    assert new in CONFIG.read_text()
+    old.write_text(CONFIG.read_text().replace(new, "lightning_dlac.examples.data.SyntheticCriteoDataModule"))
+    cli = build_cli(["--config", str(old), "--trainer.logger=false"], run=False)
+    assert type(cli.datamodule).__module__ == "lightning_dlac.examples.synthetic"

@@ -6,20 +6,18 @@ import math
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from lightning.pytorch import LightningModule, Trainer
-from lightning_dlac.examples.data import (
-    CRITEO_KAGGLE_CARDINALITIES,
-    FEATURE_NAMES,
-    CriteoTSVDataModule,
-    SyntheticCriteoDataModule,
-    capped_cardinalities,
-)
+from lightning_dlac.examples.base import RankShardedDataModule
+from lightning_dlac.examples.synthetic import SyntheticCriteoDataModule
+from lightning_dlac.examples.tsv import CriteoTSVDataModule
 from torchmetrics.classification import BinaryAUROC
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from lightning_dlac.criteo import CRITEO_KAGGLE_CARDINALITIES, FEATURE_NAMES, capped_cardinalities
 from tests.conftest import write_criteo_tsv
 
 CRITEO_SAMPLE = Path(__file__).resolve().parents[2] / "shared" / "data" / "criteo_kaggle_head10k.tsv"
@@ -118,7 +116,7 @@ def test_synthetic_ranks_get_disjoint_interleaved_streams() -> None:
     per_rank = []
     for rank in range(2):
         dm = SyntheticCriteoDataModule(**kwargs)
-        dm._set_rank(rank, 2)
+        dm.set_rank(rank, 2)
         dm.setup("fit")
         per_rank.append((_batches(dm), _batches(dm, "val")))
         assert len(per_rank[-1][0]) == 3 and len(per_rank[-1][1]) == 2
@@ -304,7 +302,7 @@ def test_criteo_tsv_shards_evenly_across_ranks(criteo_file: Path) -> None:
     streams = []
     for rank in range(2):
         dm = CriteoTSVDataModule(**kwargs)
-        dm._set_rank(rank, 2)
+        dm.set_rank(rank, 2)
         if rank == 0:
             with pytest.warns(UserWarning, match="validation is empty"):  # 1,000 val rows: no batch per rank
                 dm.setup("fit")
@@ -380,6 +378,93 @@ def test_criteo_tsv_missing_path_names_it_and_the_argument(tmp_path: Path) -> No
 def test_criteo_tsv_too_few_rows_for_the_world(tmp_path: Path) -> None:
     path = _write_rows(tmp_path / "train.tsv", [_good_row()] * 10)
     dm = CriteoTSVDataModule(str(path), batch_size=4, val_fraction=0.0)
-    dm._set_rank(0, 4)
+    dm.set_rank(0, 4)
     with pytest.raises(ValueError, match="batch_size"):
         dm.setup("fit")
+
+
+# ------------------------------------------------------------------------------ the public base and its documentation
+
+DATA_DOC = Path(__file__).resolve().parents[1] / "docs" / "data.md"
+CONFIG = Path(__file__).resolve().parents[1] / "examples" / "configs" / "dlrm_synthetic.yaml"
+
+
+def _documented_data_source() -> str:
+    section = DATA_DOC.read_text().split("## Adding your own data source\n", 1)[1].split("\n## ", 1)[0]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_documented_data_source_shards_and_trains(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The example of docs/data.md, "Adding your own data source", as a user would use it: its batches hold the
+    file's rows, 2 ranks read disjoint interleaved shards, and `dlac` trains the example DLRM on it."""
+    import importlib
+
+    from lightning_dlac.cli import build_cli
+
+    (tmp_path / "my_data.py").write_text(_documented_data_source())
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)  # whatever the run writes stays out of the checkout
+    my_data = importlib.import_module("my_data")
+    rng = np.random.default_rng(0)
+    sizes, rows = [50 + t for t in range(26)], 1000
+    ids = np.stack([rng.integers(0, n, rows) for n in sizes], axis=1)
+    path = tmp_path / "clicks.npz"
+    np.savez(path, dense=rng.random((rows, 13), dtype=np.float32), ids=ids, labels=rng.random(rows) < 0.3)
+
+    single = my_data.NpzClicks(str(path), sizes, batch_size=100, val_rows=200)
+    single.setup("fit")
+    train, val = _batches(single), _batches(single, "val")
+    assert len(train) == 8 and len(val) == 2
+    for batch in train + val:
+        _assert_batch_layout(batch, 100, sizes)
+    assert torch.equal(train[1].sparse_features.values().view(26, 100).t(), torch.from_numpy(ids[100:200]))
+    for rank in range(2):
+        dm = my_data.NpzClicks(str(path), sizes, batch_size=100, val_rows=200)
+        dm.set_rank(rank, 2)
+        dm.setup("fit")
+        shard = _batches(dm)
+        assert len(shard) == 4
+        for j, batch in enumerate(shard):
+            _assert_batch_equal(batch, train[rank + 2 * j])
+
+    cli = build_cli(["--config", str(CONFIG), "--trainer.logger=false", "--trainer.devices=1",
+                     "--data=my_data.NpzClicks", f"--data.path={path}", f"--data.num_embeddings_per_feature={sizes}",
+                     "--data.batch_size=100", "--data.val_rows=200",
+                     "--trainer.max_steps=2", "--trainer.val_check_interval=2", "--trainer.limit_val_batches=1",
+                     "--trainer.enable_progress_bar=false"],
+                    run=False)  # fmt: skip
+    assert type(cli.datamodule).__name__ == "NpzClicks"
+    assert list(cli.model.hparams.num_embeddings_per_feature) == sizes  # the model is sized from the data
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    assert cli.trainer.global_step == 2 and torch.isfinite(cli.trainer.callback_metrics["train/loss"])
+
+
+class _Unfinished(RankShardedDataModule):
+    """A source that forgot its reading part."""
+
+
+def test_the_base_names_what_a_subclass_must_write() -> None:
+    dm = _Unfinished(num_embeddings_per_feature=[10] * 26, batch_size=8)
+    with pytest.raises(NotImplementedError, match=r"must implement num_batches\(split\) -> int"):
+        dm.train_dataloader()
+    with pytest.raises(NotImplementedError, match=r"read_batch\(split, index\) -> Batch"):
+        dm.read_batch("train", 0)
+    with pytest.raises(ValueError, match="one per feature"):
+        _Unfinished(num_embeddings_per_feature=[10] * 3, batch_size=8)
+    with pytest.raises(ValueError, match="Need 0 <= rank < world_size"):
+        dm.set_rank(2, 2)
+
+
+def test_a_datamodule_attached_to_a_trainer_pickles_for_spawned_workers() -> None:
+    """DataLoader workers started with "spawn" receive a pickled datamodule (read_batch is its method): the Trainer
+    it is attached to stays behind, and the copy reads the same batches."""
+    import pickle
+    import threading
+
+    dm = SyntheticCriteoDataModule(batch_size=16, num_train_batches=3, max_rows=100)
+    dm.trainer = SimpleNamespace(global_rank=0, world_size=1, lock=threading.Lock())  # type: ignore[assignment]
+    dm.setup("fit")
+    copy = pickle.loads(pickle.dumps(dm))
+    assert copy.trainer is None
+    for a, b in zip(_batches(dm), _batches(copy)):
+        _assert_batch_equal(a, b)

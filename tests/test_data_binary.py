@@ -11,11 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from lightning_dlac.examples import data as data_mod
-from lightning_dlac.examples.data import CriteoBinaryDataModule, CriteoTSVDataModule
+from lightning_dlac.examples import tsv as tsv_module
+from lightning_dlac.examples.binary import CriteoBinaryDataModule
+from lightning_dlac.examples.tsv import CriteoTSVDataModule
 from torchrec.datasets.utils import Batch
 
-from lightning_dlac.preprocess import binary_paths, preprocess_criteo
+from lightning_dlac.criteo import binary_paths, preprocess_criteo
 
 SAMPLE = Path(__file__).resolve().parents[2] / "shared" / "data" / "criteo_kaggle_head10k.tsv"
 CONFIG = Path(__file__).resolve().parents[1] / "examples" / "configs" / "dlrm_criteo_binary.yaml"
@@ -60,7 +61,7 @@ def _tsv_vs_binary(tsv: Path, npy: Path, batch_size: int) -> None:
         binary = CriteoBinaryDataModule(str(npy), train_stems=[tsv.stem], val_stems=[], val_fraction=0.2,
                                         test_fraction=0.0, batch_size=batch_size, max_rows=1000)  # fmt: skip
         for dm in (text, binary):
-            dm._set_rank(rank, 2)
+            dm.set_rank(rank, 2)
             dm.setup("fit")
         assert binary.num_train_batches == text.num_train_batches
         _assert_same_batches(_batches(binary, "train"), _batches(text, "train"))
@@ -88,7 +89,7 @@ def test_day_split_matches_torchrecs_reader(tmp_path: Path, mmap_mode: bool) -> 
         dm = CriteoBinaryDataModule(str(npy), train_stems=["day_0", "day_1"], num_embeddings_per_feature=sizes,
                                     batch_size=32, mmap_mode=mmap_mode)  # fmt: skip
         assert dm.val_stems == ["day_23"]  # held out by default, as in TorchRec's DLRM example
-        dm._set_rank(rank, 2)
+        dm.set_rank(rank, 2)
         dm.setup("fit")
         assert (dm.split_rows("train"), dm.split_rows("val"), dm.split_rows("test")) == (550, 101, 100)
         for split, stems in (("train", ["day_0", "day_1"]), ("val", ["day_23"]), ("test", ["day_23"])):
@@ -112,7 +113,7 @@ def test_one_tb_layout_defaults_to_days_0_to_22_and_day_23(tmp_path: Path) -> No
             np.save(path, arr)
     dm = CriteoBinaryDataModule(str(npy), batch_size=5)
     assert dm.train_stems == [f"day_{d}" for d in range(23)] and dm.val_stems == ["day_23"]
-    dm._set_rank(0, 1)
+    dm.set_rank(0, 1)
     dm.setup("fit")
     assert (dm.num_train_batches, dm.num_val_batches, dm.num_test_batches) == (46, 1, 1)
     # Batches cross file boundaries in order: batch 2 is day 1's first five rows.
@@ -123,13 +124,13 @@ def test_ranks_read_disjoint_interleaved_batches_and_workers_keep_the_stream(tmp
     npy = _convert(tmp_path, _tsv(tmp_path / "train.txt", 700, seed=3))
     kwargs = dict(data_dir=str(npy), batch_size=50, max_rows=1000, shuffle=True, seed=4)
     single = CriteoBinaryDataModule(**kwargs)
-    single._set_rank(0, 1)
+    single.set_rank(0, 1)
     single.setup("fit")
     everything = _batches(single, "train")
     per_rank = []
     for rank in range(3):
         dm = CriteoBinaryDataModule(**kwargs, num_workers=2 if rank == 0 else 0)
-        dm._set_rank(rank, 3)
+        dm.set_rank(rank, 3)
         dm.setup("fit")
         per_rank.append(_batches(dm, "train"))
     assert len({len(b) for b in per_rank}) == 1  # the same count on every rank
@@ -175,7 +176,7 @@ def test_bad_arguments_are_named(tmp_path: Path) -> None:
         CriteoBinaryDataModule(str(tmp_path), val_fraction=0.5, test_fraction=0.5)
     npy = _convert(tmp_path, _tsv(tmp_path / "train.txt", 30, seed=5))
     dm = CriteoBinaryDataModule(str(npy), batch_size=64)
-    dm._set_rank(0, 2)
+    dm.set_rank(0, 2)
     with pytest.raises(ValueError, match="fewer than one batch per rank"):
         dm.setup("fit")
 
@@ -203,6 +204,6 @@ def test_tsv_module_points_to_preprocess_past_its_threshold(tmp_path: Path, monk
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         CriteoTSVDataModule(str(tsv))  # small: silent
-    monkeypatch.setattr(data_mod, "TSV_SIZE_WARNING_BYTES", 1000)
+    monkeypatch.setattr(tsv_module, "TSV_SIZE_WARNING_BYTES", 1000)
     with pytest.warns(UserWarning, match="dlac preprocess criteo"):
         CriteoTSVDataModule(str(tsv))

@@ -13,15 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from lightning_dlac.examples.data import (
-    MLPERF_MULTI_HOT_SIZES,
-    MLPERF_NUM_EMBEDDINGS_PER_FEATURE,
-    CriteoBinaryDataModule,
-    multi_hot_from_one_hot,
-)
+from lightning_dlac.examples.binary import CriteoBinaryDataModule
 from torchrec.datasets.utils import Batch
 
-from lightning_dlac import preprocess as P
+from lightning_dlac import criteo
+from lightning_dlac.criteo import MLPERF_MULTI_HOT_SIZES, MLPERF_NUM_EMBEDDINGS_PER_FEATURE, multi_hot_from_one_hot
+from lightning_dlac.criteo.command import main as preprocess_main
+from lightning_dlac.criteo.writers import ZIP_DATE_TIME, StoredZipWriter
 from tests.conftest import write_criteo_tsv
 
 CONFIG = Path(__file__).resolve().parents[1] / "examples" / "configs" / "dlrm_v2_criteo_binary.yaml"
@@ -42,7 +40,7 @@ def _day(directory: Path, stem: str, rows: int, seed: int) -> None:
     """A one-hot day in TorchRec's layout with raw (unhashed) 40-bit ids."""
     rng = np.random.default_rng(seed)
     directory.mkdir(parents=True, exist_ok=True)
-    dense, sparse, labels = P.binary_paths(directory, stem)
+    dense, sparse, labels = criteo.binary_paths(directory, stem)
     np.save(dense, rng.random((rows, 13), dtype=np.float32))
     np.save(sparse, rng.integers(0, 2**40, (rows, 26), dtype=np.int64))
     np.save(labels, rng.integers(0, 2, (rows, 1), dtype=np.int32))
@@ -51,10 +49,10 @@ def _day(directory: Path, stem: str, rows: int, seed: int) -> None:
 @pytest.mark.parametrize("workers, block_rows", [(1, 1000), (3, 37)])
 def test_materialised_file_is_what_np_savez_writes(tmp_path: Path, workers: int, block_rows: int) -> None:
     _day(tmp_path, "day_0", 300, seed=0)
-    [result] = P.materialize_multi_hot([P.binary_paths(tmp_path, "day_0")[1]], tmp_path, SIZES, TABLES,
-                                       workers=workers, block_rows=block_rows, progress=False)  # fmt: skip
-    assert result.rows == 300 and result.path == P.multi_hot_path(tmp_path, "day_0")
-    expected = _expected_arrays(np.load(P.binary_paths(tmp_path, "day_0")[1]), SIZES, TABLES)
+    [result] = criteo.materialize_multi_hot([criteo.binary_paths(tmp_path, "day_0")[1]], tmp_path, SIZES, TABLES,
+                                            workers=workers, block_rows=block_rows, progress=False)  # fmt: skip
+    assert result.rows == 300 and result.path == criteo.multi_hot_path(tmp_path, "day_0")
+    expected = _expected_arrays(np.load(criteo.binary_paths(tmp_path, "day_0")[1]), SIZES, TABLES)
     reference = tmp_path / "reference.npz"
     np.savez(reference, **expected, num_embeddings_per_feature=np.asarray(TABLES, dtype=np.int64))
     # Byte for byte: the zip layout (stored members, ZIP64 local extras, CRCs) and every id.
@@ -62,7 +60,7 @@ def test_materialised_file_is_what_np_savez_writes(tmp_path: Path, workers: int,
     with np.load(result.path) as loaded:
         assert sorted(loaded.files) == sorted([*expected, "num_embeddings_per_feature"])
         assert all(loaded[k].dtype == np.int32 and np.array_equal(loaded[k], v) for k, v in expected.items())
-    members, tables = P.read_multi_hot_layout(result.path)
+    members, tables = criteo.read_multi_hot_layout(result.path)
     assert tables == TABLES and [m.cols for m in members] == SIZES
     # In place: each member's bytes at its offset are the C-order array.
     data = result.path.read_bytes()
@@ -77,7 +75,7 @@ def test_members_past_two_gib_get_the_zip64_fields_zipfile_reads(tmp_path: Path)
     path = tmp_path / "big.zip"
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        writer = P._StoredZipWriter(fd, ["0.npy", "1.npy"], [(1 << 31) + 10, 5], P._ZIP_DATE_TIME)
+        writer = StoredZipWriter(fd, ["0.npy", "1.npy"], [(1 << 31) + 10, 5], ZIP_DATE_TIME)
         os.ftruncate(fd, writer.end_of_data)
         os.ftruncate(fd, writer.finish())
     finally:
@@ -102,8 +100,8 @@ def test_round_trip_from_tsv_gives_the_per_id_bags_of_the_one_hot_ids(
     out = tmp_path / "npy"
     args = ["criteo", "--output", str(out), "--no-progress", "--multi-hot-sizes", "mlperf",
             "--num-embeddings-per-feature", "mlperf", "--max-rows", "1000", str(tsv)]  # fmt: skip
-    with caplog.at_level(logging.INFO, logger="lightning_dlac.preprocess"):
-        assert P.main(args) == 0
+    with caplog.at_level(logging.INFO, logger="lightning_dlac.criteo"):
+        assert preprocess_main(args) == 0
     assert "train_sparse.npy -> " in caplog.text and "train_sparse_multi_hot.npz: 700 rows in" in caplog.text
     assert sorted(p.name for p in out.iterdir()) == [
         "train_dense.npy", "train_labels.npy", "train_sparse.npy", "train_sparse_multi_hot.npz"
@@ -113,7 +111,7 @@ def test_round_trip_from_tsv_gives_the_per_id_bags_of_the_one_hot_ids(
         multi = CriteoBinaryDataModule(**common, multi_hot_sizes=SIZES)
         one = CriteoBinaryDataModule(**common)
         for dm in (multi, one):
-            dm._set_rank(rank, 2)
+            dm.set_rank(rank, 2)
             dm.setup("fit")
         for split in ("train", "val", "test"):
             got, want = _batches(multi, split), _batches(one, split)
@@ -131,22 +129,22 @@ def test_round_trip_from_tsv_gives_the_per_id_bags_of_the_one_hot_ids(
 def test_two_ranks_read_every_row_once_across_days(tmp_path: Path) -> None:
     for d, rows in ((0, 250), (1, 190), (23, 64)):
         _day(tmp_path, f"day_{d}", rows, seed=d)
-    sparse = [P.binary_paths(tmp_path, f"day_{d}")[1] for d in (0, 1, 23)]
-    P.materialize_multi_hot(sparse, tmp_path, SIZES, TABLES, block_rows=100, progress=False)
+    sparse = [criteo.binary_paths(tmp_path, f"day_{d}")[1] for d in (0, 1, 23)]
+    criteo.materialize_multi_hot(sparse, tmp_path, SIZES, TABLES, block_rows=100, progress=False)
     kwargs = dict(data_dir=str(tmp_path), train_stems=["day_0", "day_1"], num_embeddings_per_feature=TABLES,
                   batch_size=20, multi_hot_sizes=SIZES)  # fmt: skip
     per_rank = []
     for rank in range(2):
         dm = CriteoBinaryDataModule(**kwargs, num_workers=2 if rank else 0)
-        dm._set_rank(rank, 2)
+        dm.set_rank(rank, 2)
         dm.setup("fit")
         per_rank.append(_batches(dm, "train"))
     assert len(per_rank[0]) == len(per_rank[1]) == 440 // 20 // 2
     # Interleaved, the ranks' batches are rows 0..439 of days 0 and 1 in order, each once (batch 12 spans both).
     rows = torch.cat([per_rank[i % 2][i // 2].dense_features for i in range(22)])
-    days = np.concatenate([np.load(P.binary_paths(tmp_path, f"day_{d}")[0]) for d in (0, 1)])
+    days = np.concatenate([np.load(criteo.binary_paths(tmp_path, f"day_{d}")[0]) for d in (0, 1)])
     assert torch.equal(rows, torch.from_numpy(days))
-    bags = np.concatenate([np.load(P.multi_hot_path(tmp_path, f"day_{d}"))["20"] for d in (0, 1)])
+    bags = np.concatenate([np.load(criteo.multi_hot_path(tmp_path, f"day_{d}"))["20"] for d in (0, 1)])
     got = torch.cat([per_rank[i % 2][i // 2].sparse_features["cat_20"].values().view(20, 100) for i in range(22)])
     assert torch.equal(got, torch.from_numpy(bags).long())
 
@@ -163,13 +161,13 @@ def _savez(path: Path, rows: int, sizes: list[int], tables: list[int] | None, hi
 def test_mlperf_style_file_without_table_sizes_is_read_and_checked_per_batch(tmp_path: Path) -> None:
     """MLPerf's own files (np.savez, members "0".."25" only) are read; an id outside its table is named."""
     _day(tmp_path, "day_7", 96, seed=7)
-    _savez(P.multi_hot_path(tmp_path, "day_7"), 96, SIZES, None, TABLES)
-    with np.load(P.multi_hot_path(tmp_path, "day_7")) as f:
+    _savez(criteo.multi_hot_path(tmp_path, "day_7"), 96, SIZES, None, TABLES)
+    with np.load(criteo.multi_hot_path(tmp_path, "day_7")) as f:
         expected = np.concatenate([f[str(t)].reshape(-1) for t in range(26)])  # all 96 rows: one batch of 96
     dm = CriteoBinaryDataModule(str(tmp_path), train_stems=["day_7"], val_stems=[], val_fraction=0.0,
                                 test_fraction=0.0, num_embeddings_per_feature=TABLES, batch_size=96,
                                 multi_hot_sizes=SIZES)  # fmt: skip
-    dm._set_rank(0, 1)
+    dm.set_rank(0, 1)
     dm.setup("fit")
     [batch] = _batches(dm, "train")
     assert np.array_equal(batch.sparse_features.values().numpy(), expected)
@@ -177,7 +175,7 @@ def test_mlperf_style_file_without_table_sizes_is_read_and_checked_per_batch(tmp
     dm = CriteoBinaryDataModule(str(tmp_path), train_stems=["day_7"], val_stems=[], val_fraction=0.0,
                                 test_fraction=0.0, num_embeddings_per_feature=smaller, batch_size=32,
                                 multi_hot_sizes=SIZES)  # fmt: skip
-    dm._set_rank(0, 1)
+    dm.set_rank(0, 1)
     dm.setup("fit")
     with pytest.raises(ValueError, match=r"day_7_sparse_multi_hot.npz: feature cat_20 holds id \d+ \(rows 0..31\),"
                                          r" outside its table of 10 rows .*re-materialise"):  # fmt: skip
@@ -201,7 +199,7 @@ def test_mlperf_style_file_without_table_sizes_is_read_and_checked_per_batch(tmp
 )
 def test_bad_multi_hot_files_are_named(tmp_path: Path, damage: str, error: type, message: str) -> None:
     _day(tmp_path, "day_5", 40, seed=5)
-    npz = P.multi_hot_path(tmp_path, "day_5")
+    npz = criteo.multi_hot_path(tmp_path, "day_5")
     sizes = [*SIZES[:20], 50, *SIZES[21:]] if damage == "sizes" else SIZES
     rows = 39 if damage == "rows" else 40
     tables = [n + 1 for n in TABLES] if damage == "tables" else TABLES
@@ -222,32 +220,33 @@ def test_bad_multi_hot_files_are_named(tmp_path: Path, damage: str, error: type,
 
 def test_bad_options_are_named(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     _day(tmp_path, "day_0", 10, seed=0)
-    sparse = str(P.binary_paths(tmp_path, "day_0")[1])
+    sparse = str(criteo.binary_paths(tmp_path, "day_0")[1])
     with pytest.raises(ValueError, match="multi_hot_sizes needs one pooling factor per categorical feature"):
         CriteoBinaryDataModule(str(tmp_path), train_stems=["day_0"], multi_hot_sizes=[1, 2])
     with pytest.raises(SystemExit):
-        P.main(["criteo", "--output", str(tmp_path), "--multi-hot-sizes", "mlperf", sparse])
+        preprocess_main(["criteo", "--output", str(tmp_path), "--multi-hot-sizes", "mlperf", sparse])
     assert "--multi-hot-sizes needs --num-embeddings-per-feature" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        P.main(["criteo", "--output", str(tmp_path), sparse])
+        preprocess_main(["criteo", "--output", str(tmp_path), sparse])
     assert "pass --multi-hot-sizes to materialise" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        P.main(["criteo", "--output", str(tmp_path), "--multi-hot-sizes", "3,x", "--num-embeddings-per-feature",
-                "kaggle", sparse])  # fmt: skip
+        preprocess_main(["criteo", "--output", str(tmp_path), "--multi-hot-sizes", "3,x",
+                         "--num-embeddings-per-feature", "kaggle", sparse])  # fmt: skip
     assert "--multi-hot-sizes takes 26 comma-separated integers or 'mlperf'" in capsys.readouterr().err
-    assert P.main(["criteo", "--output", str(tmp_path), "--no-progress", "--multi-hot-sizes", "1,2,3",
-                   "--num-embeddings-per-feature", "kaggle", sparse]) == 1  # fmt: skip
+    assert preprocess_main(["criteo", "--output", str(tmp_path), "--no-progress", "--multi-hot-sizes", "1,2,3",
+                            "--num-embeddings-per-feature", "kaggle", sparse]) == 1  # fmt: skip
     with pytest.raises(ValueError, match="not a one-hot <stem>_sparse.npy"):
-        P.materialize_multi_hot([tmp_path / "day_0_dense.npy"], tmp_path, SIZES, TABLES)
-    P.materialize_multi_hot([sparse], tmp_path, SIZES, TABLES, progress=False)
+        criteo.materialize_multi_hot([tmp_path / "day_0_dense.npy"], tmp_path, SIZES, TABLES)
+    criteo.materialize_multi_hot([sparse], tmp_path, SIZES, TABLES, progress=False)
     with pytest.raises(FileExistsError, match="--overwrite"):
-        P.materialize_multi_hot([sparse], tmp_path, SIZES, TABLES, progress=False)
+        criteo.materialize_multi_hot([sparse], tmp_path, SIZES, TABLES, progress=False)
 
 
 def test_another_output_directory_gets_the_dense_and_labels_files(tmp_path: Path) -> None:
     _day(tmp_path / "one_hot", "day_2", 50, seed=2)
     out = tmp_path / "multi_hot"
-    P.materialize_multi_hot([P.binary_paths(tmp_path / "one_hot", "day_2")[1]], out, SIZES, TABLES, progress=False)
+    one_hot = criteo.binary_paths(tmp_path / "one_hot", "day_2")[1]
+    criteo.materialize_multi_hot([one_hot], out, SIZES, TABLES, progress=False)
     assert sorted(p.name for p in out.iterdir()) == ["day_2_dense.npy", "day_2_labels.npy",
                                                     "day_2_sparse_multi_hot.npz"]  # fmt: skip
     dm = CriteoBinaryDataModule(str(out), train_stems=["day_2"], num_embeddings_per_feature=TABLES, batch_size=8,
@@ -261,7 +260,7 @@ def test_shipped_v2_config_runs_a_few_batches(tmp_path: Path, monkeypatch: pytes
     monkeypatch.chdir(tmp_path)  # whatever the run writes stays out of the checkout
     tsv = write_criteo_tsv(tmp_path / "train.txt", rows=600, positives=130, seed=2)
     out = tmp_path / "npy"
-    assert P.main(["criteo", "--output", str(out), "--no-progress", "--multi-hot-sizes", "mlperf",
+    assert preprocess_main(["criteo", "--output", str(out), "--no-progress", "--multi-hot-sizes", "mlperf",
                    "--num-embeddings-per-feature", "mlperf", "--max-rows", "10000", str(tsv)]) == 0  # fmt: skip
     args = ["--config", str(CONFIG), "--trainer.logger=false", "--trainer.devices=1", f"--data.data_dir={out}",
             "--data.batch_size=32", "--trainer.max_steps=2", "--trainer.val_check_interval=2",
@@ -278,8 +277,8 @@ def test_local_header_is_where_mlperfs_reader_looks(tmp_path: Path) -> None:
     """torchrec_dlrm's reader finds a member's .npy at ``header_offset + len(FileHeader()) + 20`` (the 20-byte ZIP64
     extra np.savez puts in every local header); the materialised file keeps that true."""
     _day(tmp_path, "day_0", 20, seed=0)
-    [result] = P.materialize_multi_hot([P.binary_paths(tmp_path, "day_0")[1]], tmp_path, SIZES, TABLES,
-                                       progress=False)  # fmt: skip
+    [result] = criteo.materialize_multi_hot([criteo.binary_paths(tmp_path, "day_0")[1]], tmp_path, SIZES, TABLES,
+                                            progress=False)  # fmt: skip
     data = result.path.read_bytes()
     with zipfile.ZipFile(result.path) as zf:
         for info in zf.infolist():
@@ -291,7 +290,7 @@ def test_local_header_is_where_mlperfs_reader_looks(tmp_path: Path) -> None:
 def test_a_failed_materialisation_leaves_no_file_that_looks_finished(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from lightning_dlac.examples import data
+    from lightning_dlac.criteo import multi_hot
 
     _day(tmp_path, "day_3", 200, seed=3)
     calls = []
@@ -302,9 +301,9 @@ def test_a_failed_materialisation_leaves_no_file_that_looks_finished(
             raise RuntimeError("disk gone")
         return multi_hot_from_one_hot(*args, **kwargs)
 
-    monkeypatch.setattr(data, "multi_hot_from_one_hot", failing)
+    monkeypatch.setattr(multi_hot, "multi_hot_from_one_hot", failing)
     with pytest.raises(RuntimeError, match="disk gone"):
-        P.materialize_multi_hot([P.binary_paths(tmp_path, "day_3")[1]], tmp_path, SIZES, TABLES, workers=2,
-                                block_rows=16, progress=False)  # fmt: skip
+        criteo.materialize_multi_hot([criteo.binary_paths(tmp_path, "day_3")[1]], tmp_path, SIZES, TABLES, workers=2,
+                                     block_rows=16, progress=False)  # fmt: skip
     assert sorted(p.name for p in tmp_path.iterdir()) == ["day_3_dense.npy", "day_3_labels.npy", "day_3_sparse.npy"]
     assert len(calls) < 13  # the blocks after the failure were not all computed

@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from lightning_dlac.examples.data import (
-    MLPERF_MULTI_HOT_SIZES,
-    SyntheticCriteoDataModule,
-    multi_hot_from_one_hot,
-)
+from lightning_dlac.examples.synthetic import SyntheticCriteoDataModule
 from torchmetrics.functional.classification import binary_auroc
 
+from lightning_dlac.criteo import MLPERF_MULTI_HOT_SIZES, multi_hot_from_one_hot
 from tests._launch import run_ranks
 from tests.conftest import FEATURES, ROWS, small_dlrm, trainer
 

@@ -12,14 +12,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lightning_dlac import preprocess as P
+from lightning_dlac import criteo
+from lightning_dlac._native import NativeUnavailable
 from lightning_dlac.cli import main as cli_main
+from lightning_dlac.criteo import convert, parser
 from tests.conftest import native_expected
 
 SAMPLE = Path(__file__).resolve().parents[2] / "shared" / "data" / "criteo_kaggle_head10k.tsv"
 # The native parser must build wherever the codec must (a compiler, no DLAC_TESTS_ALLOW_NO_NATIVE): tests/conftest.py.
 needs_native = pytest.mark.skipif(not native_expected(), reason="no C++ compiler, or DLAC_TESTS_ALLOW_NO_NATIVE=1")
-IMPLS = [pytest.param("native", marks=needs_native), "python"]
+IMPLS = [pytest.param("native", marks=needs_native), "ref"]
 
 
 def _line(rng: random.Random, label: str | None = None) -> str:
@@ -53,7 +55,7 @@ def _torchrec(path: Path, out: Path) -> dict[str, np.ndarray]:
 
 
 def _ours(directory: Path, stem: str) -> dict[str, np.ndarray]:
-    return {k: np.load(p) for k, p in zip(("dense", "sparse", "labels"), P.binary_paths(directory, stem))}
+    return {k: np.load(p) for k, p in zip(("dense", "sparse", "labels"), criteo.binary_paths(directory, stem))}
 
 
 def _assert_same(ours: dict[str, np.ndarray], ref: dict[str, np.ndarray]) -> None:
@@ -66,8 +68,8 @@ def _assert_same(ours: dict[str, np.ndarray], ref: dict[str, np.ndarray]) -> Non
 @pytest.fixture
 def small_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
     """Blocks of 4 KiB and ranges from 1 byte, so a small file crosses many blocks and every worker gets a range."""
-    monkeypatch.setattr(P, "BLOCK_BYTES", 4096)
-    monkeypatch.setattr(P, "_MIN_RANGE_BYTES", 1)
+    monkeypatch.setattr(parser, "BLOCK_BYTES", 4096)
+    monkeypatch.setattr(convert, "MIN_RANGE_BYTES", 1)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -78,7 +80,7 @@ def test_generated_file_matches_torchrec(tmp_path: Path, impl: str, workers: int
     lines[5] = "\t".join(["1"] + ["-7"] + [""] * 12 + [""] * 26)  # all missing but one dense: the file minimum
     lines[6] = "\t".join(["0"] + ["2147483600"] * 13 + ["7fffffffffffffff"] * 26)  # near the largest values
     src = _write(tmp_path / "day_3", lines)
-    [result] = P.preprocess_criteo([src], tmp_path / "out", workers=workers, impl=impl, progress=False)
+    [result] = criteo.preprocess_criteo([src], tmp_path / "out", workers=workers, impl=impl, progress=False)
     assert (result.stem, result.rows, result.bad_lines) == ("day_3", 700, 0)
     _assert_same(_ours(tmp_path / "out", "day_3"), _torchrec(src, tmp_path / "ref"))
     assert not list((tmp_path / "out").glob("*.partial"))
@@ -90,14 +92,14 @@ def test_crlf_and_missing_final_newline(tmp_path: Path, impl: str) -> None:
     lines = [_line(rng) for _ in range(50)]
     src = tmp_path / "train.txt"
     src.write_bytes(("\r\n".join(lines)).encode())  # CRLF endings, no newline after the last line
-    P.preprocess_criteo([src], tmp_path / "out", impl=impl, progress=False)
+    criteo.preprocess_criteo([src], tmp_path / "out", impl=impl, progress=False)
     _assert_same(_ours(tmp_path / "out", "train"), _torchrec(src, tmp_path / "ref"))
 
 
 @pytest.mark.skipif(not SAMPLE.is_file(), reason="the Criteo sample lives in ../shared/data, outside a fresh clone")
 @pytest.mark.parametrize("workers", [1, 2])
 def test_criteo_sample_matches_torchrec(tmp_path: Path, workers: int, small_blocks: None) -> None:
-    [result] = P.preprocess_criteo([SAMPLE], tmp_path / "out", workers=workers, progress=False)
+    [result] = criteo.preprocess_criteo([SAMPLE], tmp_path / "out", workers=workers, progress=False)
     assert result.rows == 10_000
     _assert_same(_ours(tmp_path / "out", SAMPLE.stem), _torchrec(SAMPLE, tmp_path / "ref"))
 
@@ -124,8 +126,8 @@ def test_bad_line_stops_with_file_and_line(tmp_path: Path, impl: str, kind: str,
     lines[236] = bad
     src = _write(tmp_path / "day_0", lines)
     out = tmp_path / "out"
-    with pytest.raises(P.CriteoFormatError) as info:
-        P.preprocess_criteo([src], out, workers=2, impl=impl, progress=False)
+    with pytest.raises(criteo.CriteoFormatError) as info:
+        criteo.preprocess_criteo([src], out, workers=2, impl=impl, progress=False)
     assert (info.value.path, info.value.line) == (str(src), 237)
     assert f"{src}, line 237: " in str(info.value)
     for text in expected:
@@ -142,12 +144,45 @@ def test_skip_bad_lines_counts_and_keeps_the_rest(tmp_path: Path, impl: str, wor
     for at, (bad, *_) in zip((399, 250, 120, 7), _BAD_LINES.values()):  # bad lines spread over the ranges
         lines.insert(at, bad)
     src = _write(tmp_path / "day_1", lines)
-    [result] = P.preprocess_criteo([src], tmp_path / "out", workers=workers, impl=impl, skip_bad_lines=True,
-                                   progress=False)  # fmt: skip
+    [result] = criteo.preprocess_criteo([src], tmp_path / "out", workers=workers, impl=impl, skip_bad_lines=True,
+                                        progress=False)  # fmt: skip
     assert (result.rows, result.bad_lines) == (400, 4)
     assert result.first_bad_line is not None and f"{src}, line 8: " in result.first_bad_line
     clean = _write(tmp_path / "clean", good)
     _assert_same(_ours(tmp_path / "out", "day_1"), _torchrec(clean, tmp_path / "ref"))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("kind", list(_BAD_LINES))
+def test_in_memory_reader_applies_the_same_specification(tmp_path: Path, impl: str, kind: str) -> None:
+    """One definition of a valid line: read_tsv (CriteoTSVDataModule's reader) stops at the line the converter stops
+    at, with the converter's message, and stops before it when max_rows rows come first."""
+    rng = random.Random(8)
+    bad, *_ = _BAD_LINES[kind]
+    lines = [_line(rng) for _ in range(300)]
+    lines[200] = bad
+    src = _write(tmp_path / "day_4", lines)
+    with pytest.raises(criteo.CriteoFormatError) as converter:
+        criteo.preprocess_criteo([src], tmp_path / "out", impl=impl, progress=False)
+    with pytest.raises(criteo.CriteoFormatError) as reader:
+        criteo.read_tsv(src, impl=impl)
+    assert str(reader.value) == str(converter.value) and reader.value.line == 201
+    assert len(criteo.read_tsv(src, max_rows=200, impl=impl).labels) == 200  # the bad line is never read
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_in_memory_reader_gives_the_converters_rows(tmp_path: Path, impl: str, small_blocks: None) -> None:
+    rng = random.Random(9)
+    src = _write(tmp_path / "day_5", [_line(rng) for _ in range(500)], end="\r\n")
+    rows = criteo.read_tsv(src, impl=impl)
+    criteo.preprocess_criteo([src], tmp_path / "out", impl=impl, progress=False)
+    ours = _ours(tmp_path / "out", "day_5")
+    np.testing.assert_array_equal(rows.labels, ours["labels"][:, 0])
+    np.testing.assert_array_equal(rows.sparse, ours["sparse"])
+    np.testing.assert_array_equal(criteo.dense_torchrec(rows.dense, rows.dense_min), ours["dense"])
+    head = criteo.read_tsv(src, max_rows=123, impl=impl)
+    assert head.dense_min == int(rows.dense[:123].min())
+    np.testing.assert_array_equal(head.sparse, rows.sparse[:123])
 
 
 def test_interrupted_run_leaves_no_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -156,9 +191,9 @@ def test_interrupted_run_leaves_no_files(tmp_path: Path, monkeypatch: pytest.Mon
     def interrupted(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(P, "_finish_dense", interrupted)
+    monkeypatch.setattr(convert, "_finish_dense", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        P.preprocess_criteo([src], tmp_path / "out", progress=False)
+        criteo.preprocess_criteo([src], tmp_path / "out", progress=False)
     assert list((tmp_path / "out").iterdir()) == []
 
 
@@ -177,7 +212,7 @@ def test_interrupt_while_converting_stops_every_worker_and_leaves_no_files(
 
     monkeypatch.setattr(tqdm.tqdm, "update", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        P.preprocess_criteo([src], tmp_path / "out", workers=2, progress=False)
+        criteo.preprocess_criteo([src], tmp_path / "out", workers=2, progress=False)
     assert list((tmp_path / "out").iterdir()) == []
 
 
@@ -197,7 +232,7 @@ def _mutate(rng: random.Random, line: str) -> str:
 
 @needs_native
 def test_native_parser_agrees_with_the_python_specification() -> None:
-    native = P._resolve_parser("native")
+    native = parser.resolve_parser("native")
     rng = random.Random(5)
     lines = []
     for _ in range(3000):
@@ -208,10 +243,10 @@ def test_native_parser_agrees_with_the_python_specification() -> None:
         offset = 0
         while offset < len(data):
             outs = []
-            for parser in (native, P._PYTHON):
+            for chosen in (native, parser.REFERENCE):
                 bufs = (np.zeros((5000, 13), np.int32), np.zeros((5000, 26), np.int64), np.zeros((5000, 1), np.int32))
                 view = memoryview(data)[offset:]
-                outs.append((parser.parse(view, len(view), *bufs, skip, True), bufs))
+                outs.append((chosen.parse(view, len(view), *bufs, skip, True), bufs))
             (t_native, b_native), (t_python, b_python) = outs
             assert t_native[:7] == t_python[:7]  # rows, lines, bytes, bad, dense min, error code and line
             if t_native[5]:
@@ -224,31 +259,41 @@ def test_native_parser_agrees_with_the_python_specification() -> None:
                 offset = data.index(b"\n", offset) + 1
 
 
-def test_python_fallback_warns_once(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setitem(P._native_state, "warned", False)
-
-    def broken() -> None:
-        raise RuntimeError("building the native Criteo parser failed: no compiler")
-
-    monkeypatch.setattr(P, "_load_native", broken)
-    with pytest.warns(RuntimeWarning, match="using the Python parser"):
-        assert P._resolve_parser("auto") is P._PYTHON
+def test_reference_fallback_warns_once_and_python_is_the_deprecated_name_of_ref(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(parser.ENV_IMPL, raising=False)
+    monkeypatch.setitem(parser._LIBRARY.state, "loaded", False)
+    monkeypatch.setitem(parser._LIBRARY.state, "error", "building the native Criteo parser failed: no compiler")
+    monkeypatch.setitem(parser._LIBRARY.state, "warned", False)
+    with pytest.warns(RuntimeWarning, match="native Criteo parser unavailable, using the reference parser"):
+        assert parser.resolve_parser("auto") is parser.REFERENCE
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert P._resolve_parser("auto") is P._PYTHON
-    with pytest.raises(RuntimeError, match="no compiler"):
-        P._resolve_parser("native")
+        assert parser.resolve_parser("auto") is parser.REFERENCE  # warned once only
+        assert parser.resolve_parser("ref") is parser.REFERENCE
+    with pytest.raises(NativeUnavailable, match="no compiler"):
+        parser.resolve_parser("native")
+    # The codec's words: auto | native | ref, from the argument or DLAC_PREPROCESS_IMPL; "python" still means ref.
+    with pytest.warns(FutureWarning, match="impl='python' is deprecated"):
+        assert parser.resolve_parser("python") is parser.REFERENCE
+    monkeypatch.setenv(parser.ENV_IMPL, "python")
+    with pytest.warns(FutureWarning, match="DLAC_PREPROCESS_IMPL='python' is deprecated"):
+        assert parser.resolve_parser("auto") is parser.REFERENCE
+    monkeypatch.setenv(parser.ENV_IMPL, "fast")
+    with pytest.raises(ValueError, match=r"DLAC_PREPROCESS_IMPL='fast' is not one of \('auto', 'ref', 'native'\)"):
+        parser.resolve_parser("auto")
 
 
 def test_cli(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="lightning_dlac.preprocess")  # the command reports through logging
+    caplog.set_level(logging.INFO, logger="lightning_dlac.criteo")  # the command reports through logging
     rng = random.Random(6)
     a = _write(tmp_path / "day_0", [_line(rng) for _ in range(64)])
     b = _write(tmp_path / "day_1", [_line(rng) for _ in range(32)])
     cli_main(["preprocess", "criteo", "--output", str(tmp_path / "bin"), "--workers", "2", "--no-progress", str(a),
               str(b)])  # fmt: skip
-    assert P.check_criteo_binary(tmp_path / "bin", "day_0") == 64
-    assert P.check_criteo_binary(tmp_path / "bin", "day_1") == 32
+    assert criteo.check_criteo_binary(tmp_path / "bin", "day_0") == 64
+    assert criteo.check_criteo_binary(tmp_path / "bin", "day_1") == 32
     assert "day_1_{dense,sparse,labels}.npy: 32 rows" in caplog.text
     # A second run refuses to overwrite, with a one-line error and status 1.
     with pytest.raises(SystemExit) as info:
@@ -270,36 +315,36 @@ def test_rejected_inputs(tmp_path: Path, name: str, problem: str) -> None:
     if name.endswith(".gz"):
         src.write_bytes(b"\x1f\x8b")
     with pytest.raises((ValueError, FileNotFoundError), match=problem):
-        P.preprocess_criteo([src], tmp_path / "out", progress=False)
+        criteo.preprocess_criteo([src], tmp_path / "out", progress=False)
 
 
 def _binary(tmp_path: Path, rows: int = 20) -> Path:
     src = _write(tmp_path / "day_0", [_line(random.Random(7)) for _ in range(rows)])
-    P.preprocess_criteo([src], tmp_path / "bin", progress=False)
+    criteo.preprocess_criteo([src], tmp_path / "bin", progress=False)
     return tmp_path / "bin"
 
 
 def test_check_criteo_binary_names_the_file_and_problem(tmp_path: Path) -> None:
     directory = _binary(tmp_path)
-    dense, sparse, labels = P.binary_paths(directory, "day_0")
-    assert P.check_criteo_binary(directory, "day_0") == 20
+    dense, sparse, labels = criteo.binary_paths(directory, "day_0")
+    assert criteo.check_criteo_binary(directory, "day_0") == 20
 
     np.save(labels, np.zeros((19, 1), np.int32))
     with pytest.raises(ValueError, match=r"disagree on the row count .*day_0_labels.npy: 19"):
-        P.check_criteo_binary(directory, "day_0")
+        criteo.check_criteo_binary(directory, "day_0")
     np.save(labels, np.zeros((20, 1), np.int64))
     with pytest.raises(ValueError, match=r"day_0_labels.npy holds int64, expected int32"):
-        P.check_criteo_binary(directory, "day_0")
+        criteo.check_criteo_binary(directory, "day_0")
     np.save(labels, np.zeros((20, 2), np.int32))
     with pytest.raises(ValueError, match=r"day_0_labels.npy has shape \(20, 2\), expected a C-order \[N, 1\]"):
-        P.check_criteo_binary(directory, "day_0")
+        criteo.check_criteo_binary(directory, "day_0")
     np.save(labels, np.zeros((20, 1), np.int32))
     sparse.write_bytes(sparse.read_bytes()[:-8])
     with pytest.raises(ValueError, match=r"day_0_sparse.npy is truncated"):
-        P.check_criteo_binary(directory, "day_0")
+        criteo.check_criteo_binary(directory, "day_0")
     sparse.write_bytes(b"not an npy file")
     with pytest.raises(ValueError, match=r"day_0_sparse.npy is not a valid .npy file"):
-        P.check_criteo_binary(directory, "day_0")
+        criteo.check_criteo_binary(directory, "day_0")
     dense.unlink()
     with pytest.raises(FileNotFoundError, match=r"day_0_dense.npy not found. Create it with `dlac preprocess"):
-        P.check_criteo_binary(directory, "day_0")
+        criteo.check_criteo_binary(directory, "day_0")

@@ -1,9 +1,10 @@
-// Criteo TSV -> TorchRec binary layout: the hot loop of `dlac preprocess criteo` (lightning_dlac/preprocess.py).
+// Criteo TSV -> rows: the hot loop of `dlac preprocess criteo` and of CriteoTSVDataModule (lightning_dlac/criteo/).
 //
 // A plain pybind11 module, not a torch op: it parses bytes into caller-owned numpy buffers and releases the GIL,
-// so the Python driver runs one thread per byte range of the input (--workers). The pure-Python parser in
-// preprocess.py is the specification; this file must accept and reject exactly the same lines and produce the
-// same values (tests/test_preprocess.py holds them to it).
+// so the Python driver (lightning_dlac/criteo/parser.py) runs one thread per byte range of the input (--workers).
+// The pure-Python parser in lightning_dlac/criteo/spec.py is the specification; this file must accept and reject
+// exactly the same lines and produce the same values (tests/test_preprocess.py holds them to it). It is built and
+// loaded by lightning_dlac/_native.py, the codec's build helper.
 //
 // A line is the bytes before '\n' (a trailing '\r' is dropped): 40 tab-separated fields.
 //   label        exactly "0" or "1"
@@ -28,7 +29,7 @@ constexpr int kDense = 13;
 constexpr int kSparse = 26;
 constexpr int kFields = 1 + kDense + kSparse;
 
-// Error codes shared with lightning_dlac/preprocess.py (_ERR_*).
+// Error codes shared with lightning_dlac/criteo/spec.py (ERR_*).
 enum Err : int {
   kOk = 0,
   kFieldCount = 1,
@@ -316,7 +317,7 @@ py::tuple parse(const py::buffer& data, int64_t length, const py::buffer& dense_
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "Criteo TSV parser for `dlac preprocess criteo` (see lightning_dlac/preprocess.py)";
+  m.doc() = "Criteo TSV parser for `dlac preprocess criteo` (see lightning_dlac/criteo/spec.py)";
   m.def("count_lines", &count_lines, "Count newlines in the first `length` bytes of a buffer (GIL released).",
         py::arg("data"), py::arg("length"));
   m.def("parse", &parse, "Parse Criteo TSV lines into dense/sparse/labels row buffers (GIL released).",

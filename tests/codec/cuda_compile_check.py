@@ -4,13 +4,13 @@ the JIT loader does on a GPU machine, load the library, and check that it regist
 Needs a CUDA build of torch (``make cuda-check`` runs it twice: with torch 2.14.1+cu130 from .venv-cuda and with
 2.11.0+cu130, the lent GPU machine's image, from .venv-cuda-image; benchmarks/gpu_session.sh runs it on a machine
 without a GPU) and the CUDA toolkit (CUDA_HOME, else derived from the nvcc on PATH). Imports only torch and the
-loader module, so the CUDA venv needs nothing else. Exit status 0 on success; the build log's tail on failure.
+checkout's codec package (which needs torch alone), so the CUDA venv needs nothing else. Exit status 0 on success;
+the build log's tail on failure.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import shutil
 import sys
@@ -23,10 +23,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _loader():
-    spec = importlib.util.spec_from_file_location("dlac_loader", ROOT / "lightning_dlac" / "codec" / "_loader.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    # The checkout's package (the CUDA venvs install only torch): the loader builds through lightning_dlac._native.
+    sys.path.insert(0, str(ROOT))
+    from lightning_dlac.codec import _loader
+
+    return _loader
 
 
 def _cuda_home() -> str | None:

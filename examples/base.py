@@ -1,0 +1,269 @@
+"""The public base of the example DataModules: a global stream of batches, sharded by rank.
+
+A data source is a subclass of :class:`RankShardedDataModule` that writes only the reading part::
+
+    num_batches(split)        -> int     how many batches the split holds in all ranks together
+    read_batch(split, index)  -> Batch   global batch ``index`` of ``split``, the same whichever process reads it
+
+and passes the table layout to ``__init__``. The base does the rest, the same way for every source:
+
+- **Sharding.** Rank ``r`` of ``W`` reads global batches ``r, r + W, r + 2W, ...``, ``num_batches(split) // W`` of
+  them, so every rank gets the same number of batches (the remainder is dropped) and no collective waits on a rank
+  that ran out of data. The rank comes from the attached Trainer, else ``torch.distributed``, else ``(0, 1)``;
+  :meth:`~RankShardedDataModule.set_rank` pins it (tests, benchmarks).
+- **Loaders.** Every DataLoader is made by :meth:`~RankShardedDataModule.dataloader`, over an
+  :class:`~torch.utils.data.IterableDataset` (:class:`RankBatches`) that already holds only this rank's batches, so
+  Lightning never adds a ``DistributedSampler``. DataLoader workers split a rank's batches round-robin, which is
+  also the order the DataLoader collects them in: the stream is the same for any ``num_workers``. A resumable loader
+  (Lightning's stateful-dataloader protocol, ``state_dict`` / ``load_state_dict`` holding the position in this rank's
+  batches) belongs in :meth:`~RankShardedDataModule.dataloader` and :class:`RankBatches`, and then serves every
+  source at once.
+- **Layout.** ``num_embeddings_per_feature``, ``feature_names`` and ``num_dense_features`` are attributes a model
+  is sized from (the ``dlac`` CLI links them to the model's arguments).
+
+Batches are :class:`torchrec.datasets.utils.Batch` (dense ``[B, D]`` float32, a KeyedJaggedTensor of the
+categoricals, labels ``[B]`` float32); :func:`make_batch` assembles one. docs/data.md, "Adding your own data source",
+has a complete example.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from lightning.pytorch import LightningDataModule
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from torchrec.datasets.utils import Batch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+from typing_extensions import override
+
+from lightning_dlac.criteo.format import DENSE_COLUMNS, FEATURE_NAMES, capped_cardinalities
+
+__all__ = [
+    "DEFAULT_MAX_ROWS",
+    "SPLITS",
+    "RankBatches",
+    "RankShardedDataModule",
+    "make_batch",
+    "stream_seed",
+    "table_sizes",
+]
+
+SPLITS = ("train", "val", "test", "predict")
+# Rows per table when none are given: 26 x 10k x dim 64 float32 is ~67 MB, comfortable on a CPU.
+DEFAULT_MAX_ROWS: int = 10_000
+# Ids index int64 tensors and the synthetic permutation multiplies two ids; 2**31 keeps that product in int64.
+_MAX_TABLE_ROWS: int = 2**31 - 1
+
+
+def table_sizes(num_embeddings_per_feature: Sequence[int] | None, max_rows: int = DEFAULT_MAX_ROWS) -> list[int]:
+    """The 26 Criteo table sizes a DataModule was given, or Criteo Kaggle's capped at ``max_rows`` when ``None``.
+
+    Raises:
+        ValueError: Not one size per categorical feature, or a size outside ``[1, 2**31 - 1]``.
+    """
+    if num_embeddings_per_feature is None:
+        return capped_cardinalities(max_rows)
+    sizes = [int(n) for n in num_embeddings_per_feature]
+    if len(sizes) != len(FEATURE_NAMES):
+        raise ValueError(
+            f"num_embeddings_per_feature needs one table size per categorical feature ({len(FEATURE_NAMES)}), "
+            f"got {len(sizes)}. Leave it unset to use the Criteo Kaggle sizes capped at max_rows."
+        )
+    bad = [(name, n) for name, n in zip(FEATURE_NAMES, sizes) if not 1 <= n <= _MAX_TABLE_ROWS]
+    if bad:
+        raise ValueError(f"Every table size must lie in [1, {_MAX_TABLE_ROWS}]; got {bad}.")
+    return sizes
+
+
+def stream_seed(seed: int, split: int, index: int) -> int:
+    """A well-mixed 63-bit seed for one (seed, split, index); nearby tuples give unrelated streams."""
+    return int(np.random.SeedSequence([seed, split, index]).generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
+
+
+def make_batch(
+    dense: torch.Tensor,
+    ids: torch.Tensor,
+    labels: torch.Tensor,
+    lengths: torch.Tensor | None = None,
+    feature_names: Sequence[str] = FEATURE_NAMES,
+) -> Batch:
+    """Assemble a :class:`~torchrec.datasets.utils.Batch`.
+
+    Args:
+        dense: Dense features ``[B, D]`` float32.
+        ids: Categorical ids in the KeyedJaggedTensor's key-major order: every sample's ids of the first feature,
+            then of the second, ... (int64).
+        labels: ``[B]`` float32.
+        lengths: Ids per sample and feature, ``[F * B]`` int32, key-major; ``None``: one id each (one-hot).
+        feature_names: The keys, one per feature.
+    """
+    if lengths is None:
+        lengths = torch.ones(len(feature_names) * dense.shape[0], dtype=torch.int32)
+    sparse = KeyedJaggedTensor(keys=list(feature_names), values=ids, lengths=lengths)
+    return Batch(dense_features=dense, sparse_features=sparse, labels=labels)
+
+
+class RankBatches(IterableDataset):
+    """One rank's batches of one split: ``read(index)`` for its global ``indices``, in order.
+
+    DataLoader workers split them round-robin (worker ``w`` of ``K`` takes the ``j``-th batch when ``j % K == w``),
+    which is also the order the DataLoader collects them in, so the stream is the same for any ``num_workers``.
+
+    Args:
+        read: Global batch index -> Batch.
+        indices: The global indices this rank reads, in order.
+    """
+
+    def __init__(self, read: Callable[[int], Batch], indices: Sequence[int]) -> None:
+        self._read = read
+        self.indices = list(indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __iter__(self) -> Iterator[Batch]:
+        info = get_worker_info()
+        worker, num_workers = (0, 1) if info is None else (info.id, info.num_workers)
+        for j, index in enumerate(self.indices):
+            if j % num_workers == worker:
+                yield self._read(index)
+
+
+def _check_rank(rank: int, world_size: int) -> None:
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"Need 0 <= rank < world_size, got rank={rank}, world_size={world_size}.")
+
+
+class RankShardedDataModule(LightningDataModule):
+    """Base of DataModules that serve a global stream of ready batches, each rank its share (module docstring).
+
+    Subclasses implement :meth:`num_batches` and :meth:`read_batch`, and load whatever they read in ``setup`` (or
+    lazily). ``train_dataloader`` and ``val_dataloader`` are provided; a source with a test (or predict) split adds
+    ``def test_dataloader(self): return self.dataloader("test")``.
+
+    Args:
+        num_embeddings_per_feature: Rows of each categorical feature's table.
+        batch_size: Samples per batch, per rank.
+        num_workers: DataLoader worker processes.
+        feature_names: The categorical features, in KeyedJaggedTensor key order.
+        num_dense_features: Dense features per sample.
+    """
+
+    def __init__(
+        self,
+        num_embeddings_per_feature: Sequence[int],
+        batch_size: int,
+        num_workers: int = 0,
+        feature_names: Sequence[str] = FEATURE_NAMES,
+        num_dense_features: int = DENSE_COLUMNS,
+    ) -> None:
+        super().__init__()
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}.")
+        if num_workers < 0:
+            raise ValueError(f"num_workers must be non-negative, got {num_workers}.")
+        if len(num_embeddings_per_feature) != len(feature_names):
+            raise ValueError(
+                f"num_embeddings_per_feature has {len(num_embeddings_per_feature)} table sizes for"
+                f" {len(feature_names)} features {list(feature_names)}: give one per feature."
+            )
+        self.num_embeddings_per_feature: list[int] = [int(n) for n in num_embeddings_per_feature]
+        self.feature_names: list[str] = list(feature_names)
+        self.num_dense_features: int = int(num_dense_features)
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self._rank_override: tuple[int, int] | None = None
+
+    # ---------------------------------------------------------------------------------------- the reading part
+
+    def num_batches(self, split: str) -> int:
+        """Global batches in ``split`` (``"train"``, ``"val"``, ...), all ranks together. Implement in a subclass."""
+        raise NotImplementedError(
+            f"{type(self).__name__} must implement num_batches(split) -> int (global batches in the split, all ranks"
+            " together) and read_batch(split, index) -> Batch to be a RankShardedDataModule."
+        )
+
+    def read_batch(self, split: str, index: int) -> Batch:
+        """Global batch ``index`` of ``split``: a pure function of the two, whichever process calls it (DataLoader
+        workers included). Implement in a subclass."""
+        raise NotImplementedError(
+            f"{type(self).__name__} must implement read_batch(split, index) -> Batch (global batch `index` of the"
+            " split) to be a RankShardedDataModule."
+        )
+
+    # --------------------------------------------------------------------------------------- ranks and sharding
+
+    def set_rank(self, rank: int, world_size: int) -> None:
+        """Pin this datamodule to one rank of a world, overriding the trainer and torch.distributed."""
+        _check_rank(rank, world_size)
+        self._rank_override = (rank, world_size)
+
+    def _rank_and_world(self) -> tuple[int, int]:
+        if self._rank_override is not None:
+            return self._rank_override
+        trainer = self.trainer
+        if trainer is not None:
+            rank, world = int(trainer.global_rank), int(trainer.world_size)
+        elif dist.is_available() and dist.is_initialized():
+            rank, world = dist.get_rank(), dist.get_world_size()
+        else:
+            rank, world = 0, 1
+        _check_rank(rank, world)
+        return rank, world
+
+    @property
+    def rank(self) -> int:
+        """The rank this process reads for."""
+        return self._rank_and_world()[0]
+
+    @property
+    def world_size(self) -> int:
+        """The number of ranks the batches are shared among."""
+        return self._rank_and_world()[1]
+
+    def batches_per_rank(self, split: str) -> int:
+        """Batches each rank reads from ``split``: ``num_batches(split) // world_size``, the same on every rank."""
+        return self.num_batches(split) // self.world_size
+
+    def dataset(self, split: str) -> RankBatches:
+        """This rank's batches of ``split``: global batches ``rank, rank + W, ...``."""
+        if split not in SPLITS:
+            raise ValueError(f"split={split!r} is not one of {SPLITS}.")
+        rank, world = self._rank_and_world()
+        indices = [rank + world * j for j in range(self.num_batches(split) // world)]
+        return RankBatches(functools.partial(self.read_batch, split), indices)
+
+    def dataloader(self, split: str) -> DataLoader:
+        """The DataLoader of ``split`` for this rank; every loader of the datamodule is made here."""
+        # batch_size=None: the dataset yields whole Batches, which the DataLoader passes through untouched.
+        return DataLoader(
+            self.dataset(split), batch_size=None, num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+        )  # fmt: skip
+
+    @override
+    def train_dataloader(self) -> DataLoader:
+        return self.dataloader("train")
+
+    @override
+    def val_dataloader(self) -> DataLoader:
+        return self.dataloader("val")
+
+    def _save_hyperparameters(self) -> None:
+        """Save the caller's ``__init__`` arguments (table sizes already resolved) as hparams, not for the logger:
+        the model sized from this datamodule logs the resolved table sizes, and Lightning refuses to log both when
+        the CLI recorded this one's unresolved default (None). LightningCLI's config.yaml and the checkpoint still
+        hold every datamodule argument."""
+        self.save_hyperparameters(logger=False, frame=inspect.currentframe().f_back)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # DataLoader workers started with "spawn" get a pickled copy of the datamodule (read_batch is its method);
+        # the Trainer it is attached to stays in the main process.
+        return {**self.__dict__, "trainer": None}
+
