@@ -60,6 +60,24 @@ inline namespace DLAC_GRID_BUILD {
 // The ops (the device's TORCH_LIBRARY_IMPL calls these): same checks and messages as the CPU kernels
 // ------------------------------------------------------------------------------------------------------------
 
+// Runs one op's device pipeline. A CUDA error (a fault in a kernel, which CUDA reports at the next synchronization,
+// or a failed launch) stays the error it is (torch.AcceleratorError in Python), with the names of the kernels launched
+// since the last read-back added: this call's, and the previous call's last ones (an encode ends with kernels no
+// read-back follows, so their faults surface in the next call); the ops' own checks (bad arguments: RuntimeError; a
+// corrupted payload: ValueError) pass unchanged.
+template <class F>
+auto reporting_faults(const char* op, F&& body) -> decltype(body()) {
+  try {
+    return body();
+  } catch (c10::Error& e) {
+    if (is_device_error(e))
+      e.add_context(c10::str(op, ": CUDA reported this after the DLAC kernels ", kernel_names(), ", launched since the "
+                             "last synchronization of a DLAC call (a fault inside a kernel surfaces at the next "
+                             "one; DLAC_CUDA_SYNC_KERNELS=1 synchronizes after every kernel, to name the one)"));
+    throw;
+  }
+}
+
 inline std::tuple<at::Tensor, at::Tensor> encode_grid_op(const at::Tensor& x_in, c10::IntArrayRef rs,
                                                           c10::IntArrayRef cs, const at::Tensor& bounds,
                                                           bool relative) {
@@ -71,11 +89,11 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_op(const at::Tensor& x_in,
   const int64_t C = int64_t(cs.size()) - 1;
   TORCH_CHECK(bounds.scalar_type() == at::kFloat && bounds.dim() == 1 && bounds.numel() == C,
               "bounds must be a float32 tensor with one bound per column block (", C, ")");
-  const std::vector<float> b = argument_on_host<float>(bounds);
+  const std::vector<float> b = reporting_faults("dlac::encode_grid", [&] { return argument_on_host<float>(bounds); });
   check_bounds(b.data(), C, relative);
   // Chunks read a strided view; only the column stride must be 1.
   at::Tensor x = (x_in.size(1) <= 1 || x_in.stride(1) == 1) ? x_in : x_in.contiguous();
-  return encode_grid_device(x, rs, cs, b.data(), relative);
+  return reporting_faults("dlac::encode_grid", [&] { return encode_grid_device(x, rs, cs, b.data(), relative); });
 }
 
 inline at::Tensor decode_grid_op(const at::Tensor& payload_in, const at::Tensor& sizes_in, c10::IntArrayRef rs,
@@ -88,15 +106,19 @@ inline at::Tensor decode_grid_op(const at::Tensor& payload_in, const at::Tensor&
   const int64_t nchunks = (int64_t(rs.size()) - 1) * (int64_t(cs.size()) - 1);
   TORCH_CHECK(sizes_in.numel() == nchunks, "sizes must hold one entry per chunk (", nchunks, "), got ",
               sizes_in.numel());
-  const std::vector<int64_t> sizes = argument_on_host<int64_t>(sizes_in);
+  // Sizes that do not fit the payload, like every error the decoder finds in the bytes, are a ValueError.
+  const std::vector<int64_t> sizes = reporting_faults("dlac::decode_grid", [&] {
+    return argument_on_host<int64_t>(sizes_in);
+  });
   int64_t total = 0;
   for (int64_t i = 0; i < nchunks; ++i) {
-    TORCH_CHECK(sizes[i] >= 0, "chunk ", i, ": negative size ", sizes[i]);
+    TORCH_CHECK_VALUE(sizes[i] >= 0, "chunk ", i, ": negative size ", sizes[i]);
     total += sizes[i];
   }
-  TORCH_CHECK(total == payload_in.numel(), "chunk sizes sum to ", total, " bytes but the payload holds ",
-              payload_in.numel(), " (truncated payload?)");
-  return decode_grid_device(payload_in.contiguous(), sizes, rs, cs);
+  TORCH_CHECK_VALUE(total == payload_in.numel(), "chunk sizes sum to ", total, " bytes but the payload holds ",
+                    payload_in.numel(), " (truncated payload?)");
+  return reporting_faults("dlac::decode_grid",
+                          [&] { return decode_grid_device(payload_in.contiguous(), sizes, rs, cs); });
 }
 
 }  // inline namespace DLAC_GRID_BUILD

@@ -56,7 +56,7 @@ inline at::Tensor decode_grid_device(const at::Tensor& payload, const std::vecto
     uint8_t* hdr = meta1.at<uint8_t>(rb_off);
     const int64_t* m = meta1.at<int64_t>(crc_plan.meta);
     const uint8_t* src = ptr<uint8_t>(payload);
-    for_each(N * int64_t(kHeaderSize), DLAC_LAMBDA(int64_t t) {
+    for_each("decode: gather headers", N * int64_t(kHeaderSize), DLAC_LAMBDA(int64_t t) {
       const int64_t i = t / int64_t(kHeaderSize);
       if (m[2 * i + 1] >= int64_t(kHeaderSize)) hdr[t] = src[m[2 * i] + (t - i * int64_t(kHeaderSize))];
     });
@@ -165,7 +165,7 @@ inline at::Tensor decode_grid_device(const at::Tensor& payload, const std::vecto
     const int64_t* HST = meta2.at<int64_t>(hs_off);
     HuffView* views = ptr<HuffView>(views_t);
     uint16_t* tables = ptr<uint16_t>(tables_t);
-    for_each(NH, DLAC_LAMBDA(int64_t k) {
+    for_each("decode: huffman tables", NH, DLAC_LAMBDA(int64_t k) {
       const DecSection& s = HS[k];
       HuffView v;
       const int e = huff_parse(data + s.data_off, uint64_t(s.nbytes), uint64_t(s.count), &v);
@@ -176,7 +176,7 @@ inline at::Tensor decode_grid_device(const at::Tensor& payload, const std::vecto
       }
       huff_decode_table(v, tables + k * int64_t(kHuffMaxAlphabet));
     });
-    for_each(huff_starts.back(), DLAC_LAMBDA(int64_t g) {
+    for_each("decode: huffman blocks", huff_starts.back(), DLAC_LAMBDA(int64_t g) {
       const int64_t k = find_segment(HST, NH, g);
       if (herr[k]) return;
       const DecSection& s = HS[k];
@@ -191,7 +191,7 @@ inline at::Tensor decode_grid_device(const at::Tensor& payload, const std::vecto
   if (NP > 0) {
     const DecSection* PS = meta2.at<DecSection>(psec_off);
     const Tile* PTL = meta2.at<Tile>(ptl_off);
-    for_each_element(PTL, NPT, DLAC_LAMBDA(int64_t p, int64_t k, int64_t, int64_t) {
+    for_each_element("decode: pack values", PTL, NPT, DLAC_LAMBDA(int64_t p, int64_t k, int64_t, int64_t) {
       const DecSection& s = PS[p];
       uint32_t* dst = s.dst == 0 ? dsts0 : s.dst == 1 ? dsts1 : dsts2;
       dst[s.dst_base + k] = unpack_one(data + s.data_off, uint64_t(s.nbytes), uint64_t(k), s.width);
@@ -200,7 +200,7 @@ inline at::Tensor decode_grid_device(const at::Tensor& payload, const std::vecto
   const DecChunk* CH = meta2.at<DecChunk>(ch_off);
   const Tile* TL = meta2.at<Tile>(tl_off);
   float* out = out_t.data_ptr<float>();
-  for_each_element_if(TL, NT, DLAC_LAMBDA(int64_t i) { return CH[i].valid != 0; },
+  for_each_element_if("decode: output", TL, NT, DLAC_LAMBDA(int64_t i) { return CH[i].valid != 0; },
       DLAC_LAMBDA(int64_t i, int64_t l, int64_t r, int64_t j) {
     const DecChunk& ch = CH[i];
     if (!ch.valid) return;
@@ -231,7 +231,7 @@ inline at::Tensor decode_grid_device(const at::Tensor& payload, const std::vecto
       if (k >= 0 && herrs[k]) msg = huff_error_message(int(herrs[k]));
     }
     if (msg.empty() && cerrs[i]) msg = "DEDUP index out of range";
-    TORCH_CHECK(msg.empty(), "chunk ", i, " (row block ", i / C, ", column block ", i % C, "): ", msg);
+    TORCH_CHECK_VALUE(msg.empty(), "chunk ", i, " (row block ", i / C, ", column block ", i % C, "): ", msg);
   }
   return out_t;
 }

@@ -55,8 +55,9 @@ struct FlushBins {
   }
 };
 template <class G, class F>
-void for_each_element_counted_if(const Tile* tiles, int64_t ntiles, G guard, uint32_t* hist, int64_t stride, F f) {
-  for_each_tile_block_if<HistScratch>(tiles, ntiles, guard, ZeroBins{}, CountBins<F>{f}, FlushBins{hist, stride});
+void for_each_element_counted_if(const char* name, const Tile* tiles, int64_t ntiles, G guard, uint32_t* hist,
+                                 int64_t stride, F f) {
+  for_each_tile_block_if<HistScratch>(name, tiles, ntiles, guard, ZeroBins{}, CountBins<F>{f}, FlushBins{hist, stride});
 }
 
 // Tile-wise bit packing: the payload bits [begin, end) of a tile of one stream's symbols (bit lengths nbits, their
@@ -318,7 +319,7 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
   int64_t* hlen = ptr<int64_t>(hlen_t);
 
   // Range and finiteness.
-  for_each_element(TL, NT, DLAC_LAMBDA(int64_t i, int64_t, int64_t r, int64_t j) {
+  for_each_element("encode: range and finiteness", TL, NT, DLAC_LAMBDA(int64_t i, int64_t, int64_t r, int64_t j) {
     const EncChunk& ch = CH[i];
     const float v = xp[(ch.r0 + r) * ld + ch.c0 + j];
     uint32_t* s = S + i * kStWords;
@@ -328,7 +329,7 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
     atomic_max(s + kStHi, key);
   });
   // Kind and absolute bound, as encode_chunk decides them.
-  for_each(N, DLAC_LAMBDA(int64_t i) {
+  for_each("encode: kind and bound", N, DLAC_LAMBDA(int64_t i) {
     const EncChunk& ch = CH[i];
     uint32_t* s = S + i * kStWords;
     if (ch.rows * ch.dim == 0) {
@@ -359,7 +360,8 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
   // element's verdict (the CPU tries the steps in order; an element's verdict is its own), its code, the maximum
   // code, and the histogram of all codes (read only when every code is below A, and then this counts every code).
   // If the chunk does not keep the first step, these codes are redone below; if it goes RAW they are never read.
-  for_each_element_counted_if(TL, NT, DLAC_LAMBDA(int64_t i) { return S[i * kStWords + kStKind] == kKindQuant; },
+  for_each_element_counted_if("encode: first step, codes and histogram", TL, NT,
+      DLAC_LAMBDA(int64_t i) { return S[i * kStWords + kStKind] == kKindQuant; },
       hist, 3 * A, DLAC_LAMBDA(int64_t i, int64_t l, int64_t r, int64_t j) -> uint32_t {
     uint32_t* s = S + i * kStWords;
     const EncChunk& ch = CH[i];
@@ -377,7 +379,7 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
   });
   // The other steps' verdicts, only in chunks where some element missed the first step and none overflowed (the
   // chooser would stop at an overflow).
-  for_each_element_if(TL, NT, DLAC_LAMBDA(int64_t i) {
+  for_each_element_if("encode: later steps", TL, NT, DLAC_LAMBDA(int64_t i) {
         const uint32_t* s = S + i * kStWords;
         return s[kStKind] == kKindQuant && !(s[kStOverflow] & 1u) && (s[kStMissed] & 1u);
       },
@@ -399,7 +401,7 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
     if (overflow) atomic_or(s + kStOverflow, overflow);
     if (missed) atomic_or(s + kStMissed, missed);
   });
-  for_each(N, DLAC_LAMBDA(int64_t i) {
+  for_each("encode: step choice", N, DLAC_LAMBDA(int64_t i) {
     uint32_t* s = S + i * kStWords;
     if (s[kStKind] != kKindQuant) return;
     const float eb = bits_to_float(s[kStEb]);
@@ -418,11 +420,11 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
     s[kStKind] = kKindRaw;
   });
   // Chunks that keep a later step: their histogram of all codes cleared, then their codes redone with that step.
-  for_each(N * A, DLAC_LAMBDA(int64_t t) {
+  for_each("encode: clear recoded histograms", N * A, DLAC_LAMBDA(int64_t t) {
     const int64_t i = t / A;
     if (S[i * kStWords + kStKind] == kKindQuant && S[i * kStWords + kStRecode]) hist[(i * 3 + 0) * A + (t - i * A)] = 0;
   });
-  for_each_element_counted_if(TL, NT, DLAC_LAMBDA(int64_t i) {
+  for_each_element_counted_if("encode: codes at a later step", TL, NT, DLAC_LAMBDA(int64_t i) {
         return S[i * kStWords + kStKind] == kKindQuant && S[i * kStWords + kStRecode] != 0u;
       },
       hist, 3 * A, DLAC_LAMBDA(int64_t i, int64_t l, int64_t r, int64_t j) -> uint32_t {
@@ -438,7 +440,7 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
   });
   // Unique code rows: each slot ends up holding the smallest row with its content. One warp per row (hash and
   // comparisons warp-cooperative; every branch below depends only on values all lanes share).
-  for_each_warp(RW, DLAC_LAMBDA(int64_t g) {
+  for_each_warp("encode: row hash insert", RW, DLAC_LAMBDA(int64_t g) {
     const int64_t i = find_segment(RWS, N, g);
     const EncChunk& ch = CH[i];
     if (S[i * kStWords + kStKind] != kKindQuant || ch.rows < 2) return;
@@ -459,7 +461,7 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
     }
     if (warp_leader()) atomic_or(S + i * kStWords + kStError, kErrHashFull);
   });
-  for_each_warp(RW, DLAC_LAMBDA(int64_t g) {
+  for_each_warp("encode: row lookup", RW, DLAC_LAMBDA(int64_t g) {
     const int64_t i = find_segment(RWS, N, g);
     const EncChunk& ch = CH[i];
     const bool leader = warp_leader();
@@ -493,14 +495,14 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
   // First-appearance ids: a running count of first rows.
   at::Tensor incl_t = at::cumsum(first_t, 0, at::kLong);
   const int64_t* incl = ptr<int64_t>(incl_t);
-  for_each(RW, DLAC_LAMBDA(int64_t g) {
+  for_each("encode: unique row ids", RW, DLAC_LAMBDA(int64_t g) {
     const int64_t i = find_segment(RWS, N, g);
     const EncChunk& ch = CH[i];
     if (S[i * kStWords + kStKind] != kKindQuant || ch.rows < 2) return;
     const int64_t before = ch.row_base > 0 ? incl[ch.row_base - 1] : 0;
     index[g] = uint32_t(incl[ch.row_base + rep[g]] - 1 - before);
   });
-  for_each(N, DLAC_LAMBDA(int64_t i) {
+  for_each("encode: unique row counts", N, DLAC_LAMBDA(int64_t i) {
     const EncChunk& ch = CH[i];
     uint32_t* s = S + i * kStWords;
     if (s[kStKind] != kKindQuant) return;
@@ -509,7 +511,7 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
   });
   // The histograms of the unique rows' codes and of the row index, one row per work item: every row adds its index,
   // a first row its codes (so the rows that repeat one, most of them in embedding payloads, read no codes at all).
-  for_each(RW, DLAC_LAMBDA(int64_t g) {
+  for_each("encode: unique rows and row index histograms", RW, DLAC_LAMBDA(int64_t g) {
     const int64_t i = find_segment(RWS, N, g);
     const uint32_t* s = S + i * kStWords;
     const EncChunk& ch = CH[i];
@@ -523,10 +525,11 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
   // The histogram words the planner reads, compacted behind the state words: hist_lengths per (chunk, histogram),
   // a running sum for where each goes, then one work item per histogram word (the histograms are laid out in that
   // order already).
-  for_each(N, DLAC_LAMBDA(int64_t i) { hist_lengths(S + i * kStWords, CH[i].rows, hlen + 3 * i); });
+  for_each("encode: histogram lengths", N,
+           DLAC_LAMBDA(int64_t i) { hist_lengths(S + i * kStWords, CH[i].rows, hlen + 3 * i); });
   at::Tensor hend_t = at::cumsum(hlen_t, 0);
   const int64_t* hend = ptr<int64_t>(hend_t);
-  for_each(N * 3 * A, DLAC_LAMBDA(int64_t t) {
+  for_each("encode: compact histograms", N * 3 * A, DLAC_LAMBDA(int64_t t) {
     const int64_t h = t / A, v = t - h * A;
     if (v < hlen[h]) stage[hend[h] - hlen[h] + v] = hist[t];
   });
@@ -698,7 +701,8 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
   uint8_t* out = ptr<uint8_t>(words_t);
   uint32_t* words = ptr<uint32_t>(words_t);
   // One pass for both: RAW chunks get the floats as they are, DEDUP chunks their unique code rows in id order.
-  for_each_element_if(TL, NT, DLAC_LAMBDA(int64_t i) { return meta[2 * i + 1] == kRaw || meta[2 * i + 1] == kDedup; },
+  for_each_element_if("encode: raw copies and unique rows", TL, NT,
+      DLAC_LAMBDA(int64_t i) { return meta[2 * i + 1] == kRaw || meta[2 * i + 1] == kDedup; },
       DLAC_LAMBDA(int64_t i, int64_t l, int64_t r, int64_t j) {
     const int64_t mode = meta[2 * i + 1];
     const EncChunk& ch = CH[i];
@@ -720,7 +724,7 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
     const uint32_t* srcs2 = index;
     // Bits per symbol, then each symbol's offset in its stream from a running sum.
     // Symbols in tiles of one stream each (as elements in tiles of one chunk: no search for the stream).
-    for_each_element(STL, NST, DLAC_LAMBDA(int64_t k, int64_t l, int64_t, int64_t) {
+    for_each_element("encode: symbol lengths", STL, NST, DLAC_LAMBDA(int64_t k, int64_t l, int64_t, int64_t) {
       const EncStream& es = SS[k];
       const uint32_t* src = es.src == 0 ? srcs0 : es.src == 1 ? srcs1 : srcs2;
       const uint32_t v = src[es.src_base + l];
@@ -762,9 +766,9 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
         else if (v != 0) atomic_or(words + w0 + w, v);
       }
     };
-    for_each_tile_block_if<PackScratch>(STL, NST, AllChunks{}, zero, pack, flush);
+    for_each_tile_block_if<PackScratch>("encode: bit packing", STL, NST, AllChunks{}, zero, pack, flush);
     // Huffman block end offsets (bits from the start of the stream).
-    for_each(BLK, DLAC_LAMBDA(int64_t g) {
+    for_each("encode: huffman block ends", BLK, DLAC_LAMBDA(int64_t g) {
       const int64_t k = find_segment(BST, NS, g);
       const EncStream& es = SS[k];
       const int64_t b = g - BST[k];
@@ -777,7 +781,8 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
   at::Tensor crc_t = unset_u32(N, device);  // every encoded chunk holds at least a header: all N are written
   uint32_t* crc = ptr<uint32_t>(crc_t);
   run_crcs(crc_plan, meta2, payload, crc);
-  for_each(N, DLAC_LAMBDA(int64_t i) { store_u32_bytes(out + meta[2 * i] + kCrcOffset, crc[i]); });
+  for_each("encode: checksums into headers", N,
+           DLAC_LAMBDA(int64_t i) { store_u32_bytes(out + meta[2 * i] + kCrcOffset, crc[i]); });
   // A copy, so the caller's sizes do not keep this call's staging alive.
   at::Tensor sizes_t = meta2_t.narrow(0, sizes_off, 8 * N).view(at::kLong).clone();
   return {payload, sizes_t};

@@ -43,6 +43,79 @@ namespace grid {
 inline namespace DLAC_GRID_BUILD {
 
 // ------------------------------------------------------------------------------------------------------------
+// Kernel names and device faults
+// ------------------------------------------------------------------------------------------------------------
+
+// Every launch names its kernel ("encode: range and finiteness"). A fault inside a kernel (an illegal address, say)
+// is reported by CUDA at the next synchronization, not at its launch, so the names of the kernels launched since the
+// last read-back are kept (across calls), and the ops add them to a device error (reporting_faults, dlac_grid.h): the
+// error stays the CUDA error it is (torch.AcceleratorError in Python, never a corrupted-payload ValueError) and says
+// which kernels may have caused it. DLAC_CUDA_SYNC_KERNELS=1 synchronizes after every launch, so that the error
+// names the very kernel (slow: for debugging). Per host thread, as a call runs on one.
+inline std::vector<const char*>& kernels_in_flight() {
+  thread_local std::vector<const char*> names;
+  return names;
+}
+inline std::string kernel_names() {
+  std::string out;
+  for (const char* name : kernels_in_flight()) out += (out.empty() ? "'" : ", '") + std::string(name) + "'";
+  return out.empty() ? "(none)" : out;
+}
+// A device error that is CUDA's (a fault, a failed launch), as opposed to the ops' own checks.
+inline bool is_device_error(const c10::Error& e) {
+#if defined(__CUDACC__)
+  return dynamic_cast<const c10::AcceleratorError*>(&e) != nullptr || cudaPeekAtLastError() != cudaSuccess;
+#else
+  return dynamic_cast<const c10::AcceleratorError*>(&e) != nullptr;
+#endif
+}
+
+#if defined(__CUDACC__)
+inline bool sync_each_kernel() {
+  static const bool on = [] {
+    const char* v = std::getenv("DLAC_CUDA_SYNC_KERNELS");
+    return v != nullptr && *v != 0 && std::strcmp(v, "0") != 0;
+  }();
+  return on;
+}
+[[noreturn]] inline void throw_cuda_error(cudaError_t err, const std::string& what) {
+  throw c10::AcceleratorError({__func__, __FILE__, uint32_t(__LINE__)}, int32_t(err),
+                              c10::str("CUDA error: ", cudaGetErrorString(err), " (", int(err), ") ", what));
+}
+// After a launch: a launch error names its kernel; with DLAC_CUDA_SYNC_KERNELS=1 a fault inside it does too.
+inline void launched(const char* name) {
+  kernels_in_flight().push_back(name);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) throw_cuda_error(err, c10::str("on launching the DLAC kernel '", name, "'"));
+  if (sync_each_kernel()) {
+    err = cudaStreamSynchronize(c10::cuda::getCurrentCUDAStream());
+    if (err != cudaSuccess)
+      throw_cuda_error(err, c10::str("in the DLAC kernel '", name, "' (DLAC_CUDA_SYNC_KERNELS=1 synchronized "
+                                     "after it)"));
+  }
+}
+inline void raise_emulated_fault() {}
+#else
+// The emulation can pretend that a kernel faulted, to test how faults are reported: DLAC_EMULATE_FAULT names the
+// kernel, and the next read-back raises the error a CUDA fault would (as CUDA reports it: at the synchronization).
+inline const char*& emulated_fault() {
+  thread_local const char* kernel = nullptr;
+  return kernel;
+}
+inline void launched(const char* name) {
+  kernels_in_flight().push_back(name);
+  const char* fault = std::getenv("DLAC_EMULATE_FAULT");
+  if (fault != nullptr && std::strcmp(fault, name) == 0) emulated_fault() = name;
+}
+inline void raise_emulated_fault() {
+  if (emulated_fault() == nullptr) return;
+  emulated_fault() = nullptr;
+  throw c10::AcceleratorError({__func__, __FILE__, uint32_t(__LINE__)}, 700,
+                              "CUDA error: an illegal memory access was encountered (emulated by DLAC_EMULATE_FAULT)");
+}
+#endif
+
+// ------------------------------------------------------------------------------------------------------------
 // Launching and atomics
 // ------------------------------------------------------------------------------------------------------------
 
@@ -53,21 +126,21 @@ __global__ void for_each_kernel(int64_t n, F f) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) f(i);
 }
 
-// f(i) for every i in [0, n), in parallel on the current stream.
+// f(i) for every i in [0, n), in parallel on the current stream: the kernel `name`.
 template <class F>
-void for_each(int64_t n, F f) {
+void for_each(const char* name, int64_t n, F f) {
   if (n <= 0) return;
   constexpr int kThreads = 256;
   const int64_t blocks = std::min<int64_t>((n + kThreads - 1) / kThreads, 65535 * 8);
   for_each_kernel<<<unsigned(blocks), kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(n, f);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  launched(name);
 }
 #else
 // f(i) for every i in [0, n), one after another (the emulation). In index order, unless DLAC_EMULATE_ORDER is
 // "reverse" or "shuffle" (a permutation seeded by DLAC_EMULATE_SEED): the tests run the pipeline in other orders to
 // show that no result depends on the order in which work items run, which is what makes the GPU's answer the same.
 template <class F>
-void for_each(int64_t n, F f) {
+void run_items(int64_t n, F f) {
   const char* order = std::getenv("DLAC_EMULATE_ORDER");
   if (order == nullptr || *order == 0 || std::strcmp(order, "forward") == 0) {
     for (int64_t i = 0; i < n; ++i) f(i);
@@ -86,6 +159,12 @@ void for_each(int64_t n, F f) {
   }
   for (int64_t i : items) f(i);
 }
+// The kernel `name`: its work items, as above.
+template <class F>
+void for_each(const char* name, int64_t n, F f) {
+  run_items(n, f);
+  launched(name);
+}
 #endif
 
 // f(i) for every i in [0, n), run by all 32 lanes of one warp together on the device (every lane gets the same i,
@@ -97,17 +176,17 @@ __global__ void for_each_warp_kernel(int64_t n, F f) {
   for (int64_t i = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32; i < n; i += nwarps) f(i);
 }
 template <class F>
-void for_each_warp(int64_t n, F f) {
+void for_each_warp(const char* name, int64_t n, F f) {
   if (n <= 0) return;
   constexpr int kThreads = 256, kWarps = kThreads / 32;
   const int64_t blocks = std::min<int64_t>((n + kWarps - 1) / kWarps, 65535 * 8);
   for_each_warp_kernel<<<unsigned(blocks), kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(n, f);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  launched(name);
 }
 #else
 template <class F>
-void for_each_warp(int64_t n, F f) {
-  for_each(n, f);
+void for_each_warp(const char* name, int64_t n, F f) {
+  for_each(name, n, f);
 }
 #endif
 
@@ -169,25 +248,25 @@ __global__ void __launch_bounds__(kTileThreads) tile_kernel(const Tile* tiles, G
 // f(chunk, l, r, j) for every element of every tile whose chunk passes guard(chunk) (tiles: device memory), one
 // block per tile.
 template <class G, class F>
-void for_each_element_if(const Tile* tiles, int64_t ntiles, G guard, F f) {
+void for_each_element_if(const char* name, const Tile* tiles, int64_t ntiles, G guard, F f) {
   if (ntiles <= 0) return;
   TORCH_CHECK(ntiles < (int64_t(1) << 31), "too many tiles for one launch: ", ntiles);
   tile_kernel<<<unsigned(ntiles), kTileThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(tiles, guard, f);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  launched(name);
 }
 #else
 // The emulation: every (tile, thread) pair is a work item, in the order DLAC_EMULATE_ORDER asks for.
 template <class G, class F>
-void for_each_element_if(const Tile* tiles, int64_t ntiles, G guard, F f) {
-  for_each(ntiles * kTileThreads, [&](int64_t w) {
+void for_each_element_if(const char* name, const Tile* tiles, int64_t ntiles, G guard, F f) {
+  for_each(name, ntiles * kTileThreads, [&](int64_t w) {
     const Tile& t = tiles[w / kTileThreads];
     if (guard(int64_t(t.chunk))) walk_tile(t, uint32_t(w % kTileThreads), uint32_t(kTileThreads), f);
   });
 }
 #endif
 template <class F>
-void for_each_element(const Tile* tiles, int64_t ntiles, F f) {
-  for_each_element_if(tiles, ntiles, AllChunks{}, f);
+void for_each_element(const char* name, const Tile* tiles, int64_t ntiles, F f) {
+  for_each_element_if(name, tiles, ntiles, AllChunks{}, f);
 }
 
 // Block passes: one block per tile whose chunk passes guard, with a scratch Scratch shared by the block (shared
@@ -205,29 +284,30 @@ __global__ void __launch_bounds__(kTileThreads) block_kernel(const Tile* tiles, 
   ((phases(t, threadIdx.x, blockDim.x, scratch), __syncthreads()), ...);
 }
 template <class Scratch, class G, class... P>
-void for_each_tile_block_if(const Tile* tiles, int64_t ntiles, G guard, P... phases) {
+void for_each_tile_block_if(const char* name, const Tile* tiles, int64_t ntiles, G guard, P... phases) {
   static_assert(sizeof(Scratch) <= 48 * 1024, "static shared memory is limited to 48 KB a block");
   if (ntiles <= 0) return;
   TORCH_CHECK(ntiles < (int64_t(1) << 31), "too many tiles for one launch: ", ntiles);
   block_kernel<Scratch><<<unsigned(ntiles), kTileThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(tiles, guard,
                                                                                                    phases...);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  launched(name);
 }
 #else
 template <class Scratch, class G, class... P>
-void for_each_tile_block_if(const Tile* tiles, int64_t ntiles, G guard, P... phases) {
+void for_each_tile_block_if(const char* name, const Tile* tiles, int64_t ntiles, G guard, P... phases) {
   if (ntiles <= 0) return;
   std::vector<char> runs(size_t(ntiles), 0);  // the guard, once per block as the kernel reads it
-  for_each(ntiles, [&](int64_t b) { runs[size_t(b)] = guard(int64_t(tiles[b].chunk)) ? 1 : 0; });
+  run_items(ntiles, [&](int64_t b) { runs[size_t(b)] = guard(int64_t(tiles[b].chunk)) ? 1 : 0; });
   std::vector<Scratch> scratch(static_cast<size_t>(ntiles));
   std::memset(static_cast<void*>(scratch.data()), 0xA5, scratch.size() * sizeof(Scratch));
   auto run = [&](const auto& phase) {
-    for_each(ntiles * kTileThreads, [&](int64_t w) {
+    run_items(ntiles * kTileThreads, [&](int64_t w) {
       const int64_t b = w / kTileThreads;
       if (runs[size_t(b)]) phase(tiles[b], uint32_t(w % kTileThreads), uint32_t(kTileThreads), scratch[size_t(b)]);
     });
   };
   (run(phases), ...);
+  launched(name);
 }
 #endif
 

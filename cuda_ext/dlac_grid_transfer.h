@@ -46,7 +46,9 @@ T* ptr(const at::Tensor& t) {
 template <class T>
 std::vector<T> read_back(const at::Tensor& t) {
   readback_counter().fetch_add(1);
+  raise_emulated_fault();  // the host emulation's stand-in for a fault that this synchronization reports
   at::Tensor h = t.contiguous().to(at::kCPU);
+  kernels_in_flight().clear();  // every kernel before this copy ran without a fault
   std::vector<T> v(size_t(h.nbytes() / sizeof(T)));
   if (!v.empty()) std::memcpy(v.data(), h.data_ptr(), v.size() * sizeof(T));
   return v;
@@ -183,7 +185,7 @@ inline void run_crcs(const CrcPlan& plan, const Staging& staging, const at::Tens
   const uint32_t* tables = ptr<uint32_t>(tables_t);
   const uint8_t* data = ptr<uint8_t>(payload);
   uint32_t* reg = ptr<uint32_t>(regs);
-  for_each(plan.nseg, DLAC_LAMBDA(int64_t t) {
+  for_each("crc: segment registers", plan.nseg, DLAC_LAMBDA(int64_t t) {
     const int64_t i = find_segment(starts, n, t);
     const uint64_t size = uint64_t(m[2 * i + 1]), s = uint64_t(t - starts[i]);
     const uint64_t first = size - (ceil_div(size, kCrcSegment) - 1) * kCrcSegment;
@@ -191,7 +193,7 @@ inline void run_crcs(const CrcPlan& plan, const Staging& staging, const at::Tens
     const uint64_t end = s == 0 ? first : begin + kCrcSegment;
     reg[t] = crc_register(s == 0 ? 0xFFFFFFFFu : 0u, data + m[2 * i], begin, end, tables);
   });
-  for_each(n, DLAC_LAMBDA(int64_t i) {
+  for_each("crc: join segments", n, DLAC_LAMBDA(int64_t i) {
     if (starts[i + 1] == starts[i]) return;
     uint32_t r = reg[starts[i]];
     for (int64_t t = starts[i] + 1; t < starts[i + 1]; ++t) r = crc_shift(tables, r) ^ reg[t];

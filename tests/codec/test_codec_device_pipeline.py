@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import bits, zipf_payload
+from grid_cases import CASES
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -43,10 +44,11 @@ def emu_encode(x, rs, cs, bounds, relative=True):
 
 
 def _outcome(op, *args):
-    """(result, None) or (None, error message without the C++ backtrace)."""
+    """(result, None) or (None, error message without the C++ backtrace). The decoders' verdict on the bytes is a
+    ValueError (the Python API's CodecError); any other error is not a verdict and fails the calling test."""
     try:
         return op(*args), None
-    except RuntimeError as e:
+    except ValueError as e:
         return None, str(e).split("\nException raised from")[0]
 
 
@@ -131,6 +133,18 @@ def test_device_pipeline_on_embedding_payloads(emulated):
     assert torch.equal(emu_encode(strided, rs, cs, bounds)[0], payload)
     row_view = torch.cat([wide, wide], dim=1)[:, :112]  # row stride 224: read in place
     assert torch.equal(emu_encode(row_view, rs, cs, bounds)[0], payload)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_device_pipeline_matches_the_cpu_kernels(emulated, case):
+    # The grids test_codec_cuda.py runs on a GPU (tests/codec/grid_cases.py): NaN and Inf, dims 8 to 128 with
+    # relative and absolute bounds, empty and zero-width blocks, multi-hot and gradient payloads, 2600 chunks.
+    x, rs, cs, bounds, relative = CASES[case]()
+    want, want_sizes = torch.ops.dlac.encode_grid(x, rs, cs, bounds, relative)
+    payload, sizes = torch.ops.dlac_emu.encode_grid(x, rs, cs, bounds, relative)
+    assert torch.equal(sizes, want_sizes) and torch.equal(payload, want)
+    out = torch.ops.dlac_emu.decode_grid(payload, sizes, rs, cs)
+    assert torch.equal(bits(out), bits(torch.ops.dlac.decode_grid(want, want_sizes, rs, cs)))
 
 
 @pytest.mark.parametrize("order", ["forward", "shuffle"])
@@ -300,6 +314,43 @@ def test_device_encoder_raises_naming_the_chunk_when_its_row_hash_set_breaks(emu
                        ref.encode_grid(x, rs, cs, torch.tensor([0.0, 0.01]), True)[0])
 
 
+@pytest.mark.parametrize(("kernel", "reported_by"), [
+    ("decode: huffman blocks", "decode"), ("decode: output", "decode"), ("crc: segment registers", "decode"),
+    ("encode: row hash insert", "encode"), ("encode: bit packing", "the next call"),
+])
+def test_a_device_fault_is_reported_as_one_naming_its_kernel(emulated, monkeypatch, kernel, reported_by):
+    # CUDA reports a fault inside a kernel at the next synchronization; the emulation raises there what CUDA would
+    # (DLAC_EMULATE_FAULT). The error stays a device error (torch.AcceleratorError, a RuntimeError) naming the
+    # kernels launched since the last read-back, the faulting one among them, and the public API passes it on as it
+    # is instead of calling the payload corrupted. An encode's last kernels (packing, checksums) have no read-back
+    # after them: their fault surfaces in the next call, which names them too.
+    from lightning_dlac.codec import CodecError, decode_grid
+
+    x = zipf_payload(rows=600, dim=24, vocab=30)
+    rs, cs, bounds = [0, 200, 600], [0, 8, 16, 24], [0.01, 0.0, 0.05]
+    payload, sizes = emu_encode(x, rs, cs, bounds)
+    monkeypatch.setattr(torch.ops.dlac, "decode_grid", torch.ops.dlac_emu.decode_grid)  # the API runs the emulation
+    monkeypatch.setenv("DLAC_EMULATE_FAULT", kernel)
+    if reported_by == "encode":
+        with pytest.raises(torch.AcceleratorError, match="illegal memory access") as fault:
+            emu_encode(x, rs, cs, bounds)
+    else:
+        if reported_by == "the next call":
+            emu_encode(x, rs, cs, bounds)  # returns: nothing synchronizes after its last kernels
+            monkeypatch.delenv("DLAC_EMULATE_FAULT")
+        with pytest.raises(torch.AcceleratorError, match="illegal memory access") as fault:
+            decode_grid(payload, sizes, rs, cs, impl="native")
+    message = str(fault.value)
+    assert f"'{kernel}'" in message and "DLAC_CUDA_SYNC_KERNELS=1" in message, message
+    assert not isinstance(fault.value, (ValueError, CodecError))
+    # The fault is gone with its report: the next calls encode and decode as before.
+    monkeypatch.delenv("DLAC_EMULATE_FAULT", raising=False)
+    again, again_sizes = emu_encode(x, rs, cs, bounds)
+    assert torch.equal(again, payload) and torch.equal(again_sizes, sizes)
+    out = decode_grid(payload, sizes, rs, cs, impl="native")
+    assert torch.equal(bits(out), bits(ref.decode_grid(payload, sizes.tolist(), rs, cs)))
+
+
 def test_device_ops_check_their_arguments(emulated):
     x = torch.randn(10, 4)
     with pytest.raises(RuntimeError, match="float32"):
@@ -311,7 +362,7 @@ def test_device_ops_check_their_arguments(emulated):
     with pytest.raises(RuntimeError, match="col_splits"):
         emu_encode(x, [0, 10], [0, 5], [0.01])
     payload, sizes = emu_encode(x, [0, 10], [0, 4], [0.01])
-    with pytest.raises(RuntimeError, match="sum to"):
+    with pytest.raises(ValueError, match="sum to"):  # the sizes do not fit the bytes: a verdict on the payload
         torch.ops.dlac_emu.decode_grid(payload[:-1], sizes, [0, 10], [0, 4])
     with pytest.raises(RuntimeError, match="one entry per chunk"):
         torch.ops.dlac_emu.decode_grid(payload, sizes, [0, 5, 10], [0, 4])
