@@ -46,7 +46,7 @@ inline at::Tensor decode_grid_device(const at::Tensor& payload, const std::vecto
   std::vector<int64_t> offsets(N + 1, 0);
   for (int64_t i = 0; i < N; ++i) offsets[i + 1] = offsets[i] + sizes[i];
   // Phase 1: every chunk's header bytes and checksum gathered side by side on the device, one read-back. Chunks
-  // shorter than a header leave their slots unwritten; the host never reads them.
+  // shorter than a header get zeros there (copied, so written: compute-sanitizer's initcheck), the host reads none.
   Staging meta1;
   const CrcPlan crc_plan = plan_crcs(offsets, sizes, meta1);
   const int64_t rb_bytes = N * int64_t(kHeaderSize) + 4 * N;  // N * 48 is a multiple of 4: the crcs stay aligned
@@ -58,7 +58,7 @@ inline at::Tensor decode_grid_device(const at::Tensor& payload, const std::vecto
     const uint8_t* src = ptr<uint8_t>(payload);
     for_each("decode: gather headers", N * int64_t(kHeaderSize), DLAC_LAMBDA(int64_t t) {
       const int64_t i = t / int64_t(kHeaderSize);
-      if (m[2 * i + 1] >= int64_t(kHeaderSize)) hdr[t] = src[m[2 * i] + (t - i * int64_t(kHeaderSize))];
+      hdr[t] = m[2 * i + 1] >= int64_t(kHeaderSize) ? src[m[2 * i] + (t - i * int64_t(kHeaderSize))] : uint8_t(0);
     });
     run_crcs(crc_plan, meta1, payload, meta1.at<uint32_t>(rb_off + N * int64_t(kHeaderSize)));
   }

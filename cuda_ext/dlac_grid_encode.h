@@ -6,11 +6,13 @@
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
-#include <atomic>
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <mutex>
 #include <string>
 #include <tuple>
+#include <unordered_map>
 #include <vector>
 
 #include "dlac_codec.h"
@@ -20,45 +22,6 @@
 namespace dlac {
 namespace grid {
 inline namespace DLAC_GRID_BUILD {
-
-// Element passes that count one histogram bin per element (f returns it; a bin >= kHuffMaxAlphabet, kNoBin among
-// them, is not counted: the planner reads no histogram of a chunk with such codes): each block counts its tile
-// in a block-local histogram of kHuffMaxAlphabet bins (16 KB of shared memory; a tile belongs to one chunk, so one
-// histogram a block), then adds its non-zero bins to the chunk's histogram at hist + chunk * stride. The global
-// histogram gets one atomic per distinct code of a tile instead of one per warp and distinct code.
-constexpr uint32_t kNoBin = 0xFFFFFFFFu;
-struct HistScratch {
-  uint32_t bins[kHuffMaxAlphabet];
-};
-struct ZeroBins {
-  DLAC_HD void operator()(const Tile&, uint32_t thread, uint32_t nthreads, HistScratch& sm) const {
-    for (uint32_t b = thread; b < kHuffMaxAlphabet; b += nthreads) sm.bins[b] = 0;
-  }
-};
-template <class F>
-struct CountBins {
-  F f;
-  DLAC_HD void operator()(const Tile& t, uint32_t thread, uint32_t nthreads, HistScratch& sm) const {
-    walk_tile(t, thread, nthreads, [&](int64_t i, int64_t l, int64_t r, int64_t j) {
-      const uint32_t bin = f(i, l, r, j);
-      if (bin < kHuffMaxAlphabet) hist_add(sm.bins + bin);
-    });
-  }
-};
-struct FlushBins {
-  uint32_t* hist;
-  int64_t stride;
-  DLAC_HD void operator()(const Tile& t, uint32_t thread, uint32_t nthreads, HistScratch& sm) const {
-    uint32_t* h = hist + int64_t(t.chunk) * stride;
-    for (uint32_t b = thread; b < kHuffMaxAlphabet; b += nthreads)
-      if (sm.bins[b] != 0) atomic_add(h + b, sm.bins[b]);
-  }
-};
-template <class G, class F>
-void for_each_element_counted_if(const char* name, const Tile* tiles, int64_t ntiles, G guard, uint32_t* hist,
-                                 int64_t stride, F f) {
-  for_each_tile_block_if<HistScratch>(name, tiles, ntiles, guard, ZeroBins{}, CountBins<F>{f}, FlushBins{hist, stride});
-}
 
 // Tile-wise bit packing: the payload bits [begin, end) of a tile of one stream's symbols (bit lengths nbits, their
 // running sum cum over all streams), and the 32-bit payload words they touch. A tile's codes span at most
@@ -198,7 +161,7 @@ static_assert(kStWords % 2 == 0, "the readback stage after the state words must 
 enum : uint32_t { kErrHashFull = 1, kErrHashLost = 2 };
 
 // Histogram words the host planner reads for chunk state s (0 each where it reads none): all codes, the unique rows'
-// codes, the row index. The device compacts exactly these for the read-back, the host walks them in the same order.
+// codes, the row index. The device counts exactly these, side by side in this order, and the host walks them so.
 DLAC_HD inline void hist_lengths(const uint32_t* s, int64_t rows, int64_t len[3]) {
   len[0] = len[1] = len[2] = 0;
   if (s[kStKind] != kKindQuant) return;
@@ -209,12 +172,39 @@ DLAC_HD inline void hist_lengths(const uint32_t* s, int64_t rows, int64_t len[3]
   len[2] = dedup && index_huff_ok(s[kStNuniq]) ? int64_t(s[kStNuniq]) : 0;
 }
 
-// Histogram words read back with the state (one copy): what the previous call needed, at least 256 per chunk (1 KB;
-// codes of eps >= 0.002 need fewer). A call that needs more reads the rest in a second copy. Process-wide: the calls
-// of one training run repeat the same shapes and similar data.
-inline std::atomic<int64_t>& hist_readback_hint() {
-  static std::atomic<int64_t> words{0};
-  return words;
+// The histograms are counted into a region read back with the state words (one copy). Its size, in words: what the
+// last call with the same row and column splits needed, plus a quarter (batches of one training run need about the
+// same), at least kMinHistWords (64 KB) for a grid not seen before. A call whose histograms outgrow it counts them
+// again in a region of their size and reads that back (a second copy). So the scratch follows what the histograms
+// need, not the number of chunks (before: 3 x 4096 words zeroed and as many reserved per chunk, 10 MB at 208).
+constexpr int64_t kMinHistWords = 16384;
+class HistNeeds {
+ public:
+  static uint64_t key(c10::IntArrayRef rs, c10::IntArrayRef cs) {
+    uint64_t h = 0x9E3779B97F4A7C15ull;
+    for (int64_t v : rs) h = (h ^ uint64_t(v)) * 0x100000001B3ull;
+    h = (h ^ 0xFFull) * 0x100000001B3ull;  // separates the row splits from the column splits
+    for (int64_t v : cs) h = (h ^ uint64_t(v)) * 0x100000001B3ull;
+    return h;
+  }
+  int64_t capacity(uint64_t key) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = needs_.find(key);
+    return std::max<int64_t>(kMinHistWords, it == needs_.end() ? 0 : it->second + it->second / 4);
+  }
+  void record(uint64_t key, int64_t words) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (needs_.size() >= 256 && needs_.find(key) == needs_.end()) needs_.clear();  // bounded: a training run has few
+    needs_[key] = words;
+  }
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<uint64_t, int64_t> needs_;
+};
+inline HistNeeds& hist_needs() {
+  static auto* needs = new HistNeeds();  // never destroyed: calls may run while the process exits
+  return *needs;
 }
 
 // Probes of the row hash set before a row gives up (the table has at least twice as many slots as rows, so a probe
@@ -233,6 +223,66 @@ inline int64_t hash_capacity(int64_t rows) {
   return cap;
 }
 constexpr uint32_t kEmpty = 0xFFFFFFFFu;
+
+// Histogram h's words in a region of `cap`: [hend[h] - hlen[h], hend[h]) if it has any and they fit, else none.
+DLAC_HD inline bool hist_fits(const int64_t* hlen, const int64_t* hend, int64_t h, int64_t cap) {
+  return hlen[h] > 0 && hend[h] <= cap;
+}
+
+// Codes counted per tile in shared memory: the codes of all elements and the unique rows' codes, two histograms of
+// kHuffMaxAlphabet bins (32 KB a block; a tile belongs to one chunk), whose non-zero bins the block adds to the
+// chunk's. The global histograms get one atomic per distinct code of a tile instead of one per warp and code.
+struct CodeHists {
+  uint32_t bins[2][kHuffMaxAlphabet];
+};
+
+// The histograms the planner reads (hist_lengths: lengths hlen, their running sum hend), counted into region[0, cap)
+// (zeroed): those that fit, the others are left to a second round with room for all. Read only once the codes, the
+// maximum code and the unique rows are known, so they are counted once, never cleared and redone. In a DEDUP
+// candidate only the unique rows' codes are read: the histogram of all codes counts each with its row's multiplicity
+// (mult), which is the same sum, the unique rows' histogram once; every row adds its index to the third.
+inline void count_histograms(const EncChunk* CH, const uint32_t* S, const Tile* TL, int64_t NT, const int64_t* RWS,
+                             int64_t N, int64_t RW, const uint32_t* codes, const uint32_t* first, const uint32_t* mult,
+                             const uint32_t* index, const int64_t* hlen, const int64_t* hend, uint32_t* region,
+                             int64_t cap) {
+  const auto zero = DLAC_LAMBDA(const Tile&, uint32_t thread, uint32_t nthreads, CodeHists& sm) {
+    for (uint32_t b = thread; b < kHuffMaxAlphabet; b += nthreads) sm.bins[0][b] = sm.bins[1][b] = 0;
+  };
+  const auto count = DLAC_LAMBDA(const Tile& t, uint32_t thread, uint32_t nthreads, CodeHists& sm) {
+    const int64_t i = t.chunk;
+    const EncChunk& ch = CH[i];
+    const bool all = hist_fits(hlen, hend, 3 * i, cap), uniq = hist_fits(hlen, hend, 3 * i + 1, cap);
+    const bool dedup = dedup_candidate(uint64_t(ch.rows), S[i * kStWords + kStNuniq]);
+    walk_tile(t, thread, nthreads, [&](int64_t, int64_t l, int64_t r, int64_t) {
+      uint32_t w = 1;
+      if (dedup) {
+        const int64_t g = ch.row_base + r;
+        if (!first[g]) return;
+        w = mult[g];
+      }
+      const uint32_t code = codes[ch.elem_base + l];  // below hlen: the maximum code is below kHuffMaxAlphabet
+      if (all) hist_add_weighted(sm.bins[0] + code, w);
+      if (uniq) hist_add_weighted(sm.bins[1] + code, 1u);
+    });
+  };
+  const auto flush = DLAC_LAMBDA(const Tile& t, uint32_t thread, uint32_t nthreads, CodeHists& sm) {
+    for (int k = 0; k < 2; ++k) {
+      const int64_t h = 3 * int64_t(t.chunk) + k;
+      if (!hist_fits(hlen, hend, h, cap)) continue;
+      uint32_t* dst = region + hend[h] - hlen[h];
+      for (int64_t b = thread; b < hlen[h]; b += nthreads)
+        if (sm.bins[k][b] != 0) atomic_add(dst + b, sm.bins[k][b]);
+    }
+  };
+  for_each_tile_block_if<CodeHists>("encode: code histograms", TL, NT, DLAC_LAMBDA(int64_t i) {
+        return S[i * kStWords + kStKind] == kKindQuant &&
+               (hist_fits(hlen, hend, 3 * i, cap) || hist_fits(hlen, hend, 3 * i + 1, cap));
+      }, zero, count, flush);
+  for_each("encode: row index histograms", RW, DLAC_LAMBDA(int64_t g) {
+    const int64_t h = 3 * find_segment(RWS, N, g) + 2;
+    if (hist_fits(hlen, hend, h, cap)) hist_add(region + hend[h] - hlen[h] + index[g]);
+  });
+}
 
 // One lossless stream of a chunk: values from codes / unique code rows / row index, PACK or HUFF.
 struct EncStream {
@@ -278,9 +328,8 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
   std::vector<uint32_t> state_init(size_t(N) * kStWords, 0);
   for (int64_t i = 0; i < N; ++i) state_init[i * kStWords + kStLo] = 0xFFFFFFFFu;
 
-  constexpr int64_t A = kHuffMaxAlphabet;
-  // Phase 1 metadata in one upload; the state words go last, followed by room for the compacted histograms, so
-  // the one read-back of this phase is a single contiguous copy.
+  // Phase 1 metadata in one upload; the state words go last, followed by the region the histograms are counted in,
+  // so the one read-back of this phase is a single contiguous copy.
   Staging meta1;
   std::vector<int64_t> chunk_rows(N), chunk_dims(N);
   for (int64_t i = 0; i < N; ++i) {
@@ -291,16 +340,17 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
   const int64_t NT = int64_t(tiles.size());
   const int64_t ch_off = meta1.add(chunks), tl_off = meta1.add(tiles), rws_off = meta1.add(row_starts);
   const int64_t st_off = meta1.add(state_init);
-  const int64_t stage_cap = N * 3 * A;
-  const int64_t stage_off = meta1.reserve(4 * stage_cap);
+  const uint64_t shape_key = HistNeeds::key(rs, cs);
+  const int64_t hist_cap = hist_needs().capacity(shape_key);
+  const int64_t stage_off = meta1.reserve(4 * hist_cap);
   at::Tensor meta1_t = meta1.upload(device);
   // Read only where written: codes and unique rows (quantized chunks, ids below nuniq), rep and index (rows of
-  // quantized chunks), first (written for every row by the lookup pass).
+  // quantized chunks), first (written for every row by the lookup pass). mult: rows per unique row, counted up.
   at::Tensor codes_t = unset_u32(E, device), uniq_t = unset_u32(E, device);
   at::Tensor first_t = unset_u32(RW, device), rep_t = unset_u32(RW, device), index_t = unset_u32(RW, device);
+  at::Tensor mult_t = zeros_u32(RW, device);
   const auto i32 = at::TensorOptions().dtype(at::kInt).device(device);
   at::Tensor hash_t = at::full({std::max<int64_t>(hash_total, 1)}, -1, i32);
-  at::Tensor hist_t = zeros_u32(N * 3 * A, device);
   at::Tensor hlen_t = at::empty({N * 3}, at::TensorOptions().dtype(at::kLong).device(device));
 
   const float* xp = x.data_ptr<float>();
@@ -314,8 +364,8 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
   uint32_t* first = ptr<uint32_t>(first_t);
   uint32_t* rep = ptr<uint32_t>(rep_t);
   uint32_t* index = ptr<uint32_t>(index_t);
+  uint32_t* mult = ptr<uint32_t>(mult_t);
   uint32_t* table = ptr<uint32_t>(hash_t);
-  uint32_t* hist = ptr<uint32_t>(hist_t);
   int64_t* hlen = ptr<int64_t>(hlen_t);
 
   // Range and finiteness.
@@ -356,18 +406,17 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
     s[kStMin] = float_to_bits(lo);
     s[kStEb] = float_to_bits(eb);
   });
-  // The first step (2 eb), which nearly every chunk keeps, in one pass with its codes and their histogram: each
-  // element's verdict (the CPU tries the steps in order; an element's verdict is its own), its code, the maximum
-  // code, and the histogram of all codes (read only when every code is below A, and then this counts every code).
-  // If the chunk does not keep the first step, these codes are redone below; if it goes RAW they are never read.
-  for_each_element_counted_if("encode: first step, codes and histogram", TL, NT,
+  // The first step (2 eb), which nearly every chunk keeps, in one pass with its codes: each element's verdict (the
+  // CPU tries the steps in order; an element's verdict is its own), its code and the maximum code. If the chunk does
+  // not keep the first step, these codes are redone below; if it goes RAW they are never read.
+  for_each_element_if("encode: first step and codes", TL, NT,
       DLAC_LAMBDA(int64_t i) { return S[i * kStWords + kStKind] == kKindQuant; },
-      hist, 3 * A, DLAC_LAMBDA(int64_t i, int64_t l, int64_t r, int64_t j) -> uint32_t {
+      DLAC_LAMBDA(int64_t i, int64_t l, int64_t r, int64_t j) {
     uint32_t* s = S + i * kStWords;
     const EncChunk& ch = CH[i];
     const float lo = bits_to_float(s[kStMin]), eb = bits_to_float(s[kStEb]);
     const float step = f_mul(eb, step_factor(0));
-    if (!(f_isfinite(step) && step > 0.0f)) return kNoBin;  // the chooser stops at the first step: RAW
+    if (!(f_isfinite(step) && step > 0.0f)) return;  // the chooser stops at the first step: RAW
     uint32_t code = 0;
     const int st = quantize_element(xp[(ch.r0 + r) * ld + ch.c0 + j], lo, eb, step, &code);
     if (st == kOverflow) atomic_or(s + kStOverflow, 1u);
@@ -375,7 +424,6 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
     const int64_t e = ch.elem_base + l;
     codes[e] = code;
     atomic_max(s + kStQmax, code);
-    return code;  // counted only below A (the planner reads this histogram only when every code is)
   });
   // The other steps' verdicts, only in chunks where some element missed the first step and none overflowed (the
   // chooser would stop at an overflow).
@@ -410,7 +458,7 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
       if (!(f_isfinite(step) && step > 0.0f) || (s[kStOverflow] >> k & 1u)) break;
       if (!(s[kStMissed] >> k & 1u)) {
         s[kStStep] = float_to_bits(step);
-        if (k > 0) {  // the first step's codes, maximum and histogram are void
+        if (k > 0) {  // the first step's codes and maximum are void
           s[kStRecode] = 1u;
           s[kStQmax] = 0u;
         }
@@ -419,15 +467,11 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
     }
     s[kStKind] = kKindRaw;
   });
-  // Chunks that keep a later step: their histogram of all codes cleared, then their codes redone with that step.
-  for_each("encode: clear recoded histograms", N * A, DLAC_LAMBDA(int64_t t) {
-    const int64_t i = t / A;
-    if (S[i * kStWords + kStKind] == kKindQuant && S[i * kStWords + kStRecode]) hist[(i * 3 + 0) * A + (t - i * A)] = 0;
-  });
-  for_each_element_counted_if("encode: codes at a later step", TL, NT, DLAC_LAMBDA(int64_t i) {
+  // Chunks that keep a later step: their codes redone with that step.
+  for_each_element_if("encode: codes at a later step", TL, NT, DLAC_LAMBDA(int64_t i) {
         return S[i * kStWords + kStKind] == kKindQuant && S[i * kStWords + kStRecode] != 0u;
       },
-      hist, 3 * A, DLAC_LAMBDA(int64_t i, int64_t l, int64_t r, int64_t j) -> uint32_t {
+      DLAC_LAMBDA(int64_t i, int64_t l, int64_t r, int64_t j) {
     uint32_t* s = S + i * kStWords;
     const EncChunk& ch = CH[i];
     const int64_t e = ch.elem_base + l;
@@ -436,7 +480,6 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
                      bits_to_float(s[kStStep]), &code);
     codes[e] = code;
     atomic_max(s + kStQmax, code);
-    return code;
   });
   // Unique code rows: each slot ends up holding the smallest row with its content. One warp per row (hash and
   // comparisons warp-cooperative; every branch below depends only on values all lanes share).
@@ -501,6 +544,7 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
     if (S[i * kStWords + kStKind] != kKindQuant || ch.rows < 2) return;
     const int64_t before = ch.row_base > 0 ? incl[ch.row_base - 1] : 0;
     index[g] = uint32_t(incl[ch.row_base + rep[g]] - 1 - before);
+    hist_add(mult + ch.row_base + rep[g]);  // one more row with the content of its first
   });
   for_each("encode: unique row counts", N, DLAC_LAMBDA(int64_t i) {
     const EncChunk& ch = CH[i];
@@ -509,35 +553,19 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
     const int64_t before = ch.row_base > 0 ? incl[ch.row_base - 1] : 0;
     s[kStNuniq] = ch.rows < 2 ? uint32_t(ch.rows) : uint32_t(incl[ch.row_base + ch.rows - 1] - before);
   });
-  // The histograms of the unique rows' codes and of the row index, one row per work item: every row adds its index,
-  // a first row its codes (so the rows that repeat one, most of them in embedding payloads, read no codes at all).
-  for_each("encode: unique rows and row index histograms", RW, DLAC_LAMBDA(int64_t g) {
-    const int64_t i = find_segment(RWS, N, g);
-    const uint32_t* s = S + i * kStWords;
-    const EncChunk& ch = CH[i];
-    if (s[kStKind] != kKindQuant || !dedup_candidate(uint64_t(ch.rows), s[kStNuniq])) return;
-    if (s[kStNuniq] <= A) hist_add(hist + (i * 3 + 2) * A + index[g]);
-    if (s[kStQmax] >= A || !first[g]) return;
-    const uint32_t* row = codes + ch.elem_base + (g - ch.row_base) * ch.dim;
-    for (int64_t j = 0; j < ch.dim; ++j) hist_add(hist + (i * 3 + 1) * A + row[j]);
-  });
-
-  // The histogram words the planner reads, compacted behind the state words: hist_lengths per (chunk, histogram),
-  // a running sum for where each goes, then one work item per histogram word (the histograms are laid out in that
-  // order already).
+  // The histograms the planner reads, side by side behind the state words: their lengths (hist_lengths per chunk),
+  // a running sum for where each goes, then counted there (count_histograms; those past the region wait for a
+  // second round below).
   for_each("encode: histogram lengths", N,
            DLAC_LAMBDA(int64_t i) { hist_lengths(S + i * kStWords, CH[i].rows, hlen + 3 * i); });
   at::Tensor hend_t = at::cumsum(hlen_t, 0);
   const int64_t* hend = ptr<int64_t>(hend_t);
-  for_each("encode: compact histograms", N * 3 * A, DLAC_LAMBDA(int64_t t) {
-    const int64_t h = t / A, v = t - h * A;
-    if (v < hlen[h]) stage[hend[h] - hlen[h] + v] = hist[t];
-  });
+  meta1_t.narrow(0, stage_off, 4 * hist_cap).zero_();
+  count_histograms(CH, S, TL, NT, RWS, N, RW, codes, first, mult, index, hlen, hend, stage, hist_cap);
 
-  // Host: one read-back (state words and the histograms' first words), the rest only if the histograms outgrew it.
+  // Host: one read-back (state words and the histograms), a second only if the histograms outgrew their region.
   const int64_t st_words = (stage_off - st_off) / 4;
-  const int64_t first_words = std::min<int64_t>(stage_cap, std::max<int64_t>(hist_readback_hint().load(), 256 * N));
-  std::vector<uint32_t> rb = read_back<uint32_t>(meta1_t.narrow(0, st_off, 4 * (st_words + first_words)));
+  std::vector<uint32_t> rb = read_back<uint32_t>(meta1_t.narrow(0, st_off, 4 * (st_words + hist_cap)));
   const uint32_t* st = rb.data();
   std::vector<int64_t> hist_at(size_t(N) * 3, -1), hist_len(size_t(N) * 3, 0);
   int64_t hist_words = 0;
@@ -558,12 +586,15 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
       hist_words += len[p];
     }
   }
-  hist_readback_hint().store(hist_words);
+  hist_needs().record(shape_key, hist_words);
   const uint32_t* hist_h = st + st_words;
-  if (hist_words > first_words) {
-    std::vector<uint32_t> rest =
-        read_back<uint32_t>(meta1_t.narrow(0, stage_off + 4 * first_words, 4 * (hist_words - first_words)));
-    rb.insert(rb.end(), rest.begin(), rest.end());
+  if (hist_words > hist_cap) {  // counted again, all of them, in a region of their size
+    at::Tensor all_t = zeros_u32(hist_words, device);
+    count_histograms(CH, S, TL, NT, RWS, N, RW, codes, first, mult, index, hlen, hend, ptr<uint32_t>(all_t),
+                     hist_words);
+    const std::vector<uint32_t> all = read_back<uint32_t>(all_t.narrow(0, 0, hist_words));
+    rb.resize(size_t(st_words));
+    rb.insert(rb.end(), all.begin(), all.end());
     st = rb.data();
     hist_h = st + st_words;
   }

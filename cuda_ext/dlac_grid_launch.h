@@ -385,6 +385,17 @@ DLAC_HD inline void atomic_add(uint32_t* p, uint32_t v) {
   *p += v;
 #endif
 }
+// Weighted histogram increment; lanes of a warp that hit the same bin add their weights once.
+DLAC_HD inline void hist_add_weighted(uint32_t* p, uint32_t w) {
+#if defined(__CUDA_ARCH__)
+#if DLAC_WARP_COMBINE
+  if (!warp_combine(p, w, [](unsigned peers, uint32_t x) { return __reduce_add_sync(peers, x); })) return;
+#endif
+  atomicAdd(reinterpret_cast<unsigned int*>(p), w);
+#else
+  *p += w;
+#endif
+}
 
 // The segment holding item e: the last i in [0, nseg) with starts[i] <= e (empty segments are skipped over).
 DLAC_HD inline int64_t find_segment(const int64_t* starts, int64_t nseg, int64_t e) {

@@ -174,7 +174,7 @@ inline CrcPlan plan_crcs(const std::vector<int64_t>& offsets, const std::vector<
   plan.meta = staging.add(meta);
   return plan;
 }
-// crc[i] for every chunk of at least a header (others untouched).
+// crc[i] for every chunk of at least a header (0 for the others).
 inline void run_crcs(const CrcPlan& plan, const Staging& staging, const at::Tensor& payload, uint32_t* crc) {
   const at::Device device = payload.device();
   const int64_t n = plan.n;
@@ -194,7 +194,10 @@ inline void run_crcs(const CrcPlan& plan, const Staging& staging, const at::Tens
     reg[t] = crc_register(s == 0 ? 0xFFFFFFFFu : 0u, data + m[2 * i], begin, end, tables);
   });
   for_each("crc: join segments", n, DLAC_LAMBDA(int64_t i) {
-    if (starts[i + 1] == starts[i]) return;
+    if (starts[i + 1] == starts[i]) {
+      crc[i] = 0u;
+      return;
+    }
     uint32_t r = reg[starts[i]];
     for (int64_t t = starts[i] + 1; t < starts[i + 1]; ++t) r = crc_shift(tables, r) ^ reg[t];
     crc[i] = ~r;

@@ -1,12 +1,21 @@
-"""The grids the device pipeline is held to the CPU kernels on, byte for byte and bit for bit: on a GPU by
-test_codec_cuda.py, and compiled for the host (the emulation) by test_codec_device_pipeline.py, so that every case
-also runs in CI. Each case is (x, row_splits, col_splits, bounds, relative), the arguments of ``dlac::encode_grid``.
+"""The grids and damaged payloads the device pipeline is held to the CPU kernels on, byte for byte and bit for bit:
+on a GPU by test_codec_cuda.py and cuda_sanitizer_workload.py, and compiled for the host (the emulation) by
+test_codec_device_pipeline.py, so that every case also runs in CI. Each grid case is (x, row_splits, col_splits,
+bounds, relative), the arguments of ``dlac::encode_grid``.
 """
 
 from __future__ import annotations
 
+import random
+import struct
+import zlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
 import torch
 from conftest import zipf_payload
+
+from lightning_dlac.codec.format import CRC_OFFSET, HEADER_SIZE
 
 Case = tuple[torch.Tensor, list[int], list[int], torch.Tensor, bool]
 
@@ -111,3 +120,48 @@ def thousands_of_chunks() -> Case:
 
 CASES = {f.__name__: f for f in (nan_inf, dims_relative, dims_absolute, empty_and_zero_width, multi_hot, gradient,
                                  thousands_of_chunks)}
+
+
+def refresh_crc(buf: bytearray) -> None:
+    """Recompute the checksum of one chunk in place (so a structural edit reaches the decoder behind it)."""
+    if len(buf) >= HEADER_SIZE:
+        crc = zlib.crc32(bytes(buf[:CRC_OFFSET]) + b"\0\0\0\0" + bytes(buf[CRC_OFFSET + 4:]))
+        buf[CRC_OFFSET: CRC_OFFSET + 4] = struct.pack("<I", crc)
+
+
+def damaged_payloads(payload: torch.Tensor, sizes: torch.Tensor, n: int,
+                     seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor, int]]:
+    """``n`` corrupted copies of a grid payload (a host tensor), each with the sizes that go with it and the chunk that
+    was damaged, in turn: a bit flip, 1-4 bytes overwritten (often in the header) behind a recomputed checksum, the
+    chunk cut short with its size."""
+    rnd = random.Random(seed)
+    data = payload.numpy().tobytes()
+    offs = [0]
+    for size in sizes.tolist():
+        offs.append(offs[-1] + size)
+    for k in range(n):
+        chunk = rnd.randrange(len(offs) - 1)
+        buf = bytearray(data[offs[chunk]: offs[chunk + 1]])
+        new_sizes = sizes.clone()
+        if k % 3 == 0:
+            buf[rnd.randrange(len(buf))] ^= 1 << rnd.randrange(8)
+        elif k % 3 == 1:
+            for _ in range(rnd.randint(1, 4)):
+                i = rnd.randrange(len(buf)) if rnd.random() < 0.5 else rnd.randrange(min(len(buf), 64))
+                buf[i] = rnd.randrange(256)
+            refresh_crc(buf)
+        else:
+            cut = rnd.randrange(len(buf))
+            buf = buf[:cut]
+            new_sizes[chunk] = cut
+        whole = data[: offs[chunk]] + bytes(buf) + data[offs[chunk + 1]:]
+        yield torch.frombuffer(bytearray(whole), dtype=torch.uint8), new_sizes, chunk
+
+
+def verdict(op: Callable[..., Any], *args: Any) -> tuple[Any, str | None]:
+    """(result, None) or (None, error message without the C++ backtrace). The decoders' verdict on the bytes is a
+    ValueError (the Python API's CodecError); any other error is not a verdict and propagates."""
+    try:
+        return op(*args), None
+    except ValueError as e:
+        return None, str(e).split("\nException raised from")[0]
