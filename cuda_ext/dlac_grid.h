@@ -9,21 +9,23 @@
 // (for_each_tile_block_if: phases over one tile with a block-shared scratch, shared memory on the GPU, and a barrier
 // between them; the emulation poisons one scratch per tile and finishes each phase before the next) and warp passes
 // (for_each_warp: the 32 lanes of a warp on one code row, combined by shuffles; the emulation runs the lanes in turn).
-// Work items only communicate through atomics whose result does not depend on their order (or, min, max, add, and a compare-and-swap hash insert that keeps the smallest row), so
-// running them one after another on the host computes exactly what the GPU computes. Per-chunk decisions that must
+// Work items only communicate through atomics whose result does not depend on their order (or, min, max, add, and a
+// compare-and-swap hash insert that keeps the smallest row), so running them one after another on the host computes
+// exactly what the GPU computes. Per-chunk decisions that must
 // equal the CPU encoder's (PACK / HUFF / DEDUP / RAW, Huffman code lengths, headers) are made on the host by the
 // same functions dlac_codec.h gives the CPU encoder, from statistics the device gathers.
 //
 // Synchronizations (device-to-host copies, counted by readback_counter and tested): encode 1, the per-chunk state
-// words with the histogram words the planner reads, compacted behind them (2 when those outgrow what the previous
-// call read); decode 2, every header with its checksum, then the error flags. Each phase's metadata goes up in one
-// pinned, non-blocking copy (Staging). The first call on a device also uploads the CRC tables, blocking.
+// words with the histograms the planner reads, counted behind them (2 when those outgrow their region, sized by
+// what the same grid shape needed last time); decode 2, every header with its checksum, then the error flags. Each
+// phase's metadata goes up in one pinned, non-blocking copy (Staging). The first call on a device also uploads the
+// CRC tables, blocking.
 //
-// Encode: range and finiteness -> per-chunk kind and bound -> the first quantization step checked, with its codes
-// and their histogram (per tile in shared memory, its non-zero bins added to the chunk's), in one pass (the other
-// three steps only where it misses; codes redone for chunks that keep a later step) -> unique code rows (one warp
-// per row hashes and compares it; hash set keeping the first row of each, probes bounded, then a prefix sum gives
-// first-appearance ids) -> histograms of unique rows and row index -> [host: plan, headers, Huffman tables] -> RAW
+// Encode: range and finiteness -> per-chunk kind and bound -> the first quantization step checked, with its codes,
+// in one pass (the other three steps only where it misses; codes redone for chunks that keep a later step) ->
+// unique code rows (one warp per row hashes and compares it; hash set keeping the first row of each, probes bounded,
+// then a prefix sum gives first-appearance ids) -> the histograms the planner reads (codes per tile in shared
+// memory, the unique rows' weighted by their repeats; row index) -> [host: plan, headers, Huffman tables] -> RAW
 // copies, every code placed at its bit offset (a prefix sum of code lengths) by tile-wise packing (a block ORs its
 // tile's codes into words in shared memory and stores them whole, only its first and last word by atomic OR),
 // block end offsets, CRC-32 per segment joined per chunk.

@@ -32,7 +32,7 @@ inline namespace DLAC_GRID_BUILD {
 
 // Device-to-host copies of the device pipeline's own results: each one waits for the stream, so they are the
 // synchronizations a call costs. Counted (process-wide) so the tests can hold the pipeline to its documented
-// numbers: encode 1 (2 when the histograms outgrow the previous call's), decode 2.
+// numbers: encode 1 (2 when the histograms outgrow their region), decode 2.
 inline std::atomic<int64_t>& readback_counter() {
   static std::atomic<int64_t> count{0};
   return count;
@@ -99,7 +99,8 @@ class Staging {
   at::Tensor upload(const at::Device& device) {
     const bool pinned = device.is_cuda();
     const int64_t n = int64_t(bytes_.size());
-    at::Tensor dev = at::empty({std::max<int64_t>(n + reserved_, 8)}, at::TensorOptions().dtype(at::kByte).device(device));
+    at::Tensor dev =
+        at::empty({std::max<int64_t>(n + reserved_, 8)}, at::TensorOptions().dtype(at::kByte).device(device));
     if (n > 0) {
       at::Tensor host = at::empty({n}, at::TensorOptions().dtype(at::kByte).pinned_memory(pinned));
       std::memcpy(host.data_ptr<uint8_t>(), bytes_.data(), size_t(n));
