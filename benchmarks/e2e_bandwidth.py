@@ -42,6 +42,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # tests._launch (the project's rank launcher) lives at the repository root
     sys.path.insert(0, str(REPO))
 
+from _e2e_pipeline import PHASES, Stepper, module_to_shard, pipeline_lines  # noqa: E402 - beside this script
 from _e2e_stand_ins import _codecs_registry, _install_zero_cost_same_bytes  # noqa: E402 - beside this script
 from _report import write_generated_block, write_results  # noqa: E402 - beside this script
 
@@ -64,6 +65,7 @@ class Variant:
     auto_fallback: bool = False  # DLAC: DLACStrategy(compress="auto"), the uncompressed fallback
     classes: bool = False  # DLAC: per-table bounds from the homogenization classes, calibrated on the warm-up steps
     overlap: bool = True  # DLAC: exchanges launched and waited on when needed (False: the synchronous path)
+    pipeline: str | None = None  # "sparse_dist": through TorchRec's sparse-dist pipeline (_e2e_pipeline.py)
 
 
 VARIANTS: dict[str, Variant] = {
@@ -82,6 +84,11 @@ VARIANTS: dict[str, Variant] = {
         Variant("zero8_fwd", "zero-cost 8x, fwd only", "zero", "zero8", "fp32"),
         Variant("zero8_both", "zero-cost 8x, both directions", "zero", "zero8", "zero8"),
         Variant("zero_same_ratio", "zero-cost, DLAC's bytes, both directions", "zero_same", "zero_same", "zero_same"),
+        Variant("fp32_pipelined", "FP32, sparse-dist pipeline", "fp32", pipeline="sparse_dist"),
+        Variant("dlac_dlac_pipelined", "DLAC both directions, sparse-dist pipeline", "dlac", "dlac", "dlac",
+                pipeline="sparse_dist"),
+        Variant("dlac_dlac_sync_pipelined", "DLAC both directions, synchronous exchanges, sparse-dist pipeline",
+                "dlac", "dlac", "dlac", overlap=False, pipeline="sparse_dist"),
     )
 }
 # zero_same_ratio sends what the launch of this variant just before it (same repeat, same namespace) sent.
@@ -152,7 +159,7 @@ def _train_rank(rank: int, world_size: int, variant_name: str, cfg: dict[str, An
                                   embedding_lr=EMBEDDING_LR, adagrad_epsilon=1e-8, static_graph=True,
                                   qcomm_codecs_registry=registry)
         dims = {t.name: t.embedding_dim for t in dlrm.embedding_bag_collection.embedding_bag_configs()}
-        model = shard_model(dlrm.model, options, torch.device("cpu"))
+        model = shard_model(module_to_shard(dlrm, variant.pipeline), options, torch.device("cpu"))
         plan = model.plan
         group = None
         bounds = ErrorBounds(0.01)
@@ -177,6 +184,7 @@ def _train_rank(rank: int, world_size: int, variant_name: str, cfg: dict[str, An
             (zero_same,) = _install_zero_cost_same_bytes(model, same["fwd"], same["bwd"])
         dense_opt = torch.optim.Adagrad(dense_parameters(model), lr=dlrm.hparams.learning_rate)
         loss_fn = torch.nn.BCEWithLogitsLoss()
+        step = Stepper(model, batches, loss_fn, dense_opt, variant.pipeline)
         local_dim = sum(dims[n] for mp in plan.plan.values() for n, spec in mp.items() if rank in (spec.ranks or []))
 
         times, losses, uncompressed_steps = [], [], []
@@ -188,6 +196,7 @@ def _train_rank(rank: int, world_size: int, variant_name: str, cfg: dict[str, An
             if i == warmup:
                 dist.barrier()
                 warm = group.stats() if group else None  # counters only grow: the timed steps are the difference
+                warm_phases = step.timers.phases()
                 if zero_same is not None:
                     zero_same.sent = {"fwd": 0, "bwd": 0}
                 for c in (fwd_codec, bwd_codec):
@@ -195,11 +204,7 @@ def _train_rank(rank: int, world_size: int, variant_name: str, cfg: dict[str, An
                         c.reset()
             sent_uncompressed = group.stats().uncompressed_calls if group else 0
             t0 = time.perf_counter()
-            logits = model(batch.dense_features, batch.sparse_features).squeeze(-1)
-            loss = loss_fn(logits, batch.labels)
-            dense_opt.zero_grad()
-            loss.backward()
-            dense_opt.step()
+            loss = step(batch)
             elapsed = time.perf_counter() - t0
             if calibrator is not None and calibrator.measuring(i):
                 calibrator.batch_measured()
@@ -210,7 +215,9 @@ def _train_rank(rank: int, world_size: int, variant_name: str, cfg: dict[str, An
             losses.append(loss.item())
 
         out: dict[str, Any] = {"times": times, "losses": losses, "local_dim": local_dim,
-                               "uncompressed_steps": uncompressed_steps}
+                               "uncompressed_steps": uncompressed_steps, "loadavg_1m": os.getloadavg()[0],
+                               **{k: v - warm_phases[k] for k, v in step.timers.phases().items()},
+                               **step.counters()}
         # Bytes to other ranks (the block a rank keeps is a local copy, and DLAC's statistics count it nowhere).
         remote = (world_size - 1) / world_size
         raw_fwd = (world_size - 1) * batch_size * local_dim * 4 * steps
@@ -277,6 +284,7 @@ def _summarize(variant: Variant, rate: str, per_rank: list[dict[str, Any]], cfg:
         max_error_over_bound=max((r.get("max_error_over_bound") or 0.0 for r in per_rank), default=None)
         if variant.kind == "dlac" else None,
         local_dim_per_rank=[r["local_dim"] for r in per_rank],
+        pipeline=variant.pipeline, **{k[:-2] + "_ms": per_step(k) * 1e3 for k in PHASES},
     )
     row["fwd_ratio"] = row["fwd_raw_bytes_per_step"] / row["fwd_sent_bytes_per_step"]
     if variant.auto_fallback:
@@ -330,6 +338,7 @@ def _inside_namespace(rate: str, variants: list[str], cfg: dict[str, Any], out: 
             statistics.median(max(r["times"][i] for r in per_rank) for i in range(steps)) * 1e3
             for per_rank in launches[name]
         ]
+        row["launch_loadavg_1m"] = [per_rank[0]["loadavg_1m"] for per_rank in launches[name]]
     out.write_text(json.dumps(rows))
 
 
@@ -509,6 +518,7 @@ def main() -> None:
     print()
     print("\n".join(_table(rows)))
     print("\n".join(_ceiling_lines(rows)))
+    print("\n".join(pipeline_lines(rows)))
     write_results(args.json_out, command, cfg, rows)
     print(f"\nwrote {args.json_out}")
     if args.markdown_out is not None:
