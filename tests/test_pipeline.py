@@ -10,7 +10,9 @@ reads one batch ahead and keeps a stateful loader's position.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
+import logging
 import re
 from pathlib import Path
 from typing import Any
@@ -91,6 +93,46 @@ def test_lookahead_loader_keeps_a_stateful_loaders_position_at_the_batch_the_loo
     assert list(resumed) == [3, 4]  # the resumed pass starts after the last batch the loop trained on
     assert list(resumed) == [0, 1, 2, 3, 4]  # and the next pass from the beginning
     assert not hasattr(lookahead_loader(range(3), lambda batch: None), "state_dict")
+
+
+def test_estimate_models_the_input_dist_and_what_the_pipeline_hides_of_it() -> None:
+    from lightning_dlac.estimate import Codec, Link, Workload, input_dist_ms, pipeline_gains, predict, predict_all
+
+    codec = Codec(forward_ratio=20.0, backward_ratio=5.0, encode_gb_s=1.0, decode_gb_s=2.0)
+    link = Link(gbit_s=1.0, latency_us=100.0)
+    # 2 features, one id each, batch 1000 per rank, 4 ranks: 3/4 * 1000 * (2 * 4 + 2 * 8) bytes in 3 * 3 messages.
+    work = Workload(batch_per_rank=1000, embedding_dims=(8, 8), compute_ms=0.5, ids_per_sample=2)
+    ids = input_dist_ms(work, link, 4)
+    assert ids == pytest.approx(9 * 0.1 + 8 * (3 / 4 * 1000 * 24) / 1e9 * 1e3)  # 0.9 + 0.144 ms
+    plain = predict("dlac_dlac", work, codec, link, 4)
+    piped = predict("dlac_dlac", work, codec, link, 4, pipeline="sparse_dist")
+    assert plain.input_dist_ms == pytest.approx(ids) and plain.parts["input_dist_ms"] == pytest.approx(ids)
+    assert piped.input_dist_ms == pytest.approx(ids - 0.5)  # hidden behind the step's 0.5 ms of compute
+    assert plain.step_ms - piped.step_ms == pytest.approx(0.5)
+    assert predict("fp32", dataclasses.replace(work, compute_ms=5.0), codec, link, 4, "sparse_dist").input_dist_ms == 0
+    # Without ids_per_sample the input dist stays inside compute_ms: the step is what it was before the term existed.
+    old = dataclasses.replace(work, ids_per_sample=0.0)
+    assert predict("fp32", old, codec, link, 4).step_ms == predict("fp32", old, codec, link, 4, "sparse_dist").step_ms
+    assert input_dist_ms(old, link, 4) == 0.0
+    piped_all, plain_all = predict_all(work, codec, link, 4, "sparse_dist"), predict_all(work, codec, link, 4)
+    lines = pipeline_gains({4: piped_all}, {4: plain_all})
+    assert len(lines) == 1 and lines[0].startswith("- 4 ranks: input dist 1.04 ms per step, on the path 0.54 ms")
+    with pytest.raises(ValueError, match="pipeline 'semi_sync' is not modelled"):
+        predict("fp32", work, codec, link, 4, pipeline="semi_sync")
+    with pytest.raises(ValueError, match="ids_per_sample=-1 must be a finite number >= 0"):
+        Workload(8, (8,), 1.0, ids_per_sample=-1)
+
+
+def test_dlac_estimate_prints_what_the_pipeline_buys(caplog: pytest.LogCaptureFixture) -> None:
+    from lightning_dlac.cli import main as cli_main
+
+    with caplog.at_level(logging.INFO):
+        cli_main(["estimate", "--world-sizes", "8,512", "--gbit", "100", "--latency-us", "5", "--compute-ms", "5",
+                  "--encode-gbps", "100", "--decode-gbps", "100", "--cast-gbps", "500", "--ids-per-sample", "26",
+                  "--pipeline", "sparse_dist"])
+    assert "input dist of 26 ids per sample hidden behind compute where it fits (sparse_dist)" in caplog.text
+    gains = re.findall(r"- (\d+) ranks: input dist [\d.]+ ms .* DLAC both directions ([\d.]+)x", caplog.text)
+    assert [w for w, _ in gains] == ["8", "512"] and 1.0 < float(gains[0][1]) < float(gains[1][1])
 
 
 # --------------------------------------------------------------------------------------------- 2 gloo ranks
