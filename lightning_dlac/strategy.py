@@ -299,6 +299,9 @@ class DLACStrategy(DDPStrategy):
     @override
     def setup(self, trainer: pl.Trainer) -> None:
         assert self.accelerator is not None and self.model is not None
+        pipelined = trainer.state.fn == TrainerFn.FITTING and self._pipeline_kind is not None
+        if pipelined:
+            self._check_pipelined_run(trainer)
         self.accelerator.setup(trainer)
         if trainer.state.fn == TrainerFn.FITTING and self._layer_sync:
             # Trainer(sync_batchnorm=True): the dense part's BatchNorm layers become SyncBatchNorm, as under DDP
@@ -308,8 +311,8 @@ class DLACStrategy(DDPStrategy):
         self.precision_plugin.convert_module(self.model)
         self.model = self._shard(self.model)  # shard first, then move: whole tables never have to fit on a device
         self.model_to_device()
-        if trainer.state.fn == TrainerFn.FITTING and self._pipeline_kind is not None:
-            self._setup_pipeline(trainer)
+        if pipelined:
+            self._setup_pipeline()
         if trainer.state.fn == TrainerFn.FITTING:
             self.setup_optimizers(trainer)
             self._check_optimizers_skip_fused_parameters()
@@ -399,12 +402,8 @@ class DLACStrategy(DDPStrategy):
 
         return parse_enum(Pipeline, pipeline, "pipeline")
 
-    def _setup_pipeline(self, trainer: pl.Trainer) -> None:
-        """Refuse what the pipeline cannot run (before any work), then trace the model into TorchRec's pipeline."""
-        from lightning.pytorch.plugins.precision import Precision as BasePrecision
-
-        from lightning_dlac.pipeline import SparseDistPipeline
-
+    def _check_pipelined_run(self, trainer: pl.Trainer) -> None:
+        """Refuse, before any work, a run whose batches the pipeline cannot hand to ``training_step``."""
         name, module = type(self).__name__, self.lightning_module
         reason = None
         if is_param_in_hook_signature(module.training_step, "dataloader_iter", explicit=True):
@@ -417,16 +416,21 @@ class DLACStrategy(DDPStrategy):
             reason = (f"{hooks[0]} is overridden: the pipeline moves each batch to the device (with"
                       " transfer_batch_to_device and on_after_batch_transfer) one step before Lightning would call"
                       " on_before_batch_transfer on it; do that work in the dataloader or in on_after_batch_transfer")
-        if type(self.precision_plugin).convert_input is not BasePrecision.convert_input:
+        if type(self.precision_plugin).convert_input is not Precision.convert_input:
             reason = (f"the precision plugin {type(self.precision_plugin).__name__} converts every batch before it"
                       " is moved, one step after the pipeline has sent its ids; use 32-bit or mixed precision"
                       " (16-mixed, bf16-mixed), which leave the batch as it is")
         if reason is not None:
             raise ValueError(f"{name}(pipeline={str(self._pipeline_kind)!r}) cannot train this run: {reason}; or"
                              " train without the pipeline (pipeline=None).")
+
+    def _setup_pipeline(self) -> None:
+        """Trace the sharded model into TorchRec's pipeline (a model it cannot trace is refused here)."""
+        from lightning_dlac.pipeline import SparseDistPipeline
+
         self._pipeline = SparseDistPipeline(self._dmp, self.root_device, self._move_batch)
-        rank_zero_info(f"{name}: training through TorchRec's sparse-dist pipeline; ids sent one step ahead for"
-                       f" {', '.join(self._pipeline.pipelined_modules)}")
+        rank_zero_info(f"{type(self).__name__}: training through TorchRec's sparse-dist pipeline; ids sent one step"
+                       f" ahead for {', '.join(self._pipeline.pipelined_modules)}")
 
     def _move_batch(self, batch: Any) -> Any:
         """Lightning's move of a training batch to the device (with the module's transfer hooks), done once per batch

@@ -307,13 +307,18 @@ def _refused_case(case: str) -> tuple[pl.LightningModule, Any]:
     return model, data
 
 
+REFUSED_PRECISION = {"input_converting_precision": "bf16-true"}  # the cases whose Trainer sets a precision
+
+
 def _refusals(rank: int, world_size: int) -> dict[str, str]:
     out = {}
     for case in ("untraceable", "input_changed_in_forward", "other_input_in_training_step", "dataloader_iter",
-                 "on_before_batch_transfer"):
+                 "on_before_batch_transfer", "input_converting_precision"):
         model, data = _refused_case(case)
+        precision = {"precision": REFUSED_PRECISION[case]} if case in REFUSED_PRECISION else {}
         try:
-            trainer(world_size, DLACStrategy(pipeline="sparse_dist"), max_steps=2).fit(model, datamodule=data)
+            trainer(world_size, DLACStrategy(pipeline="sparse_dist"), max_steps=2, **precision).fit(model,
+                                                                                                   datamodule=data)
         except Exception as err:  # noqa: BLE001 - the test compares type and message
             out[case] = f"{type(err).__name__}: {err}"
         else:
@@ -334,6 +339,8 @@ def test_what_the_pipeline_cannot_run_is_refused_with_the_reason_and_the_fix() -
         "dataloader_iter": r"ValueError: DLACStrategy\(pipeline='sparse_dist'\) cannot train this run:"
                            r" IterDLRM\.training_step takes a dataloader_iter",
         "on_before_batch_transfer": r"ValueError: .*HookedDLRM\.on_before_batch_transfer is overridden",
+        "input_converting_precision": r"ValueError: .*the precision plugin HalfPrecision converts every batch.*"
+                                      r"16-mixed, bf16-mixed",
     }
     for case, pattern in expected.items():
         assert re.search(pattern, errors[case], flags=re.S), (case, errors[case])
