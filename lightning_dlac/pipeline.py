@@ -230,8 +230,11 @@ class SparseDistPipeline(TrainPipelineSparseDist):
                      " batch, sent one step ahead.")
 
     def restore(self) -> None:
-        """Give the sharded modules their own forwards back (after training); the pipeline is unusable after this."""
-        self.drain()
+        """Give the sharded modules their own forwards back (after training); the pipeline is unusable after this.
+        Runs no collective (a run that failed may be here with its ranks out of step): :meth:`drain` first, where
+        every rank reaches the same point."""
+        self._entries.clear()
+        self._current = None
         for sharded, own in zip(self._pipelined_modules, self._original_forwards):
             sharded.forward = own
             sharded.is_pipelined = False
