@@ -42,7 +42,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # tests._launch (the project's rank launcher) lives at the repository root
     sys.path.insert(0, str(REPO))
 
-from _e2e_pipeline import PHASES, Stepper, module_to_shard, pipeline_lines  # noqa: E402 - beside this script
+from _e2e_pipeline import Stepper, module_to_shard, pipeline_lines, pipeline_summary  # noqa: E402 - beside this script
 from _e2e_stand_ins import _codecs_registry, _install_zero_cost_same_bytes  # noqa: E402 - beside this script
 from _report import write_generated_block, write_results  # noqa: E402 - beside this script
 
@@ -89,6 +89,11 @@ VARIANTS: dict[str, Variant] = {
                 pipeline="sparse_dist"),
         Variant("dlac_dlac_sync_pipelined", "DLAC both directions, synchronous exchanges, sparse-dist pipeline",
                 "dlac", "dlac", "dlac", overlap=False, pipeline="sparse_dist"),
+        Variant("fp32_alternate", "FP32, unpipelined and sparse-dist steps in turn", "fp32", pipeline="alternate"),
+        Variant("dlac_dlac_sync_alternate", "DLAC both directions, synchronous, unpipelined and sparse-dist steps in"
+                " turn", "dlac", "dlac", "dlac", overlap=False, pipeline="alternate"),
+        Variant("dlac_dlac_alternate", "DLAC both directions, unpipelined and sparse-dist steps in turn", "dlac",
+                "dlac", "dlac", pipeline="alternate"),
     )
 }
 # zero_same_ratio sends what the launch of this variant just before it (same repeat, same namespace) sent.
@@ -196,7 +201,6 @@ def _train_rank(rank: int, world_size: int, variant_name: str, cfg: dict[str, An
             if i == warmup:
                 dist.barrier()
                 warm = group.stats() if group else None  # counters only grow: the timed steps are the difference
-                warm_phases = step.timers.phases()
                 if zero_same is not None:
                     zero_same.sent = {"fwd": 0, "bwd": 0}
                 for c in (fwd_codec, bwd_codec):
@@ -216,8 +220,7 @@ def _train_rank(rank: int, world_size: int, variant_name: str, cfg: dict[str, An
 
         out: dict[str, Any] = {"times": times, "losses": losses, "local_dim": local_dim,
                                "uncompressed_steps": uncompressed_steps, "loadavg_1m": os.getloadavg()[0],
-                               **{k: v - warm_phases[k] for k, v in step.timers.phases().items()},
-                               **step.counters()}
+                               **step.report(warmup)}
         # Bytes to other ranks (the block a rank keeps is a local copy, and DLAC's statistics count it nowhere).
         remote = (world_size - 1) / world_size
         raw_fwd = (world_size - 1) * batch_size * local_dim * 4 * steps
@@ -284,7 +287,7 @@ def _summarize(variant: Variant, rate: str, per_rank: list[dict[str, Any]], cfg:
         max_error_over_bound=max((r.get("max_error_over_bound") or 0.0 for r in per_rank), default=None)
         if variant.kind == "dlac" else None,
         local_dim_per_rank=[r["local_dim"] for r in per_rank],
-        pipeline=variant.pipeline, **{k[:-2] + "_ms": per_step(k) * 1e3 for k in PHASES},
+        **pipeline_summary(variant.pipeline, per_rank, step_s, cfg["steps"]),
     )
     row["fwd_ratio"] = row["fwd_raw_bytes_per_step"] / row["fwd_sent_bytes_per_step"]
     if variant.auto_fallback:
@@ -349,7 +352,8 @@ def _pool(launches: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     for rank_records in zip(*launches):
         first = dict(rank_records[0])
         first["times"] = [t for r in rank_records for t in r["times"]]
-        first["uncompressed_steps"] = [u for r in rank_records for u in r["uncompressed_steps"]]
+        for key in ("uncompressed_steps", "step_modes", "step_phases"):
+            first[key] = [u for r in rank_records for u in r[key]]
         for key, value in rank_records[0].items():
             if key.endswith(("_bytes", "_s", "_calls")) and isinstance(value, (int, float)):
                 first[key] = sum(r[key] for r in rank_records)
