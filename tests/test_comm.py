@@ -395,6 +395,7 @@ def _auto_fallback(rank: int, world_size: int) -> list[bool]:
     return ways
 
 
+@pytest.mark.slow
 def test_auto_fallback_sends_uncompressed_only_while_that_is_faster() -> None:
     r0, r1 = run_ranks(_auto_fallback, 2)
     assert r0 == r1  # the same way on every rank at every call, as the collectives require

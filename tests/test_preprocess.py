@@ -225,6 +225,7 @@ def test_native_parser_agrees_with_the_python_specification() -> None:
 
 
 def test_python_fallback_warns_once(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("DLAC_PREPROCESS_IMPL", raising=False)  # the suite pins "native"; this is about "auto"
     monkeypatch.setitem(P._native_state, "warned", False)
 
     def broken() -> None:
