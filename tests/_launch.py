@@ -18,11 +18,12 @@ blocked in a collective until its timeout) would otherwise hold the test until `
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -129,3 +130,16 @@ def run_ranks(
     note = f"; killed rank(s) {stopped} after the failure" if stopped and errors else ""
     assert not errors and codes == expected, f"exit codes {codes}, expected {expected}{note}\n" + "\n".join(errors)
     return [results.get(r) for r in range(world_size)]
+
+
+@contextlib.contextmanager
+def hosted_store(timeout: float = 600.0) -> Iterator[dist.TCPStore]:
+    """A TCPStore this process hosts on a port the kernel picks (port 0) and keeps bound until the block ends, for
+    processes started here to rendezvous through (as clients: ``TORCHELASTIC_USE_AGENT_STORE=True`` and
+    ``MASTER_PORT=store.port`` for a Lightning or torch.distributed launch, ``--rdzv-endpoint`` with
+    ``is_host=false`` for torchrun). One launch per store: its keys are not reset between launches."""
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout))
+    try:
+        yield store
+    finally:
+        del store
