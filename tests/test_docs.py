@@ -4,6 +4,7 @@ the code has, and names for every option the test that proves it changes a run."
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import re
 from datetime import timedelta
@@ -31,6 +32,7 @@ def _tested_by(cls: type) -> dict[str, str]:
     return {m[0]: m[1] for m in re.findall(r"^\| `(\w+)` \| .* \| ([^|]*) \|$", _section(cls), flags=re.M)}
 
 
+@functools.cache
 def _test_functions(path: Path) -> set[str]:
     return {node.name for node in ast.walk(ast.parse(path.read_text()))
             if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")}
