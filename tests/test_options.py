@@ -494,10 +494,11 @@ def test_fallback_check_every_spaces_the_checks_of_the_way_not_taken(arms: tuple
 @pytest.mark.slow
 def test_eps_is_the_bound_of_every_table(arms: tuple[list[dict], Path]) -> None:
     for arm, control in _pair(arms, "eps"):
-        # Pooled embeddings against an unsharded twin: within eps of each key's range, and (the quantization error
-        # reaches close to its bound on so many values) beyond the control's 0.01 with eps=0.05.
-        assert 0 < control["twin_error"] <= 0.01 * (1 + 1e-4), control["twin_error"]
-        assert 0.01 < arm["twin_error"] <= 0.05 * (1 + 1e-4), arm["twin_error"]
+        # Pooled embeddings against an unsharded twin: within eps of each key's range (the twin pools in another
+        # kernel: 0.1% slack for rounding), and, since the quantization error comes close to its bound on so many
+        # values, beyond the control's 0.01 with eps=0.05.
+        assert 0 < control["twin_error"] <= 0.01 * (1 + 1e-3), control["twin_error"]
+        assert 0.01 * (1 + 1e-3) < arm["twin_error"] <= 0.05 * (1 + 1e-3), arm["twin_error"]
         assert arm["stats"]["sent"] < control["stats"]["sent"]
 
 
