@@ -315,6 +315,7 @@ def _corrupted_exchange(rank: int, world_size: int, timeout_s: float, workdir: s
     gone from the collectives (as a rank unwinding its error would be) until rank 1 is done; rank 1, blocked in its
     gradient exchange waiting for rank 0, must fail with the collective timeout instead of hanging."""
     import torch.distributed as dist
+    from torch.distributed.distributed_c10d import _set_pg_timeout
 
     from lightning_dlac.codec.format import HEADER_SIZE
     from lightning_dlac.comm import (
@@ -326,7 +327,11 @@ def _corrupted_exchange(rank: int, world_size: int, timeout_s: float, workdir: s
     from lightning_dlac.comm import exchange as exchange_module
 
     peer_done = Path(workdir) / "rank1_done"
-    dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_s))
+    # Connect with time to spare (a busy machine can take seconds to start a rank), then give the group the timeout
+    # under test, for the exchange's collectives.
+    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+    dist.barrier()
+    _set_pg_timeout(timedelta(seconds=timeout_s))
     dims_per_rank = [[8], [8, 8]]
     if rank == 1:
         encode_grid = exchange_module.encode_grid

@@ -20,7 +20,7 @@ from tests._launch import run_ranks
 from tests.conftest import small_data, small_dlrm, trainer
 
 SURVIVOR_TIMEOUT_S = 600  # far beyond the tests' own limits: reaching it fails the test
-HUNG_PEER_TIMEOUT_S = 10  # the collective timeout under test: a live peer that stopped answering
+HUNG_PEER_TIMEOUT_S = 15  # the collective timeout under test: a live peer that stopped answering
 
 
 class _Fail(pl.Callback):
@@ -42,15 +42,33 @@ class _Fail(pl.Callback):
         exchange.encode_grid = failing_encode_grid
 
 
+def _in_step(workdir: Path, rank: int, world_size: int) -> None:
+    """A barrier outside torch.distributed (the process group does not exist yet): every rank leaves a marker and
+    waits for all of them; the test's timeout bounds the wait."""
+    (workdir / f"ready_{rank}").touch()
+    while not all((workdir / f"ready_{r}").exists() for r in range(world_size)):
+        time.sleep(0.01)
+
+
 def _train_until_failure(rank: int, world_size: int, how: str, timeout_s: float, workdir: str) -> dict:
     """Fit until rank 1 fails at batch 2. With ``how="hangs"`` rank 1 raises and then stays alive, out of every
     collective, until rank 0 is done (rank 0 leaves a marker): rank 0 waits in the exchange for a peer that never
     comes."""
+    import torchrec.distributed.model_parallel  # noqa: F401 - imported before the fit, as below
+    import torchrec.distributed.planner  # noqa: F401
+
+    from lightning_dlac.codec import native_available
+
     rank0_done = Path(workdir) / "rank0_done"
     t = trainer(world_size, DLACStrategy(timeout=timeout_s), max_epochs=1,
                 callbacks=[_Fail(1, 2, "raises" if how == "hangs" else how)], limit_val_batches=0)
+    model, data = small_dlrm(), small_data(train_batches=6)
+    # The ranks enter the fit together, with the heavy imports and the native build behind them: a short timeout
+    # must only ever meet the hung peer, not a rank still starting up on a busy machine.
+    native_available()
+    _in_step(Path(workdir), rank, world_size)
     try:
-        t.fit(small_dlrm(), datamodule=small_data(train_batches=6))
+        t.fit(model, datamodule=data)
         error = None
     except BaseException as err:  # noqa: BLE001 - report whatever surfaced
         error = f"{type(err).__name__}: {err}"[:2000]
