@@ -25,7 +25,6 @@ InfiniBand per GPU, with the ratios measured here.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -36,7 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from _report import write_results  # noqa: E402 - beside this script
+from _report import load_results, start_run, write_results  # noqa: E402 - beside this script
 
 from lightning_dlac.estimate import (  # noqa: E402
     METHOD_LABELS,
@@ -90,8 +89,8 @@ def cast_gb_s(batch: int, repeats: int = 5) -> float:
 def _rows(paths: list[Path]) -> list[dict[str, Any]]:
     rows = []
     for path in paths:
-        data = json.loads(path.read_text())
-        for row in data["results"] if isinstance(data, dict) else data:
+        data = load_results(path)
+        for row in data["results"]:
             row = dict(row)
             row.setdefault("world_size", 2)
             row["source"] = path.name
@@ -220,6 +219,7 @@ def main() -> None:
     parser.add_argument("--ib-latency-us", type=float, default=2.0, help="per-message cost, 400 Gbit/s InfiniBand")
     parser.add_argument("--json-out", type=Path, default=REPO / "benchmarks/results/scaling_model.json")
     args = parser.parse_args()
+    metadata = start_run("benchmarks/scaling_model.py", vars(args))
     missing = [p for p in args.results if not p.is_file()]
     if missing:
         parser.error(f"no such results file(s): {[str(p) for p in missing]}; run benchmarks/e2e_bandwidth.py first")
@@ -245,9 +245,8 @@ def main() -> None:
     print(f"projection: ratios {ratios[0]:.1f}x forward / {ratios[1]:.1f}x gradients (measured here, 2 ranks),"
           f" compute {args.gpu_compute_ms:g} ms per step (assumed)")
     print("\n".join(_projection_table(projected)))
-    command = "python benchmarks/scaling_model.py " + " ".join(sys.argv[1:])
     config = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
-    write_results(args.json_out, command, config | {"results": [str(p) for p in args.results]},
+    write_results(args.json_out, metadata, config | {"results": [str(p) for p in args.results]},
                   {"validation": checked, "projection": projected, "cast_gb_s": cast, "dense_params": params})
     print(f"\nwrote {args.json_out}")
 
