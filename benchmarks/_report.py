@@ -157,11 +157,19 @@ def judge(name: str, pooled: float, per_repeat: Sequence[float], threshold: floa
                 repeats_meeting=meeting, repeats=len(per_repeat), met=met, **about)
 
 
+def span(values: Sequence[float], fmt: str = ".2f") -> str:
+    """``lo-hi`` of ``values`` (``lo to hi`` where a bound is negative; the value itself where there is one)."""
+    lo, hi = min(values), max(values)
+    if len(values) == 1 or f"{lo:{fmt}}" == f"{hi:{fmt}}":
+        return f"{lo:{fmt}}"
+    return f"{lo:{fmt}} to {hi:{fmt}}" if lo < 0 or hi < 0 else f"{lo:{fmt}}-{hi:{fmt}}"
+
+
 def verdict_text(t: dict[str, Any], fmt: str = ".2f") -> str:
     """``**met**`` / ``**not met**`` with the pooled figure, the per-repeat range and how many repeats met it."""
     reps = t["per_repeat"]
-    spread = f"; per repeat {min(reps):{fmt}}-{max(reps):{fmt}}, {t['repeats_meeting']} of {t['repeats']} meet it" \
-        if reps else "; no repeats"
+    spread = f"; per repeat {span(reps, fmt)}, {t['repeats_meeting']} of {t['repeats']} meet it" if reps \
+        else "; no repeats"
     word = "met" if t["met"] else "not met"
     if t.get("invalid"):
         word = "not judged (benchmark error)"

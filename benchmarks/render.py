@@ -31,7 +31,7 @@ REPO = HERE.parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from _report import RULE, judge, load_results, verdict_text  # noqa: E402 - beside this script
+from _report import RULE, judge, load_results, span, verdict_text  # noqa: E402 - beside this script
 
 DOCS = ("README.md", "docs/benchmarks.md")
 BLOCK = re.compile(r"<!-- BEGIN render:(?P<name>[\w-]+) -->\n(?P<body>.*?)<!-- END render:(?P=name) -->", re.S)
@@ -108,9 +108,7 @@ def _x(v: float | None, fmt: str = ".2f") -> str:
 
 
 def _range(values: list[float], fmt: str = ".2f") -> str:
-    if not values:
-        return "-"
-    return f"{min(values):{fmt}}-{max(values):{fmt}}" if len(values) > 1 else f"{values[0]:{fmt}}"
+    return span(values, fmt) if values else "-"
 
 
 # ---------------------------------------------------------------------------------------------------------------------
