@@ -38,10 +38,12 @@ BLOCK = re.compile(r"<!-- BEGIN render:(?P<name>[\w-]+) -->\n(?P<body>.*?)<!-- E
 
 
 class Results:
-    """The results files of one directory, loaded once each; ``missing`` collects what a block asked for in vain."""
+    """The results files of one directory, loaded once each; ``used`` collects those the blocks read."""
 
     def __init__(self, directory: Path) -> None:
-        self.directory = directory
+        self.directory = Path(directory)
+        resolved = self.directory.resolve()
+        self.shown = str(resolved.relative_to(REPO)) if resolved.is_relative_to(REPO) else str(resolved)
         self._cache: dict[str, dict[str, Any] | None] = {}
         self.used: set[str] = set()
 
@@ -71,12 +73,12 @@ def _short(commit: str | None) -> str:
     return commit[:10] if commit else "not recorded"
 
 
-def source_line(name: str, data: dict[str, Any]) -> str:
+def source_line(name: str, data: dict[str, Any], where: str = "benchmarks/results") -> str:
     """Where a block's figures come from: the file, the commit, date, machine, load and depth of the run."""
     m = data["metadata"]
     if m.get("legacy"):
         torch = m.get("versions", {}).get("torch", "?")
-        return (f"From `benchmarks/results/{name}` (written before results files carried their metadata; command:"
+        return (f"From `{where}/{name}` (written before results files carried their metadata; command:"
                 f" `{m.get('command')}`; {m.get('cores', '?')} cores, torch {torch}).")
     load = ""
     if m.get("loadavg_before") and m.get("loadavg_after"):
@@ -84,14 +86,15 @@ def source_line(name: str, data: dict[str, Any]) -> str:
     depth = f", `make bench{'' if m.get('depth') == 'full' else '-' + m['depth']}`" if m.get("depth") else ""
     versions = m.get("versions", {})
     dirty = " (with local changes)" if m.get("git_dirty") else ""
-    return (f"From `benchmarks/results/{name}`: commit {_short(m.get('git_commit'))}{dirty}, {m.get('date')},"
+    return (f"From `{where}/{name}`: commit {_short(m.get('git_commit'))}{dirty}, {m.get('date')},"
             f" {m.get('cores')} cores ({m.get('cpu', '?')}){load}{depth}; torch {versions.get('torch', '?')},"
             f" torchrec {versions.get('torchrec', '?')}, lightning {versions.get('lightning', '?')}. Command:"
             f" `{m.get('command')}`.")
 
 
-def awaiting(files: list[str]) -> list[str]:
-    """The block's text while results files are missing: which command writes each."""
+def awaiting(files: list[str], short: bool = False) -> list[str]:
+    """The block's text while results files are missing: which command writes each (``short``: one clause, for a
+    part of a block)."""
     from suite import depth_writing
 
     commands = {"quick": "make bench-quick", "full": "make bench"}
@@ -99,6 +102,8 @@ def awaiting(files: list[str]) -> list[str]:
     for f in files:
         by_command.setdefault(commands.get(depth_writing(f), "its benchmark script"), []).append(f)
     parts = [f"`{cmd}` ({', '.join(f'`benchmarks/results/{f}`' for f in names)})" for cmd, names in by_command.items()]
+    if short:
+        return [f"(Further figures awaiting {' and '.join(parts)}.)"]
     return [f"*Awaiting {' and '.join(parts)}: these figures are rendered from those results files, which are not"
             " committed yet. Until then nothing here is presented as measured.*"]
 
@@ -126,7 +131,7 @@ def codec(results: Results) -> list[str]:
     import codec_bench
 
     data = results.get("codec_bench.json")
-    return [source_line("codec_bench.json", data), "", *codec_bench.markdown(data)]
+    return [source_line("codec_bench.json", data, results.shown), "", *codec_bench.markdown(data)]
 
 
 def _codec_rows(data: dict[str, Any], payload: str) -> dict[tuple[str, Any], dict[str, Any]]:
@@ -135,7 +140,7 @@ def _codec_rows(data: dict[str, Any], payload: str) -> dict[tuple[str, Any], dic
 
 def dlrm_v2_codec(results: Results) -> list[str]:
     data = results.get("codec_bench.json")
-    lines = [source_line("codec_bench.json", data), "",
+    lines = [source_line("codec_bench.json", data, results.shown), "",
              "| payload | method | eps | ratio | err/eb | enc 1t GB/s | dec 1t GB/s | modes |",
              "|---|---|---|---:|---:|---:|---:|---|"]
     found = False
@@ -150,7 +155,8 @@ def dlrm_v2_codec(results: Results) -> list[str]:
         lines.append(f"| {r['payload']} | {r['method']} | {r['eps'] if r['eps'] is not None else '-'} |"
                      f" {r['ratio']:.2f} | {err} | {enc} | {dec} | {modes} |")
     if not found:
-        return [source_line("codec_bench.json", data), "", "This run had no DLRM v2 payloads (`--no-dlrm-v2`)."]
+        return [source_line("codec_bench.json", data, results.shown), "",
+                "This run had no DLRM v2 payloads (`--no-dlrm-v2`)."]
     targets = [t for t in data.get("targets", []) if t["payload"].startswith("dlrm_v2") and t["eps"] == 0.03
                and "GB/s" not in t["target"]]
     lines += ["", "Issue 14's codec targets at eps 0.03:"]
@@ -198,7 +204,7 @@ def _e2e_body(results: Results, names: tuple[str, ...]) -> list[str]:
     for name in sources:
         data = results.get(name)
         cfg = data["config"]
-        lines += [source_line(name, data), "",
+        lines += [source_line(name, data, results.shown), "",
                   f"Batch {cfg['batch_size']} per rank, {cfg['world_size']} gloo ranks (one thread each), model"
                   f" `{cfg.get('model', 'dlrm')}`; {cfg['repeats']} repeat(s) of every variant in"
                   f" {cfg.get('order', 'round-robin')} order, {cfg['steps']} timed steps after {cfg['warmup']} warm-up"
@@ -229,7 +235,7 @@ def scaling_validation(results: Results) -> list[str]:
     data = results.get("scaling_model.json")
     res = data["results"]
     checked = res["validation"]
-    lines = [source_line("scaling_model.json", data), "",
+    lines = [source_line("scaling_model.json", data, results.shown), "",
              f"TorchRec's INT8/FP16 cast rate timed in the same run: **{res['cast_gb_s']:.2f} GB/s** (one thread);"
              f" dense parameters {res['dense_params']:,}."]
     for source in dict.fromkeys(r["source"] for r in checked):
@@ -246,7 +252,7 @@ def scaling_projection(results: Results) -> list[str]:
     import scaling_model
 
     data = results.get("scaling_model.json")
-    return [source_line("scaling_model.json", data), "",
+    return [source_line("scaling_model.json", data, results.shown), "",
             *scaling_model._projection_table(data["results"]["projection"])]
 
 
@@ -257,7 +263,7 @@ def adaptive(results: Results) -> list[str]:
     rows, sources, machine = adaptive_accuracy.load_rows([results.directory / f for f in names])
     lines = []
     for f in names:
-        lines += [source_line(f, results.get(f)), ""]
+        lines += [source_line(f, results.get(f), results.shown), ""]
     return lines + adaptive_accuracy.markdown_lines(rows, sources, machine) + ["", *adaptive_targets(rows)]
 
 
@@ -289,7 +295,7 @@ def adaptive_dlrm_v2(results: Results) -> list[str]:
 
     name = "adaptive_accuracy_dlrm_v2.json"
     rows, sources, machine = adaptive_accuracy.load_rows([results.directory / name])
-    return [source_line(name, results.get(name)), "",
+    return [source_line(name, results.get(name), results.shown), "",
             *adaptive_accuracy._seed_table(adaptive_accuracy._over_seeds(rows)), "",
             *adaptive_accuracy._table(rows)]
 
@@ -299,7 +305,7 @@ def data(results: Results) -> list[str]:
 
     d = results.get("data_bench.json")
     cfg = d["config"]
-    return [source_line("data_bench.json", d), "",
+    return [source_line("data_bench.json", d, results.shown), "",
             f"Input: {cfg['source']}. Each conversion in its own process (wall time including the line count, the"
             " dense log pass and fsync; peak RSS includes about 250-300 MiB of imported numpy/torch). The loader"
             " reads files still in the page cache from being written.", "", *data_bench.tables(d["results"])]
@@ -340,7 +346,7 @@ def readme_codec(results: Results) -> list[str]:
         dec = [r["dec_gbps_1t"] for r in timed]
         text += (f". Native single-thread speed (median call, Zipf and Criteo payloads): {_range(enc, '.1f')} GB/s to"
                  f" compress and {_range(dec, '.1f')} GB/s to decompress (targets 1 / 1.5 GB/s)")
-    return [text + ".", "", source_line("codec_bench.json", d)]
+    return [text + ".", "", source_line("codec_bench.json", d, results.shown)]
 
 
 def _pick(rows: list[dict[str, Any]], rate: str, variant: str) -> dict[str, Any] | None:
@@ -382,7 +388,7 @@ def readme_e2e(results: Results) -> list[str]:
         lines.append("")
     if errors:
         lines += ["**Benchmark errors in this run:** " + " ".join(e["message"] + "." for e in errors), ""]
-    lines += [" ".join(source_line(n, results.get(n)) for n in sources)]
+    lines += [" ".join(source_line(n, results.get(n), results.shown) for n in sources)]
     return lines
 
 
@@ -409,7 +415,7 @@ def readme_adaptive(results: Results) -> list[str]:
             f" eps = 0.01 ({dlac['fwd_ratio_mean']:.1f}x fewer than fp32)")
     text = ("Adaptive bounds (2 ranks, same seeds and data order; AUROC difference from the uncompressed run of the"
             " same seed, mean and sd over seeds): " + "; ".join(sentences) + ".")
-    return [text, "", " ".join(source_line(n, results.get(n)) for n in used)]
+    return [text, "", " ".join(source_line(n, results.get(n), results.shown) for n in used)]
 
 
 def readme_dlrm_v2(results: Results) -> list[str]:
@@ -441,7 +447,7 @@ def readme_dlrm_v2(results: Results) -> list[str]:
                          f" policy ends {s['delta_mean']:+.4f} AUROC from uncompressed on average (sd"
                          f" {s['delta_sd']:.4f}) with {s['fwd_ratio_mean']:.1f}x fewer forward bytes.")
     else:
-        lines += awaiting(["adaptive_accuracy_dlrm_v2.json"])
+        lines += awaiting(["adaptive_accuracy_dlrm_v2.json"], short=True)
     e2e_v2 = results.get("e2e_dlrm_v2.json")
     if e2e_v2 is not None:
         fp32 = _pick(e2e_v2["results"], "1gbit", "fp32")
@@ -451,10 +457,10 @@ def readme_dlrm_v2(results: Results) -> list[str]:
                          f" uncompressed and {both['median_step_ms']:.0f} ms with DLAC both ways"
                          f" ({_speed(both)}): the DCN's compute dominates, so the bytes saved barely show here.")
     else:
-        lines += awaiting(["e2e_dlrm_v2.json"])
+        lines += awaiting(["e2e_dlrm_v2.json"], short=True)
     used = [n for n in ("codec_bench.json", "adaptive_accuracy_dlrm_v2.json", "e2e_dlrm_v2.json")
             if results.get(n) is not None]
-    return [" ".join(lines), "", " ".join(source_line(n, results.get(n)) for n in used)]
+    return [" ".join(lines), "", " ".join(source_line(n, results.get(n), results.shown) for n in used)]
 
 
 # ---------------------------------------------------------------------------------------------------------------------
