@@ -469,7 +469,9 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
     ]
     for r in rows:
         speedup = "-"
-        if r.get("speedup_vs_fp32") is not None:
+        if r["variant"] == "fp32":
+            speedup = "1.00x"
+        elif r.get("speedup_vs_fp32") is not None:
             reps = r["speedup_vs_fp32_per_repeat"]
             speedup = f"{r['speedup_vs_fp32']:.2f}x" + (f" ({_spread(reps, '.2f')})" if len(reps) > 1 else "")
         share = "-" if r["fwd_a2a_share"] is None else f"{100 * r['fwd_a2a_share']:.0f}%"

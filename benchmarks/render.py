@@ -242,7 +242,7 @@ def scaling_validation(results: Results) -> list[str]:
         rows = [r for r in checked if r["source"] == source]
         errors = [abs(r["error"]) for r in rows]
         within = sum(1 for e in errors if e <= 0.15)
-        lines += ["", f"Calibrated from and predicting `benchmarks/results/{source}`: |error| median"
+        lines += ["", f"Calibrated from and predicting `{results.shown}/{source}`: |error| median"
                   f" {100 * statistics.median(errors):.0f}%, max {100 * max(errors):.0f}%; {within} of {len(errors)}"
                   " predictions within the 15% target.", "", *scaling_model._validation_table(rows)]
     return lines
@@ -366,21 +366,27 @@ def readme_e2e(results: Results) -> list[str]:
     cfg = results.get(sources[0])["config"]
     bf16, int8 = _pick(rows, "1gbit", "dlac_bf16"), _pick(rows, "1gbit", "qcomm_int8_fp16")
     both = _pick(rows, "1gbit", "dlac_dlac")
+    clauses = []
+    if bf16 is not None:
+        clauses.append(f"DLAC forward + bf16 backward runs at {_speed(bf16)} the speed of uncompressed FP32 and sends"
+                       f" {bf16['fwd_ratio']:.0f}x fewer forward bytes")
+    if int8 is not None:
+        clauses.append(f"TorchRec's INT8/FP16 qcomm at {_speed(int8)}")
+    if both is not None:
+        clauses.append(f"DLAC in both directions at {_speed(both)} the speed of FP32")
     text = (f"End to end ({cfg['world_size']} ranks, batch {cfg['batch_size']} each, loopback throttled to 1 Gbit/s,"
             f" {cfg['repeats']} launches per variant in ABBA order; ratios are pooled medians with the per-repeat"
-            f" range): DLAC forward + bf16 backward runs at {_speed(bf16)} the speed of uncompressed FP32")
-    if bf16 is not None:
-        text += f" and sends {bf16['fwd_ratio']:.0f}x fewer forward bytes"
-    text += f"; TorchRec's INT8/FP16 qcomm at {_speed(int8)}; DLAC in both directions at {_speed(both)}"
+            f" range): {'; '.join(clauses)}")
     ceiling = paired(rows, "1gbit", "dlac_dlac", "ceiling_dlac_dlac")
     if ceiling:
         text += (f", {ceiling[0]:.2f} of its like-for-like ceiling (per repeat {_range(ceiling[1])}; the null codec"
                  " in the same exchange, sending DLAC's bytes)")
     auto, fixed = _pick(rows, "unthrottled", "dlac_auto"), _pick(rows, "unthrottled", "dlac_bf16")
     if auto is not None:
-        text += (f". On a fast link (unthrottled), `DLACStrategy(compress=\"auto\")` runs at {_speed(auto)} FP32 with"
-                 f" {auto.get('uncompressed_share', 0):.0%} of its steps uncompressed, where fixed compression"
-                 f" (DLAC + bf16) runs at {_speed(fixed)}")
+        text += (f". On a fast link (unthrottled), `DLACStrategy(compress=\"auto\")` runs at {_speed(auto)} the speed"
+                 f" of FP32 with {auto.get('uncompressed_share', 0):.0%} of its steps uncompressed")
+        if fixed is not None:
+            text += f", where fixed compression (DLAC + bf16) runs at {_speed(fixed)}"
     lines = [text + ".", ""]
     if targets:
         lines += ["Targets (by the rule of docs/benchmarks.md):", ""]

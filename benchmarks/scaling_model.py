@@ -93,6 +93,7 @@ def _rows(paths: list[Path]) -> list[dict[str, Any]]:
         for row in data["results"]:
             row = dict(row)
             row.setdefault("world_size", 2)
+            row["batch"] = data["config"].get("batch_size")  # the run's samples per rank (else --batch)
             row["source"] = path.name
             rows.append(row)
     return rows
@@ -113,7 +114,8 @@ def calibrate(rows: list[dict[str, Any]], world: int, rate: str, args: argparse.
     loop = Link(RATE_GBIT.get(rate, args.loopback_gbit), args.latency_us, "shared")
     raw = fwd["fwd_raw_bytes_per_step"]
     codec_probe = Codec(1.0, 1.0, 1.0, 1.0, cast_gb_s=cast)
-    base = Workload(args.batch, DIMS, 0.0, params)
+    batch = fwd.get("batch") or args.batch
+    base = Workload(batch, DIMS, 0.0, params)
     # Compute: the DLAC-both-directions step minus its exchanges' phase times (measured by the exchange itself) and
     # the modelled dense all-reduce. FP32's exchanges are not timed by phase, so subtracting them would rest on the
     # link model at the calibration rate, where the tc-throttled loopback delivers less than its nominal rate (CPU
@@ -130,7 +132,7 @@ def calibrate(rows: list[dict[str, Any]], world: int, rate: str, args: argparse.
                      world).parts["backward_wire_ms"]
     codec_b_ms = max(both["bwd_a2a_ms"] - wire_b, 1e-3)
     rate_b = 2 * both["bwd_raw_bytes_per_step"] / (codec_b_ms * 1e-3) / 1e9
-    workload = Workload(args.batch, DIMS, compute, params)
+    workload = Workload(batch, DIMS, compute, params)
     return workload, Codec(ratio_f, ratio_b, enc, dec, rate_b, rate_b, cast)
 
 
@@ -206,7 +208,8 @@ def _projection_table(rows: list[dict[str, Any]]) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("results", type=Path, nargs="+", help="e2e_bandwidth.py JSON results")
-    parser.add_argument("--batch", type=int, default=4096, help="samples per rank of those runs")
+    parser.add_argument("--batch", type=int, default=4096,
+                        help="samples per rank of the projection (and of runs whose file does not say)")
     parser.add_argument("--loopback-gbit", type=float, default=16.0, help="unthrottled loopback rate here, Gbit/s")
     parser.add_argument("--latency-us", type=float, default=50.0, help="gloo message cost on loopback, microseconds")
     parser.add_argument("--gpu-compute-ms", type=float, default=5.0,
