@@ -39,6 +39,17 @@ PHASES = ("input_dist_s", "embedding_fwd_s", "own_input_dist_s", "compute_and_ou
 SUFFIX = "_pipelined"
 
 
+def alternate_problem(warmup: int, steps: int) -> str | None:
+    """Why ``--warmup`` / ``--steps`` cannot time an ``"alternate"`` variant (its timed steps must include both
+    unpipelined and pipelined blocks), or ``None``."""
+    modes = {(n // ALTERNATE_BLOCK) % 4 in (2, 3) for n in range(warmup, warmup + steps)}
+    if len(modes) == 2:
+        return None
+    return (f"the alternating variants train blocks of {ALTERNATE_BLOCK} steps, two unpipelined and two pipelined in"
+            f" turn; timed steps {warmup}-{warmup + steps - 1} hold only one kind: use e.g. --warmup"
+            f" {ALTERNATE_BLOCK} --steps {4 * ALTERNATE_BLOCK} (ABBA)")
+
+
 def module_to_shard(dlrm: Any, pipeline: str | None) -> torch.nn.Module:
     """The module ``shard_model`` wraps: TorchRec's ``DLRM`` (called with dense and sparse features), or for a
     pipeline the example ``DLRMModule`` around it, whose ``forward(batch)`` the pipeline traces."""
@@ -273,3 +284,27 @@ def pipeline_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
             lines.append(f"  - {row['variant']}: step {row['median_step_ms']:.0f} ms, input dist on the path"
                          f" {row['input_dist_ms']:.1f} ms, lookup + output dist {row['embedding_fwd_ms']:.1f} ms")
     return lines
+
+
+def pipeline_table(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The markdown table of each pipelined variant (``X_pipelined``) beside its unpipelined twin ``X`` at the same
+    rate: both steps, the pipelined speed against the twin (pooled medians' ratio, per-repeat range: launches of the
+    same repeat paired), and the phases per step (mean over ranks) that explain it. Empty without such pairs."""
+    lines = ["| rate | variant | unpipelined step ms | pipelined step ms | pipelined speed (per repeat) | input dist on"
+             " the path ms, unpipelined -> pipelined (share of the unpipelined step) | lookup + output dist ms,"
+             " unpipelined -> pipelined |", "|---|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        if not r["variant"].endswith(SUFFIX):
+            continue
+        twin = next((t for t in rows if t["rate"] == r["rate"] and t["variant"] == r["variant"][: -len(SUFFIX)]),
+                    None)
+        if twin is None:
+            continue
+        pooled = twin["median_step_ms"] / r["median_step_ms"]
+        paired = [b / a for a, b in zip(r["launch_median_ms"], twin["launch_median_ms"])]
+        spread = f" ({min(paired):.2f}-{max(paired):.2f})" if len(paired) > 1 else ""
+        share = twin["input_dist_ms"] / twin["median_step_ms"]
+        lines.append(f"| {r['rate']} | {twin['label']} | {twin['median_step_ms']:.0f} | {r['median_step_ms']:.0f} |"
+                     f" {pooled:.2f}x{spread} | {twin['input_dist_ms']:.1f} -> {r['input_dist_ms']:.1f}"
+                     f" ({100 * share:.1f}%) | {twin['embedding_fwd_ms']:.1f} -> {r['embedding_fwd_ms']:.1f} |")
+    return lines if len(lines) > 2 else []

@@ -1,6 +1,6 @@
 """End-to-end DLRM training step time under an emulated (throttled) interconnect: TorchRec fp32 and qcomm codecs
 against the DLAC compressed all-to-all and its like-for-like ceiling, on 2 gloo CPU ranks; prints a table and the
-targets, writes JSON (benchmarks/render.py puts the figures into README.md and docs/benchmarks.md).
+targets, writes JSON (benchmarks/render.py puts the figures into README.md and docs/).
 
 Run as root on Linux (needs ``unshare -n`` and ``tc``), from the repository root:
 
@@ -55,7 +55,14 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # tests._launch (the project's rank launcher) lives at the repository root
     sys.path.insert(0, str(REPO))
 
-from _e2e_pipeline import Stepper, module_to_shard, pipeline_lines, pipeline_summary  # noqa: E402 - beside this script
+from _e2e_pipeline import (  # noqa: E402 - beside this script
+    Stepper,
+    alternate_problem,
+    module_to_shard,
+    pipeline_lines,
+    pipeline_summary,
+    pipeline_table,
+)
 from _e2e_stand_ins import _codecs_registry  # noqa: E402 - beside this script
 from _report import judge, start_run, write_results  # noqa: E402 - beside this script
 
@@ -551,6 +558,10 @@ def main() -> None:
         variants.insert(variants.index(source) + 1, name)
     if "dlac_classes" in variants and args.warmup < 1:
         parser.error("dlac_classes calibrates its per-table bounds on the warm-up steps: give --warmup >= 1")
+    for name in [v for v in variants if VARIANTS[v].pipeline == "alternate"][:1]:
+        problem = alternate_problem(args.warmup, args.steps)
+        if problem:
+            parser.error(f"{name}: {problem}")
     if args.fallback_check_every < 1:
         parser.error("--fallback-check-every must be >= 1")
     if args.world_size < 2:
@@ -596,6 +607,7 @@ def main() -> None:
     targets = judge_targets(rows, errors)
     print()
     print("\n".join(table(rows)))
+    print("\n".join(pipeline_table(rows)))
     print("\n".join(pipelined))
     for t in targets:
         reps = ", ".join(f"{v:.2f}" for v in t["per_repeat"])

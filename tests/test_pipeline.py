@@ -14,6 +14,7 @@ import dataclasses
 import json
 import logging
 import re
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,8 @@ from lightning_dlac.pipeline import LookaheadLoader, lookahead_loader
 from tests._launch import run_ranks
 from tests.conftest import loss_recorder, memory_logger, small_data, small_dlrm, trainer
 
-CONFIGS = Path(__file__).resolve().parents[1] / "examples" / "configs"
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "examples" / "configs"
 
 # --------------------------------------------------------------------------------------------- without processes
 
@@ -133,6 +135,36 @@ def test_dlac_estimate_prints_what_the_pipeline_buys(caplog: pytest.LogCaptureFi
     assert "input dist of 26 ids per sample hidden behind compute where it fits (sparse_dist)" in caplog.text
     gains = re.findall(r"- (\d+) ranks: input dist [\d.]+ ms .* DLAC both directions ([\d.]+)x", caplog.text)
     assert [w for w, _ in gains] == ["8", "512"] and 1.0 < float(gains[0][1]) < float(gains[1][1])
+
+
+def test_the_modelled_figures_of_docs_strategy_are_what_its_dlac_estimate_commands_print(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """docs/strategy.md quotes `dlac estimate`'s model of the pipeline (not measurements): the figures are the
+    output of the commands it shows."""
+    from lightning_dlac.cli import main as cli_main
+
+    text = (ROOT / "docs" / "strategy.md").read_text()
+    section = text.split("**Where it pays: the model.**", 1)[1].split("\n## ", 1)[0]
+    commands = re.findall(r"```\n(dlac estimate .*?)\n```", section, flags=re.S)
+    assert len(commands) == 2, commands
+    outputs = []
+    for command in commands:
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            cli_main(shlex.split(command.replace("\\\n", " "))[1:])
+        outputs.append(caplog.text)
+    gain = r"- (\d+) ranks: input dist ([\d.]+) ms .*?FP32 \(TorchRec\) ([\d.]+)x.*?DLAC both directions ([\d.]+)x"
+    cluster = re.findall(gain, outputs[0])
+    assert [w for w, *_ in cluster] == ["8", "64", "512"]
+    prose = " ".join(section.split())
+    ids, fp32, both = ([row[i] for row in cluster] for i in (1, 2, 3))
+    assert f"the input dist is {ids[0]}, {ids[1]} and {ids[2]} ms per step at 8, 64 and 512 GPUs" in prose
+    assert f"step is **{both[0]}x, {both[1]}x and {both[2]}x** the unpipelined one" in prose
+    assert f"(FP32: {fp32[0]}x, {fp32[1]}x, {fp32[2]}x)" in prose
+    ((world, here_ids, _, _),) = re.findall(gain, outputs[1])
+    here = set(re.findall(r"([\d.]+)x", outputs[1].split("pipelined over unpipelined step:", 1)[1]))
+    assert world == "2" and len(here) == 1, here
+    assert f"gives an input dist of {here_ids} ms per step and {here.pop()}x for every method" in prose
 
 
 # --------------------------------------------------------------------------------------------- 2 gloo ranks
