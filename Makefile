@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.dlac-installed
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test test-fast lint asan-fuzz cuda-check clean-venv
+.PHONY: venv demo test test-fast lint asan-fuzz cuda-check gpu-rehearsal clean-venv
 
 venv: $(STAMP)
 
@@ -29,7 +29,8 @@ test: venv
 test-fast: venv
 	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
-# The native codec built with AddressSanitizer + UBSan, fuzzed with mutated buffers and random encodes (~1 min).
+# The native codec and the CUDA pipeline compiled for the host, built with AddressSanitizer + UBSan, fuzzed with
+# mutated buffers, random encodes and the GPU session's memcheck workload (~3-5 min on 2 cores).
 asan-fuzz: venv
 	$(BIN)/python tests/codec/asan_fuzz.py --n 6000
 
@@ -55,6 +56,18 @@ $(CUDA_IMAGE_STAMP): requirements/cuda-check-image.txt
 cuda-check: $(CUDA_STAMP) $(CUDA_IMAGE_STAMP)
 	$(CUDA_VENV)/bin/python tests/codec/cuda_compile_check.py
 	$(CUDA_IMAGE_VENV)/bin/python tests/codec/cuda_compile_check.py
+
+# Rehearse benchmarks/gpu_session.sh without a GPU in an environment like the lent machine's image: .venv-cuda-image
+# plus its test packages (requirements/cuda-check-rehearsal.txt), no TorchRec. Every stage runs what it can (compile
+# check, test collection, benchmark and sanitizer workloads on the emulated pipeline) into benchmarks/results/
+# gpu_session/; docs/codec.md says what each stage does on the GPU and how long it takes.
+REHEARSAL_STAMP := $(CUDA_IMAGE_VENV)/.dlac-rehearsal-installed
+$(REHEARSAL_STAMP): $(CUDA_IMAGE_STAMP) requirements/cuda-check-rehearsal.txt
+	$(CUDA_IMAGE_VENV)/bin/python -m pip install --quiet -r requirements/cuda-check-rehearsal.txt
+	touch $@
+
+gpu-rehearsal: $(REHEARSAL_STAMP)
+	PATH=$(abspath $(CUDA_IMAGE_VENV))/bin:$$PATH bash benchmarks/gpu_session.sh
 
 lint: venv
 	$(BIN)/python -m ruff check lightning_dlac examples tests benchmarks

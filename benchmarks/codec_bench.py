@@ -29,6 +29,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -56,13 +57,11 @@ def zipf_payload(rows: int, dim: int, vocab: int = 2000, alpha: float = 1.1, see
     return table[torch.multinomial(p, rows, replacement=True, generator=g)].contiguous()
 
 
-def criteo_payload(
-    path: Path, capture_rows: int, epochs: int, max_rows: int, max_samples: int | None = None
-) -> tuple[torch.Tensor, torch.Tensor, list[int], str, str]:
-    """Train the example DLRM unsharded on the rows before the last ``capture_rows`` of ``path`` (the module's own
-    Adagrad over every parameter, tables included), then return the pooled embeddings of those last rows as
-    ``[capture_rows, 26 * dim]`` with one column block per table, the loss gradients w.r.t. them (same shape: the
-    payload of the backward exchange), the column splits, and a one-line description of each."""
+def train_criteo_dlrm(path: Path, capture_rows: int, epochs: int, max_rows: int,
+                      max_samples: int | None = None) -> tuple[Any, Any, str]:
+    """Train the example DLRM (dim 64) unsharded on the rows before the last ``capture_rows`` of ``path`` (the
+    module's own Adagrad over every parameter, tables included). Returns the model, the data module (its validation
+    split is the last ``capture_rows`` rows, in batches of 256) and a description of the training."""
     from lightning_dlac.examples.dlrm import DLRMModule
     from lightning_dlac.examples.tsv import CriteoTSVDataModule
 
@@ -84,6 +83,21 @@ def criteo_payload(
             loss.backward()
             opt.step()
             losses.append(loss.item())
+    train_rows = n - int(round(capture_rows / n * n))
+    desc = (
+        f"DLRM (26 tables <= {max_rows} rows, dim 64) trained {epochs} epoch(s) on rows 0..{train_rows - 1} "
+        f"({len(losses)} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}, {time.perf_counter() - start:.0f} s)"
+    )
+    return model, dm, desc
+
+
+def criteo_payload(
+    path: Path, capture_rows: int, epochs: int, max_rows: int, max_samples: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor, list[int], str, str]:
+    """The example DLRM trained by :func:`train_criteo_dlrm`: the pooled embeddings of the last ``capture_rows``
+    rows of ``path`` as ``[capture_rows, 26 * dim]`` with one column block per table, the loss gradients w.r.t. them
+    (same shape: the payload of the backward exchange), the column splits, and a one-line description of each."""
+    model, dm, trained = train_criteo_dlrm(path, capture_rows, epochs, max_rows, max_samples)
     ebc = model.model.sparse_arch.embedding_bag_collection
     m = model.model
     parts, grads = [], []
@@ -101,12 +115,7 @@ def criteo_payload(
     x = torch.cat(parts).contiguous()
     grad = torch.cat(grads).contiguous()
     dim = 64
-    train_rows = n - int(round(capture_rows / n * n))
-    desc = (
-        f"DLRM (26 tables <= {max_rows} rows, dim 64) trained {epochs} epoch(s) on rows 0..{train_rows - 1} "
-        f"({len(losses)} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}, {time.perf_counter() - start:.0f} s); "
-        f"pooled embeddings of the next {x.shape[0]} rows"
-    )
+    desc = f"{trained}; pooled embeddings of the next {x.shape[0]} rows"
     gdesc = (f"gradients of the same model's batch-mean BCE loss w.r.t. those pooled embeddings (batches of 256, "
              f"as the backward all-to-all sends them; mean {float(grad.mean()):.1e}, std {float(grad.std()):.1e}, "
              f"max |g| {float(grad.abs().max()):.1e})")

@@ -1,25 +1,44 @@
-"""GPU codec throughput: DLAC's CUDA kernels on one all-to-all batch, beside the baselines measured in the same run.
+"""GPU codec throughput: DLAC's CUDA kernels on all-to-all batches of four payloads, beside baselines measured in the
+same run.
 
-Payload: pooled embeddings of 26 tables (dim 64, Zipf lookups) for 8 destinations x --batch rows, cut into the
-26 x 8 chunks the forward all-to-all sends. Timed with CUDA events (median of --repeat calls after two warm-ups):
+Payloads (26 tables x dim 64, 8 destinations x --batch rows, cut into the 26 x 8 chunks the forward all-to-all
+sends):
 
-    memcpy                   a device-to-device copy of the payload (the memory-bandwidth ceiling)
+    zipf      rows looked up from random tables with Zipf ids (duplicate rows dominate: the codec's best case)
+    criteo    pooled embeddings of the example DLRM trained on the shipped Criteo sample
+    multihot  MLPerf DLRM v2 sized bags (1-100 ids) over that model's trained rows, sum-pooled
+    gradient  the backward all-to-all's payload: d(loss) / d(pooled embeddings) of that model
+
+(the last three from benchmarks/gpu_payloads.py and its shipped file, so --batch <= 4096 for them)
+
+Timed with CUDA events (median of --repeat calls after two warm-ups), GB/s of float32 input (encode) or output
+(decode):
+
+    memcpy                   a device-to-device copy of the payload; its bytes read and written per second are
+                             printed too (each byte of the payload moves both ways)
     fp16                     a cast to float16 and back (TorchRec's FP16 qcomm)
     int8 row-wise (torch)    per-row min/scale uint8 quantization in plain torch ops (what fbgemm's
                              FloatToFused8BitRowwiseQuantized computes; fbgemm is not on the GPU image)
     int8 row-wise (fbgemm)   fbgemm's fused kernels, where fbgemm_gpu is installed
-    dlac eps=...             torch.ops.dlac.encode_grid / decode_grid on the device
+    dlac eps=...             encode_grid / decode_grid as the exchange calls them: the public API, decode with the
+                             sizes on the device (the API copies them to the host: one more synchronization); the
+                             op columns: torch.ops.dlac on their own, decode with host sizes
     dlac ... via host copies the CPU kernels on a host copy, what a build without CUDA kernels would do
 
-GB/s are of float32 input (encode) or output (decode); "x memcpy" is that throughput over the memcpy row's. Each
-DLAC row also records byte parity with the CPU kernels (payload bytes, decoded bits) and the synchronizations one
-call makes (torch's sync debug mode; docs/codec.md says 1 to encode, 2 to decode), as columns: a mismatch is a
-finding to report, not a reason to stop measuring. Every row is printed and flushed as it is measured and the JSON
-is rewritten after each row, so a timeout loses only the rows not yet reached. Target (issue 17): >= 100 GB/s each
-way on an H200. Exit status: 0 measured (even with parity failures: see the column), 1 the kernels did not build or
-load, 2 no CUDA device.
+"x memcpy" is a throughput over the memcpy row's. Each DLAC row records byte parity with the CPU kernels (payload
+bytes, decoded bits) and the synchronizations a call makes as the exchange calls it (torch's sync debug mode;
+docs/codec.md: 1 to encode, 2 + 1 for the device sizes to decode), as columns: a mismatch is a finding to report,
+not a reason to stop measuring. Every row is printed and flushed as it is measured and the JSON is rewritten after
+each, so a timeout loses only the rows not yet reached. Target (issue 27): >= 100 GB/s each way on an H200 for the
+realistic payloads. Exit status: 0 measured (even with parity failures: see the column), 1 the kernels did not
+build or load, 2 no CUDA device.
 
-    python benchmarks/cuda_codec_bench.py [--batch 4096] [--eps 0.01 0.05] [--json-out FILE] [--markdown-out FILE]
+Without a GPU, --emulate runs the same payloads, parity checks and synchronization counts through the CUDA
+pipeline compiled for the host (tests/codec/emulated_grid.cpp) and times it with the wall clock: a rehearsal of this
+script, not a measurement of the GPU (benchmarks/gpu_session.sh does so where no GPU is found).
+
+    python benchmarks/cuda_codec_bench.py [--batch 4096] [--eps 0.01 0.05] [--payloads zipf criteo multihot gradient]
+                                          [--json-out FILE] [--markdown-out FILE] [--emulate]
 """
 
 from __future__ import annotations
@@ -40,44 +59,88 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(REPO))
 
 TABLES, DIM, DESTS = 26, 64, 8
-COLUMNS = ["codec", "ratio", "encode GB/s", "decode GB/s", "enc x memcpy", "dec x memcpy", "parity", "syncs e/d"]
-WIDTHS = [34, 7, 12, 12, 13, 13, 22, 10]
+PAYLOADS = ("zipf", "criteo", "multihot", "gradient")
+COLUMNS = ["payload", "codec", "ratio", "encode GB/s", "decode GB/s", "enc x memcpy", "dec x memcpy", "op enc",
+           "op dec", "parity", "syncs e/d"]
+WIDTHS = [9, 30, 7, 12, 12, 13, 13, 8, 8, 22, 9]
 
 
-def _cuda_time(fn: Callable[[], object], repeat: int) -> float:
-    """Median seconds of fn() on the current stream, from CUDA events (after two warm-up calls)."""
-    for _ in range(2):
-        fn()
-    times = []
-    for _ in range(repeat):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(times)
+class Backend:
+    """Where the codec runs: the CUDA kernels on the GPU (timed with CUDA events, synchronizations counted by torch's
+    sync debug mode), or with --emulate the CUDA pipeline compiled for the host (wall clock, read-backs counted)."""
 
+    def __init__(self, emulate: bool, repeat: int) -> None:
+        self.emulate, self.repeat = emulate, repeat
+        self.device = "cpu" if emulate else "cuda"
 
-def _syncs(fn: Callable[[], object]) -> int:
-    """Blocking device-to-host synchronizations one call of fn makes (torch's sync debug mode warns at each)."""
-    torch.cuda.synchronize()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
+    def name(self) -> str:
+        return "the CUDA pipeline emulated on the host (a rehearsal)" if self.emulate else torch.cuda.get_device_name()
+
+    def load(self) -> None:
+        """Build and load the native kernels (and the emulation); NativeUnavailable if they do not build."""
+        from lightning_dlac.codec import _loader
+        from lightning_dlac.codec.api import device_kernels
+
+        _loader.load_native()
+        if self.emulate:
+            headers = sorted(_loader.sources_dir().glob("*.h"))
+            _loader.build_library([REPO / "tests" / "codec" / "emulated_grid.cpp"], headers, prefix="dlac_emu")
+        elif not device_kernels("cuda"):
+            raise _loader.NativeUnavailable("the native library has no CUDA kernels (built while no GPU was visible?)")
+
+    @property
+    def ops(self) -> Any:
+        return torch.ops.dlac_emu if self.emulate else torch.ops.dlac
+
+    def seconds(self, fn: Callable[[], object], repeat: int | None = None) -> float:
+        """Median seconds of fn() (on the current stream), after two warm-up calls (one when emulating)."""
+        repeat = self.repeat if repeat is None else repeat
+        for _ in range(1 if self.emulate else 2):
             fn()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    return sum("synchroniz" in str(w.message) for w in caught)
+        times = []
+        for _ in range(repeat):
+            if self.emulate:
+                t0 = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - t0)
+                continue
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        return statistics.median(times)
+
+    def syncs(self, fn: Callable[[], object]) -> int:
+        """Blocking device-to-host synchronizations one call of fn makes."""
+        if self.emulate:
+            before = torch.ops.dlac_emu.device_to_host_copies()
+            fn()
+            return int(torch.ops.dlac_emu.device_to_host_copies() - before)
+        torch.cuda.synchronize()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                fn()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        return sum("synchroniz" in str(w.message) for w in caught)
 
 
-def payload(batch: int, seed: int = 0) -> torch.Tensor:
-    """The benchmark batch on the host: 26 Zipf tables side by side, 8 * batch rows."""
-    from codec_bench import zipf_payload
+def payload(name: str, batch: int, seed: int = 0) -> tuple[torch.Tensor, str]:
+    """Payload ``name`` on the host, [8 * batch, 26 * 64] float32, and a line saying what it is."""
+    if name == "zipf":
+        from codec_bench import zipf_payload
 
-    rows = DESTS * batch
-    return torch.cat([zipf_payload(rows, DIM, seed=seed + t) for t in range(TABLES)], dim=1)
+        rows = DESTS * batch
+        x = torch.cat([zipf_payload(rows, DIM, seed=seed + t) for t in range(TABLES)], dim=1)
+        return x, "Zipf(1.1) lookups from 26 random 2000-row tables"
+    import gpu_payloads
+
+    data = gpu_payloads.load()
+    return gpu_payloads.build(name, data, batch, DESTS, seed), f"{name}: {data['description']}"
 
 
 def int8_rowwise_encode(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -98,17 +161,18 @@ class Table:
     def __init__(self, json_out: Path, command: str, config: dict[str, Any]) -> None:
         self.rows: list[dict[str, Any]] = []
         self.json_out, self.command, self.config = json_out, command, config
-        self.memcpy_gbps: float | None = None
+        self.memcpy_gbps: dict[str, float] = {}
         print("  ".join(c.ljust(w) for c, w in zip(COLUMNS, WIDTHS)), flush=True)
 
     def add(self, row: dict[str, Any]) -> None:
         from _report import write_results
 
         if row["codec"] == "memcpy":
-            self.memcpy_gbps = row["encode_gbps"]
+            self.memcpy_gbps[row["payload"]] = row["encode_gbps"]
+        base = self.memcpy_gbps.get(row["payload"])
         for key in ("encode", "decode"):
             gbps = row.get(f"{key}_gbps")
-            row[f"{key}_x_memcpy"] = gbps / self.memcpy_gbps if gbps and self.memcpy_gbps else None
+            row[f"{key}_x_memcpy"] = gbps / base if gbps and base else None
         self.rows.append(row)
         print("  ".join(c.ljust(w) for c, w in zip(self.cells(row), WIDTHS)), flush=True)
         write_results(self.json_out, self.command, self.config, self.rows)
@@ -119,111 +183,139 @@ class Table:
             return "-" if v is None else format(v, fmt)
 
         syncs = row.get("syncs")
-        return [row["codec"], num(row.get("ratio"), ".1f") + ("x" if row.get("ratio") else ""),
+        return [row["payload"], row["codec"], num(row.get("ratio"), ".1f") + ("x" if row.get("ratio") else ""),
                 num(row.get("encode_gbps"), ".1f"), num(row.get("decode_gbps"), ".1f"),
                 num(row.get("encode_x_memcpy"), ".3f"), num(row.get("decode_x_memcpy"), ".3f"),
+                num(row.get("op_encode_gbps"), ".1f"), num(row.get("op_decode_gbps"), ".1f"),
                 row.get("parity", "-"), "-" if syncs is None else f"{syncs[0]}/{syncs[1]}"]
 
 
-def run(args: argparse.Namespace, table: Table) -> None:
-    from lightning_dlac.codec import _loader
-    from lightning_dlac.codec.api import device_kernels
-
-    x_cpu = payload(args.batch)
-    x = x_cpu.cuda()
+def baselines(table: Table, be: Backend, name: str, x: torch.Tensor, args: argparse.Namespace) -> None:
+    """memcpy, FP16 and INT8 row-wise on the payload (no build needed, so a build failure still leaves them)."""
     gb = x.numel() * 4 / 1e9
-    rs = list(range(0, x.size(0) + 1, args.batch))
-    cs = list(range(0, TABLES * DIM + 1, DIM))
-
-    # Baselines first: they need no build, so a build failure still leaves them measured.
-    table.add({"codec": "memcpy", "ratio": 1.0, "encode_gbps": gb / _cuda_time(lambda: x.clone(), args.repeat)})
+    copy = gb / be.seconds(lambda: x.clone())
+    table.add({"payload": name, "codec": "memcpy", "ratio": 1.0, "encode_gbps": copy, "decode_gbps": copy,
+               "moved_gbps": 2 * copy})
+    print(f"{name}: memcpy moves {2 * copy:.1f} GB/s counting the bytes read and written (each payload byte moves "
+          "both ways)", flush=True)
+    if args.quick_baselines:
+        return
     half = x.half()
-    table.add({"codec": "fp16", "ratio": 2.0, "encode_gbps": gb / _cuda_time(lambda: x.half(), args.repeat),
-               "decode_gbps": gb / _cuda_time(lambda: half.float(), args.repeat)})
+    table.add({"payload": name, "codec": "fp16", "ratio": 2.0, "encode_gbps": gb / be.seconds(lambda: x.half()),
+               "decode_gbps": gb / be.seconds(lambda: half.float())})
     q, sb = int8_rowwise_encode(x)
-    table.add({"codec": "int8 row-wise (torch)", "ratio": x.numel() * 4 / (q.numel() + sb.numel() * 4),
-               "encode_gbps": gb / _cuda_time(lambda: int8_rowwise_encode(x), args.repeat),
-               "decode_gbps": gb / _cuda_time(lambda: int8_rowwise_decode(q, sb), args.repeat)})
+    table.add({"payload": name, "codec": "int8 row-wise (torch)", "ratio": x.numel() * 4 / (q.numel() + sb.numel() * 4),
+               "encode_gbps": gb / be.seconds(lambda: int8_rowwise_encode(x)),
+               "decode_gbps": gb / be.seconds(lambda: int8_rowwise_decode(q, sb))})
+    if be.emulate:
+        return
     try:
         import fbgemm_gpu  # noqa: F401
 
         fq = torch.ops.fbgemm.FloatToFused8BitRowwiseQuantized(x)
-        table.add({"codec": "int8 row-wise (fbgemm)", "ratio": x.numel() * 4 / fq.numel(),
-                   "encode_gbps": gb / _cuda_time(lambda: torch.ops.fbgemm.FloatToFused8BitRowwiseQuantized(x),
-                                                  args.repeat),
-                   "decode_gbps": gb / _cuda_time(lambda: torch.ops.fbgemm.Fused8BitRowwiseQuantizedToFloat(fq),
-                                                  args.repeat)})
+        table.add({"payload": name, "codec": "int8 row-wise (fbgemm)", "ratio": x.numel() * 4 / fq.numel(),
+                   "encode_gbps": gb / be.seconds(lambda: torch.ops.fbgemm.FloatToFused8BitRowwiseQuantized(x)),
+                   "decode_gbps": gb / be.seconds(lambda: torch.ops.fbgemm.Fused8BitRowwiseQuantizedToFloat(fq))})
     except (ImportError, RuntimeError, AttributeError) as e:
-        print(f"int8 row-wise (fbgemm): not measured ({type(e).__name__}: {str(e)[:200]})", flush=True)
-
-    start = time.perf_counter()
-    _loader.load_native()  # raises NativeUnavailable with the build log: main() reports it
-    print(f"native kernels built/loaded in {time.perf_counter() - start:.0f} s", flush=True)
-    if not device_kernels("cuda"):
-        raise _loader.NativeUnavailable("the native library has no CUDA kernels (built while no GPU was visible?)")
-    for eps in args.eps:
-        try:
-            _bench_dlac(table, x_cpu, x, rs, cs, eps, args)
-        except RuntimeError as e:  # a kernel error: record it and go on (a sticky CUDA error fails the rest too)
-            table.add({"codec": f"dlac eps={eps:g}", "parity": "ERROR", "error": str(e)[:2000]})
-            print(f"dlac eps={eps:g}: {str(e)[:2000]}", flush=True)
+        print(f"{name}: int8 row-wise (fbgemm) not measured ({type(e).__name__}: {str(e)[:200]})", flush=True)
 
 
-def _bench_dlac(table: Table, x_cpu: torch.Tensor, x: torch.Tensor, rs: list[int], cs: list[int], eps: float,
-                args: argparse.Namespace) -> None:
+def bench_dlac(table: Table, be: Backend, name: str, x_cpu: torch.Tensor, x: torch.Tensor, eps: float,
+               args: argparse.Namespace) -> None:
+    from lightning_dlac.codec import decode_grid, encode_grid
+
     gb = x.numel() * 4 / 1e9
+    rs = list(range(0, x.size(0) + 1, x.size(0) // DESTS))
+    cs = list(range(0, TABLES * DIM + 1, DIM))
     bounds = torch.full((TABLES,), eps)
-    p, s = torch.ops.dlac.encode_grid(x, rs, cs, bounds, True)
+    ops = be.ops
+    p, s = ops.encode_grid(x, rs, cs, bounds, True)
     s_host = s.cpu()
     want, want_sizes = torch.ops.dlac.encode_grid(x_cpu, rs, cs, bounds, True)
     same_bytes = torch.equal(s_host, want_sizes) and p.numel() == want.numel() and torch.equal(p.cpu(), want)
-    out = torch.ops.dlac.decode_grid(p, s_host, rs, cs)
+    out = ops.decode_grid(p, s, rs, cs)  # sizes on the device, as the exchange receives them
     want_out = torch.ops.dlac.decode_grid(want, want_sizes, rs, cs)
     same_bits = torch.equal(out.cpu().view(torch.int32), want_out.view(torch.int32))
     parity = "bytes+bits equal" if same_bytes and same_bits else \
         f"DIFFERS (payload {'ok' if same_bytes else 'differs'}, decoded {'ok' if same_bits else 'differs'})"
-    syncs = (_syncs(lambda: torch.ops.dlac.encode_grid(x, rs, cs, bounds, True)),
-             _syncs(lambda: torch.ops.dlac.decode_grid(p, s_host, rs, cs)))
-    ratio = x.numel() * 4 / p.numel()
-    enc = _cuda_time(lambda: torch.ops.dlac.encode_grid(x, rs, cs, bounds, True), args.repeat)
-    dec = _cuda_time(lambda: torch.ops.dlac.decode_grid(p, s_host, rs, cs), args.repeat)
-    table.add({"codec": f"dlac eps={eps:g}", "ratio": ratio, "encode_gbps": gb / enc, "decode_gbps": gb / dec,
-               "parity": parity, "syncs": list(syncs)})
-    if args.host_copies:
-        host_enc = _cuda_time(lambda: torch.ops.dlac.encode_grid(x.cpu(), rs, cs, bounds, True)[0].cuda(), 1)
-        host_dec = _cuda_time(lambda: torch.ops.dlac.decode_grid(p.cpu(), s_host, rs, cs).cuda(), 1)
-        table.add({"codec": f"dlac eps={eps:g} via host copies", "ratio": ratio, "encode_gbps": gb / host_enc,
-                   "decode_gbps": gb / host_dec})
+    row = {"payload": name, "codec": f"dlac eps={eps:g}", "ratio": x.numel() * 4 / p.numel(), "parity": parity,
+           "op_encode_gbps": gb / be.seconds(lambda: ops.encode_grid(x, rs, cs, bounds, True)),
+           "op_decode_gbps": gb / be.seconds(lambda: ops.decode_grid(p, s_host, rs, cs))}
+    if be.emulate:  # the public API runs the CUDA kernels, not the emulation: op rows only
+        row["syncs"] = [be.syncs(lambda: ops.encode_grid(x, rs, cs, bounds, True)),
+                        be.syncs(lambda: ops.decode_grid(p, s, rs, cs))]
+    else:
+        row["syncs"] = [be.syncs(lambda: encode_grid(x, rs, cs, eps=bounds, impl="native")),
+                        be.syncs(lambda: decode_grid(p, s, rs, cs, impl="native"))]
+        row["encode_gbps"] = gb / be.seconds(lambda: encode_grid(x, rs, cs, eps=bounds, impl="native"))
+        row["decode_gbps"] = gb / be.seconds(lambda: decode_grid(p, s, rs, cs, impl="native"))
+    table.add(row)
+    if args.host_copies and not be.emulate:
+        host_enc = be.seconds(lambda: torch.ops.dlac.encode_grid(x.cpu(), rs, cs, bounds, True)[0].cuda(), 1)
+        host_dec = be.seconds(lambda: torch.ops.dlac.decode_grid(p.cpu(), s_host, rs, cs).cuda(), 1)
+        table.add({"payload": name, "codec": f"dlac eps={eps:g} via host copies", "ratio": row["ratio"],
+                   "encode_gbps": gb / host_enc, "decode_gbps": gb / host_dec})
+
+
+def run(args: argparse.Namespace, be: Backend, table: Table) -> None:
+    from lightning_dlac.codec import _loader
+
+    built = False
+    for name in args.payloads:
+        x_cpu, what = payload(name, args.batch)
+        print(f"{name}: {tuple(x_cpu.shape)} float32 ({x_cpu.numel() * 4 / 1e6:.0f} MB): {what}", flush=True)
+        x = x_cpu.to(be.device)
+        baselines(table, be, name, x, args)
+        if not built:
+            start = time.perf_counter()
+            be.load()  # raises NativeUnavailable with the build log: main() reports it
+            print(f"native kernels built/loaded in {time.perf_counter() - start:.0f} s", flush=True)
+            built = True
+        for eps in args.eps:
+            try:
+                bench_dlac(table, be, name, x_cpu, x, eps, args)
+            except RuntimeError as e:  # a kernel error: record it and go on (a sticky CUDA error fails the rest too)
+                if isinstance(e, _loader.NativeUnavailable):
+                    raise
+                table.add({"payload": name, "codec": f"dlac eps={eps:g}", "parity": "ERROR", "error": str(e)[:2000]})
+                print(f"{name} dlac eps={eps:g}: {type(e).__name__}: {str(e)[:2000]}", flush=True)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--batch", type=int, default=4096, help="rows per destination")
+    parser.add_argument("--batch", type=int, default=4096, help="rows per destination (at most 4096 for the "
+                        "criteo, multihot and gradient payloads: the samples in the shipped file)")
     parser.add_argument("--eps", nargs="+", type=float, default=[0.01, 0.05])
+    parser.add_argument("--payloads", nargs="+", choices=PAYLOADS, default=list(PAYLOADS))
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--no-host-copies", dest="host_copies", action="store_false",
                         help="skip the CPU-kernel rows (seconds each on a large batch)")
+    parser.add_argument("--quick-baselines", action="store_true", help="memcpy only, no FP16 / INT8 rows")
+    parser.add_argument("--emulate", action="store_true",
+                        help="no GPU: run the CUDA pipeline compiled for the host (a rehearsal, wall-clock times)")
     parser.add_argument("--json-out", type=Path, default=REPO / "benchmarks" / "results" / "cuda_codec_bench.json")
     parser.add_argument("--markdown-out", type=Path, default=None, help="update the '## Codec on GPU' section")
     args = parser.parse_args()
-    if not torch.cuda.is_available():
+    if not args.emulate and not torch.cuda.is_available():
         print(f"cuda_codec_bench: no device (torch {torch.__version__}, CUDA build {torch.version.cuda}, "
-              "torch.cuda.is_available() is False): nothing measured", flush=True)
+              "torch.cuda.is_available() is False): nothing measured (--emulate rehearses it on the host)", flush=True)
         return 2
     from lightning_dlac.codec import _loader
 
-    device = torch.cuda.get_device_name()
-    print(f"{device}: {TABLES} tables x {DESTS} destinations x {args.batch} rows, dim {DIM}, eps {args.eps}; "
-          f"torch {torch.__version__}", flush=True)
+    be = Backend(args.emulate, args.repeat)
+    device = be.name()
+    print(f"{device}: payloads {' '.join(args.payloads)}, {TABLES} tables x {DESTS} destinations x {args.batch} rows,"
+          f" dim {DIM}, eps {args.eps}; torch {torch.__version__}", flush=True)
     command = " ".join(["python benchmarks/cuda_codec_bench.py", *sys.argv[1:]])
-    table = Table(args.json_out, command, {"device": device, "batch": args.batch, "eps": args.eps})
+    table = Table(args.json_out, command, {"device": device, "batch": args.batch, "eps": args.eps,
+                                           "payloads": args.payloads, "emulated": args.emulate})
     status = 0
     try:
-        run(args, table)
+        run(args, be, table)
     except _loader.NativeUnavailable as e:
         print(f"cuda_codec_bench: the native kernels did not build or load:\n{e}", flush=True)
         status = 1
-    if args.markdown_out is not None and table.rows:
+    if args.markdown_out is not None and table.rows and not args.emulate:
         from _report import write_generated_block
 
         head = "| " + " | ".join(COLUMNS) + " |"

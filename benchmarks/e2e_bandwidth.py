@@ -12,6 +12,10 @@ variant is its own 2-rank launch (gloo, MASTER_ADDR=127.0.0.1, one thread per ra
 (26 tables of dim 64, one-hot Zipf ids from the example's synthetic Criteo generator; ``--model dlrm_v2``: MLPerf's
 DLRM v2, DLRM_DCN with dim 128 and multi-hot ids with MLPerf's pooling factors) with a plain loop:
 DistributedModelParallel, table-wise sharding, fused Adagrad for the tables, dense Adagrad.
+
+That loop (``_train_rank``) is also the reference for training with lightning-dlac without Lightning:
+``shard_model`` + ``install_compressed_all_to_all`` + a ``Calibrator`` fed by the exchange group's observer.
+The stand-ins it compares with (qcomm byte counters, zero-cost exchanges) are in ``_e2e_stand_ins.py``.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # tests._launch (the project's rank launcher) lives at the repository root
     sys.path.insert(0, str(REPO))
 
+from _e2e_stand_ins import _codecs_registry, _install_zero_cost_same_bytes  # noqa: E402 - beside this script
 from _report import write_generated_block, write_results  # noqa: E402 - beside this script
 
 SECTION = "## End-to-end training under a throttled interconnect"
@@ -84,222 +89,6 @@ SAME_BYTES_AS = "dlac_dlac"
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Codecs: a zero-cost 8x stand-in and a byte-counting wrapper around TorchRec's codecs
-
-
-class ZeroCost8xCodec:
-    """TorchRec QuantizedCommCodec that sends the first 1/8 of the elements and decodes by padding with zeros.
-
-    It costs nothing to encode or decode, so it is the ceiling any fixed 8x compression of this exchange could reach.
-    Its values are garbage (7/8 zeros): the loss stays finite but the model does not learn the tables.
-    """
-
-    def encode(self, input_tensor: torch.Tensor, ctx: Any = None) -> torch.Tensor:
-        flat = input_tensor.reshape(-1)
-        return flat[: self.calc_quantized_size(flat.numel())].clone()
-
-    def decode(self, input_grad: torch.Tensor, ctx: Any = None) -> torch.Tensor:
-        return torch.nn.functional.pad(input_grad.reshape(-1), (0, 7 * input_grad.numel()))
-
-    @property
-    def quantized_dtype(self) -> torch.dtype:
-        return torch.float32
-
-    def calc_quantized_size(self, input_len: int, ctx: Any = None) -> int:
-        return math.ceil(input_len / 8)
-
-    def create_context(self) -> Any:
-        return None
-
-    def padded_size(
-        self, input_tensor: torch.Tensor, dim_per_rank: list[int], my_rank: int, qcomm_ctx: Any
-    ) -> tuple[int, int]:
-        # ceil(n / 8) per chunk must add up to ceil(N / 8) of the whole buffer: every chunk is B_rank x D rows.
-        if any(d % 8 for d in dim_per_rank):
-            raise ValueError(f"ZeroCost8xCodec needs every rank's dim sum to be a multiple of 8, got {dim_per_rank}.")
-        return input_tensor.shape[1], 0
-
-
-class CountingCodec:
-    """Wraps a TorchRec QuantizedCommCodec and counts the float32 bytes it was given and the bytes it produced."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.calls = 0
-        self.raw_bytes = 0
-        self.sent_bytes = 0
-        self.codec_s = 0.0
-
-    def reset(self) -> None:
-        self.calls, self.raw_bytes, self.sent_bytes, self.codec_s = 0, 0, 0, 0.0
-
-    def encode(self, input_tensor: torch.Tensor, ctx: Any = None) -> torch.Tensor:
-        t0 = time.perf_counter()
-        out = self.inner.encode(input_tensor, ctx)
-        self.codec_s += time.perf_counter() - t0
-        self.calls += 1
-        self.raw_bytes += input_tensor.numel() * input_tensor.element_size()
-        self.sent_bytes += out.numel() * out.element_size()
-        return out
-
-    def decode(self, input_grad: torch.Tensor, ctx: Any = None) -> torch.Tensor:
-        t0 = time.perf_counter()
-        out = self.inner.decode(input_grad, ctx)
-        self.codec_s += time.perf_counter() - t0
-        return out
-
-    @property
-    def quantized_dtype(self) -> torch.dtype:
-        # torchrec 1.8's NoOpQuantizedCommCodec defines quantized_dtype as a method, its other codecs as a property.
-        dtype = self.inner.quantized_dtype
-        return dtype() if callable(dtype) else dtype
-
-    def calc_quantized_size(self, input_len: int, ctx: Any = None) -> int:
-        return self.inner.calc_quantized_size(input_len, ctx)
-
-    def create_context(self) -> Any:
-        return self.inner.create_context()
-
-    def padded_size(self, input_tensor: torch.Tensor, dim_per_rank: list[int], my_rank: int, qcomm_ctx: Any) -> Any:
-        return self.inner.padded_size(input_tensor, dim_per_rank, my_rank, qcomm_ctx)
-
-
-def _codecs_registry(variant: Variant) -> tuple[dict[str, Any] | None, CountingCodec | None, CountingCodec | None]:
-    """The qcomm_codecs_registry for the sharder, and the counting wrappers of the pooled all-to-all codecs."""
-    from torchrec.distributed.fbgemm_qcomm_codec import CommType, QCommsConfig, get_qcomm_codecs_registry
-    from torchrec.distributed.types import CommOp, NoOpQuantizedCommCodec, QuantizedCommCodecs
-
-    if variant.kind == "qcomm":
-        precision = {"fp16": CommType.FP16, "int8": CommType.INT8, "bf16": CommType.BF16, "fp32": CommType.FP32}
-        registry = get_qcomm_codecs_registry(
-            QCommsConfig(forward_precision=precision[variant.forward], backward_precision=precision[variant.backward])
-        )
-    elif variant.kind == "zero":
-        backward = ZeroCost8xCodec() if variant.backward == "zero8" else NoOpQuantizedCommCodec()
-        registry = {CommOp.POOLED_EMBEDDINGS_ALL_TO_ALL.name: QuantizedCommCodecs(ZeroCost8xCodec(), backward)}
-    else:
-        return None, None, None
-    key = CommOp.POOLED_EMBEDDINGS_ALL_TO_ALL.name
-    fwd, bwd = CountingCodec(registry[key].forward), CountingCodec(registry[key].backward)
-    registry[key] = QuantizedCommCodecs(forward=fwd, backward=bwd)
-    return registry, fwd, bwd
-
-
-class ZeroCostSameBytesExchange(torch.nn.Module):
-    """Stand-in for the compressed all-to-all that sends, per step and per rank, exactly the bytes a DLAC launch
-    sent (its mean per step, both directions: the int64 size exchange, then the payload) and costs nothing to
-    encode or decode: the ceiling of DLAC at its own compression ratios.
-
-    Like DLAC, a rank keeps its own rows exactly and sends nothing for them; every other column arrives as zeros
-    (garbage, as the zero-cost 8x stand-in's): the loss stays finite, the tables do not learn.
-
-    Args:
-        pg: Process group.
-        dims_per_rank: Column block dims per rank (the output dist's layout).
-        callbacks: The output dist's callbacks, applied on ``wait()``.
-        fwd_bytes: Per rank: forward bytes it sends per step (size exchange included), split evenly over the others.
-        bwd_bytes: The same for the gradient exchange.
-    """
-
-    def __init__(self, pg: Any, dims_per_rank: list[list[int]], callbacks: list[Any], fwd_bytes: list[int],
-                 bwd_bytes: list[int]) -> None:
-        import torch.distributed as dist
-
-        super().__init__()
-        self.pg, self.rank, self.world = pg, dist.get_rank(pg), dist.get_world_size(pg)
-        self.dim_sums = [sum(d) for d in dims_per_rank]
-        self.n_local = [len(d) for d in dims_per_rank]
-        self.callbacks = list(callbacks or [])
-        self.fwd_bytes, self.bwd_bytes = fwd_bytes, bwd_bytes
-        self.sent = {"fwd": 0, "bwd": 0}
-
-    def forward(self, local_embs: torch.Tensor, batch_size_per_rank: list[int] | None = None) -> Any:
-        from torchrec.distributed.dist_data import PooledEmbeddingsAwaitable
-        from torchrec.distributed.types import Awaitable
-
-        class Ready(Awaitable[torch.Tensor]):
-            def _wait_impl(self) -> torch.Tensor:
-                return out
-
-        if not batch_size_per_rank:
-            batch_size_per_rank = [local_embs.size(0) // self.world] * self.world
-        out = _ZeroCostSameBytesFn.apply(local_embs, self, list(batch_size_per_rank))
-        awaitable = PooledEmbeddingsAwaitable(tensor_awaitable=Ready())
-        awaitable.callbacks.extend(self.callbacks)
-        return awaitable
-
-    def send(self, per_rank_bytes: list[int], n_sizes: list[int], direction: str) -> None:
-        """One size exchange and one payload exchange with DLAC's byte counts (forward: a rank sends one size per
-        local table to each other rank; backward: one per destination's table)."""
-        import torch.distributed as dist
-
-        me, world = self.rank, self.world
-        others = world - 1
-        if not others:
-            return
-        # Sizes: forward, rank s sends n_local[s] int64 to each other rank; backward, it sends n_local[d] to rank d.
-        size_out = [0 if d == me else (n_sizes[me] if direction == "fwd" else n_sizes[d]) for d in range(world)]
-        size_in = [0 if s == me else (n_sizes[s] if direction == "fwd" else n_sizes[me]) for s in range(world)]
-        sizes_recv = torch.empty(sum(size_in), dtype=torch.int64)
-        dist.all_to_all_single(sizes_recv, torch.zeros(sum(size_out), dtype=torch.int64), size_in, size_out,
-                               group=self.pg)
-
-        def payload(src: int) -> int:  # bytes rank src sends to each other rank, its size exchange taken out
-            size_bytes = (n_sizes[src] if direction == "fwd" else sum(n_sizes) - n_sizes[src]) * 8
-            return max(0, per_rank_bytes[src] - size_bytes) // others
-
-        out_splits = [0 if d == me else payload(me) for d in range(world)]
-        in_splits = [0 if s == me else payload(s) for s in range(world)]
-        received = torch.empty(sum(in_splits), dtype=torch.uint8)
-        dist.all_to_all_single(received, torch.zeros(sum(out_splits), dtype=torch.uint8), in_splits, out_splits,
-                               group=self.pg)
-        self.sent[direction] += sum(out_splits) + sum(size_out) * 8
-
-
-class _ZeroCostSameBytesFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, local_embs: torch.Tensor, a2a: ZeroCostSameBytesExchange, batch_size_per_rank: list[int]):  # noqa: ANN001, ANN205
-        ctx.a2a, ctx.batch_size_per_rank = a2a, batch_size_per_rank
-        a2a.send(a2a.fwd_bytes, a2a.n_local, "fwd")
-        me = a2a.rank
-        first_row, first_col = sum(batch_size_per_rank[:me]), sum(a2a.dim_sums[:me])
-        out = local_embs.new_zeros(batch_size_per_rank[me], sum(a2a.dim_sums))
-        out[:, first_col : first_col + a2a.dim_sums[me]] = local_embs[first_row : first_row + batch_size_per_rank[me]]
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_output: torch.Tensor):  # noqa: ANN001, ANN205
-        a2a, batch_size_per_rank = ctx.a2a, ctx.batch_size_per_rank
-        a2a.send(a2a.bwd_bytes, a2a.n_local, "bwd")
-        me = a2a.rank
-        first_row, first_col = sum(batch_size_per_rank[:me]), sum(a2a.dim_sums[:me])
-        grad = grad_output.new_zeros(sum(batch_size_per_rank), a2a.dim_sums[me])
-        grad[first_row : first_row + batch_size_per_rank[me]] = grad_output[:, first_col : first_col + a2a.dim_sums[me]]
-        return grad, None, None
-
-
-def _install_zero_cost_same_bytes(model: torch.nn.Module, fwd_bytes: list[int],
-                                  bwd_bytes: list[int]) -> list[ZeroCostSameBytesExchange]:
-    """Put a :class:`ZeroCostSameBytesExchange` where install_compressed_all_to_all puts DLAC's exchange."""
-    from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
-    from torchrec.distributed.sharding.tw_sharding import TwPooledEmbeddingDist
-
-    installed = []
-    for sebc in model.modules():
-        if isinstance(sebc, ShardedEmbeddingBagCollection):
-            for dist_module in sebc._output_dists:
-                if type(dist_module) is TwPooledEmbeddingDist:
-                    a2a = ZeroCostSameBytesExchange(dist_module._pg, dist_module._emb_dim_per_rank_per_feature,
-                                                    dist_module._callbacks, fwd_bytes, bwd_bytes)
-                    dist_module._dist = a2a
-                    installed.append(a2a)
-    if len(installed) != 1:
-        raise RuntimeError(f"zero_same_ratio expects one table-wise output dist, found {len(installed)}: DLAC's"
-                           " per-step bytes are per model, not per dist.")
-    return installed
-
-
-# --------------------------------------------------------------------------------------------------------------
 # One rank
 
 
@@ -335,14 +124,18 @@ def _model_and_data(model: str, max_rows: int, batch_size: int) -> tuple[Any, An
 
 
 def _train_rank(rank: int, world_size: int, variant_name: str, cfg: dict[str, Any]) -> dict[str, Any]:
-    import torch.distributed as dist
-    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-    from torchrec.distributed.model_parallel import DistributedModelParallel
-    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
-    from torchrec.distributed.types import ShardingEnv
+    """One rank of one launch: the reference plain training loop (TorchRec and lightning-dlac, no Lightning).
 
+    ``shard_model`` plans table-wise and wraps the model in DistributedModelParallel (fused Adagrad for the tables,
+    dense parameters in DDP); ``install_compressed_all_to_all`` puts DLAC's exchange in; a ``Calibrator`` fed by the
+    exchange's chunk observer gives the per-table bounds (``dlac_classes``), as ``DLACCallback`` does under
+    Lightning; the dense optimizer gets ``dense_parameters``; the step is an ordinary forward / backward / step."""
+    import torch.distributed as dist
+
+    from lightning_dlac.adaptive import CalibrationSettings, Calibrator
     from lightning_dlac.comm import CompressionConfig, ErrorBounds, install_compressed_all_to_all
-    from lightning_dlac.strategy import EmbeddingOptimizer, dense_parameters
+    from lightning_dlac.comm.collectives import all_gather_object, all_reduce
+    from lightning_dlac.sharding import ShardingOptions, dense_parameters, shard_model
 
     variant = VARIANTS[variant_name]
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
@@ -354,29 +147,16 @@ def _train_rank(rank: int, world_size: int, variant_name: str, cfg: dict[str, An
         batches = [gen.batch(i * world_size + rank, batch_size=batch_size) for i in range(warmup + steps)]
 
         registry, fwd_codec, bwd_codec = _codecs_registry(variant)
-        sharder = EmbeddingBagCollectionSharder(
-            fused_params={
-                "optimizer": EmbeddingOptimizer.ADAGRAD.to_fbgemm(),
-                "learning_rate": EMBEDDING_LR,
-                "eps": 1e-8,
-            },
-            qcomm_codecs_registry=registry,
-        )
-        tables = dlrm.embedding_bag_collection.embedding_bag_configs()
-        constraints = {t.name: ParameterConstraints(sharding_types=["table_wise"]) for t in tables}
-        pg = dist.group.WORLD
-        planner = EmbeddingShardingPlanner(
-            topology=Topology(world_size=world_size, local_world_size=world_size, compute_device="cpu"),
-            constraints=constraints,
-        )
-        plan = planner.collective_plan(dlrm.model, [sharder], pg)
-        model = DistributedModelParallel(
-            dlrm.model, env=ShardingEnv.from_process_group(pg), device=torch.device("cpu"), plan=plan,
-            sharders=[sharder],
-        )
+        # static_graph=True: DistributedModelParallel's default DDP wrapper, which this benchmark has always used.
+        options = ShardingOptions(sharding_types=["table_wise"], embedding_optimizer="adagrad",
+                                  embedding_lr=EMBEDDING_LR, adagrad_epsilon=1e-8, static_graph=True,
+                                  qcomm_codecs_registry=registry)
+        dims = {t.name: t.embedding_dim for t in dlrm.embedding_bag_collection.embedding_bag_configs()}
+        model = shard_model(dlrm.model, options, torch.device("cpu"))
+        plan = model.plan
         group = None
         bounds = ErrorBounds(0.01)
-        calibration = None
+        calibrator = None
         if variant.kind == "dlac":
             config = CompressionConfig(backward=variant.backward, auto_fallback=variant.auto_fallback,
                                        fallback_check_every=cfg.get("fallback_check_every", 64),
@@ -385,33 +165,26 @@ def _train_rank(rank: int, world_size: int, variant_name: str, cfg: dict[str, An
             if not group:
                 raise RuntimeError("install_compressed_all_to_all installed nothing: the plan is not table-wise.")
             if variant.classes:
-                # The callback's policy, without Lightning: measure the warm-up steps' chunks, classify, apply. Only
-                # a table's owner encodes it, so each rank's own tables' statistics are all it needs.
-                from lightning_dlac.adaptive import (
-                    CalibrationStats,
-                    ClassBounds,
-                    HomogenizationThresholds,
-                    class_table_bounds,
-                    classify,
-                )
-
-                calibration = CalibrationStats(ClassBounds().candidates(), index_eps=0.03)
-                group.set_observer(calibration.observe)
+                # The callback's table-wise level without Lightning: measure the warm-up steps' chunks, classify
+                # (statistics reduced over ranks, so every rank picks the same bounds), apply.
+                settings = CalibrationSettings(index_eps=0.03, batches=warmup, sensitivity_batches=0)
+                calibrator = Calibrator(settings, all_reduce, all_gather_object)
+                calibrator.begin()
+                group.set_observer(calibrator.observe)
         zero_same = None
         if variant.kind == "zero_same":
             same = cfg["same_bytes"]
             (zero_same,) = _install_zero_cost_same_bytes(model, same["fwd"], same["bwd"])
         dense_opt = torch.optim.Adagrad(dense_parameters(model), lr=dlrm.hparams.learning_rate)
         loss_fn = torch.nn.BCEWithLogitsLoss()
-        dims = {t.name: t.embedding_dim for t in tables}
         local_dim = sum(dims[n] for mp in plan.plan.values() for n, spec in mp.items() if rank in (spec.ranks or []))
 
         times, losses, uncompressed_steps = [], [], []
         for i, batch in enumerate(batches):
-            if i == warmup and calibration is not None:
-                classes = classify(calibration.tables, HomogenizationThresholds())
-                bounds.set_table_bounds(class_table_bounds(classes, ClassBounds()))
+            if i == warmup and calibrator is not None:
                 group.set_observer(None)
+                calibrator.finish(i, group.all_compressed_tables)
+                bounds.set_table_bounds(calibrator.table_bounds)
             if i == warmup:
                 dist.barrier()
                 warm = group.stats() if group else None  # counters only grow: the timed steps are the difference
@@ -428,6 +201,8 @@ def _train_rank(rank: int, world_size: int, variant_name: str, cfg: dict[str, An
             loss.backward()
             dense_opt.step()
             elapsed = time.perf_counter() - t0
+            if calibrator is not None and calibrator.measuring(i):
+                calibrator.batch_measured()
             if i >= warmup:
                 times.append(elapsed)
                 # compress="auto": whether this step's exchange went uncompressed (a check of the other way)
@@ -691,6 +466,8 @@ def main() -> None:
             parser.error(f"zero_same_ratio sends what {SAME_BYTES_AS} sent in the same repeat: add {SAME_BYTES_AS}")
         variants.remove("zero_same_ratio")
         variants.insert(variants.index(SAME_BYTES_AS) + 1, "zero_same_ratio")
+    if "dlac_classes" in variants and args.warmup < 1:
+        parser.error("dlac_classes calibrates its per-table bounds on the warm-up steps: give --warmup >= 1")
     if args.fallback_check_every < 1:
         parser.error("--fallback-check-every must be >= 1")
     if args.world_size < 2:

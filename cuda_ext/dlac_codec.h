@@ -160,7 +160,7 @@ inline uint32_t crc32_update(uint32_t crc, const uint8_t* p, size_t n) {
 }
 // The CRC register after feeding buf[begin, end) of a chunk into register r (no initial or final inversion), with
 // the bytes of the header's crc field taken as zero; t0 is the first slicing table. Bytewise, for the device,
-// where each thread feeds one segment and the segments are joined with crc_shift_tables (dlac_grid.h).
+// where each thread feeds one segment and the segments are joined with crc_shift (dlac_grid_transfer.h).
 DLAC_HD inline uint32_t crc_register(uint32_t r, const uint8_t* buf, uint64_t begin, uint64_t end, const uint32_t* t0) {
   for (uint64_t i = begin; i < end; ++i) {
     uint32_t b = (i >= kCrcOffset && i < kCrcOffset + 4) ? 0u : buf[i];

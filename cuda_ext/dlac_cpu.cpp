@@ -83,11 +83,13 @@ at::Tensor decode_grid_cpu(const at::Tensor& payload_in, const at::Tensor& sizes
   const int64_t* sp = sizes.data_ptr<int64_t>();
   std::vector<int64_t> offsets(nchunks + 1, 0);
   for (int64_t i = 0; i < nchunks; ++i) {
-    TORCH_CHECK(sp[i] >= 0, "chunk ", i, ": negative size ", sp[i]);
+    TORCH_CHECK_VALUE(sp[i] >= 0, "chunk ", i, ": negative size ", sp[i]);
     offsets[i + 1] = offsets[i] + sp[i];
   }
-  TORCH_CHECK(offsets[nchunks] == payload.numel(), "chunk sizes sum to ", offsets[nchunks],
-              " bytes but the payload holds ", payload.numel(), " (truncated payload?)");
+  // What the bytes and sizes are found to be wrong with is a ValueError (Python's codec API: a CodecError), unlike
+  // bad arguments above and device errors.
+  TORCH_CHECK_VALUE(offsets[nchunks] == payload.numel(), "chunk sizes sum to ", offsets[nchunks],
+                    " bytes but the payload holds ", payload.numel(), " (truncated payload?)");
   at::Tensor out = at::empty({row_splits.back(), col_splits.back()}, at::kFloat);
   float* op = out.data_ptr<float>();
   const int64_t ld = col_splits.back();
@@ -106,7 +108,7 @@ at::Tensor decode_grid_cpu(const at::Tensor& payload_in, const at::Tensor& sizes
       }
     }
   });
-  for (int64_t i = 0; i < nchunks; ++i) TORCH_CHECK(errors[i].empty(), errors[i]);
+  for (int64_t i = 0; i < nchunks; ++i) TORCH_CHECK_VALUE(errors[i].empty(), errors[i]);
   return out;
 }
 

@@ -1,10 +1,11 @@
 // CUDA kernels of the DLAC codec: dlac::encode_grid / dlac::decode_grid for tensors on a GPU.
 //
-// The pipeline is cuda_ext/dlac_grid.h, compiled here with kernel launches (the tests compile the same file for
-// the host and check it bit for bit against the reference). Payload, sizes and decoded output stay on x's device,
-// so the all-to-all sends them with NCCL without a host round trip; the encoder synchronizes once (the chunk sizes
-// decide the payload's size; twice when its histograms outgrow the previous call's) and the decoder twice (header
-// validation, error report). Everything runs on the current stream (dlac_grid.h says why that is stream-safe).
+// The pipeline is cuda_ext/dlac_grid.h and the dlac_grid_*.h headers it includes, compiled here with kernel
+// launches (the tests compile the same files for the host and check them bit for bit against the reference).
+// Payload, sizes and decoded output stay on x's device, so the all-to-all sends them with NCCL without a host round
+// trip; the encoder synchronizes once (the chunk sizes decide the payload's size; twice when its histograms outgrow
+// their region) and the decoder twice (header validation, error report). Everything runs on the current stream
+// (dlac_grid_transfer.h says why that is stream-safe).
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>

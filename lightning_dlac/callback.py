@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import itertools
-import json
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import lightning.pytorch as pl
-import torch
-import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from typing_extensions import override
@@ -28,6 +25,7 @@ from lightning_dlac.adaptive import (
     TableStats,
 )
 from lightning_dlac.adaptive.bounds import check_count
+from lightning_dlac.comm.collectives import all_gather_object, all_reduce, rank_and_world
 from lightning_dlac.metrics import CompressionMonitor, run_directory, scalar_metrics
 from lightning_dlac.strategy import DLACStrategy
 
@@ -126,8 +124,8 @@ class DLACCallback(Callback):
         self.schedule = DecaySchedule(schedule, c, T, stages)
         self.log_every_n_steps = check_count(log_every_n_steps, "log_every_n_steps", 1)
         self.prog_bar, self.report = bool(prog_bar), bool(report)
-        self._calibrator = Calibrator(self.settings)
-        self._monitor = CompressionMonitor(bool(per_table_metrics), self._all_reduce)
+        self._calibrator = Calibrator(self.settings, all_reduce, all_gather_object)
+        self._monitor = CompressionMonitor(bool(per_table_metrics), all_reduce)
         self._strategy: DLACStrategy | None = None
         self._step = 0  # training batches seen: the schedule's t
         self._probe_s = 0.0  # probe time within the current batch (not training time)
@@ -248,7 +246,7 @@ class DLACCallback(Callback):
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._strategy is None or not self.report or not trainer.is_global_zero:
             return
-        from lightning_dlac.report import RUN_FILE, headline, write_report
+        from lightning_dlac.report import headline, save_run
 
         run = self.run_summary(trainer)
         for line in headline(run):
@@ -257,9 +255,7 @@ class DLACCallback(Callback):
         if log_dir is None:  # the user asked for no run directory, so nothing is written (not even into the cwd)
             rank_zero_info("dlac: no logger, so no report files; attach one (e.g. CSVLogger) to get dlac_report.md")
             return
-        log_dir.mkdir(parents=True, exist_ok=True)
-        (log_dir / RUN_FILE).write_text(json.dumps(run, indent=1))
-        rank_zero_info(f"dlac: report in {write_report(log_dir)}")
+        rank_zero_info(f"dlac: report in {save_run(run, log_dir)}")
 
     def run_summary(self, trainer: pl.Trainer) -> dict[str, Any]:
         """Everything the report is made from, as plain data (what ``dlac_run.json`` holds)."""
@@ -280,7 +276,7 @@ class DLACCallback(Callback):
 
     def _calibrate_before_training(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         batches = list(itertools.islice(self.calibration_dataloader, self.calibration_batches))
-        count = int(self._all_reduce(torch.tensor([len(batches)], dtype=torch.float64), "min")[0])
+        count = self._calibrator.agreed_batches(len(batches))
         if count == 0:
             raise ValueError("DLACCallback: calibration_dataloader yielded no batch on some rank; give it batches.")
         group = self._strategy.exchange_group
@@ -302,10 +298,10 @@ class DLACCallback(Callback):
                 with group.off_the_record(bounds):
                     return loss_of(pl_module.training_step(batch, batch_idx))
 
-            self._calibrator.probe(group.tables, loss_at)
+            self._calibrator.probe(group.all_compressed_tables, loss_at)
 
     def _finish_calibration(self, first_batch: int) -> None:
-        result = self._calibrator.finish(first_batch, self._strategy.all_compressed_tables, self._all_reduce)
+        result = self._calibrator.finish(first_batch, self._strategy.all_compressed_tables)
         self._apply_bounds()
         n = result.counts
         rank_zero_info(
@@ -318,7 +314,7 @@ class DLACCallback(Callback):
         bounds.clear_table_bounds()
         bounds.set_table_bounds(self._calibrator.table_bounds)
 
-    # ------------------------------------------------------------------ metrics and collectives
+    # ------------------------------------------------------------------ metrics
 
     def _write_metrics(self, trainer: pl.Trainer) -> None:
         bounds = self._strategy.error_bounds
@@ -330,24 +326,14 @@ class DLACCallback(Callback):
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=trainer.global_step)
 
-    def _all_reduce(self, t: torch.Tensor, op: str) -> torch.Tensor:
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-            return t
-        out = t.to(self._strategy.root_device)
-        dist.all_reduce(out, op={"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[op])
-        return out.cpu()
-
     # ------------------------------------------------------------------ checkpoint state
 
     @override
     def state_dict(self) -> dict[str, Any]:
         # Only rank 0's state is written (meta.pt), but a calibration in progress is each rank's own until it is
-        # reduced: collect every rank's part (every rank dumps the checkpoint, so the collective is matched).
-        calibrator = self._calibrator.state_dict()
-        measurement = calibrator.pop("measurement")
+        # reduced: the calibrator gathers every rank's part (every rank dumps the checkpoint: the gather is matched).
         return {"version": _STATE_VERSION, "mode": self.mode, "schedule": self.schedule.as_dict(), "step": self._step,
-                "measurements": None if measurement is None else _gathered(measurement), **calibrator,
-                **self._monitor.state_dict()}
+                **self._calibrator.shared_state_dict(), **self._monitor.state_dict()}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -365,22 +351,11 @@ class DLACCallback(Callback):
                 " checkpoint's table bounds and this run's schedule."
             )
         self._step = int(state_dict["step"])
-        measurements = state_dict.get("measurements")
-        rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-        mine = measurements[rank] if measurements is not None and len(measurements) == world else None
-        if measurements is not None and mine is None:
+        rank, world = rank_and_world()
+        if not self._calibrator.load_shared_state_dict(state_dict, rank, world):
             rank_zero_warn(
-                f"DLACCallback: the checkpoint was saved during a calibration on {len(measurements)} rank(s) and is"
-                f" resumed on {world}; each rank's part of it cannot be given back, so that calibration starts over."
+                f"DLACCallback: the checkpoint was saved during a calibration on {len(state_dict['measurements'])}"
+                f" rank(s) and is resumed on {world}; each rank's part of it cannot be given back, so that"
+                " calibration starts over."
             )
-        self._calibrator.load_state_dict({**state_dict, "measurement": mine})
         self._monitor.load_state_dict(state_dict)
-
-
-def _gathered(obj: Any) -> list[Any]:
-    """Every rank's ``obj``, by rank (``[obj]`` without a process group)."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return [obj]
-    out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
-    return out

@@ -2,9 +2,10 @@
 
 :class:`CompressionMonitor` turns an :class:`~lightning_dlac.comm.ExchangeGroup`'s counters (which only grow) into
 per-interval metrics: it keeps the snapshot it took at the previous write, all-reduces the difference over ranks,
-and adds it to the run's totals. It also times the training batches, to give the all-to-all's share of them. It
-does not decide anything; ``DLACCallback`` calls it from its hooks, as Lightning keeps ``LearningRateMonitor`` apart
-from the loop.
+and adds it to the run's totals. It also times the training batches, to give the all-to-all's share of them: it
+marks each batch on the group (``set_in_step``), which reads no time, so nothing waits for the device per batch;
+the exchanges' times are read when a write needs them. It does not decide anything; ``DLACCallback`` calls it from
+its hooks, as Lightning keeps ``LearningRateMonitor`` apart from the loop.
 """
 
 from __future__ import annotations
@@ -45,21 +46,21 @@ class CompressionMonitor:
         self.history: list[dict[str, Any]] = []  # every write, with the module's scalar metrics at that point
         self.non_finite_reported: set[str] = set()
         self.last_ratio: float | None = None
-        self._interval = [0.0, 0.0]  # this rank's training-batch seconds and all-to-all seconds since the last write
+        self._interval_s = 0.0  # this rank's training-batch seconds since the last write
         self._interval_batches = 0
-        self._batch_start = (0.0, 0.0)
+        self._batch_start = 0.0
 
-    # ------------------------------------------------------------------ per batch
+    # ------------------------------------------------------------------ per batch (no time of the exchanges is read)
 
     def batch_started(self, group: ExchangeGroup) -> None:
-        """A training batch starts."""
-        self._batch_start = (time.perf_counter(), group.stats().a2a_s)
+        """A training batch starts: its exchanges count as the step's (``CommStats.in_step_s``)."""
+        self._batch_start = time.perf_counter()
+        group.set_in_step(True)
 
     def batch_ended(self, group: ExchangeGroup, excluded_s: float = 0.0) -> None:
         """The training batch ended; ``excluded_s`` of its wall time was not training (calibration probes)."""
-        t0, a2a0 = self._batch_start
-        self._interval[0] += time.perf_counter() - t0 - excluded_s
-        self._interval[1] += group.stats().a2a_s - a2a0
+        group.set_in_step(False)
+        self._interval_s += time.perf_counter() - self._batch_start - excluded_s
         self._interval_batches += 1
 
     def pending(self, group: ExchangeGroup) -> bool:
@@ -72,20 +73,21 @@ class CompressionMonitor:
               multiplier: float) -> dict[str, float]:
         """Combine the interval's figures over ranks, add them to the totals and return the metrics.
         Every rank must call it at the same point."""
-        tables = group.tables
-        now = group.stats()
+        tables = group.all_compressed_tables
+        now = group.stats()  # reads the exchanges' times (on a GPU, waits for the device)
         tensors = (now - self._last).to_tensors(tables)
-        # The interval's timings travel with the counters' sums: one all-reduce for both.
-        sums = self._all_reduce(torch.cat([tensors["sum"], torch.tensor(self._interval, dtype=torch.float64)]), "sum")
-        interval = CommStats.from_tensors(tables, {"sum": sums[:-2], "max": self._all_reduce(tensors["max"], "max")})
-        step_s, a2a_s = sums[-2:].tolist()
+        # The interval's training time travels with the counters' sums: one all-reduce for both.
+        sums = self._all_reduce(torch.cat([tensors["sum"], torch.tensor([self._interval_s], dtype=torch.float64)]),
+                                "sum")
+        interval = CommStats.from_tensors(tables, {"sum": sums[:-1], "max": self._all_reduce(tensors["max"], "max")})
+        step_s, a2a_s = float(sums[-1]), interval.in_step_s  # a2a_s: the exchanges within training batches
         self._last = now
         self.totals = self.totals + interval
         batches = self._interval_batches
         self.batches += batches
         self.train_s += step_s
         self.a2a_s += a2a_s
-        self._interval, self._interval_batches = [0.0, 0.0], 0
+        self._interval_s, self._interval_batches = 0.0, 0
 
         bad = sorted(interval.non_finite_tables)
         self._warn_non_finite(bad)

@@ -1,8 +1,8 @@
 """The end-of-run compression report: a markdown summary and PNG plots in the run's log directory.
 
-``DLACCallback`` writes ``dlac_run.json`` (its metrics history, calibration and totals) at the end of fit and calls
-:func:`write_report` on rank 0. ``dlac report LOG_DIR`` (or ``python -m lightning_dlac.report LOG_DIR``) rebuilds
-the report from that file alone, e.g. after changing the plots.
+``DLACCallback`` hands its run summary (metrics history, calibration and totals) to :func:`save_run` at the end of
+fit on rank 0, which writes ``dlac_run.json`` and the report made from it. ``dlac report LOG_DIR`` (or ``python -m
+lightning_dlac.report LOG_DIR``) rebuilds the report from that file alone, e.g. after changing the plots.
 
 ``dlac report LOG_DIR --baseline OTHER_LOG_DIR`` compares the run with a reference run, typically the same training
 uncompressed (``DLACStrategy(compress=False)``): the loss and AUROC plot overlays the reference's curves and the
@@ -272,6 +272,15 @@ def _plot(run: dict[str, Any], log_dir: Path, baseline: dict[str, Any] | None = 
         ax.set_title(title + (f" (dashed: baseline {Path(baseline['name']).name})" if baseline is not None else ""))
         save(fig, "quality")
     return written
+
+
+def save_run(run: dict[str, Any], log_dir: str | Path) -> Path:
+    """Write ``run`` (plain data: what ``DLACCallback.run_summary`` returns) as ``dlac_run.json`` into ``log_dir``
+    (created if missing) and the report made from it; return the report's path."""
+    log_dir = Path(log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    (log_dir / RUN_FILE).write_text(json.dumps(run, indent=1))
+    return write_report(log_dir)
 
 
 def write_report(log_dir: str | Path, plots: bool = True, baseline: str | Path | None = None) -> Path:

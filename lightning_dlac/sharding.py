@@ -1,6 +1,7 @@
 """Sharding of a model's embedding tables with TorchRec: options, their validation, planning and the plan summary.
 
-TorchRec only (no Lightning): ``DLACStrategy`` calls :func:`shard_model`, and so can a plain training loop::
+TorchRec only (no Lightning): ``DLACStrategy`` calls :func:`shard_model`, and so can a plain training loop
+(benchmarks/e2e_bandwidth.py is one, end to end)::
 
     dmp = shard_model(model, ShardingOptions(sharding_types=["table_wise"]), device=torch.device("cpu"))
     group = install_compressed_all_to_all(dmp, CompressionConfig(), ErrorBounds(0.01))
@@ -126,6 +127,9 @@ class ShardingOptions:
     find_unused_parameters: bool = False  # of the DDP that DMP wraps the dense parameters in
     static_graph: bool = False  # of that DDP
     bucket_cap_mb: int = 25  # of that DDP
+    # TorchRec's qcomm codecs by CommOp name (torchrec.distributed.fbgemm_qcomm_codec.get_qcomm_codecs_registry), for
+    # the exchanges TorchRec sends itself (compress=False, the uncompressed baselines); None: float32
+    qcomm_codecs_registry: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         self.sharding_types = _sharding_types(self.sharding_types, "sharding_types")
@@ -141,6 +145,12 @@ class ShardingOptions:
             )
         if self.bucket_cap_mb <= 0:
             raise ValueError(f"bucket_cap_mb={self.bucket_cap_mb} must be > 0.")
+        if self.qcomm_codecs_registry is not None and not isinstance(self.qcomm_codecs_registry, Mapping):
+            raise TypeError(
+                "qcomm_codecs_registry must map CommOp names to TorchRec QuantizedCommCodecs (what"
+                " torchrec.distributed.fbgemm_qcomm_codec.get_qcomm_codecs_registry returns), got"
+                f" {type(self.qcomm_codecs_registry).__name__}."
+            )
 
     def allowed_sharding_types(self, table: str) -> list[str]:
         """The sharding types the planner may use for ``table``: its own constraint, else the global one."""
@@ -225,10 +235,12 @@ def shard_model(
         "learning_rate": options.embedding_lr,
         "eps": options.adagrad_epsilon,
     }
-    sharder = EmbeddingBagCollectionSharder(fused_params=dict(fused_params))
+    registry = options.qcomm_codecs_registry  # passed only when set: a sharder subclass may bring its own default
+    codecs = {} if registry is None else {"qcomm_codecs_registry": dict(registry)}
+    sharder = EmbeddingBagCollectionSharder(fused_params=dict(fused_params), **codecs)
     # EmbeddingCollections (sequence features: one embedding per id, unpooled) are sharded too: left to DMP they
     # would stay a replicated dense module, every rank holding every table.
-    sequence_sharder = EmbeddingCollectionSharder(fused_params=dict(fused_params))
+    sequence_sharder = EmbeddingCollectionSharder(fused_params=dict(fused_params), **codecs)
     bag_tables = [table for ebc in ebcs for table in ebc.embedding_bag_configs()]
     sequence_tables = [table for ec in ecs for table in ec.embedding_configs()]
     options.check_tables(bag_tables, supported=sharder.sharding_types(device.type), device_type=device.type,

@@ -77,7 +77,8 @@ class DLACStrategy(DDPStrategy):
     compressed all-to-all (:func:`~lightning_dlac.comm.install_compressed_all_to_all`). ``training_step`` and
     ``configure_optimizers`` stay ordinary Lightning code; ``configure_optimizers`` should cover the dense parameters
     only (see :func:`dense_parameters`). The backend is gloo on CPU and NCCL on GPU unless ``process_group_backend``
-    says otherwise.
+    says otherwise. ``Trainer(sync_batchnorm=True)`` turns the dense part's BatchNorm layers into ``SyncBatchNorm``
+    as under DDP (GPUs only: torch's SyncBatchNorm does not run on CPU processes, so there it is refused at setup).
 
     Why ``DDPStrategy`` as the base: the dense parameters *are* trained by a DDP (the one inside DMP), so its
     launcher, process-group set-up, collectives and error hints all apply unchanged. The hooks that act on a DDP
@@ -252,12 +253,12 @@ class DLACStrategy(DDPStrategy):
     @property
     def compressed_tables(self) -> list[str]:
         """Tables whose pooled embeddings this rank sends compressed."""
-        return self._group.local_tables if self._group else []
+        return self._group.compressed_tables if self._group else []
 
     @property
     def all_compressed_tables(self) -> list[str]:
         """Every table whose pooled embeddings some rank sends compressed; the same sorted list on every rank."""
-        return self._group.tables if self._group else []
+        return self._group.all_compressed_tables if self._group else []
 
     def total_comm_stats(self) -> CommStats:
         """This rank's compression counters since setup (a snapshot; the counters only grow)."""
@@ -279,6 +280,11 @@ class DLACStrategy(DDPStrategy):
     def setup(self, trainer: pl.Trainer) -> None:
         assert self.accelerator is not None and self.model is not None
         self.accelerator.setup(trainer)
+        if trainer.state.fn == TrainerFn.FITTING and self._layer_sync:
+            # Trainer(sync_batchnorm=True): the dense part's BatchNorm layers become SyncBatchNorm, as under DDP
+            # (reverted at teardown by DDPStrategy's); the embedding tables have none.
+            self._check_layer_sync(self.model)
+            self.model = self._layer_sync.apply(self.model)
         self.precision_plugin.convert_module(self.model)
         self.model = self._shard(self.model)  # shard first, then move: whole tables never have to fit on a device
         self.model_to_device()
@@ -288,6 +294,19 @@ class DLACStrategy(DDPStrategy):
         self.setup_precision_plugin()
         if trainer.state.fn == TrainerFn.FITTING:
             _optimizers_to_device(self.optimizers, self.root_device)
+
+    def _check_layer_sync(self, module: nn.Module) -> None:
+        """torch's SyncBatchNorm synchronises only on accelerators (CUDA, XPU, HPU): on CPU processes its first
+        training forward would fail, so refuse ``sync_batchnorm=True`` there, before any work."""
+        devices = ("cuda", "xpu", "hpu", torch._C._get_privateuse1_backend_name())
+        batch_norms = [name for name, m in module.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+        if batch_norms and self.world_size > 1 and self.root_device.type not in devices:
+            raise ValueError(
+                f"Trainer(sync_batchnorm=True) would turn the BatchNorm layers of the model ({', '.join(batch_norms)})"
+                " into torch.nn.SyncBatchNorm, which synchronises batch statistics only on GPUs (CUDA, XPU, HPU);"
+                f" this run trains on {self.root_device.type} with {self.world_size} processes. Remove"
+                " sync_batchnorm=True (each rank then normalises over its own batch), or train on GPUs."
+            )
 
     def _shard(self, module: nn.Module) -> nn.Module:
         from lightning_dlac.comm import install_compressed_all_to_all

@@ -300,7 +300,7 @@ def test_calibrator_measures_from_calibration_start_and_applies_bounds_after_its
             cal.observe(name, chunk)
         cal.batch_measured()
     assert cal.complete
-    result = cal.finish(first_batch=5, tables=["diverse", "repeated"], all_reduce=lambda t, op: t)
+    result = cal.finish(first_batch=5, tables=["diverse", "repeated"])
     assert result == Calibration(at=5, batches=2, counts={"tight": 1, "base": 0, "loose": 1}, again=False)
     assert cal.classes == {"diverse": TableClass.TIGHT, "repeated": TableClass.LOOSE}
     assert cal.table_bounds == {"diverse": 0.01, "repeated": 0.05}
@@ -310,7 +310,9 @@ def test_calibrator_measures_from_calibration_start_and_applies_bounds_after_its
 
 def test_calibrator_reduces_with_the_given_all_reduce_so_ranks_agree() -> None:
     # Rank 0 saw only "diverse", rank 1 only "repeated": after the reduction both classify both tables alike.
-    ranks = [Calibrator(CalibrationSettings(batches=1, sensitivity_batches=0)) for _ in range(2)]
+    reduced: dict[str, torch.Tensor] = {}  # what the all-reduce returns, filled once both ranks have measured
+    ranks = [Calibrator(CalibrationSettings(batches=1, sensitivity_batches=0), lambda t, op: reduced[op])
+             for _ in range(2)]
     tables = _two_tables()
     for cal, name in zip(ranks, tables):
         cal.begin()
@@ -319,9 +321,9 @@ def test_calibrator_reduces_with_the_given_all_reduce_so_ranks_agree() -> None:
     names = sorted(tables)
     sent = [cal._stats.to_tensors(names) for cal in ranks]
     combine = {"sum": lambda a, b: a + b, "min": torch.minimum, "max": torch.maximum}
-    reduced = {op: combine[op](sent[0][op], sent[1][op]) for op in ("sum", "min", "max")}
+    reduced.update({op: combine[op](sent[0][op], sent[1][op]) for op in ("sum", "min", "max")})
     for cal in ranks:
-        cal.finish(0, names, all_reduce=lambda t, op: reduced[op])
+        cal.finish(0, names)
     assert ranks[0].table_bounds == ranks[1].table_bounds == {"diverse": 0.01, "repeated": 0.05}
 
 
@@ -343,7 +345,7 @@ def test_calibrator_probe_measures_each_table_at_each_candidate_off_the_exchange
     # Exact first, then one table at a time at each candidate, every other table exact.
     assert torch.tensor(seen).allclose(torch.tensor([[0.0, 0.0], [0.01, 0.0], [0.05, 0.0], [0.0, 0.01], [0.0, 0.05]]))
     cal.batch_measured()
-    cal.finish(1, ["fragile", "sturdy"], lambda t, op: t)
+    cal.finish(1, ["fragile", "sturdy"])
     assert cal.table_bounds == {"fragile": 0.01, "sturdy": 0.05}
     with pytest.raises(ValueError, match="probe bound of table 'x'"):
         ProbeBounds({"x": 1.5})
@@ -355,7 +357,7 @@ def test_calibrator_recalibrates_on_schedule_and_state_round_trips() -> None:
     cal.begin()
     cal.observe("diverse", _two_tables()["diverse"])
     cal.batch_measured()
-    first = cal.finish(2, ["diverse"], lambda t, op: t)
+    first = cal.finish(2, ["diverse"])
     assert not first.again and not cal.measuring(11) and cal.measuring(12)
     state = cal.state_dict()
     # A run restored from this state measures again when the schedule says, not at once.
@@ -366,7 +368,7 @@ def test_calibrator_recalibrates_on_schedule_and_state_round_trips() -> None:
     assert not restored.measuring(11) and restored.measuring(12) and restored.state_dict() == state
     restored.observe("diverse", _two_tables()["diverse"])
     restored.batch_measured()
-    assert restored.finish(13, ["diverse"], lambda t, op: t).again
+    assert restored.finish(13, ["diverse"]).again
     assert [c["at"] for c in restored.calibrations] == [2, 13]
 
 
@@ -414,14 +416,48 @@ def test_a_measurement_in_progress_survives_the_state_round_trip() -> None:
         resumed.observe(name, chunk + 2)
     resumed.batch_measured()
     names = sorted(tables)
-    expected = uninterrupted.finish(3, names, lambda t, op: t)
-    assert resumed.finish(3, names, lambda t, op: t) == expected
+    expected = uninterrupted.finish(3, names)
+    assert resumed.finish(3, names) == expected
     assert resumed.state_dict() == uninterrupted.state_dict()
     # Without its part of the measurement (e.g. another world size), the calibration starts over.
     fresh = Calibrator(settings)
     fresh.load_state_dict({**state, "measurement": None})
     fresh.begin()
     assert fresh.wants_probe and not fresh.calibrated
+
+
+def test_calibrator_agrees_on_a_batch_count_and_checkpoints_every_ranks_measurement() -> None:
+    # Two ranks simulated with scripted collectives: rank 1 has 2 calibration batches, so both measure 2.
+    settings = CalibrationSettings(batches=3, sensitivity_batches=0)
+    offered: list[float] = []
+
+    def all_reduce(t: torch.Tensor, op: str) -> torch.Tensor:
+        offered.append(float(t[0]))
+        return torch.tensor([2.0]) if op == "min" else t
+
+    gathered: list = []
+    ranks = [Calibrator(settings, all_reduce, lambda obj: gathered) for _ in range(2)]
+    assert ranks[0].agreed_batches(5) == 2 and offered == [3.0]  # a rank offers at most calibration_batches
+    tables = _two_tables()
+    for i, cal in enumerate(ranks):
+        cal.begin()
+        for name, chunk in tables.items():
+            cal.observe(name, chunk + i)
+        cal.batch_measured()
+    gathered.extend(cal.state_dict()["measurement"] for cal in ranks)
+    shared = ranks[0].shared_state_dict()
+    assert shared["measurements"] == gathered and "measurement" not in shared
+    for rank in range(2):  # resumed on as many ranks: each gets its own part back
+        resumed = Calibrator(settings)
+        assert resumed.load_shared_state_dict(shared, rank, 2)
+        assert resumed.state_dict()["measurement"] == gathered[rank]
+    other = Calibrator(settings)  # on another number of ranks the measurement starts over
+    assert not other.load_shared_state_dict(shared, 0, 3)
+    other.begin()
+    assert other.state_dict()["measurement"]["seen"] == 0
+    between = Calibrator(CalibrationSettings(mode="off"))  # nothing in progress: nothing is gathered
+    assert between.shared_state_dict()["measurements"] is None and between.load_shared_state_dict(
+        between.shared_state_dict(), 1, 4)
 
 
 # ---------------------------------------------------------------------------------------------------- planted data
@@ -458,7 +494,7 @@ def _calibrate_on_planted(mode: str, roles: list[str], tolerance: float = 1e-3,
         for name, chunk in pooled.items():
             cal.observe(name, chunk)
         cal.batch_measured()
-    cal.finish(2, names, lambda t, op: t)
+    cal.finish(2, names)
     return cal, names
 
 

@@ -246,6 +246,41 @@ def test_state_round_trips_and_a_foreign_state_is_refused() -> None:
     assert DLACCallback(mode="off").calibrated  # nothing to calibrate: bounds stay the strategy's eps
 
 
+def test_per_batch_bookkeeping_reads_no_exchange_time_and_writes_read_it_once() -> None:
+    # On a GPU, reading the exchanges' times waits for the device: a batch only marks the step on the group.
+    from lightning_dlac.comm import CommStats
+    from lightning_dlac.metrics import CompressionMonitor
+
+    class Group:
+        all_compressed_tables = ["t"]
+
+        def __init__(self) -> None:
+            self.reads, self.marks = 0, []
+            self.now = CommStats()
+
+        def stats(self) -> CommStats:
+            self.reads += 1
+            return self.now.copy()
+
+        def set_in_step(self, in_step: bool) -> None:
+            self.marks.append(in_step)
+
+    group, monitor = Group(), CompressionMonitor(per_table=True, all_reduce=lambda t, op: t)
+    for _ in range(4):
+        monitor.batch_started(group)
+        group.now = group.now + CommStats(calls=1, raw_bytes=400, sent_bytes=40, encode_s=0.5, in_step_s=0.5,
+                                          table_raw_bytes={"t": 400}, table_sent_bytes={"t": 40})
+        monitor.batch_ended(group)
+    group.now = group.now + CommStats(calls=1, raw_bytes=400, sent_bytes=40, decode_s=2.0)  # validation, say
+    assert group.reads == 0 and group.marks == [True, False] * 4
+    metrics = monitor.write(group, world_size=1, effective_bound=lambda t: 0.01, multiplier=1.0)
+    assert group.reads == 1
+    assert metrics["dlac/ratio"] == 10.0 and metrics["dlac/raw_bytes_per_step"] == 500.0
+    assert metrics["dlac/encode_ms"] == 500.0 and metrics["dlac/decode_ms"] == 500.0  # all exchanges' phases
+    assert monitor.a2a_s == 2.0  # but the share counts the training batches' exchanges only
+    assert metrics["dlac/a2a_share"] == pytest.approx(2.0 / monitor.train_s)
+
+
 class _PoisonTable(pl.Callback):
     """Fills one table's rows with NaN on the rank that holds it, as a diverging table would."""
 

@@ -374,7 +374,7 @@ def _auto_fallback(rank: int, world_size: int) -> list[bool]:
     config = CompressionConfig(auto_fallback=True, fallback_check_every=4, error_every=0)
     ours = CompressedPooledEmbeddingsAllToAll(dist.group.WORLD, dims_per_rank, _tables(dims_per_rank), config,
                                               ErrorBounds())
-    ours._timer = timer = ScriptedTimer()
+    ours.recorder.timer = timer = ScriptedTimer()
     theirs = PooledEmbeddingsAllToAll(dist.group.WORLD, [sum(d) for d in dims_per_rank])
     ways = []
     for call in range(24):

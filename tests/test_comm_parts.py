@@ -167,3 +167,84 @@ def test_fallback_decides_from_the_slowest_rank() -> None:
     assert seen == [[0.05, 0.01], [0.05, 0.01]]  # one all-reduce per check, none in between
     with pytest.raises(ValueError, match="check_every=0 must be a whole number >= 1"):
         UncompressedFallback(0, slowest)
+
+
+def test_recorder_times_phases_within_a_step_apart_and_off_the_record_not_at_all() -> None:
+    from lightning_dlac.comm.config import CompressionConfig, ErrorBounds
+    from lightning_dlac.comm.recorder import Recorder
+
+    ticks = itertools.count(0.0, 0.25)  # every phase boundary 0.25 s after the previous one
+    rec = Recorder(CompressionConfig(), ErrorBounds(), clock=lambda: next(ticks))
+    cpu = torch.device("cpu")
+    with rec.call_timer(cpu, on_record=True).phase("encode_s"):
+        pass
+    rec.set_in_step(True)
+    with rec.call_timer(cpu, on_record=True).phase("exchange_s"):
+        pass
+    with rec.call_timer(cpu, on_record=False).phase("decode_s"):  # a probe's exchange: not counted
+        pass
+    rec.set_in_step(False)
+    stats = rec.stats()
+    assert (stats.encode_s, stats.exchange_s, stats.decode_s, stats.in_step_s) == (0.25, 0.25, 0.0, 0.25)
+    assert stats.a2a_s == 0.5 and rec.stats() == stats  # folded once: a second read adds nothing
+
+
+def test_recorder_counts_what_a_call_sends_and_switches_bounds_off_the_record() -> None:
+    from lightning_dlac.comm.config import CompressionConfig, ErrorBounds
+    from lightning_dlac.comm.exchange import encode_chunks
+    from lightning_dlac.comm.recorder import Recorder
+
+    bounds, probe = ErrorBounds(0.01), ErrorBounds(0.05)
+    rec = Recorder(CompressionConfig(error_every=2, impl="ref"), bounds)
+    seen: list[tuple[str, int]] = []
+    rec.observer = lambda table, chunk: seen.append((table, chunk.size(0)))
+    x = torch.randn(6, 4, generator=torch.Generator().manual_seed(0))
+    x[4, 2] = float("nan")  # the second row block of table "b" is sent raw
+    grid = encode_chunks(x, [0, 3, 6], [0, 2, 4], torch.tensor([0.01, 0.02]), "ref", ("a", "b"))
+    rec.observe((t, c) for t, c, _ in grid.chunks())
+    for _ in range(3):
+        rec.count_forward(["a", "b"], [48, 48], [30, 40], 86)
+        rec.check([grid], {"a": 0.01, "b": 0.02})
+    rec.count_backward(96, 48)
+    s = rec.stats()
+    assert seen == [("a", 3), ("b", 3), ("a", 3), ("b", 3)]
+    assert (s.calls, s.raw_bytes, s.sent_bytes, s.table_sent_bytes) == (3, 288, 258, {"a": 90, "b": 120})
+    assert (s.backward_calls, s.backward_raw_bytes, s.backward_sent_bytes) == (1, 96, 48)
+    assert s.table_non_finite_chunks == {"b": 3}  # once per call
+    assert 0 < s.table_max_error_ratio["a"] <= 1 and s.table_max_error_ratio["b"] <= 1  # sampled at calls 1 and 3
+    assert rec.bounds is bounds and rec.on_record
+    with rec.off_the_record(probe):
+        assert rec.bounds is probe and not rec.on_record
+    assert rec.bounds is bounds and rec.on_record
+
+
+def test_wire_functions_encode_and_decode_a_grid_without_chunks_to_empty_tensors() -> None:
+    from lightning_dlac.comm.exchange import decode_chunks, encode_chunks, rank_sums, with_own
+
+    x = torch.randn(5, 8)
+    for rows, cols in (([0], [0, 8]), ([0, 5], [0]), ([0], [0])):  # no destination, no table, neither
+        grid = encode_chunks(x[: rows[-1], : cols[-1]], rows, cols, 0.01, "ref")
+        assert grid.payload.numel() == grid.sizes.numel() == 0 and list(grid.chunks()) == []
+        out = decode_chunks(grid.payload, grid.sizes, rows, cols, "ref", torch.device("cpu"))
+        assert out.shape == (rows[-1], cols[-1])
+    grid = encode_chunks(x, [0, 2, 5], [0, 8], 0.01, "ref")  # and with chunks: the codec's bound
+    assert (decode_chunks(grid.payload, grid.sizes, [0, 2, 5], [0, 8], "ref", torch.device("cpu")) - x).abs().max() \
+        <= 0.01 * float(x.max() - x.min()) * 1.0001
+    sizes = torch.tensor([3, 4, 5, 6])
+    assert rank_sums(sizes, [1, 0, 3]) == [3, 0, 15] and rank_sums(sizes[:0], [0, 0]) == [0, 0]
+    assert with_own(sizes, 1, 2).tolist() == [3, 0, 0, 4, 5, 6]
+    assert with_own(torch.ones(2, 2, dtype=torch.int64), 2, 1).tolist() == [[1, 1], [1, 1], [0, 0]]
+
+
+def test_exchange_group_keeps_one_name_per_concept_and_warns_on_the_old_ones() -> None:
+    from types import SimpleNamespace
+
+    from lightning_dlac.comm import ErrorBounds, ExchangeGroup
+
+    a2a = SimpleNamespace(local_tables=["b", "a"], tables_per_rank=[["b", "a"], ["c"]])
+    group = ExchangeGroup([a2a], ErrorBounds())
+    assert group.compressed_tables == ["a", "b"] and group.all_compressed_tables == ["a", "b", "c"]
+    with pytest.warns(FutureWarning, match="ExchangeGroup.local_tables is deprecated.*use ExchangeGroup.compressed_"):
+        assert group.local_tables == ["a", "b"]
+    with pytest.warns(FutureWarning, match="use ExchangeGroup.all_compressed_tables"):
+        assert group.tables == ["a", "b", "c"]

@@ -483,7 +483,7 @@ def test_class_thresholds_reach_the_classification() -> None:
         levels = torch.arange(4.0)[:, None].expand(4, 8)  # 4 rows whose values are far apart in every column
         cal.observe("apart", levels[torch.arange(64) % 4])  # the bound keeps every value apart: index 1.0
         cal.batch_measured()
-        cal.finish(1, ["apart", "crowded"], lambda t, op: t)
+        cal.finish(1, ["apart", "crowded"])
         classes.append(cal.classes)
     assert classes[0] == {"crowded": TableClass.TIGHT, "apart": TableClass.LOOSE}
     assert classes[1] == {"crowded": TableClass.LOOSE, "apart": TableClass.LOOSE}  # every index >= 0: loose

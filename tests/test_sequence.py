@@ -136,7 +136,7 @@ def _parity(rank: int, world_size: int, sharding_type: str = "table_wise") -> di
                               "backward_calls": stats.backward_calls, "backward_raw": stats.backward_raw_bytes,
                               "backward_sent": stats.backward_sent_bytes,
                               "max_error_ratio": max(stats.table_max_error_ratio.values(), default=0.0),
-                              "tables": group.local_tables}
+                              "tables": group.compressed_tables}
     return out
 
 
@@ -303,7 +303,8 @@ def test_a_lightning_module_with_sequence_features_trains_with_strategy_dlac() -
 @pytest.mark.slow
 def test_a_run_with_sequence_features_resumes_exactly(tmp_path) -> None:  # noqa: ANN001
     """The sharded sequence tables, their fused optimizer state and the bounds of their exchange travel in the
-    checkpoint: the epoch after a resume is the uninterrupted run's second epoch, loss for loss and weight for weight."""
+    checkpoint: the epoch after a resume is the uninterrupted run's second epoch, loss for loss and weight for
+    weight."""
     uninterrupted = run_ranks(_lightning_fit, 2, str(tmp_path), "uninterrupted", timeout=400)
     run_ranks(_lightning_fit, 2, str(tmp_path), "first", timeout=400)
     resumed = run_ranks(_lightning_fit, 2, str(tmp_path), "resume", timeout=400)
@@ -313,3 +314,195 @@ def test_a_run_with_sequence_features_resumes_exactly(tmp_path) -> None:  # noqa
         assert r["weights"].keys() == u["weights"].keys() and r["weights"]
         for name, w in u["weights"].items():
             assert (r["weights"][name] == w).all(), name
+
+
+# ------------------------------------------------------------------ fewer tables than ranks
+
+
+MODES = ("fp32", "bf16", "fp16", "dlac")
+
+
+class _FewTables(nn.Module):
+    """One sequence table (100 rows, dim 8) beside ``bags`` pooled tables: fewer tables than ranks, so some rank owns
+    no sequence table and (with ``bags`` < ranks) some rank owns no pooled table either."""
+
+    def __init__(self, bags: int) -> None:
+        super().__init__()
+        from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, EmbeddingCollection, EmbeddingConfig
+
+        torch.manual_seed(0)
+        self.ec = EmbeddingCollection(tables=[EmbeddingConfig(name="seq", embedding_dim=DIM, num_embeddings=100,
+                                                              feature_names=["s"])], device=torch.device("cpu"))
+        self.ebc = EmbeddingBagCollection(
+            tables=[EmbeddingBagConfig(name=f"bag_{i}", embedding_dim=DIM, num_embeddings=40 + 20 * i,
+                                       feature_names=[f"b_{i}"]) for i in range(bags)],
+            device=torch.device("cpu"),
+        )
+
+    def forward(self, seq, bags):  # noqa: ANN001, ANN201
+        return self.ec(seq)["s"].values(), self.ebc(bags).values()
+
+
+def _few_batch(rank: int, bags: int, batch_size: int = 6, step: int = 0):  # noqa: ANN202
+    """0-4 ids per sample for the sequence feature (none at all on rank 1: it receives no rows), one id per sample
+    and bag feature (its pooled embedding is one table row), Zipf-like so that rows repeat."""
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    gen = torch.Generator().manual_seed(100 + rank + 1000 * step)
+    lengths = torch.randint(0, 5, (batch_size,), generator=gen) * int(rank != 1)
+    seq = KeyedJaggedTensor(keys=["s"], values=(torch.rand(int(lengths.sum()), generator=gen) ** 3 * 100).long(),
+                            lengths=lengths)
+    ids = [(torch.rand(batch_size, generator=gen) ** 3 * (40 + 20 * i)).long() for i in range(bags)]
+    pooled = KeyedJaggedTensor(keys=[f"b_{i}" for i in range(bags)], values=torch.cat(ids),
+                               lengths=torch.ones(bags * batch_size, dtype=torch.long))
+    return seq, pooled
+
+
+def _few_tables(rank: int, world_size: int, bags: int) -> dict:
+    """Per backward mode: the compressed exchanges against TorchRec's uncompressed ones on the same weights and
+    batch, forward (error / bound) and backward (the SGD(lr=1) weight change of every table)."""
+    torch.distributed.init_process_group("gloo")
+    global_state = copy.deepcopy(_FewTables(bags).state_dict())
+    tables = {"ec.embeddings.seq.weight": 100, **{f"ebc.embedding_bags.bag_{i}.weight": 40 + 20 * i
+                                                  for i in range(bags)}}
+    bound = EPS * max(float(global_state[k].max() - global_state[k].min()) for k in tables)
+    seq, pooled = _few_batch(rank, bags)
+    out: dict = {"modes": {}}
+    for mode in MODES:
+        model, group = _shard(_FewTables(bags), ["table_wise"], compress=True, backward=mode)
+        reference, _ = _shard(_FewTables(bags), ["table_wise"], compress=False)
+        for m in (model, reference):
+            load_global_weights(m, global_state)
+        (got_seq, got_pooled), (want_seq, want_pooled) = model(seq, pooled), reference(seq, pooled)
+        assert got_seq.shape == want_seq.shape and got_pooled.shape == want_pooled.shape
+        forward_err = max(float((g - w).abs().max()) if w.numel() else 0.0
+                          for g, w in ((got_seq, want_seq), (got_pooled, want_pooled)))
+        # The same linear loss on both: the gradients sent do not depend on the lossy forward values.
+        torch.manual_seed(7)
+        w_seq, w_pooled = torch.randn(want_seq.shape), torch.randn(want_pooled.shape)
+        for s, p in ((got_seq, got_pooled), (want_seq, want_pooled)):
+            ((s * w_seq).sum() + (p * w_pooled).sum()).backward()
+        deltas = {}
+        for name, m in (("got", model), ("want", reference)):
+            state = m.state_dict()
+            deltas[name] = {k: _local(state[k]) - _local_of(global_state[k], state[k]) for k in tables}
+        grad_err = max((float((deltas["got"][k] - deltas["want"][k]).abs().max()) for k in tables
+                        if deltas["want"][k].numel()), default=0.0)
+        grad_scale = max((float(deltas["want"][k].abs().max()) for k in tables if deltas["want"][k].numel()),
+                         default=0.0)
+        # Each gradient element within backward_eps x its chunk's range, at most the range of every rank's loss
+        # weights / world; a weight row adds up the errors of its id's occurrences in the global batch.
+        extremes = torch.tensor([-float(torch.cat([w_seq.flatten(), w_pooled.flatten()]).min()),
+                                 float(torch.cat([w_seq.flatten(), w_pooled.flatten()]).max())])
+        torch.distributed.all_reduce(extremes, op=torch.distributed.ReduceOp.MAX)
+        counts = [torch.bincount(seq.values(), minlength=100).float()]
+        counts += [torch.bincount(pooled[f"b_{i}"].values(), minlength=40 + 20 * i).float() for i in range(bags)]
+        for c in counts:
+            torch.distributed.all_reduce(c)
+        stats = group.stats()
+        out["modes"][mode] = {
+            "forward_ok": forward_err <= bound * (1 + 1e-5), "forward_exact": forward_err == 0.0,
+            "grad_err": grad_err, "grad_scale": grad_scale,
+            "dlac_allowed": max(float(c.max()) for c in counts) * 0.01 * float(extremes.sum()) / world_size,
+            "raw": stats.raw_bytes, "sent": stats.sent_bytes, "calls": stats.calls,
+            "backward_raw": stats.backward_raw_bytes, "backward_sent": stats.backward_sent_bytes,
+            "max_error_ratio": max(stats.table_max_error_ratio.values(), default=0.0),
+            "tables": sorted(group.compressed_tables),
+        }
+    out["seq_rows"] = list(got_seq.shape)
+    return out
+
+
+def _local(value) -> torch.Tensor:  # noqa: ANN001
+    """This rank's shard of a sharded table (an empty tensor where it holds none)."""
+    shards = value.local_shards()
+    return shards[0].tensor.detach().clone() if shards else torch.zeros(0)
+
+
+def _local_of(full: torch.Tensor, value) -> torch.Tensor:  # noqa: ANN001
+    """The rows of ``full`` (an unsharded table) that this rank's shard of ``value`` holds."""
+    shards = value.local_shards()
+    if not shards:
+        return torch.zeros(0)
+    meta = shards[0].metadata
+    return full[tuple(slice(o, o + s) for o, s in zip(meta.shard_offsets, meta.shard_sizes))]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("world_size", "bags"), [(2, 1), (3, 1), (3, 2)])
+def test_fewer_tables_than_ranks_are_compressed_both_ways_in_every_backward_mode(world_size: int, bags: int) -> None:
+    results = run_ranks(_few_tables, world_size, bags, timeout=400)
+    owned = [r["modes"]["fp32"]["tables"] for r in results]
+    assert sorted(t for tables in owned for t in tables) == sorted(["seq", *(f"bag_{i}" for i in range(bags))])
+    assert sum("seq" in tables for tables in owned) == 1  # the other ranks own no sequence table
+    assert sum(any(t.startswith("bag_") for t in tables) for tables in owned) <= bags < world_size  # nor a pooled one
+    assert results[1]["seq_rows"] == [0, DIM]  # rank 1 looked up no id: it receives no rows, an empty tensor
+    for r in results:
+        for mode, m in r["modes"].items():
+            assert m["forward_ok"] and m["max_error_ratio"] <= 1.0 + 1e-5, (mode, m)
+            if not m["tables"]:
+                assert m["sent"] == m["raw"] == 0, (mode, m)  # no table of its own: not even a size record
+            elif m["raw"]:
+                assert m["sent"] < m["raw"], (mode, m)  # this rank's tables went out compressed
+            if mode == "dlac":
+                assert m["grad_err"] <= m["dlac_allowed"] * (1 + 1e-5) + 1e-7, m
+                if m["backward_raw"]:
+                    assert m["backward_sent"] < m["backward_raw"], m
+            else:
+                tolerance = {"fp32": 0.0, "bf16": 2**-8, "fp16": 2**-11}[mode]
+                assert m["grad_err"] <= tolerance * m["grad_scale"] + (1e-7 if tolerance else 0.0), (mode, m)
+    assert any(not m["forward_exact"] for r in results for m in r["modes"].values())  # the forward was lossy
+
+
+def _fit_one_sequence_table(rank: int, world_size: int) -> dict:
+    """The issue's case: a LightningModule with one EmbeddingCollection table (dim 8, 100 rows) and one
+    EmbeddingBagCollection table, trained with ``strategy="dlac"`` and the DLACCallback."""
+    import lightning.pytorch as pl
+    from torch.utils.data import IterableDataset
+
+    from lightning_dlac import DLACCallback, dense_parameters
+    from tests.conftest import loss_recorder, trainer
+
+    class Batches(IterableDataset):
+        def __iter__(self):  # noqa: ANN204
+            for step in range(8):
+                seq, bags = _few_batch(rank, 1, batch_size=8, step=step)
+                yield seq, bags, (bags.values() % 2).float()  # learnable from the bag ids
+
+    class Module(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = _FewTables(1)
+            self.head = nn.Linear(2 * DIM, 1)
+
+        def training_step(self, batch, batch_idx):  # noqa: ANN001, ANN201
+            seq, bags, labels = batch
+            values, pooled = self.model(seq, bags)
+            rows = torch.repeat_interleave(torch.arange(8), seq.lengths())  # each id's sample
+            per_sample = torch.zeros(8, DIM).index_add(0, rows, values)
+            logits = self.head(torch.cat([pooled, per_sample], dim=1)).squeeze(-1)
+            return nn.functional.binary_cross_entropy_with_logits(logits, labels)
+
+        def configure_optimizers(self):  # noqa: ANN201
+            return torch.optim.Adagrad(dense_parameters(self), lr=0.05)
+
+        def train_dataloader(self):  # noqa: ANN201
+            return torch.utils.data.DataLoader(Batches(), batch_size=None)
+
+    losses, dlac = loss_recorder(), DLACCallback(calibration_batches=2, T=4)
+    t = trainer(world_size, "dlac", max_epochs=1, callbacks=[losses, dlac])
+    t.fit(Module())
+    stats = t.strategy.total_comm_stats()
+    return {"losses": losses.losses, "calls": stats.calls, "raw": stats.raw_bytes, "sent": stats.sent_bytes,
+            "tables": t.strategy.all_compressed_tables, "bounds": dlac.table_bounds}
+
+
+@pytest.mark.slow
+def test_a_lightning_module_with_one_sequence_table_trains_on_two_ranks() -> None:
+    results = run_ranks(_fit_one_sequence_table, 2, timeout=400)
+    for r in results:
+        assert len(r["losses"]) == 8 and all(loss == loss for loss in r["losses"]), r  # every step ran, finite
+        assert r["calls"] == 2 * 8 and r["tables"] == ["bag_0", "seq"], r  # two exchanges, 8 steps
+        assert set(r["bounds"]) == {"bag_0", "seq"}  # both calibrated, on every rank alike
+    assert results[0]["bounds"] == results[1]["bounds"]
+    assert sum(r["sent"] for r in results) < sum(r["raw"] for r in results)

@@ -220,3 +220,45 @@ def test_compress_auto_configures_the_uncompressed_fallback_and_old_names_still_
         assert DLACStrategy(embedding_eps=1e-3).sharding.adagrad_epsilon == 1e-3
     with pytest.raises(ValueError, match="name the same option; set only adagrad_epsilon"):
         DLACStrategy(embedding_eps=1e-3, adagrad_epsilon=1e-4)
+
+
+def _with_batch_norm() -> pl.LightningModule:
+    """The small DLRM with a BatchNorm over its dense features (in the dense part, which DDP trains)."""
+    model = small_dlrm()
+    dense = model.model.dense_arch
+    dense.model = torch.nn.Sequential(torch.nn.BatchNorm1d(13), dense.model)
+    return model
+
+
+def _sync_batchnorm(rank: int, world_size: int, accelerator: str) -> dict:
+    seen: dict = {}
+
+    class Seen(pl.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:  # noqa: ANN001
+            seen["during"] = type(pl_module.model.dense_arch.model[0]).__name__
+
+    model = _with_batch_norm()
+    t = trainer(world_size, DLACStrategy(compress=accelerator == "cpu"), accelerator=accelerator, max_steps=2,
+                sync_batchnorm=True, callbacks=[Seen()], limit_val_batches=0)
+    try:
+        t.fit(model, datamodule=small_data(train_batches=2))
+    except ValueError as err:
+        return {"error": str(err)}
+    return {"error": None, "during": seen.get("during"), "after": type(model.model.dense_arch.model[0]).__name__}
+
+
+@pytest.mark.slow
+def test_sync_batchnorm_on_cpu_processes_is_refused_with_the_fix() -> None:
+    # torch's SyncBatchNorm only synchronises on GPUs: on CPU its first forward would fail, so setup refuses.
+    for result in run_ranks(_sync_batchnorm, 2, "cpu"):
+        assert result["error"] is not None and re.search(
+            r"sync_batchnorm=True.*\(model\.dense_arch\.model\.0\).*only on GPUs.*Remove sync_batchnorm=True",
+            result["error"], flags=re.S), result
+
+
+@pytest.mark.slow
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_sync_batchnorm_turns_the_dense_batch_norms_into_sync_batch_norm_on_gpus() -> None:
+    (result,) = run_ranks(_sync_batchnorm, 1, "gpu")
+    assert result == {"error": None, "during": "SyncBatchNorm", "after": "_BatchNormXd"}, result

@@ -1,7 +1,9 @@
 """The table-wise level's state machine: when to measure, what to measure, and the bounds it leads to.
 
-A :class:`Calibrator` knows nothing of Lightning or of how exchanges run; its driver (``DLACCallback``) tells it
-where training is and hands it what it needs:
+A :class:`Calibrator` knows nothing of Lightning or of how exchanges run; it is given the two collectives it needs
+(an all-reduce of its statistics, an all-gather of its checkpoint state: plain functions, so ranks are simulated in
+tests and a plain training loop passes ``lightning_dlac.comm.collectives``'), and its driver (``DLACCallback``, or a
+plain loop) tells it where training is and hands it what it needs:
 
 =====================  ===========================================================================================
 driver calls           the calibrator
@@ -12,8 +14,8 @@ driver calls           the calibrator
 ``probe(...)``         on the first ``sensitivity_batches`` measured batches: the loss with every table exact, then
                        with one table at a time carrying the codec's error at each candidate bound
 ``batch_measured()``   counts a measured batch; ``complete`` once ``calibration_batches`` are in
-``finish(...)``        reduces the statistics over ranks (the driver's all-reduce), classifies, sets the bounds and
-                       schedules the recalibration after ``recalibrate_every`` batches, if any
+``finish(...)``        reduces the statistics over ranks, classifies, sets the bounds and schedules the
+                       recalibration after ``recalibrate_every`` batches, if any
 =====================  ===========================================================================================
 
 A probe's exchanges encode with :class:`ProbeBounds` (the probed table at a candidate bound, every other table
@@ -46,6 +48,12 @@ MODES = ("homogenization", "sensitivity", "off")
 
 # all_reduce(tensor, op) with op one of "sum", "min", "max": every rank gets the combined tensor.
 AllReduce = Callable[[torch.Tensor, str], torch.Tensor]
+# all_gather(obj): every rank's obj, by rank.
+AllGather = Callable[[Any], list[Any]]
+
+
+def _alone(tensor: torch.Tensor, op: str) -> torch.Tensor:
+    return tensor
 
 
 class ProbeBounds:
@@ -119,10 +127,15 @@ class Calibrator:
 
     Args:
         settings: What to measure and how to classify.
+        all_reduce: Combines a tensor over ranks (default: one process, nothing to combine).
+        all_gather: Every rank's object, by rank (default: one process).
     """
 
-    def __init__(self, settings: CalibrationSettings) -> None:
+    def __init__(self, settings: CalibrationSettings, all_reduce: AllReduce | None = None,
+                 all_gather: AllGather | None = None) -> None:
         self.settings = settings
+        self._all_reduce = all_reduce or _alone
+        self._all_gather = all_gather or (lambda obj: [obj])
         self._calibrated = settings.mode == "off"
         self._calibrated_at: int | None = 0 if self._calibrated else None  # first batch with calibrated bounds
         self._measure_from = settings.start  # training batch from which the next calibration measures
@@ -227,6 +240,12 @@ class Calibrator:
             self._stats.record_loss(name, base, probed)
         self._probed += 1
 
+    def agreed_batches(self, available: int) -> int:
+        """How many of its ``available`` batches each rank measures when calibrating on batches of its own (every
+        rank the same number: the smallest over ranks, at most ``calibration_batches``). Every rank must call it."""
+        count = torch.tensor([min(available, self.settings.batches)], dtype=torch.float64)
+        return int(self._all_reduce(count, "min")[0])
+
     def batch_measured(self) -> None:
         """One more batch measured."""
         self._seen += 1
@@ -236,12 +255,12 @@ class Calibrator:
         """Whether the measurement in progress has all its batches."""
         return self._stats is not None and self._seen >= self.settings.batches
 
-    def finish(self, first_batch: int, tables: Sequence[str], all_reduce: AllReduce) -> Calibration:
+    def finish(self, first_batch: int, tables: Sequence[str]) -> Calibration:
         """Reduce the statistics of ``tables`` over ranks, choose every table's bound (applying from training batch
         ``first_batch``) and schedule the recalibration. Every rank must call it with the same ``tables``."""
         assert self._stats is not None, "finish() without a measurement"
         tensors = self._stats.to_tensors(tables)
-        self._stats.load_tensors(tables, {op: all_reduce(t, op) for op, t in tensors.items()})
+        self._stats.load_tensors(tables, {op: self._all_reduce(t, op) for op, t in tensors.items()})
         self._table_stats = {n: self._stats.tables[n] for n in tables}
         s = self.settings
         if s.mode == "homogenization":
@@ -290,6 +309,22 @@ class Calibrator:
             "classes": {k: str(v) for k, v in self._classes.items()},
             "table_stats": {k: v.as_dict() for k, v in self._table_stats.items()},
         }
+
+    def shared_state_dict(self) -> dict[str, Any]:
+        """:meth:`state_dict` for a checkpoint one rank writes for all: ``"measurements"`` instead of
+        ``"measurement"``, every rank's part of a measurement in progress by rank (``None`` between measurements).
+        Every rank must call it (it gathers)."""
+        state = self.state_dict()
+        measurement = state.pop("measurement")
+        return {**state, "measurements": None if measurement is None else self._all_gather(measurement)}
+
+    def load_shared_state_dict(self, state: Mapping[str, Any], rank: int, world: int) -> bool:
+        """Restore :meth:`shared_state_dict` on rank ``rank`` of ``world``. Returns ``False`` when a measurement in
+        progress was saved on another number of ranks: each rank's part cannot be given back, so it starts over."""
+        measurements = state.get("measurements")
+        mine = measurements[rank] if measurements is not None and len(measurements) == world else None
+        self.load_state_dict({**{k: v for k, v in state.items() if k != "measurements"}, "measurement": mine})
+        return measurements is None or mine is not None
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`state_dict` (with this rank's ``"measurement"``, or ``None`` to measure again)."""

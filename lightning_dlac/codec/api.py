@@ -162,9 +162,12 @@ def _as_buffer(buf: torch.Tensor | bytes, name: str, impl: str = "ref") -> torch
 
 
 def _native_decode(payload: torch.Tensor, sizes: torch.Tensor, rs: list[int], cs: list[int]) -> torch.Tensor:
+    """The native decoder; its verdict on the bytes (a ValueError naming the chunk) becomes a CodecError. Anything
+    else, a CUDA fault above all (torch.AcceleratorError, naming the kernels), is raised as it is: it says nothing
+    about the payload."""
     try:
         return torch.ops.dlac.decode_grid(payload, sizes, rs, cs)
-    except RuntimeError as e:
+    except ValueError as e:
         msg = str(e).split("\nException raised from")[0]
         raise CodecError(msg) from None
 

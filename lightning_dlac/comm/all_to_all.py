@@ -2,10 +2,9 @@
 
 The layering follows TorchRec's: pure exchange functions (``exchange.py``, like ``comm_ops``), an autograd Function
 joining the two directions, and a thin module. The module wraps the pure exchange with what a training run needs
-around it, each in one place: statistics (:class:`~lightning_dlac.comm.CommStats`, counters that only grow), phase
-timing that is right on a GPU (:class:`~lightning_dlac.comm.timing.PhaseTimer`), the uncompressed fallback of
-``compress="auto"`` (:class:`~lightning_dlac.comm.fallback.UncompressedFallback`), error sampling, non-finite notes
-and the chunk observer that calibration measures through.
+around it: the :class:`~lightning_dlac.comm.recorder.Recorder` it shares with the sequence exchange (statistics,
+phase timing, the record switch, the observer, non-finite counts, error sampling) and, its own, the uncompressed
+fallback of ``compress="auto"`` (:class:`~lightning_dlac.comm.fallback.UncompressedFallback`).
 
 The exchange is split as TorchRec's ``All2All_Pooled_Req`` / ``All2All_Pooled_Wait`` pair: :meth:`forward` encodes,
 exchanges the sizes and launches the payload all-to-all (``async_op=True``), and returns a pending awaitable whose
@@ -17,46 +16,22 @@ waited on as soon as it is launched (the synchronous path).
 
 from __future__ import annotations
 
-import contextlib
-import itertools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 import torch.distributed as dist
-from torch import nn
 from torchrec.distributed import comm_ops
 from torchrec.distributed.dist_data import PooledEmbeddingsAwaitable
 from torchrec.distributed.types import Awaitable
 
-from lightning_dlac.codec import decode_grid
-from lightning_dlac.codec.format import HEADER_SIZE
 from lightning_dlac.comm import exchange
+from lightning_dlac.comm.collectives import all_reduce
 from lightning_dlac.comm.config import BackwardCompression, CompressionConfig
-from lightning_dlac.comm.exchange import BackwardInFlight, Encoded, Layout, offsets
+from lightning_dlac.comm.exchange import BackwardInFlight, Layout, offsets
 from lightning_dlac.comm.fallback import FallbackCall, UncompressedFallback
-from lightning_dlac.comm.stats import CommStats
+from lightning_dlac.comm.recorder import BoundSource, Ready, RecordedExchange
 from lightning_dlac.comm.timing import PhaseTimer
-
-_WIRE = {BackwardCompression.FP32: torch.float32, BackwardCompression.BF16: torch.bfloat16,
-         BackwardCompression.FP16: torch.float16}
-
-
-class BoundSource(Protocol):
-    """Where an exchange reads its per-table relative bounds (:class:`~lightning_dlac.comm.ErrorBounds`, or a
-    calibration probe's bounds); a bound of 0 sends that table exactly."""
-
-    def effective_many(self, tables: Sequence[str]) -> torch.Tensor: ...
-
-
-class _Ready(Awaitable[torch.Tensor]):
-    def __init__(self, tensor: torch.Tensor) -> None:
-        super().__init__()
-        self._tensor = tensor
-
-    def _wait_impl(self) -> torch.Tensor:
-        return self._tensor
 
 
 @dataclass(eq=False)
@@ -88,7 +63,7 @@ class _PendingExchange(Awaitable[torch.Tensor]):
         return self._out
 
 
-class CompressedPooledEmbeddingsAllToAll(nn.Module):
+class CompressedPooledEmbeddingsAllToAll(RecordedExchange):
     """Error-bounded compressed replacement of TorchRec's ``PooledEmbeddingsAllToAll``: same inputs, same output
     layout, an awaitable with the same callbacks. :meth:`forward` launches the payload exchange and returns; the
     awaitable's ``wait()`` waits for it, decodes and applies the callbacks (synchronous, as with
@@ -107,8 +82,8 @@ class CompressedPooledEmbeddingsAllToAll(nn.Module):
         callbacks: Applied to the output on ``wait()``, as TorchRec's (e.g. the column-wise permute).
 
     Attributes:
-        observer: If set, called as ``observer(table, chunk)`` with every (destination rank, local table) chunk this
-            rank is about to encode in a forward exchange that is on the record (see :meth:`off_the_record`).
+        recorder: Statistics, timing, record switch and observer (:class:`~lightning_dlac.comm.recorder.Recorder`);
+            its observer sees every (destination rank, local table) chunk of a forward exchange on the record.
     """
 
     def __init__(
@@ -120,23 +95,15 @@ class CompressedPooledEmbeddingsAllToAll(nn.Module):
         bounds: BoundSource,
         callbacks: Sequence[Callable[[torch.Tensor], torch.Tensor]] | None = None,
     ) -> None:
-        super().__init__()
-        if len(dims_per_rank) != pg.size() or len(tables_per_rank) != pg.size():
-            raise ValueError(f"dims_per_rank / tables_per_rank need one entry per rank ({pg.size()}).")
-        self.layout = Layout(dist.get_rank(pg), tuple(map(tuple, dims_per_rank)), tuple(map(tuple, tables_per_rank)))
-        self._pg = pg
-        self._config = config
-        self._bounds = bounds
+        if len(dims_per_rank) != pg.size():
+            raise ValueError(f"dims_per_rank needs one entry per rank ({pg.size()}), got {len(dims_per_rank)}.")
+        super().__init__(pg, tables_per_rank, config, bounds)
+        self.layout = Layout(dist.get_rank(pg), self._tables_per_rank, tuple(map(tuple, dims_per_rank)))
         self._callbacks = list(callbacks or [])
-        self._on_record = True
         self._overlap = config.overlap if config.overlap is not None else dist.get_backend(pg) == "nccl"
-        self._stats = CommStats()
-        self._timer: PhaseTimer | None = None
         self._fallback = UncompressedFallback(config.fallback_check_every, self._slowest) if config.auto_fallback \
             else None
         self._timed: FallbackCall | None = None  # the fallback's timed call whose time is being summed
-        self._timed_s = 0.0
-        self.observer: Callable[[str, torch.Tensor], None] | None = None
 
     @property
     def overlapped(self) -> bool:
@@ -147,38 +114,6 @@ class CompressedPooledEmbeddingsAllToAll(nn.Module):
     def callbacks(self) -> list[Callable[[torch.Tensor], torch.Tensor]]:
         """Output callbacks, as on TorchRec's module."""
         return self._callbacks
-
-    @property
-    def local_tables(self) -> list[str]:
-        """Tables whose pooled embeddings this rank sends."""
-        return list(self.layout.local_tables)
-
-    @property
-    def tables_per_rank(self) -> list[list[str]]:
-        """Table name of each column block, per rank (every rank's tables, not only this one's)."""
-        return [list(t) for t in self.layout.tables_per_rank]
-
-    @property
-    def dim_sum_per_rank(self) -> list[int]:
-        """Sum of the embedding dims each rank contributes."""
-        return list(self.layout.dim_sums)
-
-    @property
-    def stats(self) -> CommStats:
-        """A snapshot of this exchange's counters since it was installed (they only grow)."""
-        self._fold_times()
-        return self._stats.copy()
-
-    @contextlib.contextmanager
-    def off_the_record(self, bounds: BoundSource) -> Iterator[None]:
-        """Within the block, forward exchanges read ``bounds``, are always compressed, are not observed and count
-        in no statistics: exchanges that measure something (a calibration probe) rather than train."""
-        saved = self._bounds, self._on_record
-        self._bounds, self._on_record = bounds, False
-        try:
-            yield
-        finally:
-            self._bounds, self._on_record = saved
 
     def forward(
         self, local_embs: torch.Tensor, batch_size_per_rank: list[int] | None = None
@@ -195,14 +130,14 @@ class CompressedPooledEmbeddingsAllToAll(nn.Module):
             if total % world:
                 raise ValueError(f"{world} ranks do not divide the global batch size {total}.")
             batch_size_per_rank = [total // world] * world
-        on_record = self._on_record
-        timer = self._timer_for(local_embs) if on_record else PhaseTimer(local_embs.device)  # off the record: nobody
-        call = _Call(list(batch_size_per_rank), on_record, timer, local_embs.dtype)
+        on_record = self.recorder.on_record
+        call = _Call(list(batch_size_per_rank), on_record, self.recorder.call_timer(local_embs.device, on_record),
+                     local_embs.dtype)
         launched = _ExchangeLaunch.apply(local_embs, self, call)
         if self._overlap:
             pending: Awaitable[torch.Tensor] = _PendingExchange(self, call, launched)
         else:
-            pending = _Ready(_ExchangeWait.apply(launched, self, call))
+            pending = Ready(_ExchangeWait.apply(launched, self, call))
         awaitable = PooledEmbeddingsAwaitable(tensor_awaitable=pending)
         awaitable.callbacks.extend(self._callbacks)
         return awaitable
@@ -212,23 +147,21 @@ class CompressedPooledEmbeddingsAllToAll(nn.Module):
     def _launch_forward(self, x: torch.Tensor, call: _Call) -> None:
         """Encode, exchange sizes and launch the payload exchange; leave in ``call.finish`` what waits for it."""
         x = x.detach().float()
-        batch_size_per_rank, timer, layout = call.batch_size_per_rank, call.timer, self.layout
+        batch_size_per_rank, timer, layout, rec = call.batch_size_per_rank, call.timer, self.layout, self.recorder
         row_splits = offsets(batch_size_per_rank)
-        eps = self._bounds.effective_many(layout.local_tables)
+        tables = layout.local_tables
+        eps = rec.bounds.effective_many(tables)
         if call.on_record:
-            if self.observer is not None:
-                for name, chunk in self._chunks(x, row_splits):
-                    self.observer(name, chunk)
+            rec.observe(layout.chunks(x, row_splits))
             if self._fallback is not None:
                 self._start_fallback_call(call)
+        rows = x.size(0) - batch_size_per_rank[layout.rank]  # the rows kept here are not traffic
+        table_raw = [rows * d * 4 for d in layout.dims_per_rank[layout.rank]]
         if call.fallback is not None and call.fallback.uncompressed:
             label = "dlac exchange (uncompressed)"
             with timer.phase("exchange_s", label):
                 flight = exchange.start_forward_uncompressed(x, batch_size_per_rank, layout, self._pg)
-            self._stats.uncompressed_calls += 1
-            rows = x.size(0) - batch_size_per_rank[layout.rank]  # the rows kept here are not traffic
-            per_table = [rows * d * 4 for d in layout.dims_per_rank[layout.rank]]
-            self._count_forward(rows, sum(per_table), per_table)
+            rec.count_forward(tables, table_raw, table_raw, sum(table_raw), uncompressed=True)
 
             def finish() -> torch.Tensor:
                 with timer.phase("exchange_s", label):
@@ -237,19 +170,15 @@ class CompressedPooledEmbeddingsAllToAll(nn.Module):
             with timer.phase("encode_s", "dlac encode"):
                 encoded = exchange.encode_for_others(x, row_splits, layout, eps, self._config.impl)
             with timer.phase("exchange_s", "dlac exchange"):
-                recv_sizes = exchange.exchange_sizes(encoded.sizes, layout, self._pg)
-                flight = exchange.start_payload(encoded.payload, encoded.sizes, recv_sizes, layout, self._pg)
+                flight, recv_sizes = exchange.start_forward(encoded, layout, self._pg)
             own = x[row_splits[layout.rank] : row_splits[layout.rank + 1]]
             if call.on_record:  # while the payload is on its way
-                n_local, world = len(layout.local_tables), layout.world
-                per_table = encoded.sizes.view(world, n_local).sum(0).tolist() if n_local else []
+                n_local, world = len(tables), layout.world
+                table_sent = encoded.sizes.view(world, n_local).sum(0).tolist() if n_local else []
                 # The payload plus the size exchange: one int64 per (other rank, local table).
                 sent = int(encoded.payload.numel()) + (world - 1) * n_local * 8
-                self._count_forward(x.size(0) - batch_size_per_rank[layout.rank], sent, per_table)
-                self._note_non_finite(x, row_splits, encoded)
-                every = self._config.error_every
-                if every and layout.local_tables and (self._stats.calls - 1) % every == 0:
-                    self._sample_error(x, encoded, eps)
+                rec.count_forward(tables, table_raw, table_sent, sent)
+                rec.check(encoded.grids, dict(zip(tables, eps.tolist())))
 
             def finish() -> torch.Tensor:
                 with timer.phase("exchange_s", "dlac exchange"):
@@ -265,11 +194,11 @@ class CompressedPooledEmbeddingsAllToAll(nn.Module):
         A call's time is every phase of this exchange from its launch to the next launch: the forward exchange and
         the gradient exchange of its backward (an uncompressed call sends both uncompressed), so it is read here,
         at the next launch, when both are done."""
-        self._fold_times()
         if self._timed is not None:
-            self._fallback.record(self._timed.uncompressed, self._timed_s)
+            self._fallback.record(self._timed.uncompressed, self.recorder.interval_s())
         call.fallback = self._fallback.next_call()
-        self._timed, self._timed_s = (call.fallback, 0.0) if call.fallback.timed else (None, 0.0)
+        self._timed = call.fallback if call.fallback.timed else None
+        self.recorder.start_interval()
 
     def _wait_forward(self, call: _Call) -> torch.Tensor:
         """Wait for the payload ``call`` launched and decode it."""
@@ -289,13 +218,11 @@ class CompressedPooledEmbeddingsAllToAll(nn.Module):
                 call.backward = exchange.start_backward_dlac(grad, call.batch_size_per_rank, self.layout,
                                                              self._config.backward_eps, self._config.impl, self._pg)
             else:
-                call.backward = exchange.start_backward_cast(grad, call.batch_size_per_rank, self.layout, _WIRE[mode],
-                                                             self._pg)
+                call.backward = exchange.start_backward_cast(grad, call.batch_size_per_rank, self.layout,
+                                                             mode.wire_dtype, self._pg)
         if call.on_record:
-            s = self._stats
-            s.backward_calls += 1
-            s.backward_raw_bytes += grad.size(0) * (grad.size(1) - self.layout.dim_sums[self.layout.rank]) * 4
-            s.backward_sent_bytes += call.backward.sent
+            raw = grad.size(0) * (grad.size(1) - self.layout.dim_sums[self.layout.rank]) * 4
+            self.recorder.count_backward(raw, call.backward.sent)
         if not self._overlap:
             call.grad = self._wait_backward(call)
 
@@ -320,78 +247,11 @@ class CompressedPooledEmbeddingsAllToAll(nn.Module):
             out = out / self.layout.world  # TorchRec scales embedding gradients like DDP averages dense ones
         return out
 
-    # ------------------------------------------------------------------ wrappers: statistics, timing, checks
-
-    def _timer_for(self, t: torch.Tensor) -> PhaseTimer:
-        if self._timer is None:
-            self._timer = PhaseTimer(t.device)
-        return self._timer
-
-    def _fold_times(self) -> dict[str, float]:
-        """Move the timer's finished phases into the counters (and into the time of the fallback's timed call, while
-        one is being summed); return them."""
-        times = self._timer.collect() if self._timer is not None else {}
-        for name, seconds in times.items():
-            setattr(self._stats, name, getattr(self._stats, name) + seconds)
-        if self._timed is not None:
-            self._timed_s += sum(times.values())
-        return times
+    # ------------------------------------------------------------------ helpers
 
     def _slowest(self, seconds: Sequence[float]) -> list[float]:
         """The maximum over ranks of this rank's ``seconds`` (the uncompressed fallback decides from it)."""
-        times = torch.tensor(list(seconds), dtype=torch.float64)
-        if dist.get_backend(self._pg) == "nccl":
-            times = times.cuda()
-        dist.all_reduce(times, op=dist.ReduceOp.MAX, group=self._pg)
-        return times.tolist()
-
-    def _count_forward(self, rows: int, sent_bytes: int, table_sent_bytes: Sequence[int]) -> None:
-        """Count one forward call that sent ``rows`` rows to other ranks: ``sent_bytes`` in all, and the payload
-        bytes of each local table."""
-        layout, s = self.layout, self._stats
-        s.calls += 1
-        s.raw_bytes += rows * layout.dim_sums[layout.rank] * 4
-        s.sent_bytes += sent_bytes
-        for name, dim, sent in zip(layout.local_tables, layout.dims_per_rank[layout.rank], table_sent_bytes):
-            s.table_raw_bytes[name] = s.table_raw_bytes.get(name, 0) + rows * dim * 4
-            s.table_sent_bytes[name] = s.table_sent_bytes.get(name, 0) + int(sent)
-
-    def _chunks(self, x: torch.Tensor, row_splits: list[int]) -> Iterator[tuple[str, torch.Tensor]]:
-        """(table, chunk) of every (destination rank, local table) block of ``x``, in the codec's chunk order."""
-        cols = self.layout.local_cols
-        for r in range(self.layout.world):
-            for c, name in enumerate(self.layout.local_tables):
-                yield name, x[row_splits[r] : row_splits[r + 1], cols[c] : cols[c + 1]]
-
-    def _note_non_finite(self, x: torch.Tensor, row_splits: list[int], encoded: Encoded) -> None:
-        """Count chunks for other ranks that held NaN/Inf. The codec sends such chunks raw (exactly), so only chunks
-        whose size is exactly a raw chunk's are scanned: nothing is scanned on the usual, compressed path."""
-        counts = self._stats.table_non_finite_chunks
-        for (name, chunk), size in zip(self._chunks(x, row_splits), encoded.sizes.tolist()):
-            if chunk.numel() and size == HEADER_SIZE + chunk.numel() * 4 and not bool(torch.isfinite(chunk).all()):
-                counts[name] = counts.get(name, 0) + 1
-
-    def _sample_error(self, x: torch.Tensor, encoded: Encoded, eps: torch.Tensor) -> None:
-        """Decode our own payload and record max |x - x_hat| / bound per table (the bound is a guarantee; this
-        makes it visible)."""
-        x = x.cpu()
-        cols, tables = self.layout.local_cols, self.layout.local_tables
-        eps_of = dict(zip(tables, eps.tolist()))
-        worst = dict.fromkeys(tables, 0.0)
-        for r0, rs, payload, sizes in encoded.grids:
-            x_hat = decode_grid(payload, sizes, rs, cols, impl=self._config.impl).cpu()
-            for r, c in itertools.product(range(len(rs) - 1), range(len(tables))):
-                rows, columns = slice(rs[r], rs[r + 1]), slice(cols[c], cols[c + 1])
-                chunk, chunk_hat = x[r0:][rows, columns], x_hat[rows, columns]
-                if chunk.numel() == 0 or not torch.isfinite(chunk).all():
-                    continue  # nothing sent, or sent raw, exactly (and counted by _note_non_finite)
-                bound = eps_of[tables[c]] * float(chunk.max() - chunk.min())
-                err = float((chunk - chunk_hat).abs().max())
-                ratio = err / bound if bound > 0 else (0.0 if err == 0 else float("inf"))
-                worst[tables[c]] = max(worst[tables[c]], ratio)
-        observed = self._stats.table_max_error_ratio
-        for name, w in worst.items():
-            observed[name] = max(observed.get(name, 0.0), w)
+        return all_reduce(torch.tensor(list(seconds), dtype=torch.float64), "max", self._pg).tolist()
 
 
 class _ExchangeLaunch(torch.autograd.Function):

@@ -24,6 +24,11 @@ class BackwardCompression(str, Enum):
     def __str__(self) -> str:
         return self.value
 
+    @property
+    def wire_dtype(self) -> torch.dtype | None:
+        """The dtype a fixed-size encoding sends (``None`` for ``dlac``, whose size depends on the data)."""
+        return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}.get(self.value)
+
 
 @dataclass
 class CompressionConfig:

@@ -1,13 +1,27 @@
-"""The pure exchange: encode, size exchange, payload exchange, decode, for both directions.
+"""The pure exchange: the wire functions both compressed all-to-alls are built from, and the pooled layout on them.
 
-These functions move tensors and nothing else: no statistics, no timing, no policy (the module in
-``all_to_all.py`` wraps them with those). Every rank calls the same function with the same layout.
+These functions move tensors and nothing else: no statistics, no timing, no policy (the modules in
+``all_to_all.py`` and ``sequence.py`` wrap them with a :class:`~lightning_dlac.comm.recorder.Recorder`). Every rank
+calls the same function with the same layout.
 
-Forward, on every rank (``local_embs`` is [sum of batch sizes, local dim sum], rows grouped by destination):
+**Wire functions** (any layout; a *chunk* is one table's rows for one destination rank, encoded on its own):
+
+- :func:`encode_chunks`: one ``encode_grid`` over a block of rows, returned as a :class:`Grid`;
+- :func:`exchange_sizes`: every chunk's record (its compressed bytes, and its rows where the receiver cannot know
+  them) to its destination, in one small int64 all-to-all;
+- :func:`start_payload` / :meth:`InFlight.wait`: the payloads, one variable-split ``all_to_all_single``;
+- :func:`start_cast`: rows sent as float32, bf16 or fp16 instead (TorchRec's fixed-size exchanges);
+- :func:`decode_chunks`: the received chunks back into one tensor.
+
+A layout where a rank sends or receives nothing (fewer tables than ranks, an empty batch) needs no special case:
+a grid without chunks encodes to nothing and decodes to an empty tensor of the right shape.
+
+**Pooled layout** (``local_embs`` is [sum of batch sizes, local dim sum], rows grouped by destination), forward:
+
 1. encode every (destination rank, local table) chunk for the other ranks with that table's bound; the rows a rank
    keeps for itself never leave it (their chunk sizes are exchanged as 0) and arrive exactly;
-2. exchange the per-chunk compressed byte counts (a small int64 all-to-all);
-3. exchange the payloads with one variable-split ``all_to_all_single``;
+2. exchange the per-chunk compressed byte counts;
+3. exchange the payloads;
 4. decode and reassemble the columns in TorchRec's order (source rank, then its tables).
 
 Backward sends the gradients the other way: float32, cast to bf16/fp16, or DLAC-encoded (again keeping the rank's
@@ -16,14 +30,13 @@ own block local).
 Each payload exchange comes as a start / finish pair, as TorchRec's ``comm_ops`` request / wait: ``start_*`` does
 what must happen before the bytes move (encoding, the size exchange) and launches the payload all-to-all with
 ``async_op=True``; it returns an :class:`InFlight` that ``finish_*`` waits on before decoding. Whatever the caller
-runs in between overlaps with the transfer. The plain functions (``exchange_payload``, ``backward_cast``, ...) are
-the pair called back to back.
+runs in between overlaps with the transfer.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import NamedTuple
@@ -43,74 +56,33 @@ def offsets(sizes: Sequence[int]) -> list[int]:
     return [0, *itertools.accumulate(sizes)]
 
 
-@dataclass(frozen=True)
-class Layout:
-    """Which columns each rank contributes to the pooled-embedding exchange, and this rank's place in it.
+def rank_sums(sizes: torch.Tensor, counts: Sequence[int]) -> list[int]:
+    """The sum of each rank's entries of ``sizes`` (``counts[r]`` consecutive ones per rank), read in one transfer."""
+    ends = torch.tensor(offsets(counts), device=sizes.device)
+    totals = torch.cat([sizes.new_zeros(1), sizes.cumsum(0)])
+    return (totals[ends[1:]] - totals[ends[:-1]]).tolist()
 
-    Args:
-        rank: This rank.
-        dims_per_rank: Embedding dimension of each column block (one per feature / column shard), per rank, in the
-            column order of that rank's ``local_embs``.
-        tables_per_rank: Table name of each column block, per rank (the key of its error bound).
-    """
 
-    rank: int
-    dims_per_rank: tuple[tuple[int, ...], ...]
-    tables_per_rank: tuple[tuple[str, ...], ...]
-
-    def __post_init__(self) -> None:
-        if len(self.dims_per_rank) != len(self.tables_per_rank):
-            raise ValueError("dims_per_rank and tables_per_rank need one entry per rank each.")
-        for r, (dims, names) in enumerate(zip(self.dims_per_rank, self.tables_per_rank)):
-            if len(dims) != len(names):
-                raise ValueError(f"rank {r}: {len(dims)} column blocks but {len(names)} table names.")
-        if not 0 <= self.rank < self.world:
-            raise ValueError(f"rank {self.rank} is outside the layout's {self.world} ranks.")
-
-    @property
-    def world(self) -> int:
-        return len(self.dims_per_rank)
-
-    @property
-    def local_tables(self) -> tuple[str, ...]:
-        """Tables whose pooled embeddings this rank sends."""
-        return self.tables_per_rank[self.rank]
-
-    @cached_property
-    def dim_sums(self) -> list[int]:
-        """Sum of the embedding dims each rank contributes."""
-        return [sum(d) for d in self.dims_per_rank]
-
-    @cached_property
-    def local_cols(self) -> list[int]:
-        """Column offsets of this rank's blocks in its ``local_embs``."""
-        return offsets(self.dims_per_rank[self.rank])
-
-    @property
-    def chunk_counts(self) -> list[int]:
-        """Column blocks per rank (chunks each rank sends to every destination)."""
-        return [len(t) for t in self.tables_per_rank]
-
-    def others(self) -> tuple[tuple[int, int], tuple[int, int]]:
-        """The ranks before and after this one as [lo, hi) ranges: whom a rank exchanges with, keeping its own."""
-        return (0, self.rank), (self.rank + 1, self.world)
+# ---------------------------------------------------------------------- wire functions
 
 
 class Grid(NamedTuple):
-    """One ``encode_grid`` call over a block of rows: the block's first row, its row splits, the output."""
+    """One :func:`encode_chunks` call: the block of rows it encoded, its splits, the chunks (row-block-major) and
+    their sizes, and the table of each column block (the key of its bound)."""
 
-    first_row: int
+    block: torch.Tensor
     row_splits: list[int]
+    col_splits: list[int]
     payload: torch.Tensor
     sizes: torch.Tensor
+    tables: tuple[str, ...] = ()
 
-
-class Encoded(NamedTuple):
-    """This rank's compressed forward send: one payload, every chunk's size (0 for its own), and the grids."""
-
-    payload: torch.Tensor
-    sizes: torch.Tensor
-    grids: list[Grid]
+    def chunks(self) -> Iterator[tuple[str, torch.Tensor, int]]:
+        """``(table, chunk, chunk index)`` of every chunk, in payload order (``table`` is ``""`` where unnamed)."""
+        rs, cs = self.row_splits, self.col_splits
+        for k, (r, c) in enumerate(itertools.product(range(len(rs) - 1), range(len(cs) - 1))):
+            name = self.tables[c] if c < len(self.tables) else ""
+            yield name, self.block[rs[r] : rs[r + 1], cs[c] : cs[c + 1]], k
 
 
 class InFlight(NamedTuple):
@@ -134,64 +106,200 @@ def _all_to_all(out: torch.Tensor, inp: torch.Tensor, out_splits: list[int], in_
                                   async_op=async_op)
 
 
-def _join(grids: Sequence[Grid | None], n_local: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """One payload for the all-to-all from the grids before and after this rank, and every destination's chunk
-    sizes with 0 for this rank's own."""
+def _has_chunks(row_splits: Sequence[int], col_splits: Sequence[int]) -> bool:
+    return len(row_splits) > 1 and len(col_splits) > 1
+
+
+def encode_chunks(block: torch.Tensor, row_splits: Sequence[int], col_splits: Sequence[int],
+                  eps: torch.Tensor | float, impl: str, tables: Sequence[str] = ()) -> Grid:
+    """Encode every (row block, column block) chunk of ``block``, column block ``c`` with relative bound ``eps[c]``
+    (one ``encode_grid``). Without a row block or a column block there is no chunk: the payload is empty."""
+    rs, cs = list(row_splits), list(col_splits)
+    if not _has_chunks(rs, cs):
+        empty = torch.zeros(0, dtype=torch.uint8, device=block.device)
+        return Grid(block, rs, cs, empty, torch.zeros(0, dtype=torch.int64, device=block.device), tuple(tables))
+    return Grid(block, rs, cs, *encode_grid(block, rs, cs, eps=eps, impl=impl), tuple(tables))
+
+
+def decode_chunks(received: torch.Tensor, sizes: torch.Tensor, row_splits: Sequence[int], col_splits: Sequence[int],
+                  impl: str, device: torch.device) -> torch.Tensor:
+    """The float32 [row_splits[-1], col_splits[-1]] tensor on ``device`` that :func:`encode_chunks` chunks (their
+    ``sizes``, concatenated in ``received``) were made from; empty when there is no chunk (a rank that receives
+    nothing). Raises :class:`~lightning_dlac.codec.CodecError` on a bad payload."""
+    if not _has_chunks(row_splits, col_splits):
+        rows, cols = (row_splits[-1] if row_splits else 0), (col_splits[-1] if col_splits else 0)
+        return torch.zeros(rows, cols, device=device)
+    return decode_grid(received, sizes, list(row_splits), list(col_splits), impl=impl).to(device)
+
+
+def with_own(sizes: torch.Tensor, at: int, n_own: int) -> torch.Tensor:
+    """The chunk sizes for the other ranks with ``n_own`` zeros inserted at ``at``: this rank's own chunks, which are
+    never sent (the size exchange has a record for every destination)."""
+    own = sizes.new_zeros(n_own, *sizes.shape[1:])
+    return torch.cat([sizes[:at], own, sizes[at:]])
+
+
+def exchange_sizes(sizes: torch.Tensor, send_counts: Sequence[int], recv_counts: Sequence[int], pg) -> torch.Tensor:
+    """Send each destination its chunks' records and return the records every source sent to this rank.
+
+    Args:
+        sizes: int64 ``[chunks]`` or ``[chunks, k]``, one record per chunk (compressed bytes, then any other
+            integers), grouped by destination in rank order: ``send_counts[d]`` records for rank ``d``.
+        send_counts: Records for each destination rank.
+        recv_counts: Records from each source rank.
+        pg: Process group.
+
+    Returns:
+        The records received, grouped by source in rank order, shaped like ``sizes``.
+    """
+    width = sizes.size(1) if sizes.dim() == 2 else 1
+    received = torch.empty(sum(recv_counts) * width, dtype=torch.int64, device=sizes.device)
+    _all_to_all(received, sizes.reshape(-1), [c * width for c in recv_counts], [c * width for c in send_counts], pg)
+    return received.view(-1, width) if sizes.dim() == 2 else received
+
+
+def start_payload(payload: torch.Tensor, send_bytes: list[int], recv_bytes: list[int], pg) -> InFlight:
+    """Launch the payload exchange (``send_bytes[d]`` bytes of ``payload`` to rank ``d``, in rank order): once waited
+    on, the bytes every source rank sent to this one, concatenated in rank order."""
+    received = torch.empty(sum(recv_bytes), dtype=torch.uint8, device=payload.device)
+    return InFlight(received, _all_to_all(received, payload, recv_bytes, send_bytes, pg, async_op=True))
+
+
+def start_cast(values: torch.Tensor, send_numel: list[int], recv_numel: list[int], wire_dtype: torch.dtype,
+               pg) -> InFlight:
+    """Launch the exchange of the float elements ``values`` (1-D, ``send_numel[d]`` for rank ``d`` in rank order)
+    as ``wire_dtype`` (float32, bf16, fp16); once waited on, the ``wire_dtype`` elements every source rank sent."""
+    wire = values.to(wire_dtype)
+    received = torch.empty(sum(recv_numel), dtype=wire_dtype, device=values.device)
+    size = wire.element_size()
+    # Raw bytes: the collective moves them whatever the dtype (gloo has no all-to-all for every float type).
+    work = _all_to_all(received.view(torch.uint8), wire.view(torch.uint8), [n * size for n in recv_numel],
+                       [n * size for n in send_numel], pg, async_op=True)
+    return InFlight(received, work)
+
+
+# ---------------------------------------------------------------------- the pooled layout
+
+
+@dataclass(frozen=True)
+class TableLayout:
+    """Which tables each rank sends chunks of, and this rank's place among the ranks.
+
+    Args:
+        rank: This rank.
+        tables_per_rank: Table name of each chunk column (a column block, a feature), per rank, in the order of
+            that rank's ``local_embs`` (the key of its error bound). A rank may have none.
+    """
+
+    rank: int
+    tables_per_rank: tuple[tuple[str, ...], ...]
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.rank < self.world:
+            raise ValueError(f"rank {self.rank} is outside the layout's {self.world} ranks.")
+
+    @property
+    def world(self) -> int:
+        return len(self.tables_per_rank)
+
+    @property
+    def local_tables(self) -> tuple[str, ...]:
+        """Tables whose embeddings this rank sends."""
+        return self.tables_per_rank[self.rank]
+
+    @property
+    def chunk_counts(self) -> list[int]:
+        """Chunk columns per rank (chunks each rank sends to every destination)."""
+        return [len(t) for t in self.tables_per_rank]
+
+    @property
+    def other_ranks(self) -> list[int]:
+        """Every rank but this one, in rank order: whom this rank exchanges with."""
+        return [r for r in range(self.world) if r != self.rank]
+
+
+@dataclass(frozen=True)
+class Layout(TableLayout):
+    """The pooled-embedding exchange's columns: a :class:`TableLayout` whose chunk columns are column blocks.
+
+    Args:
+        dims_per_rank: Embedding dimension of each column block (one per feature / column shard), per rank, in the
+            column order of that rank's ``local_embs``.
+    """
+
+    dims_per_rank: tuple[tuple[int, ...], ...] = ()
+
+    def __post_init__(self) -> None:
+        if len(self.dims_per_rank) != len(self.tables_per_rank):
+            raise ValueError("dims_per_rank and tables_per_rank need one entry per rank each.")
+        for r, (dims, names) in enumerate(zip(self.dims_per_rank, self.tables_per_rank)):
+            if len(dims) != len(names):
+                raise ValueError(f"rank {r}: {len(dims)} column blocks but {len(names)} table names.")
+        super().__post_init__()
+
+    @cached_property
+    def dim_sums(self) -> list[int]:
+        """Sum of the embedding dims each rank contributes."""
+        return [sum(d) for d in self.dims_per_rank]
+
+    @cached_property
+    def local_cols(self) -> list[int]:
+        """Column offsets of this rank's blocks in its ``local_embs``."""
+        return offsets(self.dims_per_rank[self.rank])
+
+    def chunks(self, x: torch.Tensor, row_splits: Sequence[int]) -> Iterator[tuple[str, torch.Tensor]]:
+        """(table, chunk) of every (destination rank, local table) block of ``x``, own included, in the codec's
+        chunk order."""
+        cols = self.local_cols
+        for r in range(self.world):
+            for c, name in enumerate(self.local_tables):
+                yield name, x[row_splits[r] : row_splits[r + 1], cols[c] : cols[c + 1]]
+
+    def ranges_around(self) -> tuple[tuple[int, int], tuple[int, int]]:
+        """The ranks before and after this one as [lo, hi) ranges: whom a rank exchanges with, keeping its own."""
+        return (0, self.rank), (self.rank + 1, self.world)
+
+
+class Encoded(NamedTuple):
+    """This rank's compressed forward send: one payload, every chunk's size (0 for its own), and the grids."""
+
+    payload: torch.Tensor
+    sizes: torch.Tensor
+    grids: list[Grid]
+
+
+def _join(grids: Sequence[Grid], n_local: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """One payload from the grids for the ranks before and after this one, and every destination's chunk sizes
+    with ``n_local`` zeros for this rank's own."""
     before, after = grids
-    sizes = [torch.zeros(n_local, dtype=torch.int64, device=dev)]
-    if before is not None:
-        sizes.insert(0, before.sizes.to(dev))
-    if after is not None:
-        sizes.append(after.sizes.to(dev))
-    present = [g for g in grids if g is not None]
-    payload = torch.cat([g.payload.to(dev) for g in present]) if present else torch.zeros(0, dtype=torch.uint8,
-                                                                                              device=dev)
-    return payload, torch.cat(sizes)
+    payload = torch.cat([before.payload.to(dev), after.payload.to(dev)])
+    return payload, with_own(torch.cat([before.sizes.to(dev), after.sizes.to(dev)]), before.sizes.numel(), n_local)
 
 
-# ---------------------------------------------------------------------- forward
+# ---------------------------------------------------------------------- pooled forward
 
 
 def encode_for_others(
     x: torch.Tensor, row_splits: list[int], layout: Layout, eps: torch.Tensor, impl: str
 ) -> Encoded:
     """Encode the (destination, local table) chunks of ``x`` for every rank but this one."""
-    cols = layout.local_cols
-    grids: list[Grid | None] = []
-    for lo, hi in layout.others():
-        grid = None
-        if hi > lo and len(cols) > 1:
-            r0 = row_splits[lo]
-            rs = [r - r0 for r in row_splits[lo : hi + 1]]
-            grid = Grid(r0, rs, *encode_grid(x[r0 : row_splits[hi]], rs, cols, eps=eps, impl=impl))
-        grids.append(grid)
+    grids = []
+    for lo, hi in layout.ranges_around():
+        r0 = row_splits[lo]
+        rs = [r - r0 for r in row_splits[lo : hi + 1]]
+        grids.append(encode_chunks(x[r0 : row_splits[hi]], rs, layout.local_cols, eps, impl, layout.local_tables))
     payload, sizes = _join(grids, len(layout.local_tables), x.device)
-    return Encoded(payload, sizes, [g for g in grids if g is not None])
+    return Encoded(payload, sizes, grids)
 
 
-def exchange_sizes(sizes: torch.Tensor, layout: Layout, pg) -> torch.Tensor:
-    """Every source rank's chunk sizes for this rank (source rank, then its tables)."""
+def start_forward(encoded: Encoded, layout: Layout, pg) -> tuple[InFlight, torch.Tensor]:
+    """Exchange the chunk sizes and launch the payload exchange; return it and every source's chunk sizes for this
+    rank (source rank, then its tables)."""
     counts = layout.chunk_counts
-    received = torch.empty(sum(counts), dtype=torch.int64, device=sizes.device)
-    _all_to_all(received, sizes, counts, [counts[layout.rank]] * layout.world, pg)
-    return received
-
-
-def start_payload(payload: torch.Tensor, sizes: torch.Tensor, recv_sizes: torch.Tensor, layout: Layout,
-                  pg) -> InFlight:
-    """Launch the payload exchange: once waited on, the bytes every source rank sent to this one, concatenated in
-    rank order."""
-    n_local = len(layout.local_tables)
-    send = sizes.view(layout.world, n_local).sum(1).tolist() if n_local else [0] * layout.world
-    recv = [int(s.sum()) for s in recv_sizes.split(layout.chunk_counts)]
-    received = torch.empty(sum(recv), dtype=torch.uint8, device=payload.device)
-    return InFlight(received, _all_to_all(received, payload, recv, send, pg, async_op=True))
-
-
-def exchange_payload(payload: torch.Tensor, sizes: torch.Tensor, recv_sizes: torch.Tensor, layout: Layout,
-                     pg) -> torch.Tensor:
-    """The payload bytes every source rank sent to this one, concatenated in rank order."""
-    return start_payload(payload, sizes, recv_sizes, layout, pg).wait()
+    recv_sizes = exchange_sizes(encoded.sizes, [counts[layout.rank]] * layout.world, counts, pg)
+    send_bytes = rank_sums(encoded.sizes, [counts[layout.rank]] * layout.world)
+    flight = start_payload(encoded.payload, send_bytes, rank_sums(recv_sizes, counts), pg)
+    return flight, recv_sizes
 
 
 def decode_from_others(
@@ -201,14 +309,12 @@ def decode_from_others(
     ``own``, the exact block this rank kept."""
     me, rows = layout.rank, own.size(0)
     cols = offsets([d for s in range(layout.world) if s != me for d in layout.dims_per_rank[s]])
-    decoded = own.new_empty(rows, 0)
-    if len(cols) > 1:
-        mine = offsets(layout.chunk_counts)
-        keep = torch.cat([recv_sizes[: mine[me]], recv_sizes[mine[me + 1] :]])
-        try:
-            decoded = decode_grid(received, keep, [0, rows], cols, impl=impl).to(own.device)
-        except CodecError as err:
-            raise locate_decode_error(received, recv_sizes, layout, rows, impl) from err
+    mine = offsets(layout.chunk_counts)
+    keep = torch.cat([recv_sizes[: mine[me]], recv_sizes[mine[me + 1] :]])
+    try:
+        decoded = decode_chunks(received, keep, [0, rows], cols, impl, own.device)
+    except CodecError as err:
+        raise locate_decode_error(received, recv_sizes, layout, rows, impl) from err
     first = sum(layout.dim_sums[:me])  # this rank's columns in the output
     return torch.cat([decoded[:, :first], own, decoded[:, first:]], dim=1)
 
@@ -217,11 +323,8 @@ def start_forward_uncompressed(x: torch.Tensor, batch_size_per_rank: list[int], 
     """Launch TorchRec's forward exchange: float32 rows to their destination, in one all-to-all."""
     me = layout.rank
     d_me, b_me = layout.dim_sums[me], batch_size_per_rank[me]
-    recv_numel = [b_me * d for d in layout.dim_sums]
-    received = torch.empty(sum(recv_numel), dtype=torch.float32, device=x.device)
-    work = _all_to_all(received, x.contiguous().view(-1), recv_numel, [b * d_me for b in batch_size_per_rank], pg,
-                       async_op=True)
-    return InFlight(received, work)
+    return start_cast(x.contiguous().view(-1), [b * d_me for b in batch_size_per_rank],
+                      [b_me * d for d in layout.dim_sums], torch.float32, pg)
 
 
 def finish_forward_uncompressed(flight: InFlight, batch_size_per_rank: list[int], layout: Layout) -> torch.Tensor:
@@ -230,12 +333,6 @@ def finish_forward_uncompressed(flight: InFlight, batch_size_per_rank: list[int]
     received = flight.wait()
     recv_numel = [b_me * d for d in layout.dim_sums]
     return torch.cat([blk.view(b_me, d) for blk, d in zip(received.split(recv_numel), layout.dim_sums)], dim=1)
-
-
-def forward_uncompressed(x: torch.Tensor, batch_size_per_rank: list[int], layout: Layout, pg) -> torch.Tensor:
-    """TorchRec's forward exchange: float32 rows to their destination, in one all-to-all."""
-    flight = start_forward_uncompressed(x, batch_size_per_rank, layout, pg)
-    return finish_forward_uncompressed(flight, batch_size_per_rank, layout)
 
 
 def locate_decode_error(received: torch.Tensor, recv_sizes: torch.Tensor, layout: Layout, rows: int,
@@ -266,7 +363,7 @@ def locate_decode_error(received: torch.Tensor, recv_sizes: torch.Tensor, layout
     return CompressedExchangeError(f"rank {me}: the received pooled embeddings failed to decode.")
 
 
-# ---------------------------------------------------------------------- backward
+# ---------------------------------------------------------------------- pooled backward
 
 
 class BackwardInFlight(NamedTuple):
@@ -287,16 +384,10 @@ def start_backward_cast(grad: torch.Tensor, batch_size_per_rank: list[int], layo
     owners = offsets(layout.dim_sums)
     # Column block of each owner rank, flattened in rank order: TorchRec's backward all-to-all layout.
     send = torch.cat([grad[:, a:b].reshape(-1) for a, b in itertools.pairwise(owners)])
-    wire = send.to(wire_dtype)
-    recv_numel = [b * d_me for b in batch_size_per_rank]
-    send_numel = [b_me * d for d in layout.dim_sums]
-    received = torch.empty(sum(recv_numel), dtype=wire_dtype, device=grad.device)
-    size = wire.element_size()
-    # Raw bytes: the collective moves them whatever the dtype (gloo has no all-to-all for every float type).
-    work = _all_to_all(received.view(torch.uint8), wire.view(torch.uint8), [n * size for n in recv_numel],
-                       [n * size for n in send_numel], pg, async_op=True)
-    sent = b_me * (grad.size(1) - d_me) * size  # this rank's own block is a local copy
-    return BackwardInFlight(InFlight(received, work), sent, None, grad[:, owners[me] : owners[me + 1]])
+    flight = start_cast(send, [b_me * d for d in layout.dim_sums], [b * d_me for b in batch_size_per_rank],
+                        wire_dtype, pg)
+    sent = b_me * (grad.size(1) - d_me) * flight.received.element_size()  # this rank's own block is a local copy
+    return BackwardInFlight(flight, sent, None, grad[:, owners[me] : owners[me + 1]])
 
 
 def start_backward_dlac(grad: torch.Tensor, batch_size_per_rank: list[int], layout: Layout, eps: float, impl: str,
@@ -304,29 +395,20 @@ def start_backward_dlac(grad: torch.Tensor, batch_size_per_rank: list[int], layo
     """As :func:`start_backward_cast`, the gradients DLAC-encoded with relative bound ``eps`` (the size exchange
     runs before the payload is launched: the receive buffer's size depends on it)."""
     me, world = layout.rank, layout.world
-    b_me, dev = grad.size(0), grad.device
+    b_me = grad.size(0)
     counts = layout.chunk_counts
     n_local = counts[me]
     owners = offsets(layout.dim_sums)  # each owner rank's columns of grad
-    # The other owners' columns as at most two grids (owners before and after this rank); ours stay here, exactly.
-    grids: list[Grid | None] = []
-    for lo, hi in layout.others():
+    # The other owners' columns as two grids (owners before and after this rank); ours stay here, exactly.
+    grids = []
+    for lo, hi in layout.ranges_around():
         dims = [d for r in range(lo, hi) for d in layout.dims_per_rank[r]]
-        grid = None
-        if dims:
-            bounds = torch.full((len(dims),), eps, dtype=torch.float32)
-            block = grad[:, owners[lo] : owners[hi]]
-            grid = Grid(0, [0, b_me], *encode_grid(block, [0, b_me], offsets(dims), eps=bounds, impl=impl))
-        grids.append(grid)
-    payload, sizes = _join(grids, n_local, dev)
-    recv_sizes = torch.empty(world * n_local, dtype=torch.int64, device=dev)
-    _all_to_all(recv_sizes, sizes, [n_local] * world, counts, pg)
-    send_bytes = [int(s.sum()) for s in sizes.split(counts)]
-    recv_bytes = recv_sizes.view(world, n_local).sum(1).tolist() if n_local else [0] * world
-    received = torch.empty(sum(recv_bytes), dtype=torch.uint8, device=dev)
-    work = _all_to_all(received, payload, recv_bytes, send_bytes, pg, async_op=True)
+        grids.append(encode_chunks(grad[:, owners[lo] : owners[hi]], [0, b_me], offsets(dims), eps, impl))
+    payload, sizes = _join(grids, n_local, grad.device)
+    recv_sizes = exchange_sizes(sizes, counts, [n_local] * world, pg)
+    flight = start_payload(payload, rank_sums(sizes, counts), rank_sums(recv_sizes, [n_local] * world), pg)
     sent = int(payload.numel()) + (sizes.numel() - n_local) * 8
-    return BackwardInFlight(InFlight(received, work), sent, recv_sizes, grad[:, owners[me] : owners[me + 1]])
+    return BackwardInFlight(flight, sent, recv_sizes, grad[:, owners[me] : owners[me + 1]])
 
 
 def finish_backward(pending: BackwardInFlight, batch_size_per_rank: list[int], layout: Layout,
@@ -335,19 +417,17 @@ def finish_backward(pending: BackwardInFlight, batch_size_per_rank: list[int], l
     this rank's gradient of ``local_embs`` ([sum of batch sizes, local dim sum], float32)."""
     me = layout.rank
     received, own = pending.flight.wait(), pending.own
-    dev, d_me = own.device, own.size(1)
+    d_me = own.size(1)
     if pending.recv_sizes is None:  # a cast: every source rank's rows, in rank order, this rank's own among them
         recv_numel = [b * d_me for b in batch_size_per_rank]
         blocks = [blk.view(b, d_me) for blk, b in zip(received.split(recv_numel), batch_size_per_rank)]
         return torch.cat(blocks, dim=0).float()
     n_local = len(layout.local_tables)
-    if not n_local:
-        return torch.zeros(sum(batch_size_per_rank), 0, device=dev)
     others = [b for r, b in enumerate(batch_size_per_rank) if r != me]
     recv_sizes = pending.recv_sizes
     keep = torch.cat([recv_sizes[: me * n_local], recv_sizes[(me + 1) * n_local :]])
     try:
-        decoded = decode_grid(received, keep, offsets(others), layout.local_cols, impl=impl).to(dev)
+        decoded = decode_chunks(received, keep, offsets(others), layout.local_cols, impl, own.device)
     except CodecError as err:
         raise CompressedExchangeError(
             f"rank {me}: embedding gradients received for tables {list(layout.local_tables)} failed to decode"
@@ -355,18 +435,3 @@ def finish_backward(pending: BackwardInFlight, batch_size_per_rank: list[int], l
         ) from err
     first = sum(batch_size_per_rank[:me])  # the rows of this rank's own batch in the result
     return torch.cat([decoded[:first], own, decoded[first:]], dim=0)
-
-
-def backward_cast(grad: torch.Tensor, batch_size_per_rank: list[int], layout: Layout, wire_dtype: torch.dtype,
-                  pg) -> tuple[torch.Tensor, int]:
-    """Send ``grad`` ([local batch, total dim]) back to the column owners as ``wire_dtype`` (float32, bf16, fp16);
-    return this rank's gradient of ``local_embs`` and the bytes sent to other ranks."""
-    pending = start_backward_cast(grad, batch_size_per_rank, layout, wire_dtype, pg)
-    return finish_backward(pending, batch_size_per_rank, layout, "auto"), pending.sent
-
-
-def backward_dlac(grad: torch.Tensor, batch_size_per_rank: list[int], layout: Layout, eps: float, impl: str,
-                  pg) -> tuple[torch.Tensor, int]:
-    """As :func:`backward_cast`, the gradients DLAC-encoded with relative bound ``eps``."""
-    pending = start_backward_dlac(grad, batch_size_per_rank, layout, eps, impl, pg)
-    return finish_backward(pending, batch_size_per_rank, layout, impl), pending.sent

@@ -3,18 +3,25 @@
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
-from lightning_dlac.comm.all_to_all import BoundSource, CompressedPooledEmbeddingsAllToAll
+from lightning_dlac.comm.all_to_all import CompressedPooledEmbeddingsAllToAll
 from lightning_dlac.comm.config import ErrorBounds
+from lightning_dlac.comm.recorder import BoundSource
 from lightning_dlac.comm.sequence import CompressedSequenceEmbeddingsAllToAll
 from lightning_dlac.comm.stats import CommStats
 
-# What the group holds: the pooled and the sequence exchanges, which share the interface the group uses (tables,
-# observer, off_the_record, stats).
+# What the group holds: the pooled and the sequence exchanges, which share the interface the group uses
+# (RecordedExchange: tables, observer, off_the_record, stats, and their Recorder).
 Exchange = CompressedPooledEmbeddingsAllToAll | CompressedSequenceEmbeddingsAllToAll
+
+
+def _renamed(old: str, new: str) -> None:
+    warnings.warn(f"ExchangeGroup.{old} is deprecated and will be removed in the next release; use"
+                  f" ExchangeGroup.{new}.", FutureWarning, stacklevel=3)
 
 
 class ExchangeGroup(Sequence[Exchange]):
@@ -22,9 +29,9 @@ class ExchangeGroup(Sequence[Exchange]):
 
     :func:`~lightning_dlac.comm.install_compressed_all_to_all` returns it. A policy reads and writes the exchanges
     only through it: :attr:`bounds` (what the next exchanges encode with), :meth:`set_observer` (see every chunk
-    this rank encodes), :meth:`off_the_record` (exchanges that measure rather than train) and :meth:`stats`
-    (counters that only grow; take differences of two snapshots for an interval). It is a sequence of the installed
-    modules.
+    this rank encodes), :meth:`off_the_record` (exchanges that measure rather than train), :meth:`set_in_step` (mark
+    training steps without reading any time) and :meth:`stats` (counters that only grow; take differences of two
+    snapshots for an interval). It is a sequence of the installed modules.
 
     Args:
         exchanges: The installed modules.
@@ -47,21 +54,40 @@ class ExchangeGroup(Sequence[Exchange]):
         return self._bounds
 
     @property
-    def local_tables(self) -> list[str]:
-        """Tables whose pooled embeddings this rank sends compressed, sorted."""
+    def compressed_tables(self) -> list[str]:
+        """Tables whose embeddings this rank sends compressed, sorted."""
         return sorted({t for a2a in self._exchanges for t in a2a.local_tables})
 
     @property
-    def tables(self) -> list[str]:
+    def all_compressed_tables(self) -> list[str]:
         """Every table some rank sends compressed; the same sorted list on every rank."""
         return sorted({t for a2a in self._exchanges for tables in a2a.tables_per_rank for t in tables})
 
+    @property
+    def local_tables(self) -> list[str]:
+        """Deprecated name of :attr:`compressed_tables`."""
+        _renamed("local_tables", "compressed_tables")
+        return self.compressed_tables
+
+    @property
+    def tables(self) -> list[str]:
+        """Deprecated name of :attr:`all_compressed_tables`."""
+        _renamed("tables", "all_compressed_tables")
+        return self.all_compressed_tables
+
     def stats(self) -> CommStats:
-        """This rank's counters summed over the exchanges, since they were installed."""
+        """This rank's counters summed over the exchanges, since they were installed. On a GPU this waits for the
+        device (the phase times are read), so call it where a metric is written, not at every step."""
         total = CommStats()
         for a2a in self._exchanges:
             total = total + a2a.stats
         return total
+
+    def set_in_step(self, in_step: bool) -> None:
+        """Mark the start (``True``) or the end (``False``) of a training step: the phase seconds of exchanges within
+        steps also count in ``CommStats.in_step_s``. Reads no time, so it costs nothing per step."""
+        for a2a in self._exchanges:
+            a2a.recorder.set_in_step(in_step)
 
     def set_observer(self, observer: Callable[[str, torch.Tensor], None] | None) -> None:
         """From now on call ``observer(table, chunk)`` with every chunk this rank encodes in a forward exchange on the

@@ -8,14 +8,19 @@ type; the table-wise and column-wise ones are ``TwSequenceEmbeddingDist``, whose
 destination-major (``forward_recat``) and sends each rank its rows, and the receiver gets, per source rank, that
 rank's features in order, rows for its own batch.
 
-Chunks are what the pooled path calls them: one table's (feature's) rows for one destination rank. Unlike the
-pooled path, a chunk's row count depends on the ids, so the size exchange carries two int64 per chunk: its
-compressed bytes and its rows. Steps, forward:
+Chunks are what the pooled path calls them: one table's (feature's) rows for one destination rank, and the exchange
+is built from the same wire functions (:mod:`lightning_dlac.comm.exchange`) and the same
+:class:`~lightning_dlac.comm.recorder.Recorder`; only the layout differs. A chunk's row count depends on the ids, so
+the size exchange carries two int64 per chunk: its compressed bytes and its rows. Steps, forward:
 
 1. select each (destination, feature) chunk of ``local_embs``; the rows for this rank itself never leave it;
-2. encode the chunks for other ranks with the feature's table bound (one ``encode_grid`` per feature);
-3. exchange (bytes, rows) per chunk, then the payloads with one variable-split ``all_to_all_single``;
-4. decode every other source's chunks in one ``decode_grid`` and place this rank's own block between them.
+2. encode the chunks for other ranks with the feature's table bound (one grid per feature), and lay them out
+   destination-major;
+3. exchange (bytes, rows) per chunk, then the payloads;
+4. decode every other source's chunks at once and place this rank's own block between them.
+
+Any rank may own fewer features than another, or none: it then sends no chunk, and a rank that receives no rows
+gets an empty tensor.
 
 Backward sends the gradients of the received rows back to their owners as float32, bf16, fp16 (TorchRec's
 fixed-size casts) or DLAC-encoded, the own block again kept local, and divides them by the world size as
@@ -28,48 +33,87 @@ install_compressed_all_to_all` logs which tables those are.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
-from torch import nn
 from torchrec.distributed import comm_ops
 from torchrec.distributed.dist_data import SequenceEmbeddingsAllToAll, SequenceEmbeddingsAwaitable
 from torchrec.distributed.types import Awaitable
 
-from lightning_dlac.codec import CodecError, decode_grid, encode_grid
-from lightning_dlac.codec.format import HEADER_SIZE
+from lightning_dlac.codec import CodecError
+from lightning_dlac.comm import exchange
 from lightning_dlac.comm.config import BackwardCompression, CompressionConfig
-from lightning_dlac.comm.exchange import CompressedExchangeError, offsets
-from lightning_dlac.comm.stats import CommStats
+from lightning_dlac.comm.exchange import CompressedExchangeError, Grid, TableLayout, offsets, rank_sums
+from lightning_dlac.comm.recorder import BoundSource, Ready, RecordedExchange
 from lightning_dlac.comm.timing import PhaseTimer
 
-_WIRE = {BackwardCompression.FP32: torch.float32, BackwardCompression.BF16: torch.bfloat16,
-         BackwardCompression.FP16: torch.float16}
+
+@dataclass(frozen=True)
+class SequenceLayout(TableLayout):
+    """The sequence-embedding exchange of one call: a :class:`~lightning_dlac.comm.exchange.TableLayout` whose chunk
+    columns are features, and the rows of each chunk.
+
+    Args:
+        send_rows: Rows per (destination rank, local feature): ``send_rows[d][i]`` rows of this rank's feature ``i``
+            go to rank ``d`` (this rank's own among them, kept here).
+    """
+
+    send_rows: tuple[tuple[int, ...], ...] = ()
+
+    @property
+    def chunk_starts(self) -> list[int]:
+        """Row offsets of the (destination, feature) chunks in destination-major order."""
+        return offsets([r for rows in self.send_rows for r in rows])
+
+    def chunks(self, x: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
+        """(table, chunk) of every (destination, feature) chunk of ``x`` (destination-major rows), own included."""
+        starts, tables = self.chunk_starts, self.local_tables
+        for k in range(len(starts) - 1):
+            yield tables[k % len(tables)], x[starts[k] : starts[k + 1]]
 
 
-class _Ready(Awaitable[torch.Tensor]):
-    def __init__(self, tensor: torch.Tensor) -> None:
-        super().__init__()
-        self._tensor = tensor
+class SequenceEncoded(NamedTuple):
+    """This rank's compressed sequence send: one payload, a (bytes, rows) record per (destination, feature) chunk (0
+    for its own), and the grids (one per feature)."""
 
-    def _wait_impl(self) -> torch.Tensor:
-        return self._tensor
+    payload: torch.Tensor
+    records: torch.Tensor
+    grids: list[Grid]
+
+
+def encode_sequence(x: torch.Tensor, layout: SequenceLayout, eps: torch.Tensor, impl: str) -> SequenceEncoded:
+    """Encode the (destination, feature) chunks of ``x`` (destination-major rows) for every rank but this one, each
+    feature with its bound, and lay them out destination-major."""
+    n, others, starts = len(layout.local_tables), layout.other_ranks, layout.chunk_starts
+    grids = []
+    for i, table in enumerate(layout.local_tables):
+        parts = [x[starts[j * n + i] : starts[j * n + i + 1]] for j in others]
+        rows = offsets([layout.send_rows[j][i] for j in others])
+        grids.append(exchange.encode_chunks(torch.cat(parts), rows, [0, x.size(1)], eps[i : i + 1], impl, (table,)))
+    pieces = [g.payload.split(g.sizes.tolist()) for g in grids]  # [feature][other rank]
+    payload = torch.cat([pieces[i][o].to(x.device) for o in range(len(others)) for i in range(n)]) if n else \
+        torch.zeros(0, dtype=torch.uint8, device=x.device)
+    sizes = torch.stack([g.sizes.cpu() for g in grids], 1) if n else torch.zeros(len(others), 0, dtype=torch.int64)
+    rows = torch.tensor([[layout.send_rows[j][i] for i in range(n)] for j in others], dtype=torch.int64)
+    records = torch.stack([sizes, rows.view(len(others), n)], 2).view(-1, 2)  # [other rank, feature, (bytes, rows)]
+    return SequenceEncoded(payload, exchange.with_own(records, layout.rank * n, n).to(x.device), grids)
 
 
 @dataclass(eq=False)
 class _SeqCall:
-    """What the backward of one forward exchange needs: the row layout of both sides."""
+    """One exchange, for its backward: the row layout of both sides, the record switch and the timer."""
 
     gather: torch.Tensor  # rows of local_embs in send order (destination, then feature)
-    send_rows: list[list[int]]  # [destination][local feature] rows sent
-    recv_rows: list[list[int]]  # [source][its feature] rows received
+    layout: SequenceLayout
     on_record: bool
+    timer: PhaseTimer
+    recv_rows: list[list[int]] = field(default_factory=list)  # [source][its feature] rows received
 
 
-class CompressedSequenceEmbeddingsAllToAll(nn.Module):
+class CompressedSequenceEmbeddingsAllToAll(RecordedExchange):
     """Error-bounded compressed replacement of TorchRec's ``SequenceEmbeddingsAllToAll`` (same call, same output,
     an awaitable): the (destination rank, table) chunks of sequence embeddings DLAC-encoded with the table's bound.
 
@@ -79,14 +123,14 @@ class CompressedSequenceEmbeddingsAllToAll(nn.Module):
     Args:
         pg: Process group of the exchange.
         tables_per_rank: Table name of each feature, per rank, in the order of that rank's ``local_embs`` features
-            (the key of its error bound).
+            (the key of its error bound). A rank may have none.
         config: Compression settings (``auto_fallback`` and ``overlap`` apply to pooled exchanges only).
         bounds: Per-table bounds, read at every call (``effective_many(tables)``).
         uncompressed: TorchRec's module, for the calls that stay uncompressed.
 
     Attributes:
-        observer: If set, called as ``observer(table, chunk)`` with every chunk this rank is about to encode in a
-            forward exchange that is on the record.
+        recorder: Statistics, timing, record switch and observer (:class:`~lightning_dlac.comm.recorder.Recorder`);
+            its observer sees every (destination rank, feature) chunk of a forward exchange on the record.
     """
 
     def __init__(
@@ -94,48 +138,12 @@ class CompressedSequenceEmbeddingsAllToAll(nn.Module):
         pg: dist.ProcessGroup,
         tables_per_rank: Sequence[Sequence[str]],
         config: CompressionConfig,
-        bounds,  # noqa: ANN001 - a BoundSource (ErrorBounds or a calibration probe's bounds)
+        bounds: BoundSource,
         uncompressed: SequenceEmbeddingsAllToAll,
     ) -> None:
-        super().__init__()
-        if len(tables_per_rank) != pg.size():
-            raise ValueError(f"tables_per_rank needs one entry per rank ({pg.size()}), got {len(tables_per_rank)}.")
-        self._pg = pg
+        super().__init__(pg, tables_per_rank, config, bounds)
         self._rank = dist.get_rank(pg)
-        self._tables_per_rank = [list(t) for t in tables_per_rank]
-        self._config = config
-        self._bounds = bounds
         self._uncompressed = uncompressed
-        self._on_record = True
-        self._stats = CommStats()
-        self._timer: PhaseTimer | None = None
-        self.observer: Callable[[str, torch.Tensor], None] | None = None
-
-    @property
-    def local_tables(self) -> list[str]:
-        """Tables whose sequence embeddings this rank sends (one entry per local feature)."""
-        return list(self._tables_per_rank[self._rank])
-
-    @property
-    def tables_per_rank(self) -> list[list[str]]:
-        """Table name of each feature, per rank."""
-        return [list(t) for t in self._tables_per_rank]
-
-    @property
-    def stats(self) -> CommStats:
-        """A snapshot of this exchange's counters since it was installed (they only grow)."""
-        self._fold_times()
-        return self._stats.copy()
-
-    @contextlib.contextmanager
-    def off_the_record(self, bounds) -> Iterator[None]:  # noqa: ANN001 - a BoundSource
-        """Within the block, forward exchanges read ``bounds``, are not observed and count in no statistics."""
-        saved = self._bounds, self._on_record
-        self._bounds, self._on_record = bounds, False
-        try:
-            yield
-        finally:
-            self._bounds, self._on_record = saved
 
     def forward(
         self,
@@ -167,198 +175,114 @@ class CompressedSequenceEmbeddingsAllToAll(nn.Module):
         block_rows = lengths.reshape(n_local * world, -1).sum(dim=1).tolist() if n_local else []
         starts = offsets(block_rows)
         order = recat.tolist()
-        send_rows = [[block_rows[order[j * n_local + i]] for i in range(n_local)] for j in range(world)]
+        send_rows = tuple(tuple(block_rows[order[j * n_local + i]] for i in range(n_local)) for j in range(world))
         pieces = [torch.arange(starts[r], starts[r + 1]) for r in order]
-        gather = torch.cat(pieces).to(local_embs.device) if pieces else torch.zeros(0, dtype=torch.long)
-        call = _SeqCall(gather, send_rows, [], self._on_record)
+        gather = torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.long)
+        on_record = self.recorder.on_record
+        call = _SeqCall(gather.to(local_embs.device), SequenceLayout(self._rank, self._tables_per_rank, send_rows),
+                        on_record, self.recorder.call_timer(local_embs.device, on_record))
         out = _SequenceExchange.apply(local_embs, self, call)
-        awaitable = SequenceEmbeddingsAwaitable(tensor_awaitable=_Ready(out), unbucketize_permute_tensor=None,
-                                                embedding_dim=local_embs.size(1))
-        return awaitable
+        return SequenceEmbeddingsAwaitable(tensor_awaitable=Ready(out), unbucketize_permute_tensor=None,
+                                           embedding_dim=local_embs.size(1))
 
     # ------------------------------------------------------------------ forward
 
     def _exchange_forward(self, local_embs: torch.Tensor, call: _SeqCall) -> torch.Tensor:
-        me, world = self._rank, self._pg.size()
+        """This rank's embeddings [ids of its batch, D] (source rank, its features, ids)."""
+        layout, rec, timer, pg = call.layout, self.recorder, call.timer, self._pg
         x = local_embs.detach().float()[call.gather]  # destination-major, then local feature
-        dim, dev = x.size(1), x.device
-        tables = self._tables_per_rank[me]
-        n_local = len(tables)
-        timer = self._timer_for(x) if call.on_record else PhaseTimer(x.device)
-        chunk_starts = offsets([r for rows in call.send_rows for r in rows])
-        eps = self._bounds.effective_many(tables) if n_local else torch.zeros(0)
-        payloads: dict[tuple[int, int], torch.Tensor] = {}
-        sizes = torch.zeros(world, n_local, 2, dtype=torch.int64)
+        me, dim, n, counts = layout.rank, x.size(1), len(layout.local_tables), layout.chunk_counts
+        if call.on_record:
+            rec.observe(layout.chunks(x))
+        eps = rec.bounds.effective_many(layout.local_tables)
         with timer.phase("encode_s", "dlac sequence encode"):
-            for i in range(n_local):
-                others = [j for j in range(world) if j != me]
-                parts = [x[chunk_starts[j * n_local + i] : chunk_starts[j * n_local + i + 1]] for j in others]
-                if call.on_record and self.observer is not None:
-                    for part in parts:
-                        self.observer(tables[i], part)
-                block = torch.cat(parts) if parts else x.new_zeros(0, dim)
-                rs = offsets([call.send_rows[j][i] for j in others])
-                payload, chunk_sizes = encode_grid(block, rs, [0, dim], eps=eps[i : i + 1], impl=self._config.impl)
-                for j, piece, size, part in zip(others, payload.split(chunk_sizes.tolist()), chunk_sizes.tolist(),
-                                                parts):
-                    payloads[(j, i)] = piece
-                    sizes[j, i, 0], sizes[j, i, 1] = size, part.size(0)
-                    if call.on_record and part.numel() and size == HEADER_SIZE + part.numel() * 4 \
-                            and not bool(torch.isfinite(part).all()):
-                        nf = self._stats.table_non_finite_chunks
-                        nf[tables[i]] = nf.get(tables[i], 0) + 1
-        send = torch.cat([payloads[(j, i)].to(dev) for j in range(world) if j != me for i in range(n_local)]) \
-            if n_local and world > 1 else torch.zeros(0, dtype=torch.uint8, device=dev)
-        counts = [len(t) for t in self._tables_per_rank]
+            encoded = encode_sequence(x, layout, eps, self._config.impl)
         with timer.phase("exchange_s", "dlac sequence exchange"):
-            recv_meta = torch.empty(sum(counts) * 2, dtype=torch.int64, device=dev)
-            dist.all_to_all_single(recv_meta, sizes.view(-1).to(dev), output_split_sizes=[c * 2 for c in counts],
-                                   input_split_sizes=[n_local * 2] * world, group=self._pg)
-            meta = recv_meta.view(-1, 2).cpu()
-            send_bytes = sizes[:, :, 0].sum(dim=1).tolist()
-            per_source = meta.split(counts)
-            recv_bytes = [int(m[:, 0].sum()) for m in per_source]
-            received = torch.empty(sum(recv_bytes), dtype=torch.uint8, device=dev)
-            dist.all_to_all_single(received, send, output_split_sizes=recv_bytes, input_split_sizes=send_bytes,
-                                   group=self._pg)
-        own = x[chunk_starts[me * n_local] : chunk_starts[(me + 1) * n_local]]
-        call.recv_rows = [m[:, 1].tolist() if s != me else list(call.send_rows[me]) for s, m in enumerate(per_source)]
+            records = exchange.exchange_sizes(encoded.records, [n] * layout.world, counts, pg).cpu()
+            send_bytes = rank_sums(encoded.records[:, 0], [n] * layout.world)
+            flight = exchange.start_payload(encoded.payload, send_bytes, rank_sums(records[:, 0], counts), pg)
+        per_source = records.split(counts)
+        call.recv_rows = [list(layout.send_rows[me]) if s == me else m[:, 1].tolist() for s, m in enumerate(per_source)]
+        if call.on_record:  # while the payload is on its way
+            raw = [sum(layout.send_rows[j][i] for j in layout.other_ranks) * dim * 4 for i in range(n)]
+            table_sent = [int(g.payload.numel()) for g in encoded.grids]
+            # The payload plus the size exchange: two int64 per (other rank, local feature).
+            sent = int(encoded.payload.numel()) + (layout.world - 1) * n * 16
+            rec.count_forward(layout.local_tables, raw, table_sent, sent)
+            rec.check(encoded.grids, dict(zip(layout.local_tables, eps.tolist())))
+        starts = layout.chunk_starts
+        own = x[starts[me * n] : starts[(me + 1) * n]]
+        with timer.phase("exchange_s", "dlac sequence exchange"):
+            received = flight.wait()
         with timer.phase("decode_s", "dlac sequence decode"):
-            other_sizes = torch.cat([m[:, 0] for s, m in enumerate(per_source) if s != me])
-            other_rows = [r for s in range(world) if s != me for r in call.recv_rows[s]]
+            sizes = torch.cat([per_source[s][:, 0] for s in layout.other_ranks])
+            rows = offsets([r for s in layout.other_ranks for r in call.recv_rows[s]])
             try:
-                decoded = decode_grid(received, other_sizes, offsets(other_rows), [0, dim], impl=self._config.impl)
+                decoded = exchange.decode_chunks(received, sizes, rows, [0, dim], self._config.impl, x.device)
             except CodecError as err:
                 raise CompressedExchangeError(
-                    f"rank {me}: sequence embeddings received from ranks {[s for s in range(world) if s != me]}"
-                    f" failed to decode ({err}). The payload was corrupted in transit or the ranks run different"
-                    " lightning-dlac versions."
+                    f"rank {me}: sequence embeddings received from ranks {layout.other_ranks} failed to decode"
+                    f" ({err}). The payload was corrupted in transit or the ranks run different lightning-dlac"
+                    " versions."
                 ) from err
             before = sum(sum(call.recv_rows[s]) for s in range(me))
-            out = torch.cat([decoded[:before].to(dev), own, decoded[before:].to(dev)])
-        if call.on_record:
-            self._count_forward(x, call, sizes, chunk_starts, eps)
-        return out
-
-    def _count_forward(self, x: torch.Tensor, call: _SeqCall, sizes: torch.Tensor, chunk_starts: list[int],
-                       eps: torch.Tensor) -> None:
-        me, world = self._rank, self._pg.size()
-        tables, s = self._tables_per_rank[me], self._stats
-        dim = x.size(1)
-        s.calls += 1
-        rows = sum(sum(call.send_rows[j]) for j in range(world) if j != me)
-        s.raw_bytes += rows * dim * 4
-        s.sent_bytes += int(sizes[:, :, 0].sum()) + (world - 1) * len(tables) * 16  # payload + (bytes, rows) pairs
-        for i, name in enumerate(tables):
-            table_rows = sum(call.send_rows[j][i] for j in range(world) if j != me)
-            s.table_raw_bytes[name] = s.table_raw_bytes.get(name, 0) + table_rows * dim * 4
-            s.table_sent_bytes[name] = s.table_sent_bytes.get(name, 0) + int(sizes[:, i, 0].sum())
-        every = self._config.error_every
-        if every and tables and (s.calls - 1) % every == 0:
-            self._sample_error(x, call, chunk_starts, eps)
-
-    def _sample_error(self, x: torch.Tensor, call: _SeqCall, chunk_starts: list[int], eps: torch.Tensor) -> None:
-        """Encode and decode this call's chunks again and record max |x - x_hat| / bound per table."""
-        me, world = self._rank, self._pg.size()
-        tables = self._tables_per_rank[me]
-        observed = self._stats.table_max_error_ratio
-        for j in range(world):
-            if j == me:
-                continue
-            for i, name in enumerate(tables):
-                chunk = x[chunk_starts[j * len(tables) + i] : chunk_starts[j * len(tables) + i + 1]].cpu()
-                if chunk.numel() == 0 or not torch.isfinite(chunk).all():
-                    continue
-                payload, sizes = encode_grid(chunk, [0, chunk.size(0)], [0, chunk.size(1)], eps=eps[i : i + 1],
-                                             impl=self._config.impl)
-                x_hat = decode_grid(payload, sizes, [0, chunk.size(0)], [0, chunk.size(1)],
-                                    impl=self._config.impl).cpu()
-                bound = float(eps[i]) * float(chunk.max() - chunk.min())
-                err = float((chunk - x_hat).abs().max())
-                ratio = err / bound if bound > 0 else (0.0 if err == 0 else float("inf"))
-                observed[name] = max(observed.get(name, 0.0), ratio)
+            return torch.cat([decoded[:before], own, decoded[before:]])
 
     # ------------------------------------------------------------------ backward
 
     def _exchange_backward(self, grad: torch.Tensor, call: _SeqCall, num_local_rows: int) -> torch.Tensor:
         """The gradient of ``local_embs`` from the gradient of the received rows ([ids of this rank's batch, D])."""
-        me, world = self._rank, self._pg.size()
+        layout = call.layout
+        me, others = layout.rank, layout.other_ranks
         grad = grad.contiguous().float()
-        dim, dev = grad.size(1), grad.device
         mode = BackwardCompression(self._config.backward)
-        recv_total = [sum(r) for r in call.recv_rows]  # rows of each source's block in grad
-        send_total = [sum(r) for r in call.send_rows]  # rows each destination sends back to this rank
-        src = offsets(recv_total)
-        own = grad[src[me] : src[me + 1]]
-        others = [s for s in range(world) if s != me]
-        timer = self._timer_for(grad) if call.on_record else PhaseTimer(grad.device)
-        with timer.phase("backward_s", f"dlac sequence backward ({mode})"):
-            block = torch.cat([grad[src[s] : src[s + 1]] for s in others]) if others else grad.new_zeros(0, dim)
+        src = offsets([sum(r) for r in call.recv_rows])  # each source's block of grad
+        block = torch.cat([grad[src[s] : src[s + 1]] for s in others])  # sent back to the owners, in rank order
+        with call.timer.phase("backward_s", f"dlac sequence backward ({mode})"):
             if mode is BackwardCompression.DLAC:
-                rows = [r for s in others for r in call.recv_rows[s]]
-                payload, chunk_sizes = encode_grid(block, offsets(rows), [0, dim],
-                                                   eps=float(self._config.backward_eps), impl=self._config.impl)
-                counts = [len(call.recv_rows[s]) for s in range(world)]
-                per_dest = iter(chunk_sizes.split([counts[s] for s in others]))
-                sizes = torch.cat([torch.zeros(counts[s], dtype=torch.int64) if s == me else next(per_dest)
-                                   for s in range(world)])
-                n_local = len(call.send_rows[me])
-                recv_sizes = torch.empty(world * n_local, dtype=torch.int64, device=dev)
-                dist.all_to_all_single(recv_sizes, sizes.to(dev), output_split_sizes=[n_local] * world,
-                                       input_split_sizes=counts, group=self._pg)
-                recv_sizes = recv_sizes.cpu()
-                send_bytes = [int(s.sum()) for s in sizes.split(counts)]
-                recv_bytes = [int(s.sum()) for s in recv_sizes.split([n_local] * world)]
-                received = torch.empty(sum(recv_bytes), dtype=torch.uint8, device=dev)
-                dist.all_to_all_single(received, payload.to(dev), output_split_sizes=recv_bytes,
-                                       input_split_sizes=send_bytes, group=self._pg)
-                keep = torch.cat([recv_sizes[j * n_local : (j + 1) * n_local] for j in others]) if others else \
-                    recv_sizes[:0]
-                back_rows = [r for j in others for r in call.send_rows[j]]
-                try:
-                    back = decode_grid(received, keep, offsets(back_rows), [0, dim], impl=self._config.impl).to(dev)
-                except CodecError as err:
-                    raise CompressedExchangeError(
-                        f"rank {me}: sequence-embedding gradients for tables {self.local_tables} failed to decode"
-                        f" ({err})."
-                    ) from err
-                sent = int(payload.numel()) + (world - 1) * n_local * 8
+                back, sent = self._backward_dlac(block, call)
             else:
-                wire_dtype = _WIRE[mode]
-                wire = block.to(wire_dtype)
-                size = wire.element_size()
-                received = torch.empty(sum(send_total) - send_total[me], dim, dtype=wire_dtype, device=dev)
-                send_splits = [0 if s == me else recv_total[s] * dim * size for s in range(world)]
-                recv_splits = [0 if j == me else send_total[j] * dim * size for j in range(world)]
-                dist.all_to_all_single(received.view(torch.uint8).view(-1), wire.view(torch.uint8).view(-1),
-                                       output_split_sizes=recv_splits, input_split_sizes=send_splits, group=self._pg)
-                back = received.float()
-                sent = int(wire.numel()) * size
-            before = sum(send_total[:me])
-            grad_sent_order = torch.cat([back[:before], own, back[before:]])
-            out = grad.new_zeros(num_local_rows, dim)
-            out.index_copy_(0, call.gather, grad_sent_order)
+                back, sent = self._backward_cast(block, call, mode.wire_dtype)
+            before = sum(sum(layout.send_rows[j]) for j in range(me))
+            in_send_order = torch.cat([back[:before], grad[src[me] : src[me + 1]], back[before:]])
+            out = grad.new_zeros(num_local_rows, grad.size(1))
+            out.index_copy_(0, call.gather, in_send_order)
             if comm_ops.get_gradient_division():
-                out /= world
+                out /= layout.world
         if call.on_record:
-            s = self._stats
-            s.backward_calls += 1
-            s.backward_raw_bytes += int(block.numel()) * 4
-            s.backward_sent_bytes += sent
+            self.recorder.count_backward(int(block.numel()) * 4, sent)
         return out
 
-    # ------------------------------------------------------------------ timing
+    def _backward_cast(self, block: torch.Tensor, call: _SeqCall, wire_dtype: torch.dtype) -> tuple[torch.Tensor, int]:
+        """Send ``block`` (the other sources' gradient rows, in rank order) back as ``wire_dtype``; return the rows
+        the other ranks sent this one (destination rank order) and the bytes sent."""
+        layout, dim = call.layout, block.size(1)
+        send = [0 if s == layout.rank else sum(call.recv_rows[s]) * dim for s in range(layout.world)]
+        recv = [0 if j == layout.rank else sum(layout.send_rows[j]) * dim for j in range(layout.world)]
+        received = exchange.start_cast(block.reshape(-1), send, recv, wire_dtype, self._pg).wait()
+        return received.view(-1, dim).float(), int(block.numel()) * received.element_size()
 
-    def _timer_for(self, t: torch.Tensor) -> PhaseTimer:
-        if self._timer is None:
-            self._timer = PhaseTimer(t.device)
-        return self._timer
-
-    def _fold_times(self) -> dict[str, float]:
-        times = self._timer.collect() if self._timer is not None else {}
-        for name, seconds in times.items():
-            setattr(self._stats, name, getattr(self._stats, name) + seconds)
-        return times
+    def _backward_dlac(self, block: torch.Tensor, call: _SeqCall) -> tuple[torch.Tensor, int]:
+        """As :meth:`_backward_cast`, each (source, feature) chunk DLAC-encoded with ``backward_eps``."""
+        layout, dim, impl = call.layout, block.size(1), self._config.impl
+        me, others, counts = layout.rank, layout.other_ranks, layout.chunk_counts
+        n_local = counts[me]
+        rows = offsets([r for s in others for r in call.recv_rows[s]])
+        grid = exchange.encode_chunks(block, rows, [0, dim], self._config.backward_eps, impl)
+        sizes = exchange.with_own(grid.sizes.to(block.device), sum(counts[:me]), n_local)
+        recv_sizes = exchange.exchange_sizes(sizes, counts, [n_local] * layout.world, self._pg)
+        flight = exchange.start_payload(grid.payload.to(block.device), rank_sums(sizes, counts),
+                                        rank_sums(recv_sizes, [n_local] * layout.world), self._pg)
+        keep = torch.cat([recv_sizes[: me * n_local], recv_sizes[(me + 1) * n_local :]])
+        back_rows = offsets([r for j in others for r in layout.send_rows[j]])
+        try:
+            back = exchange.decode_chunks(flight.wait(), keep, back_rows, [0, dim], impl, block.device)
+        except CodecError as err:
+            raise CompressedExchangeError(
+                f"rank {me}: sequence-embedding gradients for tables {list(layout.local_tables)} failed to decode"
+                f" ({err})."
+            ) from err
+        return back, int(grid.payload.numel()) + (sizes.numel() - n_local) * 8
 
 
 class _SequenceExchange(torch.autograd.Function):

@@ -29,8 +29,9 @@ class CommStats:
     Byte counts are traffic to other ranks: the block a rank keeps for itself is neither encoded nor sent (it is
     passed on exactly), so it counts in neither the raw nor the sent bytes, and ratios are those of the codec on
     what crosses the network. Seconds are device time where the exchange runs on a GPU (CUDA events), wall time on
-    the CPU. ``table_max_error_ratio`` is a running maximum, not a counter: a difference of two snapshots keeps the
-    later one's value.
+    the CPU. ``in_step_s`` is the part of the four phase times (``a2a_s``) that fell within a step: the policy marks
+    its training steps, so validation exchanges count in the phases but not in it. ``table_max_error_ratio`` is a
+    running maximum, not a counter: a difference of two snapshots keeps the later one's value.
     """
 
     calls: int = 0  # forward exchanges
@@ -44,6 +45,7 @@ class CommStats:
     backward_raw_bytes: int = 0
     backward_sent_bytes: int = 0
     backward_s: float = 0.0
+    in_step_s: float = 0.0  # of the seconds above, those timed within a step (ExchangeGroup.set_in_step)
     table_raw_bytes: dict[str, int] = _per_table()
     table_sent_bytes: dict[str, int] = _per_table()
     table_non_finite_chunks: dict[str, int] = _per_table()  # chunks that held NaN/Inf (the codec sent them exactly)

@@ -6,7 +6,11 @@ write, use after free or undefined behaviour in the C++ kernels aborts the run w
 It builds cuda_ext/dlac_cpu.cpp with -fsanitize=address,undefined into a temporary directory, re-executes itself
 with libasan preloaded (Python itself is not instrumented), and feeds the native decoder mutated, truncated and
 foreign buffers and multi-chunk payloads with wrong sizes (every one must decode or raise CodecError), and the
-encoder random shapes, bounds and values (every output must decode within the bound).
+encoder random shapes, bounds and values (every output must decode within the bound). It also builds the CUDA
+pipeline compiled for the host (tests/codec/emulated_grid.cpp) so, and runs on it what the GPU session runs under
+compute-sanitizer memcheck (tests/codec/cuda_sanitizer_workload.py: every mode, and damaged payloads decoded whole
+and by chunk, each buffer its own allocation) and the grids of tests/codec/grid_cases.py: the host's stand-in for
+memcheck of the device kernels' code where no GPU is.
 """
 
 from __future__ import annotations
@@ -60,6 +64,18 @@ def _build(build_dir: Path) -> None:
         extra_ldflags=["-fopenmp", *SAN_FLAGS],
         extra_include_paths=[str(REPO / "cuda_ext")],
         build_directory=str(build_dir),
+        is_python_module=False,
+        verbose=False,
+    )
+    emu_dir = build_dir / "emulation"
+    emu_dir.mkdir(exist_ok=True)
+    cpp_extension.load(
+        name="dlac_emu_asan",
+        sources=[str(REPO / "tests" / "codec" / "emulated_grid.cpp")],
+        extra_cflags=["-O1", "-g", "-std=c++17", "-ffp-contract=off", "-fopenmp", *SAN_FLAGS],
+        extra_ldflags=["-fopenmp", *SAN_FLAGS],
+        extra_include_paths=[str(REPO / "cuda_ext")],
+        build_directory=str(emu_dir),
         is_python_module=False,
         verbose=False,
     )
@@ -122,7 +138,25 @@ def _fuzz(n: int, seed: int) -> None:
         finite = torch.isfinite(x)
         inf = ~finite & ~x.isnan()
         assert torch.equal(torch.isnan(y), torch.isnan(x)) and torch.equal(x[inf], y[inf])
-    print(f"asan fuzz: {n} mutated buffers, {n // 10} multi-chunk payloads, {n // 10} encodes: no sanitizer report")
+    # 4. The CUDA pipeline compiled for the host (torch.ops.dlac_emu), held to the CPU kernels: the GPU session's
+    # memcheck workload and the grids the CUDA tests run.
+    import time
+
+    from cuda_sanitizer_workload import Check, all_modes_grid, damaged, grid_round_trip, later_step_grid
+    from grid_cases import CASES
+
+    check = Check()
+    grid = all_modes_grid()
+    payload, sizes = grid_round_trip(check, torch.ops.dlac_emu, "cpu", "all modes", grid)
+    grid_round_trip(check, torch.ops.dlac_emu, "cpu", "a later step", later_step_grid())
+    for name, case in sorted(CASES.items()):
+        grid_round_trip(check, torch.ops.dlac_emu, "cpu", name, case())
+    damaged_n, rejected = damaged(check, torch.ops.dlac_emu, "cpu", payload, sizes, grid[1], grid[2],
+                                  until=time.time() + 3600, limit=n // 10)
+    assert not check.failures, check.failures
+    print(f"asan fuzz: {n} mutated buffers, {n // 10} multi-chunk payloads, {n // 10} encodes; emulated device "
+          f"pipeline: {check.calls - 2 * damaged_n} grid results and {damaged_n} damaged payloads ({rejected} "
+          "rejected) equal to the CPU kernels: no sanitizer report")
 
 
 def main() -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import bits, zipf_payload
+from grid_cases import CASES, thousands_of_chunks
 
 from lightning_dlac.codec import CodecError, _loader, decode_grid, encode_grid
 from lightning_dlac.codec.api import device_kernels
@@ -102,6 +103,50 @@ def test_cuda_payload_is_the_cpu_kernels_payload(cuda_kernels):
         out = torch.ops.dlac.decode_grid(payload, want_sizes, rs, cs)
         assert out.is_cuda
         assert torch.equal(bits(out.cpu()), bits(torch.ops.dlac.decode_grid(want, want_sizes, rs, cs)))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_cuda_matches_the_cpu_kernels(cuda_kernels, case):
+    # tests/codec/grid_cases.py (the emulation runs the same grids in CI): NaN and Inf, dims 8 to 128 with relative
+    # and absolute bounds, empty and zero-width blocks, multi-hot and gradient payloads, 2600 chunks. Decoded with
+    # the sizes on the host, and on the device as the exchange receives them, through the op and the public API.
+    x, rs, cs, bounds, relative = CASES[case]()
+    want, want_sizes = torch.ops.dlac.encode_grid(x, rs, cs, bounds, relative)
+    payload, sizes = torch.ops.dlac.encode_grid(x.cuda(), rs, cs, bounds, relative)
+    assert payload.is_cuda and sizes.is_cuda
+    assert torch.equal(sizes.cpu(), want_sizes) and torch.equal(payload.cpu(), want)
+    decoded = bits(torch.ops.dlac.decode_grid(want, want_sizes, rs, cs))
+    assert torch.equal(bits(torch.ops.dlac.decode_grid(payload, want_sizes, rs, cs).cpu()), decoded)
+    assert torch.equal(bits(torch.ops.dlac.decode_grid(payload, sizes, rs, cs).cpu()), decoded)
+    out = decode_grid(payload, sizes, rs, cs, impl="native")
+    assert out.is_cuda and torch.equal(bits(out.cpu()), decoded)
+    if relative:
+        p2, s2 = encode_grid(x.cuda(), rs, cs, eps=bounds, impl="native")
+    else:
+        p2, s2 = encode_grid(x.cuda(), rs, cs, abs_eb=bounds, impl="native")
+    assert torch.equal(p2.cpu(), want) and torch.equal(s2.cpu(), want_sizes)
+
+
+@pytest.mark.cuda
+def test_cuda_encoder_scratch_follows_the_data_not_the_chunk_count(cuda_kernels):
+    # 2600 chunks of 3 to 40 rows: the encoder's temporaries are its codes, symbol lengths and offsets (at most 24
+    # bytes per element with the payload) and row tables (a few words per row), and the histograms the planner reads;
+    # not 3 x 4096 words zeroed and as many reserved per chunk (the old layout: 2 x 2600 x 48 KB = 250 MB here, over
+    # three times this bound).
+    x, rs, cs, bounds, relative = thousands_of_chunks()
+    xc = x.cuda()
+    torch.ops.dlac.encode_grid(xc, rs, cs, bounds, relative)  # the histograms' region sized for this grid
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    payload, sizes = torch.ops.dlac.encode_grid(xc, rs, cs, bounds, relative)
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - before
+    elements, rows, chunks = x.numel(), x.size(0) * (len(cs) - 1), sizes.numel()
+    assert chunks == 2600
+    assert extra < 32 * elements + 64 * rows + 16 * 2**20, (extra, elements, rows)
+    assert torch.equal(payload.cpu(), torch.ops.dlac.encode_grid(x, rs, cs, bounds, relative)[0])
 
 
 @pytest.mark.cuda

@@ -10,7 +10,6 @@ is what the CUDA tests check where a GPU exists.
 
 from __future__ import annotations
 
-import random
 import sys
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import bits, zipf_payload
+from grid_cases import CASES, damaged_payloads, verdict
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -40,14 +40,6 @@ def emulated(native) -> None:
 
 def emu_encode(x, rs, cs, bounds, relative=True):
     return torch.ops.dlac_emu.encode_grid(x, rs, cs, torch.tensor(bounds, dtype=torch.float32), relative)
-
-
-def _outcome(op, *args):
-    """(result, None) or (None, error message without the C++ backtrace)."""
-    try:
-        return op(*args), None
-    except RuntimeError as e:
-        return None, str(e).split("\nException raised from")[0]
 
 
 @st.composite
@@ -133,6 +125,18 @@ def test_device_pipeline_on_embedding_payloads(emulated):
     assert torch.equal(emu_encode(row_view, rs, cs, bounds)[0], payload)
 
 
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_device_pipeline_matches_the_cpu_kernels(emulated, case):
+    # The grids test_codec_cuda.py runs on a GPU (tests/codec/grid_cases.py): NaN and Inf, dims 8 to 128 with
+    # relative and absolute bounds, empty and zero-width blocks, multi-hot and gradient payloads, 2600 chunks.
+    x, rs, cs, bounds, relative = CASES[case]()
+    want, want_sizes = torch.ops.dlac.encode_grid(x, rs, cs, bounds, relative)
+    payload, sizes = torch.ops.dlac_emu.encode_grid(x, rs, cs, bounds, relative)
+    assert torch.equal(sizes, want_sizes) and torch.equal(payload, want)
+    out = torch.ops.dlac_emu.decode_grid(payload, sizes, rs, cs)
+    assert torch.equal(bits(out), bits(torch.ops.dlac.decode_grid(want, want_sizes, rs, cs)))
+
+
 @pytest.mark.parametrize("order", ["forward", "shuffle"])
 def test_device_pipeline_tiles_chunks_of_every_width(emulated, monkeypatch, order):
     # Elements are walked in tiles of 8192 by 256 threads, row and column stepped by additions: column blocks
@@ -209,41 +213,15 @@ def test_device_pipeline_packs_and_counts_streams_of_several_tiles(emulated, mon
     assert torch.equal(bits(out), bits(torch.ops.dlac.decode_grid(payload, sizes, rs, cs)))
 
 
-def _mutations(payload: torch.Tensor, sizes: torch.Tensor, n: int, seed: int):
-    """Corrupted copies of a grid payload: bit flips, structural edits behind recomputed checksums, bad sizes."""
-    from test_codec_errors import _refresh_crc
-
-    rnd = random.Random(seed)
-    data = payload.numpy().tobytes()
-    offs = np.concatenate([[0], np.cumsum(sizes.numpy())]).tolist()
-    for k in range(n):
-        chunk = rnd.randrange(len(offs) - 1)
-        buf = bytearray(data[offs[chunk]: offs[chunk + 1]])
-        new_sizes = sizes.clone()
-        if k % 3 == 0:
-            buf[rnd.randrange(len(buf))] ^= 1 << rnd.randrange(8)
-        elif k % 3 == 1:
-            for _ in range(rnd.randint(1, 4)):
-                i = rnd.randrange(len(buf)) if rnd.random() < 0.5 else rnd.randrange(min(len(buf), 64))
-                buf[i] = rnd.randrange(256)
-            _refresh_crc(buf)
-        else:
-            cut = rnd.randrange(len(buf))
-            buf = buf[:cut]
-            new_sizes[chunk] = cut
-        whole = data[: offs[chunk]] + bytes(buf) + data[offs[chunk + 1]:]
-        yield torch.frombuffer(bytearray(whole), dtype=torch.uint8), new_sizes
-
-
 def test_device_decoder_rejects_what_the_cpu_decoder_rejects(emulated):
     x = zipf_payload(rows=600, dim=24, vocab=30)
     x[:, 16:] = torch.randn(600, 8, generator=torch.Generator().manual_seed(2))
     rs, cs, bounds = [0, 200, 600], [0, 8, 16, 24], [0.01, 0.0, 0.05]
     payload, sizes = emu_encode(x, rs, cs, bounds)
     rejected = 0
-    for mutated, new_sizes in _mutations(payload, sizes, 600, seed=5):
-        got, err = _outcome(torch.ops.dlac_emu.decode_grid, mutated, new_sizes, rs, cs)
-        want, want_err = _outcome(torch.ops.dlac.decode_grid, mutated, new_sizes, rs, cs)
+    for mutated, new_sizes, _ in damaged_payloads(payload, sizes, 600, seed=5):
+        got, err = verdict(torch.ops.dlac_emu.decode_grid, mutated, new_sizes, rs, cs)
+        want, want_err = verdict(torch.ops.dlac.decode_grid, mutated, new_sizes, rs, cs)
         assert err == want_err
         if err is None:
             assert torch.equal(bits(got), bits(want))
@@ -259,12 +237,13 @@ def _copies(op, *args):
 
 
 def test_device_pipeline_synchronizes_once_to_encode_and_twice_to_decode(emulated):
-    # docs/codec.md's counts: encode reads the chunk state and the histograms back in one copy (a second only when
-    # the histograms outgrow what the previous call needed), decode reads headers with checksums, then error flags.
+    # docs/codec.md's counts: encode reads the chunk state and the histograms back in one copy (a second only when the
+    # histograms outgrow their region: 16384 words for a grid not seen before, else what the same row and column
+    # splits needed last time and a quarter more), decode reads headers with checksums, then error flags.
     x = zipf_payload(rows=2000, dim=32, vocab=900)
     rs, cs, bounds = [0, 700, 2000], [0, 8, 16, 32], [0.01, 0.0, 0.05]
     _, n = _copies(emu_encode, x, rs, cs, bounds)
-    assert n in (1, 2)  # the row index histograms (up to 900 words) may outgrow the previous call's
+    assert n == 1  # a few thousand histogram words: the first region holds them
     (payload, sizes), n = _copies(emu_encode, x, rs, cs, bounds)
     assert n == 1
     assert torch.equal(payload, ref.encode_grid(x, rs, cs, torch.tensor(bounds), True)[0])
@@ -274,14 +253,17 @@ def test_device_pipeline_synchronizes_once_to_encode_and_twice_to_decode(emulate
     # Bounds and sizes passed as host tensors cost nothing more; an all-constant grid needs no histograms.
     _, n = _copies(emu_encode, torch.zeros(10, 4), [0, 10], [0, 4], [0.01])
     assert n == 1
-    # After that call needed none, a wide alphabet (500 codes, past the 256 words per chunk read up front) takes a
-    # second copy once; the next call reads it all in one.
-    wide = torch.rand(4000, 4, generator=torch.Generator().manual_seed(4))
-    _, n = _copies(emu_encode, wide, [0, 4000], [0, 4], [1e-3])
-    assert n == 2
-    (payload, sizes), n = _copies(emu_encode, wide, [0, 4000], [0, 4], [1e-3])
+    # Wide alphabets (12 chunks of ~2000 codes, DEDUP candidates: ~68,000 words) outgrow the first region: a second
+    # copy once, then one; a bound that needs more words than the last call's and a quarter takes two again, once.
+    wide = torch.rand(4000, 12, generator=torch.Generator().manual_seed(4))
+    ws = list(range(13))
+    for eps, want in ((2.5e-4, 2), (2.5e-4, 1), (1.5e-4, 2), (1.5e-4, 1)):
+        (payload, sizes), n = _copies(emu_encode, wide, [0, 4000], ws, [eps] * 12)
+        assert n == want, (eps, n)
+        assert torch.equal(payload, encode_grid(wide, [0, 4000], ws, eps=eps, impl="ref")[0])
+    # Each grid shape keeps its own need: the first grid still takes one copy.
+    _, n = _copies(emu_encode, x, rs, cs, bounds)
     assert n == 1
-    assert torch.equal(payload, encode_grid(wide, [0, 4000], [0, 4], eps=1e-3, impl="ref")[0])
 
 
 @pytest.mark.parametrize("order", ["forward", "reverse", "shuffle"])
@@ -300,6 +282,43 @@ def test_device_encoder_raises_naming_the_chunk_when_its_row_hash_set_breaks(emu
                        ref.encode_grid(x, rs, cs, torch.tensor([0.0, 0.01]), True)[0])
 
 
+@pytest.mark.parametrize(("kernel", "reported_by"), [
+    ("decode: huffman blocks", "decode"), ("decode: output", "decode"), ("crc: segment registers", "decode"),
+    ("encode: row hash insert", "encode"), ("encode: bit packing", "the next call"),
+])
+def test_a_device_fault_is_reported_as_one_naming_its_kernel(emulated, monkeypatch, kernel, reported_by):
+    # CUDA reports a fault inside a kernel at the next synchronization; the emulation raises there what CUDA would
+    # (DLAC_EMULATE_FAULT). The error stays a device error (torch.AcceleratorError, a RuntimeError) naming the
+    # kernels launched since the last read-back, the faulting one among them, and the public API passes it on as it
+    # is instead of calling the payload corrupted. An encode's last kernels (packing, checksums) have no read-back
+    # after them: their fault surfaces in the next call, which names them too.
+    from lightning_dlac.codec import CodecError, decode_grid
+
+    x = zipf_payload(rows=600, dim=24, vocab=30)
+    rs, cs, bounds = [0, 200, 600], [0, 8, 16, 24], [0.01, 0.0, 0.05]
+    payload, sizes = emu_encode(x, rs, cs, bounds)
+    monkeypatch.setattr(torch.ops.dlac, "decode_grid", torch.ops.dlac_emu.decode_grid)  # the API runs the emulation
+    monkeypatch.setenv("DLAC_EMULATE_FAULT", kernel)
+    if reported_by == "encode":
+        with pytest.raises(torch.AcceleratorError, match="illegal memory access") as fault:
+            emu_encode(x, rs, cs, bounds)
+    else:
+        if reported_by == "the next call":
+            emu_encode(x, rs, cs, bounds)  # returns: nothing synchronizes after its last kernels
+            monkeypatch.delenv("DLAC_EMULATE_FAULT")
+        with pytest.raises(torch.AcceleratorError, match="illegal memory access") as fault:
+            decode_grid(payload, sizes, rs, cs, impl="native")
+    message = str(fault.value)
+    assert f"'{kernel}'" in message and "DLAC_CUDA_SYNC_KERNELS=1" in message, message
+    assert not isinstance(fault.value, (ValueError, CodecError))
+    # The fault is gone with its report: the next calls encode and decode as before.
+    monkeypatch.delenv("DLAC_EMULATE_FAULT", raising=False)
+    again, again_sizes = emu_encode(x, rs, cs, bounds)
+    assert torch.equal(again, payload) and torch.equal(again_sizes, sizes)
+    out = decode_grid(payload, sizes, rs, cs, impl="native")
+    assert torch.equal(bits(out), bits(ref.decode_grid(payload, sizes.tolist(), rs, cs)))
+
+
 def test_device_ops_check_their_arguments(emulated):
     x = torch.randn(10, 4)
     with pytest.raises(RuntimeError, match="float32"):
@@ -311,7 +330,7 @@ def test_device_ops_check_their_arguments(emulated):
     with pytest.raises(RuntimeError, match="col_splits"):
         emu_encode(x, [0, 10], [0, 5], [0.01])
     payload, sizes = emu_encode(x, [0, 10], [0, 4], [0.01])
-    with pytest.raises(RuntimeError, match="sum to"):
+    with pytest.raises(ValueError, match="sum to"):  # the sizes do not fit the bytes: a verdict on the payload
         torch.ops.dlac_emu.decode_grid(payload[:-1], sizes, [0, 10], [0, 4])
     with pytest.raises(RuntimeError, match="one entry per chunk"):
         torch.ops.dlac_emu.decode_grid(payload, sizes, [0, 5, 10], [0, 4])

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import random
-import struct
-import zlib
 
 import pytest
 import torch
 from conftest import bits, zipf_payload
+from grid_cases import refresh_crc
 
 from lightning_dlac.codec import CodecError, decode, encode, inspect
 from lightning_dlac.codec._loader import resolve_impl
-from lightning_dlac.codec.format import CRC_OFFSET, HEADER_SIZE
+from lightning_dlac.codec.format import HEADER_SIZE
 
 
 @pytest.mark.parametrize(
@@ -77,12 +76,6 @@ def _samples() -> list[torch.Tensor]:
     return bufs
 
 
-def _refresh_crc(buf: bytearray) -> None:
-    if len(buf) >= HEADER_SIZE:
-        crc = zlib.crc32(bytes(buf[:CRC_OFFSET]) + b"\0\0\0\0" + bytes(buf[CRC_OFFSET + 4:]))
-        buf[CRC_OFFSET: CRC_OFFSET + 4] = struct.pack("<I", crc)
-
-
 def _decode_both(data: bytes, impls: list[str]):
     """Decode with every impl; each must raise CodecError or return a tensor, and all must agree."""
     results = []
@@ -117,7 +110,7 @@ def _fuzz(n: int, seed: int, impls: list[str]) -> None:
             for _ in range(rnd.randint(1, 4)):
                 i = rnd.randrange(len(data)) if kind == 2 else rnd.randrange(min(len(data), 64))
                 data[i] = rnd.randrange(256) if rnd.random() < 0.5 else data[i] ^ (1 << rnd.randrange(8))
-            _refresh_crc(data)
+            refresh_crc(data)
             _decode_both(bytes(data), impls)
 
 
@@ -134,7 +127,7 @@ def test_foreign_and_truncated_buffers(request, impl):
             decode(buf[:cut], impl=impl)
     data = bytearray(buf.numpy().tobytes())
     data[4] = 9
-    _refresh_crc(data)
+    refresh_crc(data)
     with pytest.raises(CodecError, match="version"):
         decode(data, impl=impl)
 

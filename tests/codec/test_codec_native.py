@@ -186,13 +186,13 @@ def test_cuda_large_batch_and_repeated_calls(native):
 @pytest.mark.cuda
 @CUDA
 def test_cuda_decoder_rejects_what_the_cpu_decoder_rejects(native):
-    from test_codec_device_pipeline import _mutations, _outcome
+    from grid_cases import damaged_payloads, verdict
 
     x, rs, cs, eps = _all_modes_grid()
     payload, sizes = torch.ops.dlac.encode_grid(x[:600], [0, 200, 600], cs, eps, True)
-    for mutated, new_sizes in _mutations(payload, sizes, 300, seed=9):
-        got, err = _outcome(torch.ops.dlac.decode_grid, mutated.cuda(), new_sizes, [0, 200, 600], cs)
-        want, want_err = _outcome(torch.ops.dlac.decode_grid, mutated, new_sizes, [0, 200, 600], cs)
+    for mutated, new_sizes, _ in damaged_payloads(payload, sizes, 300, seed=9):
+        got, err = verdict(torch.ops.dlac.decode_grid, mutated.cuda(), new_sizes, [0, 200, 600], cs)
+        want, want_err = verdict(torch.ops.dlac.decode_grid, mutated, new_sizes, [0, 200, 600], cs)
         assert err == want_err
         if err is None:
             assert torch.equal(bits(got.cpu()), bits(want))

@@ -1,0 +1,273 @@
+"""What a compressed exchange records around the pure wire functions, once for the pooled and the sequence exchange.
+
+:class:`Recorder` holds one exchange module's statistics (:class:`~lightning_dlac.comm.CommStats`, counters that
+only grow), its phase timer (:class:`~lightning_dlac.comm.timing.PhaseTimer`, right on a GPU), the record switch
+(:meth:`Recorder.off_the_record`: exchanges that measure rather than train), the chunk observer that calibration
+measures through, the non-finite chunk counts and the error sampling. :class:`RecordedExchange` is the part of the
+two modules that the :class:`~lightning_dlac.comm.ExchangeGroup` talks to.
+
+A call's recording follows one order in both modules: at launch, the observer sees every chunk (outside any timed
+phase: what it computes is not exchange time); encode and size exchange are timed; while the payload is on its way,
+:meth:`Recorder.count_forward` and :meth:`Recorder.check` run; waiting and decoding are timed. Calls off the record
+are timed on a timer nobody reads and add nothing.
+
+Times are read (:meth:`Recorder.fold_times`) only when somebody asks for the statistics: on a GPU that waits for the
+device, so per-batch bookkeeping marks steps (:meth:`Recorder.set_in_step`) instead of reading times; the seconds
+of phases timed within a step are counted apart (``CommStats.in_step_s``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Protocol
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torchrec.distributed.types import Awaitable
+
+from lightning_dlac.codec import decode_grid
+from lightning_dlac.codec.format import HEADER_SIZE
+from lightning_dlac.comm.config import CompressionConfig
+from lightning_dlac.comm.exchange import Grid
+from lightning_dlac.comm.stats import CommStats
+from lightning_dlac.comm.timing import PhaseTimer
+
+Observer = Callable[[str, torch.Tensor], None]
+
+
+class BoundSource(Protocol):
+    """Where an exchange reads its per-table relative bounds (:class:`~lightning_dlac.comm.ErrorBounds`, or a
+    calibration probe's bounds); a bound of 0 sends that table exactly."""
+
+    def effective_many(self, tables: Sequence[str]) -> torch.Tensor: ...
+
+
+class Recorder:
+    """Statistics, timing, record switch, observer and checks of one exchange module.
+
+    Args:
+        config: Compression settings (``error_every`` and ``impl`` are read here).
+        bounds: The bounds exchanges on the record encode with.
+        clock: Wall clock of the phase timers on non-CUDA devices (tests inject a fake one).
+
+    Attributes:
+        observer: If set, called as ``observer(table, chunk)`` with every (destination rank, local table) chunk of a
+            forward exchange on the record, this rank's own included (see :meth:`observe`).
+        timer: The timer of calls on the record outside a step (made at the first such call, on its device; a test
+            may put a scripted one here).
+    """
+
+    def __init__(self, config: CompressionConfig, bounds: BoundSource,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self._config = config
+        self._clock = clock
+        self._bounds = bounds
+        self._on_record = True
+        self._stats = CommStats()
+        self._in_step = False
+        self._step_timer: PhaseTimer | None = None
+        self._interval_s = 0.0
+        self.timer: PhaseTimer | None = None
+        self.observer: Observer | None = None
+
+    # ------------------------------------------------------------------ the record switch
+
+    @property
+    def bounds(self) -> BoundSource:
+        """The bounds a call launched now encodes with."""
+        return self._bounds
+
+    @property
+    def on_record(self) -> bool:
+        """Whether a call launched now counts (statistics, observer)."""
+        return self._on_record
+
+    @contextlib.contextmanager
+    def off_the_record(self, bounds: BoundSource) -> Iterator[None]:
+        """Within the block, forward exchanges read ``bounds``, are not observed and count in no statistics."""
+        saved = self._bounds, self._on_record
+        self._bounds, self._on_record = bounds, False
+        try:
+            yield
+        finally:
+            self._bounds, self._on_record = saved
+
+    # ------------------------------------------------------------------ timing
+
+    def call_timer(self, device: torch.device, on_record: bool) -> PhaseTimer:
+        """The timer of a call launched now on ``device``: a throwaway one off the record."""
+        if not on_record:
+            return PhaseTimer(device)
+        if self._in_step:
+            if self._step_timer is None:
+                self._step_timer = PhaseTimer(device, self._clock)
+            return self._step_timer
+        if self.timer is None:
+            self.timer = PhaseTimer(device, self._clock)
+        return self.timer
+
+    def set_in_step(self, in_step: bool) -> None:
+        """From now on, calls are (or are no longer) within a step: their phase seconds also count in ``in_step_s``.
+        Reads no time."""
+        self._in_step = bool(in_step)
+
+    def fold_times(self) -> dict[str, float]:
+        """Move the finished phases' seconds into the statistics (on a GPU this waits for the device); return them."""
+        times: dict[str, float] = {}
+        for timer in (self.timer, self._step_timer):
+            collected = timer.collect() if timer is not None else {}
+            for name, seconds in collected.items():
+                times[name] = times.get(name, 0.0) + seconds
+            if timer is self._step_timer:
+                self._stats.in_step_s += sum(collected.values())
+        for name, seconds in times.items():
+            setattr(self._stats, name, getattr(self._stats, name) + seconds)
+        self._interval_s += sum(times.values())
+        return times
+
+    def start_interval(self) -> None:
+        """Start summing phase seconds afresh (what :meth:`interval_s` reads)."""
+        self.fold_times()
+        self._interval_s = 0.0
+
+    def interval_s(self) -> float:
+        """Seconds of every phase on the record since :meth:`start_interval` (reads the times)."""
+        self.fold_times()
+        return self._interval_s
+
+    def stats(self) -> CommStats:
+        """A snapshot of the counters (reads the times)."""
+        self.fold_times()
+        return self._stats.copy()
+
+    # ------------------------------------------------------------------ what a call on the record adds
+
+    def observe(self, chunks: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Show the observer every ``(table, chunk)`` (nothing happens without one)."""
+        if self.observer is not None:
+            for name, chunk in chunks:
+                self.observer(name, chunk)
+
+    def count_forward(self, tables: Sequence[str], table_raw: Sequence[int], table_sent: Sequence[int], sent: int,
+                      uncompressed: bool = False) -> None:
+        """Count one forward call: per local table the float32 bytes it stands for and the payload bytes it sent to
+        other ranks, and ``sent`` bytes in all (payload and size exchange)."""
+        s = self._stats
+        s.calls += 1
+        s.uncompressed_calls += int(uncompressed)
+        s.raw_bytes += sum(table_raw)
+        s.sent_bytes += int(sent)
+        for name, raw, table in zip(tables, table_raw, table_sent):
+            s.table_raw_bytes[name] = s.table_raw_bytes.get(name, 0) + int(raw)
+            s.table_sent_bytes[name] = s.table_sent_bytes.get(name, 0) + int(table)
+
+    def count_backward(self, raw: int, sent: int) -> None:
+        """Count one gradient exchange: ``raw`` float32 bytes stood for, ``sent`` bytes sent to other ranks."""
+        s = self._stats
+        s.backward_calls += 1
+        s.backward_raw_bytes += int(raw)
+        s.backward_sent_bytes += int(sent)
+
+    def check(self, grids: Sequence[Grid], eps: Mapping[str, float]) -> None:
+        """After :meth:`count_forward`: count the chunks of ``grids`` that held NaN/Inf and, every ``error_every``
+        calls, record max |x - x_hat| / bound per table (``eps``: each table's relative bound)."""
+        self._note_non_finite(grids)
+        every = self._config.error_every
+        if every and eps and (self._stats.calls - 1) % every == 0:
+            self._sample_error(grids, eps)
+
+    def _note_non_finite(self, grids: Sequence[Grid]) -> None:
+        """The codec sends a chunk holding NaN/Inf raw (exactly), so only chunks whose size is exactly a raw chunk's
+        are scanned: nothing is scanned on the usual, compressed path."""
+        counts = self._stats.table_non_finite_chunks
+        for grid in grids:
+            sizes = grid.sizes.tolist()
+            for name, chunk, k in grid.chunks():
+                if chunk.numel() and sizes[k] == HEADER_SIZE + chunk.numel() * 4 and not bool(chunk.isfinite().all()):
+                    counts[name] = counts.get(name, 0) + 1
+
+    def _sample_error(self, grids: Sequence[Grid], eps: Mapping[str, float]) -> None:
+        """Decode our own payload and record max |x - x_hat| / bound per table (the bound is a guarantee; this
+        makes it visible)."""
+        worst = dict.fromkeys(eps, 0.0)
+        for grid in grids:
+            if not grid.payload.numel():
+                continue
+            x_hat = decode_grid(grid.payload, grid.sizes, grid.row_splits, grid.col_splits, impl=self._config.impl)
+            sent = Grid(x_hat.cpu(), grid.row_splits, grid.col_splits, grid.payload, grid.sizes, grid.tables)
+            for (name, chunk, _), (_, chunk_hat, _) in zip(grid.chunks(), sent.chunks()):
+                chunk = chunk.cpu()
+                if chunk.numel() == 0 or not torch.isfinite(chunk).all():
+                    continue  # nothing sent, or sent raw, exactly (and counted by _note_non_finite)
+                bound = eps[name] * float(chunk.max() - chunk.min())
+                err = float((chunk - chunk_hat).abs().max())
+                ratio = err / bound if bound > 0 else (0.0 if err == 0 else float("inf"))
+                worst[name] = max(worst[name], ratio)
+        observed = self._stats.table_max_error_ratio
+        for name, w in worst.items():
+            observed[name] = max(observed.get(name, 0.0), w)
+
+
+class Ready(Awaitable[torch.Tensor]):
+    """An awaitable whose tensor is already there (an exchange that finished when it was called)."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        super().__init__()
+        self._tensor = tensor
+
+    def _wait_impl(self) -> torch.Tensor:
+        return self._tensor
+
+
+class RecordedExchange(nn.Module):
+    """What the pooled and the sequence exchange modules share: a process group, a table layout and a
+    :class:`Recorder`, and the interface :class:`~lightning_dlac.comm.ExchangeGroup` drives them through.
+
+    Args:
+        pg: Process group of the exchange.
+        tables_per_rank: Table name of each chunk column (pooled: column block; sequence: feature), per rank.
+        config: Compression settings.
+        bounds: Per-table bounds, read at every call.
+    """
+
+    def __init__(self, pg: dist.ProcessGroup, tables_per_rank: Sequence[Sequence[str]], config: CompressionConfig,
+                 bounds: BoundSource) -> None:
+        super().__init__()
+        if len(tables_per_rank) != pg.size():
+            raise ValueError(f"tables_per_rank needs one entry per rank ({pg.size()}), got {len(tables_per_rank)}.")
+        self._pg = pg
+        self._config = config
+        self._tables_per_rank = tuple(tuple(t) for t in tables_per_rank)
+        self.recorder = Recorder(config, bounds)
+
+    @property
+    def local_tables(self) -> list[str]:
+        """Tables whose embeddings this rank sends (one entry per local column block or feature)."""
+        return list(self._tables_per_rank[dist.get_rank(self._pg)])
+
+    @property
+    def tables_per_rank(self) -> list[list[str]]:
+        """Table names per rank (every rank's tables, not only this one's)."""
+        return [list(t) for t in self._tables_per_rank]
+
+    @property
+    def stats(self) -> CommStats:
+        """A snapshot of this exchange's counters since it was installed (they only grow)."""
+        return self.recorder.stats()
+
+    @property
+    def observer(self) -> Observer | None:
+        """See :attr:`Recorder.observer`."""
+        return self.recorder.observer
+
+    @observer.setter
+    def observer(self, observer: Observer | None) -> None:
+        self.recorder.observer = observer
+
+    def off_the_record(self, bounds: BoundSource) -> contextlib.AbstractContextManager[None]:
+        """Within the block, forward exchanges read ``bounds``, are not observed and count in no statistics:
+        exchanges that measure something (a calibration probe) rather than train."""
+        return self.recorder.off_the_record(bounds)
