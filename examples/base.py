@@ -158,16 +158,20 @@ class ResumableDataLoader(DataLoader):
         num_workers: DataLoader worker processes (persistent across epochs when there are any).
         world_size: The number of ranks the batches are shared among; kept in the state, so that a resume on
             another number of ranks is told that it cannot be exact.
+        **kwargs: Other :class:`~torch.utils.data.DataLoader` arguments (Lightning passes them when it rebuilds the
+            loader, as it does for prediction).
     """
 
     _STATE_VERSION = 1
 
-    def __init__(self, dataset: RankBatches, num_workers: int = 0, world_size: int = 1) -> None:
+    def __init__(self, dataset: RankBatches, num_workers: int = 0, world_size: int = 1, **kwargs: Any) -> None:
         # batch_size=None: the dataset yields whole Batches, which the DataLoader passes through untouched.
-        super().__init__(dataset, batch_size=None, num_workers=num_workers, persistent_workers=num_workers > 0)
+        kwargs.setdefault("batch_size", None)
+        kwargs.setdefault("persistent_workers", num_workers > 0)
+        super().__init__(dataset, num_workers=num_workers, **kwargs)
         self._served = 0  # batches of the current pass handed out so far
         self._resume_at = 0  # where the next pass starts (set by load_state_dict)
-        self._world_size = world_size
+        self.world_size = world_size
 
     def __iter__(self) -> Iterator[Batch]:
         start, self._resume_at = self._resume_at, 0
@@ -189,7 +193,7 @@ class ResumableDataLoader(DataLoader):
     def state_dict(self) -> dict[str, Any]:
         """The position in this pass: ``{"served": batches handed out, "batches": batches per pass, ...}``."""
         return {"version": self._STATE_VERSION, "served": self._served, "batches": len(self.dataset),
-                "world_size": self._world_size}  # fmt: skip
+                "world_size": self.world_size}  # fmt: skip
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Start the next pass after the ``served`` batches of a saved :meth:`state_dict`; a finished pass starts the
@@ -205,10 +209,10 @@ class ResumableDataLoader(DataLoader):
                 " checkpoint of the same lightning-dlac version, or start the epoch over."
             )
         served, batches, world = int(state_dict["served"]), int(state_dict["batches"]), int(state_dict["world_size"])
-        if (batches, world) != (len(self.dataset), self._world_size):
+        if (batches, world) != (len(self.dataset), self.world_size):
             rank_zero_warn(
                 f"Resuming the data in the middle of an epoch that had {batches} batches per rank on {world} rank(s)"
-                f" with {len(self.dataset)} batches per rank on {self._world_size}: each rank starts at its batch"
+                f" with {len(self.dataset)} batches per rank on {self.world_size}: each rank starts at its batch"
                 f" {min(served, len(self.dataset))} of the epoch, so this epoch's remaining batches are not exactly"
                 " those the interrupted run had left (some are read twice or not at all)."
             )

@@ -187,10 +187,18 @@ def test_a_trainer_resumed_mid_epoch_trains_on_the_batches_the_interrupted_run_h
     torch.testing.assert_close(resumed.linear.weight, uninterrupted.linear.weight, rtol=0, atol=0)
 
 
-def test_the_loader_is_a_stateful_dataloader_for_lightning() -> None:
+def test_the_loader_is_a_stateful_dataloader_that_lightning_can_rebuild() -> None:
     from lightning.fabric.utilities.types import _Stateful
+    from lightning.pytorch.trainer.states import RunningStage
+    from lightning.pytorch.utilities.data import _update_dataloader
 
     dm = SyntheticCriteoDataModule(max_rows=100, batch_size=8, num_train_batches=2)
+    dm.set_rank(1, 2)
     dm.setup("fit")
     for loader in (dm.train_dataloader(), dm.val_dataloader()):
         assert isinstance(loader, ResumableDataLoader) and isinstance(loader, _Stateful)
+    # Lightning rebuilds every prediction loader from its constructor arguments (to track batch indices).
+    loader = dm.train_dataloader()
+    rebuilt = _update_dataloader(loader, None, RunningStage.PREDICTING)
+    assert isinstance(rebuilt, ResumableDataLoader) and rebuilt.world_size == 2
+    assert [_fingerprint(b) for b in rebuilt] == [_fingerprint(b) for b in loader]
