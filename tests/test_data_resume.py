@@ -71,7 +71,9 @@ def _on_rank(make: Callable[[Path], RankShardedDataModule], tmp_path: Path, rank
     return dm
 
 
-@pytest.mark.parametrize("source", list(SOURCES))
+@pytest.mark.parametrize(
+    "source", [pytest.param(s, marks=pytest.mark.slow) if s.endswith("_workers") else s for s in SOURCES]
+)  # DataLoader workers are processes: slow
 def test_every_shipped_datamodule_resumes_mid_epoch_on_every_rank(tmp_path: Path, source: str) -> None:
     make = SOURCES[source]
     for rank in range(WORLD):
