@@ -14,10 +14,13 @@ failure and starting new workers (to the new processes' start), imports and argu
 + checkpoint load + Lightning's sanity validation, and the first step. The resumed run then replays the steps since
 the checkpoint (the work lost), which is also reported. The run is stopped once it is back at the killed step.
 
-    python benchmarks/checkpoint_bench.py --markdown-out docs/benchmarks.md
+    python benchmarks/checkpoint_bench.py                 # make bench runs it (benchmarks/suite.py)
+    python benchmarks/render.py                           # the figures of docs/benchmarks.md and docs/multinode.md
 
-Writes benchmarks/results/checkpoint_bench.json; the checkpoints and runs (under ``--workdir``) are deleted at the end
-unless ``--keep``.
+Writes benchmarks/results/checkpoint_bench.json (with the run's metadata, benchmarks/_report.py); the blocks
+``render:checkpoint`` (docs/benchmarks.md) and ``render:multinode_restart`` (docs/multinode.md) are rendered from
+it by :func:`tables` and :func:`multinode_lines`. The checkpoints and runs (under ``--workdir``) are deleted at the
+end unless ``--keep``.
 """
 
 from __future__ import annotations
@@ -25,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import shutil
 import signal
 import statistics
@@ -38,10 +40,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _report import write_generated_block, write_results  # noqa: E402 - beside this script
+from _report import span, start_run, write_results  # noqa: E402 - beside this script
 
-SECTION = "## Checkpoints and restarts"
-BEGIN, END = "<!-- checkpoint_bench:begin -->", "<!-- checkpoint_bench:end -->"
 ELASTIC = REPO / "examples" / "configs" / "dlrm_elastic.yaml"
 CLOCK = "DLAC_CLOCK "  # the prefix of StepClock's lines in the workers' output
 LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "MASTER_ADDR",
@@ -228,16 +228,37 @@ def _run_restart(kill_step: int, kill_rank: int, workdir: Path, timeout: float) 
 # --------------------------------------------------------------------------------------------------- reporting
 
 
-def _table(save_load: dict[int, list[dict[str, Any]]], restarts: list[dict[str, Any]]) -> list[str]:
+def _per_scale(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One summary per table scale: the slowest rank's median save and load, the sizes."""
+    out = []
+    for row in results:
+        if row["kind"] != "save_load":
+            continue
+        ranks = row["ranks"]
+        out.append(dict(scale=row["scale"], table_rows=ranks[0]["table_rows"], total_bytes=ranks[0]["total_bytes"],
+                        shard_bytes=max(r["rank_shard_bytes"] for r in ranks),
+                        save_s=max(statistics.median(r["save_s"]) for r in ranks),
+                        load_s=max(statistics.median(r["load_s"]) for r in ranks),
+                        repeats=len(ranks[0]["save_s"])))  # fmt: skip
+    return out
+
+
+def _restarts(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in results if r["kind"] == "restart"]
+
+
+def _name(scale: int) -> str:
+    return "demo (dlrm_synthetic.yaml)" if scale == 1 else f"demo, tables x{scale}"
+
+
+def tables(results: list[dict[str, Any]]) -> list[str]:
+    """The markdown tables of a results file's rows (docs/benchmarks.md's ``render:checkpoint`` block)."""
     lines = ["| model | table rows | checkpoint | largest rank's shards | save per rank (median) | load per rank"
              " (median) |", "|---|---|---|---|---|---|"]
-    for scale, ranks in save_load.items():
-        save = max(statistics.median(r["save_s"]) for r in ranks)
-        load = max(statistics.median(r["load_s"]) for r in ranks)
-        shard = max(r["rank_shard_bytes"] for r in ranks)
-        name = "demo (dlrm_synthetic.yaml)" if scale == 1 else f"demo, tables x{scale}"
-        lines.append(f"| {name} | {ranks[0]['table_rows']:,} | {ranks[0]['total_bytes'] / 2**20:.0f} MiB |"
-                     f" {shard / 2**20:.0f} MiB | {save:.2f} s | {load:.2f} s |")  # fmt: skip
+    for s in _per_scale(results):
+        lines.append(f"| {_name(s['scale'])} | {s['table_rows']:,} | {s['total_bytes'] / 2**20:.0f} MiB |"
+                     f" {s['shard_bytes'] / 2**20:.0f} MiB | {s['save_s']:.2f} s | {s['load_s']:.2f} s |")
+    restarts = _restarts(results)
     if restarts:
         lines += ["", "| run | killed after step | resumed from | kill to first resumed step | of which: respawn |"
                   " imports + CLI | rendezvous | shard + restore + sanity | first step | back at the killed step |",
@@ -247,6 +268,41 @@ def _table(save_load: dict[int, list[dict[str, Any]]], restarts: list[dict[str, 
                          f" {r['detect_and_respawn_s']:.1f} s | {r['imports_and_cli_s']:.1f} s |"
                          f" {r['rendezvous_s']:.1f} s | {r['shard_restore_sanity_s']:.1f} s |"
                          f" {r['first_step_s']:.1f} s | {r['kill_to_killed_step_s']:.1f} s |")  # fmt: skip
+    return lines
+
+
+def multinode_lines(results: list[dict[str, Any]]) -> list[str]:
+    """What a failure costs, for docs/multinode.md's ``render:multinode_restart`` block: save and load per rank by
+    model, the restart's phases run by run, and the sentence that sums them up."""
+    scales = _per_scale(results)
+    restarts = _restarts(results)
+    head = " | ".join(f"{_name(s['scale'])}: {s['total_bytes'] / 2**20:.0f} MiB checkpoint" for s in scales)
+    lines = [f"| what | {head} |", "|---|" + "---|" * len(scales),
+             f"| save, per rank (`trainer.save_checkpoint`: shards, `meta.pt`, fsync, switch; median of"
+             f" {scales[0]['repeats']}, the slower rank) | " + " | ".join(f"{s['save_s']:.2f} s" for s in scales)
+             + " |",
+             "| load, per rank (checks + shards + fused optimizer state; page cache warm) | "
+             + " | ".join(f"{s['load_s']:.2f} s" for s in scales) + " |"]
+    if not restarts:
+        return lines + ["", "(This run measured no restart: `--restarts 0`.)"]
+    first = restarts[0]
+    runs = " | ".join(f"run {i + 1}" for i in range(len(restarts)))
+    lines += ["", f"| restart of the demo (`dlrm_elastic.yaml`), one of 2 workers killed after step"
+              f" {first['kill_step']} | {runs} |", "|---|" + "---|" * len(restarts)]
+    for label, key in (
+            (f"from the kill to the first resumed step ({first['resumed_from'] + 1})", "kill_to_first_step_s"),
+            ("of which: torchrun notices and starts new workers", "detect_and_respawn_s"),
+            ("imports and argument parsing", "imports_and_cli_s"), ("rendezvous", "rendezvous_s"),
+            ("sharding, checkpoint load, sanity validation", "shard_restore_sanity_s"),
+            ("the first step", "first_step_s"),
+            (f"from the kill until the run is back at step {first['kill_step']}"
+             f" ({first['kill_step'] - first['resumed_from']} steps replayed)", "kill_to_killed_step_s")):
+        lines.append(f"| {label} | " + " | ".join(f"{r[key]:.1f} s" for r in restarts) + " |")
+    total = [r["kill_to_first_step_s"] for r in restarts]
+    imports = [r["imports_and_cli_s"] for r in restarts]
+    lines += ["", f"So a failure costs the restart (here {span(total, '.0f')} s, of which {span(imports, '.0f')} s"
+              " are the new processes' Python imports and argument parsing) plus the steps since the last checkpoint,"
+              " trained again on the same batches; nothing else is lost."]
     return lines
 
 
@@ -262,12 +318,12 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the checkpoints and run directories")
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--json-out", type=Path, default=REPO / "benchmarks/results/checkpoint_bench.json")
-    parser.add_argument("--markdown-out", type=Path, default=None)
     args = parser.parse_args()
     if args.child:
         _save_load(json.loads(args.child))
         return
 
+    metadata = start_run("benchmarks/checkpoint_bench.py", vars(args))
     workdir = Path(tempfile.mkdtemp(prefix="dlac_checkpoint_bench_", dir=args.workdir))
     try:
         save_load = {int(s): _run_save_load(int(s), args.repeats, workdir, args.timeout)
@@ -276,18 +332,13 @@ def main() -> None:
     finally:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)  # the x10 checkpoint alone is 0.6 GB
-    lines = _table(save_load, restarts)
-    print("\n".join(lines))
-    command = "python benchmarks/checkpoint_bench.py " + shlex.join(sys.argv[1:])
     rows = [dict(kind="save_load", scale=s, ranks=r) for s, r in save_load.items()]
     rows += [dict(kind="restart", **r) for r in restarts]
-    write_results(args.json_out, command, vars(args) | {"workdir": str(workdir), "json_out": str(args.json_out),
-                                                        "markdown_out": str(args.markdown_out)}, rows)  # fmt: skip
-    if args.markdown_out is not None:
-        load = os.getloadavg()
-        header = [f"Command: `{command}`  ", f"Machine: {os.cpu_count()} cores, load average {load[0]:.1f} at the end;"
-                  " the checkpoints on local disk (page cache warm).", ""]  # fmt: skip
-        write_generated_block(args.markdown_out, SECTION, BEGIN, END, header + lines)
+    print("\n".join(tables(rows)))
+    config = dict(scales=[int(s) for s in args.scales.split(",")], repeats=args.repeats, restarts=args.restarts,
+                  kill_step=args.kill_step, kill_rank=args.kill_rank, storage="local disk, page cache warm")
+    write_results(args.json_out, metadata, config, rows)
+    print(f"wrote {args.json_out}")
 
 
 if __name__ == "__main__":
