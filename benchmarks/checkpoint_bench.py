@@ -205,6 +205,7 @@ def _run_restart(kill_step: int, kill_rank: int, workdir: Path, timeout: float) 
         if agent.poll() is None:
             os.killpg(agent.pid, signal.SIGTERM)  # torchrun and the workers it started, in the session we made
             agent.wait(60)
+        (run / "torchrun.log").write_text("".join(log))  # kept with --keep
     if killed_at is None:
         raise RuntimeError("the run never reached the step to kill at:\n" + "".join(log[-80:]))
 

@@ -1,8 +1,9 @@
 """Surviving failures (docs/multinode.md, "Surviving failures"): `torchrun --max-restarts` + `dlac fit --config
 examples/configs/dlrm_elastic.yaml --ckpt_path=last` on 2 CPU ranks, with workers killed by SIGKILL at a step drawn
-at random after the first checkpoint and during a checkpoint save, ends with the uninterrupted run's final state
-bit for bit (dense weights, embedding tables, fused and dense optimizer state, DLACCallback state) and its final
-metrics; and a restarted worker group meets in rendezvous even when one rank starts late.
+at random after the first checkpoint, during a checkpoint save and before the first checkpoint (the restart then
+starts from the beginning), ends with the uninterrupted run's final state bit for bit (dense weights, embedding
+tables, fused and dense optimizer state, DLACCallback state) and its final metrics; and a restarted worker group
+meets in rendezvous even when one rank starts late.
 
 The kills come from the workers themselves (tests/_elastic_faults.py, a callback the run's config names), so each
 lands at a known step; the seed of the random step is printed, and ``DLAC_ELASTIC_SEEDS=a,b,...`` (or a count,
@@ -159,6 +160,25 @@ def test_killed_workers_restart_and_end_bit_identical(tmp_path: Path, uninterrup
     assert any(k.startswith("tensors/state_dict/") and "embedding_bags" in k for k in state)  # the tables are in it
     assert not _differences(state, uninterrupted["state"]), (context, _differences(state, uninterrupted["state"]))
     assert _final_metrics(run) == uninterrupted["metrics"], context
+
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_worker_killed_before_the_first_checkpoint_restarts_from_the_beginning(tmp_path: Path,
+                                                                                  uninterrupted: dict[str, Any]):
+    """With no checkpoint yet, ``--ckpt_path=last`` finds none and the restarted group trains from step 0: the same
+    run, bit for bit, as one that was never interrupted."""
+    step = EVERY - 1  # the last step before the first save
+    run = tmp_path / "killed_early"
+    output = _torchrun(run, max_restarts=1, plan={"0": {"rank": 1, "step": step}})
+    assert output.count("exitcode  : -9") + output.count("exitcode: -9") >= 1, output[-6000:]
+    assert "torchrun restart 1, process group on 2 ranks under a fresh rendezvous prefix" in output, output[-6000:]
+    assert "there is no last checkpoint available" in output and "Restored all states" not in output, output[-6000:]
+    assert f"dlac fit finished after {STEPS} steps" in output, output[-4000:]
+    state = _final_state(run, tmp_path / "state.pt")
+    assert not _differences(state, uninterrupted["state"]), _differences(state, uninterrupted["state"])
+    assert _final_metrics(run) == uninterrupted["metrics"]
 
 
 RENDEZVOUS = """
