@@ -16,8 +16,14 @@ from lightning.pytorch import Callback
 
 from lightning_dlac import checkpoint
 
+KILL_MARK = "elastic test fault: SIGKILL of"
 
-def _die() -> None:
+
+def _die(rank: int, where: str) -> None:
+    """SIGKILL this process, after saying so on stdout (the tests count these lines: torchrun's own report names only
+    the first failure it records, which can be the peer's error exit after the kill)."""
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    print(f"{KILL_MARK} attempt {attempt} rank {rank} {where}", flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -42,11 +48,11 @@ class Faults(Callback):
 
             def write_or_die(path: Any, content: Any) -> None:
                 if path.name == checkpoint.META_FILE:
-                    _die()
+                    _die(trainer.global_rank, "during a save")
                 write(path, content)
 
             checkpoint._write_durably = write_or_die
 
     def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
         if self._mine(trainer) and trainer.global_step == self.fault.get("step"):
-            _die()
+            _die(trainer.global_rank, f"after step {trainer.global_step}")
