@@ -1,4 +1,4 @@
-"""Render the figures of README.md, docs/benchmarks.md and docs/strategy.md from the results files.
+"""Render the figures of README.md and docs/ (benchmarks, strategy, multinode) from the results files.
 
 Every figure block in those files sits between ``<!-- BEGIN render:NAME -->`` and ``<!-- END render:NAME -->`` and
 is this script's output for block NAME: made from the results files it names (benchmarks/results/*.json, written by
@@ -33,7 +33,7 @@ if str(HERE) not in sys.path:
 
 from _report import RULE, judge, load_results, span, verdict_text  # noqa: E402 - beside this script
 
-DOCS = ("README.md", "docs/benchmarks.md", "docs/strategy.md")
+DOCS = ("README.md", "docs/benchmarks.md", "docs/strategy.md", "docs/multinode.md")
 BLOCK = re.compile(r"<!-- BEGIN render:(?P<name>[\w-]+) -->\n(?P<body>.*?)<!-- END render:(?P=name) -->", re.S)
 
 
@@ -311,6 +311,26 @@ def data(results: Results) -> list[str]:
             " reads files still in the page cache from being written.", "", *data_bench.tables(d["results"])]
 
 
+def checkpoint(results: Results) -> list[str]:
+    import checkpoint_bench
+
+    d = results.get("checkpoint_bench.json")
+    return [source_line("checkpoint_bench.json", d, results.shown), "", *checkpoint_bench.tables(d["results"])]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# docs/multinode.md
+
+
+def multinode_restart(results: Results) -> list[str]:
+    import checkpoint_bench
+
+    d = results.get("checkpoint_bench.json")
+    return [source_line("checkpoint_bench.json", d, results.shown) + " Checkpoints on local disk; the load average"
+            " says how busy the machine was (a loaded machine's times are well above an idle node's).", "",
+            *checkpoint_bench.multinode_lines(d["results"])]
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # README.md
 
@@ -521,6 +541,8 @@ BLOCKS: dict[str, Block] = {
     "adaptive_accuracy": Block(("adaptive_accuracy_criteo_1epoch.json",), adaptive, optional=ADAPTIVE_FILES),
     "adaptive_dlrm_v2": Block(("adaptive_accuracy_dlrm_v2.json",), adaptive_dlrm_v2),
     "data": Block(("data_bench.json",), data),
+    "checkpoint": Block(("checkpoint_bench.json",), checkpoint),
+    "multinode_restart": Block(("checkpoint_bench.json",), multinode_restart),
     "readme_codec": Block(("codec_bench.json",), readme_codec),
     "readme_e2e": Block(("e2e_throttled.json",), readme_e2e, optional=("e2e_unthrottled.json",)),
     "readme_adaptive": Block(("adaptive_accuracy_criteo_1epoch.json",), readme_adaptive,

@@ -13,7 +13,8 @@ Depths:
   unpipelined training at 1 and 10 Gbit/s (separate launches, and within one launch), DLRM v2 end to end, the scaling
   model's validation at 2 ranks, adaptive accuracy on the Criteo sample (3 seeds) and the data path at reduced size;
 - ``full``: all of ``quick`` at more repeats and full size, plus the scaling model at 3 and 4 ranks, every adaptive
-  accuracy dataset (planted, synthetic for 200 and 2,000 steps, Criteo for 2 epochs, DLRM v2).
+  accuracy dataset (planted, synthetic for 200 and 2,000 steps, Criteo for 2 epochs, DLRM v2) and checkpoints
+  (save and load per rank of the demo model and of 10x larger tables, the restart after a killed worker).
 
 Each step runs its script in a fresh process with ``DLAC_BENCH_DEPTH`` set (recorded in the results file's
 metadata) and writes ``<results>/<file>``; the suite goes on after a failed step and exits non-zero at the end.
@@ -133,6 +134,10 @@ STEPS: tuple[Step, ...] = (
     Step("adaptive_accuracy_dlrm_v2.json", "benchmarks/adaptive_accuracy.py", {
         "full": _adaptive("synthetic_v2", "0,1,2", "uncompressed,DLAC homogenization", "--synthetic-batches", "96",
                           "--synthetic-batch", "128", "--calibration-batches", "4"),
+    }),
+    Step("checkpoint_bench.json", "benchmarks/checkpoint_bench.py", {
+        "smoke": ["--scales", "1", "--repeats", "1", "--restarts", "1", "--kill-step", "41"],
+        "full": [],
     }),
     Step("data_bench.json", "benchmarks/data_bench.py", {
         "smoke": ["--rows", "20000", "--torchrec-rows", "2000", "--python-rows", "2000", "--loader-rows", "40000",

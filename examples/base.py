@@ -14,10 +14,11 @@ and passes the table layout to ``__init__``. The base does the rest, the same wa
 - **Loaders.** Every DataLoader is made by :meth:`~RankShardedDataModule.dataloader`, over an
   :class:`~torch.utils.data.IterableDataset` (:class:`RankBatches`) that already holds only this rank's batches, so
   Lightning never adds a ``DistributedSampler``. DataLoader workers split a rank's batches round-robin, which is
-  also the order the DataLoader collects them in: the stream is the same for any ``num_workers``. A resumable loader
-  (Lightning's stateful-dataloader protocol, ``state_dict`` / ``load_state_dict`` holding the position in this rank's
-  batches) belongs in :meth:`~RankShardedDataModule.dataloader` and :class:`RankBatches`, and then serves every
-  source at once.
+  also the order the DataLoader collects them in: the stream is the same for any ``num_workers``.
+- **Resuming.** Every loader is a :class:`ResumableDataLoader`: Lightning's stateful-dataloader protocol
+  (``state_dict`` / ``load_state_dict``) puts the number of batches this rank has been served in the epoch into
+  every checkpoint, and a run resumed from it starts the epoch at the next batch, so it sees exactly the batches the
+  interrupted one had left, on every rank. Every source gets this from the base.
 - **Layout.** ``num_embeddings_per_feature``, ``feature_names`` and ``num_dense_features`` are attributes a model
   is sized from (the ``dlac`` CLI links them to the model's arguments).
 
@@ -37,6 +38,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from lightning.pytorch import LightningDataModule
+from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
@@ -49,6 +51,7 @@ __all__ = [
     "SPLITS",
     "RankBatches",
     "RankShardedDataModule",
+    "ResumableDataLoader",
     "make_batch",
     "stream_seed",
     "table_sizes",
@@ -133,6 +136,87 @@ class RankBatches(IterableDataset):
         for j, index in enumerate(self.indices):
             if j % num_workers == worker:
                 yield self._read(index)
+
+    def skip(self, count: int) -> RankBatches:
+        """The same batches without the first ``count``."""
+        return RankBatches(self._read, self.indices[count:])
+
+
+class ResumableDataLoader(DataLoader):
+    """A DataLoader over one rank's batches that resumes mid-epoch: Lightning's stateful-dataloader protocol.
+
+    Lightning saves :meth:`state_dict` in every checkpoint (the fit loop's ``combined_loader`` entry) and, when a
+    run resumes from one, calls :meth:`load_state_dict` before it iterates the loader again. The state is the number
+    of batches of the current pass handed to the training loop; the next pass starts after them, and the passes
+    after that start from the beginning. It counts what the loop received, not what workers have prefetched.
+
+    Every rank is served the same number of batches (:class:`RankShardedDataModule` gives each the same count and
+    training steps in lock-step), so the state rank 0 writes into the checkpoint positions every rank.
+
+    Args:
+        dataset: This rank's batches.
+        num_workers: DataLoader worker processes (persistent across epochs when there are any).
+        world_size: The number of ranks the batches are shared among; kept in the state, so that a resume on
+            another number of ranks is told that it cannot be exact.
+        **kwargs: Other :class:`~torch.utils.data.DataLoader` arguments (Lightning passes them when it rebuilds the
+            loader, as it does for prediction).
+    """
+
+    _STATE_VERSION = 1
+
+    def __init__(self, dataset: RankBatches, num_workers: int = 0, world_size: int = 1, **kwargs: Any) -> None:
+        # batch_size=None: the dataset yields whole Batches, which the DataLoader passes through untouched.
+        kwargs.setdefault("batch_size", None)
+        kwargs.setdefault("persistent_workers", num_workers > 0)
+        super().__init__(dataset, num_workers=num_workers, **kwargs)
+        self._served = 0  # batches of the current pass handed out so far
+        self._resume_at = 0  # where the next pass starts (set by load_state_dict)
+        self.world_size = world_size
+
+    def __iter__(self) -> Iterator[Batch]:
+        start, self._resume_at = self._resume_at, 0
+        self._served = start
+        if start == 0:
+            batches = super().__iter__()
+        else:
+            # A loader of its own for the rest of this pass: persistent workers hold a copy of the whole dataset
+            # and serve the passes after this one from the beginning.
+            rest = DataLoader(self.dataset.skip(start), batch_size=None, num_workers=self.num_workers)
+            batches = iter(rest)
+        return self._counted(batches)
+
+    def _counted(self, batches: Iterator[Batch]) -> Iterator[Batch]:
+        for batch in batches:
+            self._served += 1
+            yield batch
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position in this pass: ``{"served": batches handed out, "batches": batches per pass, ...}``."""
+        return {"version": self._STATE_VERSION, "served": self._served, "batches": len(self.dataset),
+                "world_size": self.world_size}  # fmt: skip
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Start the next pass after the ``served`` batches of a saved :meth:`state_dict`; a finished pass starts the
+        next one from the beginning.
+
+        Raises:
+            ValueError: ``state_dict`` is not a state this class wrote.
+        """
+        if not isinstance(state_dict, dict) or state_dict.get("version") != self._STATE_VERSION:
+            raise ValueError(
+                f"{type(self).__name__} cannot resume from the data-loader state {state_dict!r}: it was not written by"
+                f" this version of {type(self).__name__} (state version {self._STATE_VERSION}). Resume from a"
+                " checkpoint of the same lightning-dlac version, or start the epoch over."
+            )
+        served, batches, world = int(state_dict["served"]), int(state_dict["batches"]), int(state_dict["world_size"])
+        if (batches, world) != (len(self.dataset), self.world_size):
+            rank_zero_warn(
+                f"Resuming the data in the middle of an epoch that had {batches} batches per rank on {world} rank(s)"
+                f" with {len(self.dataset)} batches per rank on {self.world_size}: each rank starts at its batch"
+                f" {min(served, len(self.dataset))} of the epoch, so this epoch's remaining batches are not exactly"
+                " those the interrupted run had left (some are read twice or not at all)."
+            )
+        self._resume_at = served if served < min(batches, len(self.dataset)) else 0
 
 
 def _check_rank(rank: int, world_size: int) -> None:
@@ -239,20 +323,17 @@ class RankShardedDataModule(LightningDataModule):
         indices = [rank + world * j for j in range(self.num_batches(split) // world)]
         return RankBatches(functools.partial(self.read_batch, split), indices)
 
-    def dataloader(self, split: str) -> DataLoader:
-        """The DataLoader of ``split`` for this rank; every loader of the datamodule is made here."""
-        # batch_size=None: the dataset yields whole Batches, which the DataLoader passes through untouched.
-        return DataLoader(
-            self.dataset(split), batch_size=None, num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0,
-        )  # fmt: skip
+    def dataloader(self, split: str) -> ResumableDataLoader:
+        """The DataLoader of ``split`` for this rank, resumable mid-epoch; every loader of the datamodule is made
+        here."""
+        return ResumableDataLoader(self.dataset(split), num_workers=self.num_workers, world_size=self.world_size)
 
     @override
-    def train_dataloader(self) -> DataLoader:
+    def train_dataloader(self) -> ResumableDataLoader:
         return self.dataloader("train")
 
     @override
-    def val_dataloader(self) -> DataLoader:
+    def val_dataloader(self) -> ResumableDataLoader:
         return self.dataloader("val")
 
     def _save_hyperparameters(self) -> None:

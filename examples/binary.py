@@ -15,7 +15,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
-from torch.utils.data import DataLoader
 from torchrec.datasets.utils import Batch
 from typing_extensions import override
 
@@ -29,7 +28,7 @@ from lightning_dlac.criteo import (
     read_npy_header,
 )
 
-from .base import DEFAULT_MAX_ROWS, RankShardedDataModule, make_batch, table_sizes
+from .base import DEFAULT_MAX_ROWS, RankShardedDataModule, ResumableDataLoader, make_batch, table_sizes
 
 __all__ = ["CriteoBinaryDataModule"]
 
@@ -397,5 +396,5 @@ class CriteoBinaryDataModule(RankShardedDataModule):
         return reader(index)
 
     @override
-    def test_dataloader(self) -> DataLoader:
+    def test_dataloader(self) -> ResumableDataLoader:
         return self.dataloader("test")

@@ -129,6 +129,7 @@ class DLACCallback(Callback):
         self._strategy: DLACStrategy | None = None
         self._step = 0  # training batches seen: the schedule's t
         self._probe_s = 0.0  # probe time within the current batch (not training time)
+        self._trainer: pl.Trainer | None = None
 
     # ------------------------------------------------------------------ read-outs
 
@@ -177,6 +178,7 @@ class DLACCallback(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         strategy = trainer.strategy
         self._strategy = None
+        self._trainer = trainer  # state_dict() writes the metrics in progress with it
         if not isinstance(strategy, DLACStrategy):
             rank_zero_warn(
                 f"DLACCallback does nothing: the trainer's strategy is {type(strategy).__name__}, not DLACStrategy."
@@ -330,8 +332,14 @@ class DLACCallback(Callback):
 
     @override
     def state_dict(self) -> dict[str, Any]:
+        # The metrics of the interval in progress join the totals first: the exchanges' counters restart with the
+        # process, so a run resumed from this checkpoint could never count them.
+        if self._strategy is not None and self._trainer is not None \
+                and self._monitor.pending(self._strategy.exchange_group):
+            self._write_metrics(self._trainer)
         # Only rank 0's state is written (meta.pt), but a calibration in progress is each rank's own until it is
-        # reduced: the calibrator gathers every rank's part (every rank dumps the checkpoint: the gather is matched).
+        # reduced: the calibrator gathers every rank's part (every rank dumps the checkpoint: the gather is matched,
+        # as is the write's all-reduce above).
         return {"version": _STATE_VERSION, "mode": self.mode, "schedule": self.schedule.as_dict(), "step": self._step,
                 **self._calibrator.shared_state_dict(), **self._monitor.state_dict()}
 

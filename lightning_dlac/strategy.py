@@ -3,7 +3,7 @@ rest, registered as ``Trainer(strategy="dlac")``."""
 
 from __future__ import annotations
 
-import shutil
+import atexit
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
+from lightning.fabric.utilities.distributed import _destroy_dist_connection
 from lightning.fabric.utilities.optimizer import _optimizers_to_device
 from lightning.pytorch.overrides.distributed import prepare_for_backward
 from lightning.pytorch.plugins.precision import Precision
@@ -20,15 +21,16 @@ from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 from lightning.pytorch.strategies.ddp import _DDPForwardRedirection
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.model_helpers import is_overridden
-from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.signature_utils import is_param_in_hook_signature
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
+from lightning_dlac import _elastic
 from lightning_dlac._compat import renamed_option
 from lightning_dlac._torchrec import require_torchrec
-from lightning_dlac.checkpoint import check_directory, load_sharded, save_sharded
+from lightning_dlac.checkpoint import check_directory, load_sharded, remove_checkpoint, save_sharded
 from lightning_dlac.comm.config import BackwardCompression, CompressionConfig, ErrorBounds
 from lightning_dlac.comm.stats import CommStats
 from lightning_dlac.sharding import (
@@ -294,6 +296,30 @@ class DLACStrategy(DDPStrategy):
         """The pipeline training runs through (``None`` unpipelined, and outside ``fit``)."""
         return self._pipeline
 
+    # ------------------------------------------------------------------ process group
+
+    @override
+    def setup_distributed(self) -> None:
+        """Lightning's process-group set-up, with one change under torchrun's restarts (``--max-restarts``): a
+        restarted group on one node keeps its rendezvous keys apart from the previous attempt's, which torchrun
+        leaves in the store the attempts share (:mod:`lightning_dlac._elastic`; without it a restart can die in
+        ``Gloo connectFullMesh ... Connection refused``). On several nodes it warns where that remains possible."""
+        store = None if dist.is_initialized() else _elastic.restart_store(self._timeout)
+        if store is not None:
+            self.set_world_ranks()
+            backend = self._get_process_group_backend()
+            device = self.root_device if self.root_device.type != "cpu" else None
+            dist.init_process_group(backend, store=store, rank=self.global_rank, world_size=self.world_size,
+                                    timeout=self._timeout, device_id=device)  # fmt: skip
+            if backend == "nccl":
+                atexit.register(_destroy_dist_connection)  # as Lightning's own set-up does
+            rank_zero_info(f"{type(self).__name__}: torchrun restart {_elastic.attempt()}, process group on"
+                           f" {self.world_size} ranks under a fresh rendezvous prefix")  # fmt: skip
+        super().setup_distributed()  # seeds, ranks, backend; the process group now exists, so it is kept
+        warning = _elastic.shared_store_warning()
+        if warning is not None:
+            rank_zero_warn(warning)
+
     # ------------------------------------------------------------------ setup and the DDP inside DMP
 
     @override
@@ -500,12 +526,9 @@ class DLACStrategy(DDPStrategy):
 
     @override
     def remove_checkpoint(self, filepath: str | Path) -> None:
+        """Remove a checkpoint (rank 0): its name disappears at once, so no part of it is ever loaded."""
         if self.is_global_zero:
-            path = Path(filepath)
-            if path.is_dir():
-                shutil.rmtree(path)
-            elif path.exists():
-                path.unlink()
+            remove_checkpoint(filepath)
 
     def _fused_optimizer_state(self) -> dict[str, Any]:
         return {} if self._dmp is None else self._dmp.fused_optimizer.state_dict()

@@ -25,6 +25,7 @@ OVERRIDES = {
     "dlrm_v2_synthetic.yaml": [],
     "dlrm_uncompressed.yaml": [],
     "dlrm_pipelined.yaml": [],
+    "dlrm_elastic.yaml": [],
     "dlrm_criteo.yaml": ["--data.train_path={criteo}"],
     "dlrm_criteo_binary.yaml": ["--data.data_dir={criteo_binary}"],
     "dlrm_v2_criteo_binary.yaml": ["--data.data_dir={criteo_binary}"],
@@ -89,6 +90,13 @@ def test_each_shipped_config_builds(name: str, tmp_path: Path) -> None:
         assert cli.datamodule.multi_hot_sizes == list(MLPERF_MULTI_HOT_SIZES)
     if name == "dlrm_criteo.yaml":
         assert settings["data"] == "CriteoTSVDataModule" and settings["callback"]["calibration"] == (16, 8, 1)
+    if name == "dlrm_elastic.yaml":  # the demo plus last.ckpt every 40 steps (docs/multinode.md)
+        from lightning.pytorch.callbacks import ModelCheckpoint
+
+        (saves,) = [cb for cb in cli.trainer.callbacks if isinstance(cb, ModelCheckpoint)]
+        assert saves.save_last is True and saves.save_top_k == 0 and saves.dirpath.endswith("checkpoints/dlrm_elastic")
+        every, steps = saves._every_n_train_steps, cli.datamodule.num_train_batches
+        assert every == 40 and not any(s % cli.trainer.val_check_interval == 0 for s in range(every, steps + 1, every))
 
 
 def test_print_config_round_trips_into_the_same_run(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

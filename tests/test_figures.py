@@ -1,5 +1,5 @@
-"""Every figure block of README.md and docs/benchmarks.md agrees with the results file it is rendered from
-(benchmarks/render.py), so a stale figure cannot land; and the rule that says whether a target is met, the
+"""Every figure block of README.md, docs/benchmarks.md and docs/multinode.md agrees with the results file it is
+rendered from (benchmarks/render.py), so a stale figure cannot land; and the rule that says whether a target is met, the
 like-for-like ceiling's check and the byte accounting of the accuracy benchmark do what the docs say."""
 
 from __future__ import annotations
