@@ -142,7 +142,8 @@ def test_default_start_and_early_stage_follow_the_run(steps: float, accumulate: 
     dlac._fit_defaults_to_the_run(_trainer(steps, accumulate))
     dlac.calibrator.begin()  # what on_train_start does
     assert dlac.schedule.T == T
-    assert dlac.settings.start == start and dlac.calibrator.measuring(start) and not dlac.calibrator.measuring(start - 1)
+    assert dlac.settings.start == start
+    assert dlac.calibrator.measuring(start) and not dlac.calibrator.measuring(start - 1)
 
 
 def test_given_start_and_T_are_kept_and_probes_run_only_where_they_choose() -> None:
