@@ -5,11 +5,12 @@ by a per-table permutation), so no statistic of the ids alone tells the tables a
 drawn at random per seed:
 
 - ``sensitive``: the label depends on fine differences between the table's rows. Each row ``i`` holds a coefficient
-  vector ``a_t[i]`` (``interaction_dim`` coordinates) drawn from a heavy-tailed law (Student's t with
-  ``tail_df`` degrees of freedom, times ``sensitive_scale``): most rows have small coefficients that still differ
-  from one another, a few have large ones. A model must hold every row's coefficients precisely, and the few large
-  ones stretch the value range a range-relative bound is measured against, so a loose bound erases the differences
-  among the many small ones.
+  vector ``a_t[i]`` (``interaction_dim`` coordinates) spread like a heavy-tailed law: in every coordinate the rows
+  take the ``rows`` quantiles of Student's t with 3 degrees of freedom (times ``sensitive_scale``) in a random
+  order, so most rows have small coefficients that still differ from one another and a few have large ones, the
+  same spread for every seed. A model must hold every row's coefficients precisely, and the few large ones stretch
+  the value range a range-relative bound is measured against, so a loose bound erases the differences among the
+  many small ones.
 - ``robust``: the label depends on coarse structure: every coefficient is ``+-robust_scale`` (two levels per
   coordinate), far apart compared with any bound.
 - ``irrelevant``: the label does not depend on the table.
@@ -34,6 +35,18 @@ from typing_extensions import override
 
 ROLES = ("sensitive", "robust", "irrelevant")
 _TRAIN, _VAL, _MODEL = 0, 1, 2
+
+
+def t3_quantiles(n: int) -> torch.Tensor:
+    """The ``n`` quantiles ``(j + 1/2) / n`` of Student's t with 3 degrees of freedom, by bisection on its CDF
+    ``1/2 + (t / (sqrt(3) (1 + t**2 / 3)) + atan(t / sqrt(3))) / pi``."""
+    u = (torch.arange(n, dtype=torch.float64) + 0.5) / n
+    lo, hi = torch.full_like(u, -1e3), torch.full_like(u, 1e3)
+    for _ in range(80):
+        mid = (lo + hi) / 2
+        cdf = 0.5 + (mid / (math.sqrt(3) * (1 + mid**2 / 3)) + torch.atan(mid / math.sqrt(3))) / math.pi
+        lo, hi = torch.where(cdf < u, mid, lo), torch.where(cdf < u, hi, mid)
+    return ((lo + hi) / 2).float()
 
 
 def draw_roles(num_tables: int, sensitive: int, robust: int, seed: int) -> list[str]:
@@ -62,7 +75,6 @@ class FairCalibrationDataModule(RankShardedDataModule):
         interaction_dim: Coordinates of each row's coefficient vector, and dense features it multiplies.
         num_dense_features: Dense features per sample (at least ``interaction_dim``).
         zipf_alpha: Exponent of the id distribution, the same for every table.
-        tail_df: Degrees of freedom of the sensitive tables' Student's t coefficients (small: heavy tails).
         sensitive_scale: Scale of the sensitive tables' coefficients.
         robust_scale: Magnitude of the robust tables' coefficients.
         batch_size: Samples per batch, per rank.
@@ -71,15 +83,13 @@ class FairCalibrationDataModule(RankShardedDataModule):
         seed: Seed of the roles, the hidden coefficients and every batch.
     """
 
-    def __init__(self, num_tables: int = 12, rows: int = 500, sensitive: int = 6, robust: int = 3,
+    def __init__(self, num_tables: int = 12, rows: int = 500, sensitive: int = 4, robust: int = 4,
                  interaction_dim: int = 2, num_dense_features: int = 4, zipf_alpha: float = 1.05,
-                 tail_df: int = 2, sensitive_scale: float = 1.5, robust_scale: float = 1.5, batch_size: int = 256,
+                 sensitive_scale: float = 2.5, robust_scale: float = 1.5, batch_size: int = 256,
                  num_train_batches: int = 2000, num_val_batches: int = 64, seed: int = 0) -> None:
         if num_dense_features < interaction_dim or interaction_dim < 1:
             raise ValueError(f"need 1 <= interaction_dim ({interaction_dim}) <= num_dense_features"
                              f" ({num_dense_features}).")
-        if tail_df < 1:
-            raise ValueError(f"tail_df={tail_df} must be a positive integer.")
         names = [f"f{t}" for t in range(num_tables)]
         super().__init__([rows] * num_tables, batch_size, feature_names=names, num_dense_features=num_dense_features)
         self.roles = draw_roles(num_tables, sensitive, robust, seed)
@@ -89,9 +99,8 @@ class FairCalibrationDataModule(RankShardedDataModule):
         coef = torch.zeros(num_tables, rows, interaction_dim)
         for t, role in enumerate(self.roles):
             if role == "sensitive":
-                z = torch.randn(rows, interaction_dim, generator=g)
-                chi2 = torch.randn(rows, interaction_dim, tail_df, generator=g).square().sum(-1)
-                coef[t] = sensitive_scale * z / (chi2 / tail_df).sqrt()
+                for k in range(interaction_dim):
+                    coef[t, :, k] = sensitive_scale * t3_quantiles(rows)[torch.randperm(rows, generator=g)]
             elif role == "robust":
                 signs = torch.randint(0, 2, (rows, interaction_dim), generator=g).float() * 2 - 1
                 coef[t] = robust_scale * signs
