@@ -10,15 +10,20 @@ store is not re-keyed between groups.
 
 Results are read while the ranks run, before joining: a result larger than the pipe buffer would otherwise block
 its rank in ``put`` while the parent waits in ``join``.
+
+Fail fast: the moment one rank reports an exception, or exits with a code the caller did not expect, the other ranks
+are killed and the call raises with that rank's traceback. A rank waiting for a dead or failed peer (asleep, or
+blocked in a collective until its timeout) would otherwise hold the test until ``timeout``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -65,9 +70,11 @@ def run_ranks(
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned processes; return the results by rank.
 
-    Raises AssertionError with the failing rank's traceback if any rank fails or exits non-zero, except the ranks
-    in ``expect_exit`` ({rank: exit code}), which must die with that code (their result is ``None``). Ranks still
-    running after ``timeout`` seconds (or when the caller is interrupted, e.g. by pytest-timeout) are killed.
+    Raises AssertionError with the failing rank's traceback as soon as a rank raises or exits with an unexpected
+    code, after killing the others; the ranks in ``expect_exit`` ({rank: exit code}) must die with that code (their
+    result is ``None``) and the others carry on. Ranks still running after ``timeout`` seconds (or when the caller
+    is interrupted, e.g. by pytest-timeout) are killed. A fixture that runs several fits passes a ``timeout`` of its
+    own, sized for them, and its tests a matching ``pytest.mark.timeout``.
     """
     expect_exit = dict(expect_exit or {})
     ctx = mp.get_context("spawn")
@@ -85,25 +92,54 @@ def run_ranks(
             else:
                 errors.append(f"rank {rank} failed:\n{payload}")
 
+    def unexpected_exits() -> list[str]:
+        return [f"rank {r} exited with code {p.exitcode} (expected {expect_exit.get(r, 0)})"
+                for r, p in enumerate(procs)
+                if p.exitcode is not None and p.exitcode != expect_exit.get(r, 0)]
+
+    stopped: list[int] = []
     try:
         for p in procs:
             p.start()
         deadline = time.monotonic() + timeout
-        while any(p.is_alive() for p in procs):
+        while True:
             drain()
+            if errors:
+                break  # a rank raised: its peers may wait for it forever, stop them now
+            if unexpected_exits():
+                drain()  # what it wrote before dying (a traceback) is still in the pipe
+                errors.extend(unexpected_exits())
+                break
+            if all(p.exitcode is not None for p in procs):
+                break
             if time.monotonic() > deadline:
                 errors.append(f"a rank did not finish within {timeout}s")
                 break
             time.sleep(0.05)
         drain()  # what the last ranks wrote before exiting is still in the pipe
     finally:
-        for p in procs:
+        for r, p in enumerate(procs):
             if p.is_alive():
                 p.kill()
+                stopped.append(r)
         for p in procs:
             p.join(10)
         del store  # keep the store bound until every rank is gone
     codes = [p.exitcode for p in procs]
     expected = [expect_exit.get(r, 0) for r in range(world_size)]
-    assert not errors and codes == expected, f"exit codes {codes}, expected {expected}\n" + "\n".join(errors)
+    note = f"; killed rank(s) {stopped} after the failure" if stopped and errors else ""
+    assert not errors and codes == expected, f"exit codes {codes}, expected {expected}{note}\n" + "\n".join(errors)
     return [results.get(r) for r in range(world_size)]
+
+
+@contextlib.contextmanager
+def hosted_store(timeout: float = 600.0) -> Iterator[dist.TCPStore]:
+    """A TCPStore this process hosts on a port the kernel picks (port 0) and keeps bound until the block ends, for
+    processes started here to rendezvous through (as clients: ``TORCHELASTIC_USE_AGENT_STORE=True`` and
+    ``MASTER_PORT=store.port`` for a Lightning or torch.distributed launch, ``--rdzv-endpoint`` with
+    ``is_host=false`` for torchrun). One launch per store: its keys are not reset between launches."""
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout))
+    try:
+        yield store
+    finally:
+        del store

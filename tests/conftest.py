@@ -1,14 +1,18 @@
 """Suite-wide set-up and the helpers several test modules share.
 
-Only torch (and, where installed, Hypothesis) is imported at module level: the codec tests must still collect on
-a machine that has torch alone (the GPU image). Everything that needs lightning or torchrec imports it inside the
-helper that uses it.
+Only pytest and torch (and, where installed, Hypothesis) are imported at module level: the codec tests must still
+collect on a machine that has torch alone (the GPU image). Everything that needs lightning or torchrec imports it
+inside the helper that uses it.
 
-- Native build honesty: where a C++ compiler exists the native codec is expected to build, and
-  ``DLAC_CODEC_IMPL=native`` is set for the whole run (this process, spawned ranks and subprocesses inherit it), so
-  every ``impl="auto"`` / ``codec_impl="auto"`` in the suite runs the native kernels or fails loudly instead of
-  silently testing the reference twice. ``DLAC_TESTS_ALLOW_NO_NATIVE=1`` opts out (native tests skip, "auto"
-  falls back with a warning), for machines whose compiler cannot build torch extensions.
+- Native build honesty: where a C++ compiler exists the native codec and the native Criteo parser are expected to
+  build, and ``DLAC_CODEC_IMPL=native`` and ``DLAC_PREPROCESS_IMPL=native`` are set for the whole run (this
+  process, spawned ranks and subprocesses inherit them), overriding whatever the shell set, so every ``"auto"`` in
+  the suite runs the native code or fails loudly instead of silently testing the reference twice.
+  ``DLAC_TESTS_ALLOW_NO_NATIVE=1`` is the only way out (native tests skip, "auto" falls back with a warning, the
+  shell's values stand), for machines whose compiler cannot build torch extensions.
+- Processes belong to slow tests: a test not marked ``slow`` that starts a process (``multiprocessing``, spawned
+  ranks, DataLoader workers, ``subprocess``) fails, naming what it started, so ``make test-fast`` stays fast and
+  in-process. Building the native code (the compiler and ninja, run by torch's JIT loader) is not counted.
 - Hypothesis runs derandomized (a fixed seed per test) when ``CI=true``: a red CI run replays on every machine.
 """
 
@@ -18,6 +22,7 @@ import os
 import shutil
 from typing import Any
 
+import pytest
 import torch
 
 ALLOW_NO_NATIVE = "DLAC_TESTS_ALLOW_NO_NATIVE"
@@ -47,9 +52,100 @@ def native_expected() -> bool:
     return compiler_present() and not native_opted_out()
 
 
+# The implementation variables the suite pins to "native" (DLAC_TESTS_ALLOW_NO_NATIVE=1 leaves them to the shell).
+NATIVE_IMPL_VARS = ("DLAC_CODEC_IMPL", "DLAC_PREPROCESS_IMPL")
+
+
 def pytest_configure(config: Any) -> None:
-    if native_expected():
-        os.environ.setdefault("DLAC_CODEC_IMPL", "native")
+    if not native_expected():
+        return
+    overridden = {k: os.environ[k] for k in NATIVE_IMPL_VARS if os.environ.get(k, "native") != "native"}
+    os.environ.update(dict.fromkeys(NATIVE_IMPL_VARS, "native"))
+    if overridden:
+        import warnings
+
+        warnings.warn(
+            f"the test suite runs the native code: it ignores {overridden} from the environment. To test without"
+            f" the native code, set {ALLOW_NO_NATIVE}=1 (then the shell's values apply).",
+            stacklevel=1,
+        )
+
+
+# ------------------------------------------------------------------------------- processes belong to slow tests
+
+# Frames of code allowed to start processes inside any test: building native code (torch's JIT loader runs the
+# compiler and ninja) and the one-time font scan of matplotlib, neither of which runs test work in another process.
+_SPAWN_ALLOWED = ("torch/utils/cpp_extension.py", "matplotlib/font_manager.py", "ctypes/util.py")
+
+
+def _spawn_allowed() -> bool:
+    import traceback
+
+    return any(frame.filename.replace(os.sep, "/").endswith(_SPAWN_ALLOWED) for frame in traceback.extract_stack())
+
+
+class _SpawnRecorder:
+    """Records every process started while active (multiprocessing starts, subprocess launches), outside the
+    allowed builders."""
+
+    def __init__(self) -> None:
+        self.started: list[str] = []
+
+    def __enter__(self) -> _SpawnRecorder:
+        import multiprocessing.process
+        import subprocess
+
+        self._mp_start = multiprocessing.process.BaseProcess.start
+        self._execute_child = subprocess.Popen._execute_child
+        recorder = self
+
+        def start(process: Any) -> None:
+            if not _spawn_allowed():
+                recorder.started.append(f"a {type(process).__name__} (multiprocessing)")
+            return recorder._mp_start(process)
+
+        def execute_child(popen: Any, args: Any, *rest: Any, **kwargs: Any) -> Any:
+            if not _spawn_allowed():
+                words = [args] if isinstance(args, (str, bytes, os.PathLike)) else list(args)
+                recorder.started.append("subprocess " + " ".join(str(w)[:60] for w in words[:3]))
+            return recorder._execute_child(popen, args, *rest, **kwargs)
+
+        multiprocessing.process.BaseProcess.start = start
+        subprocess.Popen._execute_child = execute_child
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        import multiprocessing.process
+        import subprocess
+
+        multiprocessing.process.BaseProcess.start = self._mp_start
+        subprocess.Popen._execute_child = self._execute_child
+
+
+def _unmarked_spawns(item: pytest.Item, phase: str) -> Any:
+    if item.get_closest_marker("slow") is not None:
+        return (yield)
+    with _SpawnRecorder() as recorder:
+        result = yield
+    if recorder.started:
+        seen = sorted(set(recorder.started))
+        pytest.fail(
+            f"{item.nodeid} started {len(recorder.started)} process(es) in its {phase} ({', '.join(seen[:4])}) but"
+            " is not marked @pytest.mark.slow: tests that start processes are slow tests (make test-fast skips"
+            " them). Mark it slow, or keep its work in this process.",
+            pytrace=False,
+        )
+    return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Any:
+    return (yield from _unmarked_spawns(item, "set-up"))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Any:
+    return (yield from _unmarked_spawns(item, "call"))
 
 
 # ------------------------------------------------------------------------------------ the small DLRM of the tests

@@ -137,6 +137,7 @@ def test_synthetic_ranks_get_disjoint_interleaved_streams() -> None:
         _assert_batch_equal(a, b)
 
 
+@pytest.mark.slow  # DataLoader worker processes
 def test_synthetic_workers_keep_the_stream() -> None:
     dm = SyntheticCriteoDataModule(batch_size=32, num_train_batches=5, seed=5)
     dm.setup("fit")

@@ -120,6 +120,7 @@ def test_one_tb_layout_defaults_to_days_0_to_22_and_day_23(tmp_path: Path) -> No
     assert _batches(dm, "train")[2].sparse_features.values().unique().tolist() == [1]
 
 
+@pytest.mark.slow  # DataLoader worker processes
 def test_ranks_read_disjoint_interleaved_batches_and_workers_keep_the_stream(tmp_path: Path) -> None:
     npy = _convert(tmp_path, _tsv(tmp_path / "train.txt", 700, seed=3))
     kwargs = dict(data_dir=str(npy), batch_size=50, max_rows=1000, shuffle=True, seed=4)

@@ -126,6 +126,7 @@ def test_round_trip_from_tsv_gives_the_per_id_bags_of_the_one_hot_ids(
                 torch.testing.assert_close(a.labels, b.labels, rtol=0, atol=0)
 
 
+@pytest.mark.slow  # DataLoader worker processes
 def test_two_ranks_read_every_row_once_across_days(tmp_path: Path) -> None:
     for d, rows in ((0, 250), (1, 190), (23, 64)):
         _day(tmp_path, f"day_{d}", rows, seed=d)

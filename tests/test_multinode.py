@@ -1,18 +1,28 @@
 """Multi-node launch on one machine: 2 "nodes" x 1 process started by torchrun on 127.0.0.1 through `dlac fit`
 (trainer num_nodes=2, devices=1) finish with the same final metrics and the same all-to-all bytes as the
 2-process single-node run of the same config (Lightning's own launcher, devices=2). docs/multinode.md describes
-the recipe this runs."""
+the recipe this runs.
+
+No port is chosen, closed and handed on (another process could take it in between): both launches rendezvous
+through a TCPStore this test hosts on port 0 and keeps bound (tests/_launch.py ``hosted_store``). The torchrun
+agents use it as their c10d rendezvous endpoint (``is_host=false``); the node that becomes rank 0 then hosts the
+workers' store on a port of its own kernel's choosing. Each process writes its output to a file, so neither can
+block on a full pipe while the other waits for it in a collective."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import socket
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+
+from tests._launch import hosted_store
 
 CONFIG = Path(__file__).resolve().parents[1] / "examples" / "configs" / "dlrm_synthetic.yaml"
 # Variables a launcher sets; each run here starts from a clean environment and its launcher sets its own.
@@ -50,10 +60,28 @@ def _bin(name: str) -> str:
     return str(path)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _run_together(commands: list[list[str]], logs: list[Path], cwd: Path, env: dict[str, str],
+                  timeout: float) -> list[int]:
+    """Start every command at once, each writing to its log file; return their exit codes. As soon as one fails,
+    the others are killed (they would wait for it in a collective), with the processes they started; all are killed
+    at ``timeout``."""
+    files = [log.open("w") for log in logs]
+    procs = [subprocess.Popen(c, cwd=cwd, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+             for c, f in zip(commands, files)]
+    deadline = time.monotonic() + timeout
+    try:
+        while any(p.poll() is None for p in procs):
+            if any(p.returncode not in (None, 0) for p in procs) or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+    finally:
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)  # the launcher and the ranks it started (its session)
+            p.wait()
+        for f in files:
+            f.close()
+    return [p.returncode for p in procs]
 
 
 def _run_record(log_root: Path) -> dict:
@@ -66,37 +94,30 @@ def _run_record(log_root: Path) -> dict:
 def test_two_nodes_by_torchrun_match_one_node_with_two_processes(tmp_path: Path) -> None:
     work = tmp_path / "cwd"
     work.mkdir()
-    # One node, two processes: Lightning's own launcher starts the second.
-    single = subprocess.run(
-        [_bin("dlac"), "fit", "--config", str(_config(tmp_path, "single")), "--trainer.devices=2", *RUN],
-        cwd=work, env=_env(), capture_output=True, text=True, timeout=420,
-    )  # fmt: skip
-    assert single.returncode == 0, (single.stdout + single.stderr)[-6000:]
-
-    # Two "nodes" of one process each, rendezvous on 127.0.0.1, both started here as on two hosts.
-    port = _free_port()
-    config = _config(tmp_path, "multi")
-    nodes = [
-        subprocess.Popen(
-            [_bin("torchrun"), "--nnodes=2", f"--node-rank={k}", "--nproc-per-node=1", "--master-addr=127.0.0.1",
-             f"--master-port={port}", "--no-python", _bin("dlac"), "fit", "--config", str(config),
-             "--trainer.num_nodes=2", "--trainer.devices=1", *RUN],
-            cwd=work, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    # One node, two processes: Lightning's own launcher starts the second; both join the store hosted here.
+    with hosted_store() as store:
+        env = {**_env(), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port),
+               "TORCHELASTIC_USE_AGENT_STORE": "True"}
+        (code,) = _run_together(
+            [[_bin("dlac"), "fit", "--config", str(_config(tmp_path, "single")), "--trainer.devices=2", *RUN]],
+            [tmp_path / "single.log"], work, env, timeout=420,
         )  # fmt: skip
-        for k in range(2)
-    ]
-    outputs = []
-    try:
-        for node in nodes:
-            out, _ = node.communicate(timeout=420)
-            outputs.append(out)
-    finally:
-        for node in nodes:
-            if node.poll() is None:
-                node.kill()
-                node.wait()
-    for k, (node, out) in enumerate(zip(nodes, outputs)):
-        assert node.returncode == 0, f"node {k}:\n{out[-6000:]}"
+    assert code == 0, (tmp_path / "single.log").read_text()[-6000:]
+
+    # Two "nodes" of one process each, rendezvous through the store hosted here, both started here as on two hosts.
+    config = _config(tmp_path, "multi")
+    logs = [tmp_path / f"node{k}.log" for k in range(2)]
+    with hosted_store() as store:
+        codes = _run_together(
+            [[_bin("torchrun"), "--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
+              f"--rdzv-endpoint=127.0.0.1:{store.port}", "--rdzv-id=dlac-multinode-test", "--rdzv-conf=is_host=false",
+              "--local-addr=127.0.0.1", "--no-python", _bin("dlac"), "fit", "--config", str(config),
+              "--trainer.num_nodes=2", "--trainer.devices=1", *RUN] for _ in range(2)],
+            logs, work, _env(), timeout=420,
+        )  # fmt: skip
+    outputs = [log.read_text() for log in logs]
+    for k, (code, out) in enumerate(zip(codes, outputs)):
+        assert code == 0, f"node {k} (exit codes {codes}):\n{out[-6000:]}"
 
     one, two = _run_record(tmp_path / "single"), _run_record(tmp_path / "multi")
     assert one["summary"]["world_size"] == two["summary"]["world_size"] == 2
@@ -107,6 +128,6 @@ def test_two_nodes_by_torchrun_match_one_node_with_two_processes(tmp_path: Path)
     assert set(one["final_metrics"]) == set(two["final_metrics"]) and "val/auroc" in one["final_metrics"]
     for key, value in one["final_metrics"].items():
         assert two["final_metrics"][key] == pytest.approx(value, rel=1e-6, abs=1e-7), key
-    # Node 0 hosts global rank 0, which prints the end-of-run line (stdout or rank-zero logging on stderr).
-    assert "dlac fit finished after 6 steps" in outputs[0], outputs[0][-4000:]
-    assert "dlac fit finished" not in outputs[1]
+    # The node the rendezvous made node 0 hosts global rank 0, which alone prints the end-of-run line.
+    finished = [out for out in outputs if "dlac fit finished after 6 steps" in out]
+    assert len(finished) == 1 and sum("dlac fit finished" in out for out in outputs) == 1, outputs[0][-4000:]

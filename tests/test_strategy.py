@@ -49,11 +49,15 @@ def test_sharded_forward_equals_unsharded(sharding_type: str) -> None:
 
 
 def _train(rank: int, world_size: int, strategy: str | None) -> dict:
+    from lightning_dlac.codec import impl_calls
+
     torch.manual_seed(0)
     model = small_dlrm()
     recorder = loss_recorder()
     t = trainer(world_size, strategy, max_epochs=3, callbacks=[recorder])
+    before = impl_calls()
     t.fit(model, datamodule=small_data())
+    after = impl_calls()
     fit_auroc = float(t.callback_metrics["val/auroc"])
     # Validating again with the same Trainer reuses the sharded model and gives the same result.
     (validated,) = t.validate(model, datamodule=small_data(), verbose=False)
@@ -74,6 +78,7 @@ def _train(rank: int, world_size: int, strategy: str | None) -> dict:
 
     return {
         "native": native_available(),  # loaded already if the fit used the native kernels; never built here
+        "encodes": {impl: after[impl]["encode"] - before[impl]["encode"] for impl in after},
         "losses": recorder.losses,
         "auroc": float(t.callback_metrics["val/auroc"]),
         "sum": float(total),
@@ -95,6 +100,10 @@ def test_two_rank_training_loss_falls_and_collectives_work() -> None:
         assert r["sum"] == 3.0 and r["mean"] == 1.5
         assert r["picked"] == {"from": 0}
         assert r["native"] == native_expected()
+        # Which codec the fit's exchanges ran (lightning_dlac.codec.impl_calls): the native kernels where they
+        # build, and never the reference then.
+        used = "native" if r["native"] else "ref"
+        assert r["encodes"][used] > 0 and sum(r["encodes"].values()) == r["encodes"][used], r["encodes"]
     # Table-wise: every table lives on exactly one rank.
     owned0, owned1 = results[0]["owned"], results[1]["owned"]
     assert owned0 and owned1 and not owned0 & owned1 and len(owned0 | owned1) == len(FEATURES)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import threading
 from collections.abc import Sequence
 
 import torch
@@ -17,6 +18,33 @@ Splits = torch.Tensor | Sequence[int]
 Bounds = torch.Tensor | Sequence[float] | float
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# Which implementation ran: counters that only grow
+# ----------------------------------------------------------------------------------------------------------------
+
+_calls: dict[str, dict[str, int]] = {"native": {"encode": 0, "decode": 0}, "ref": {"encode": 0, "decode": 0}}
+_calls_lock = threading.Lock()
+
+
+def _count(impl: str, op: str) -> None:
+    with _calls_lock:
+        _calls[impl][op] += 1
+
+
+def impl_calls() -> dict[str, dict[str, int]]:
+    """How many encode and decode calls each implementation has run in this process, as
+    ``{"native": {"encode": n, "decode": n}, "ref": {"encode": n, "decode": n}}`` (a snapshot).
+
+    :func:`encode` and :func:`encode_grid` count as ``encode``, :func:`decode` and :func:`decode_grid` as
+    ``decode``, under the implementation ``impl`` resolved to (``"auto"`` and ``DLAC_CODEC_IMPL`` included), once
+    their inputs are validated. The counters only grow: take a snapshot before the work and subtract. They say which
+    codec actually ran, e.g. that a run meant to use the native kernels did not quietly fall back to the reference.
+    """
+    with _calls_lock:
+        return {impl: dict(ops) for impl, ops in _calls.items()}
+
+
+
 def encode(x: torch.Tensor, eps: float | None = None, abs_eb: float | None = None, impl: str = "auto") -> torch.Tensor:
     """Encode a 2-D float32 chunk with a relative (``eps``) or absolute (``abs_eb``) bound into a uint8 buffer."""
     ref.check_chunk(x)
@@ -25,6 +53,7 @@ def encode(x: torch.Tensor, eps: float | None = None, abs_eb: float | None = Non
     x = _placed(x, impl)
     rows, dim = x.shape
     ref._check_chunk_size(rows, dim, "x")
+    _count(impl, "encode")
     with record_function("## dlac encode ##"):
         if impl == "native":
             bounds = torch.tensor([bound], dtype=torch.float32)
@@ -36,6 +65,7 @@ def decode(buf: torch.Tensor | bytes, impl: str = "auto") -> torch.Tensor:
     """Decode one buffer made by :func:`encode` to a float32 [rows, dim] tensor; CodecError if it is invalid."""
     impl = resolve_impl(impl)
     buf = _as_buffer(buf, "buf", impl)
+    _count(impl, "decode")
     with record_function("## dlac decode ##"):
         if impl == "native":
             n = buf.numel()
@@ -88,6 +118,7 @@ def encode_grid(
     for r in range(len(rs) - 1):
         for c in range(len(cs) - 1):
             ref._check_chunk_size(rs[r + 1] - rs[r], cs[c + 1] - cs[c], f"block ({r}, {c})")
+    _count(impl, "encode")
     with record_function("## dlac encode ##"):
         if impl == "native":
             return torch.ops.dlac.encode_grid(x, rs, cs, bounds, relative)
@@ -120,6 +151,7 @@ def decode_grid(
         raise CodecError(
             f"chunk sizes sum to {int(sz.sum())} bytes but the payload holds {payload.numel()} (truncated payload?)"
         )
+    _count(impl, "decode")
     with record_function("## dlac decode ##"):
         if impl == "native":
             return _native_decode(payload, sz, rs, cs)

@@ -102,6 +102,7 @@ def _quantize_grid():
     return x, [0, 1000, 2048], [0, 64, 192, 229], torch.tensor([0.01, 0.03, 0.002])
 
 
+@pytest.mark.slow  # a fresh Python process
 def test_baseline_and_avx2_quantize_loops_give_the_reference_bytes(native, tmp_path):
     """The encoder's quantize loop has an SSE2 and an AVX2 copy chosen at run time; DLAC_CPU_BASELINE=1 (read once per
     process, hence the subprocess) forces the SSE2 one. Both must give the reference's bytes."""
