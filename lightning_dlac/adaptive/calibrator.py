@@ -48,7 +48,7 @@ from lightning_dlac.adaptive.policy import (
 )
 
 # The default gradient_tolerance: see docs/adaptive.md for the evidence it was chosen on.
-GRADIENT_TOLERANCE = 0.1
+GRADIENT_TOLERANCE = 0.15
 MODES = ("gradient", "homogenization", "sensitivity", "off")
 
 # all_reduce(tensor, op) with op one of "sum", "min", "max": every rank gets the combined tensor.
