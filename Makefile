@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.dlac-installed
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test test-fast lint asan-fuzz cuda-check gpu-rehearsal clean-venv
+.PHONY: venv demo test test-fast lint asan-fuzz cuda-check gpu-rehearsal clean-venv bench-smoke bench-quick bench render
 
 venv: $(STAMP)
 
@@ -68,6 +68,29 @@ $(REHEARSAL_STAMP): $(CUDA_IMAGE_STAMP) requirements/cuda-check-rehearsal.txt
 
 gpu-rehearsal: $(REHEARSAL_STAMP)
 	PATH=$(abspath $(CUDA_IMAGE_VENV))/bin:$$PATH bash benchmarks/gpu_session.sh
+
+# Every published figure from one command per depth (benchmarks/suite.py lists the steps; docs/benchmarks.md says
+# what each depth runs and how long it takes). Each writes benchmarks/results/*.json (tracked) and re-renders the
+# figure blocks of README.md and docs/benchmarks.md from them (benchmarks/render.py). Timings need a calm machine.
+# bench-smoke proves the pipeline in minutes into a scratch directory (results and rendered copies), measuring nothing.
+BENCH_STAMP := $(VENV)/.dlac-bench-installed
+BENCH_SCRATCH ?= /tmp/dlac-bench-smoke
+$(BENCH_STAMP): $(STAMP) benchmarks/requirements.txt
+	$(BIN)/python -m pip install --quiet -r benchmarks/requirements.txt
+	touch $@
+
+bench-smoke: $(BENCH_STAMP)
+	$(BIN)/python benchmarks/suite.py --depth smoke --results $(BENCH_SCRATCH) --render
+
+bench-quick: $(BENCH_STAMP)
+	$(BIN)/python benchmarks/suite.py --depth quick --render
+
+bench: $(BENCH_STAMP)
+	$(BIN)/python benchmarks/suite.py --depth full --render
+
+# Re-render the figure blocks from the committed results files (tests/test_figures.py checks they agree).
+render: venv
+	$(BIN)/python benchmarks/render.py
 
 lint: venv
 	$(BIN)/python -m ruff check lightning_dlac examples tests benchmarks

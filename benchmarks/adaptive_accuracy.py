@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import shlex
 import statistics
 import sys
@@ -56,11 +55,12 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # tests._launch (the project's rank launcher) lives at the repository root
     sys.path.insert(0, str(REPO))
 
-from _report import write_generated_block, write_results  # noqa: E402 - beside this script
+from _report import load_results, start_run, write_generated_block, write_results  # noqa: E402 - beside this script
 
 CRITEO = REPO.parent / "shared" / "data" / "criteo_kaggle_head10k.tsv"
 SECTION = "## Adaptive error bounds: accuracy and traffic"
-BEGIN, END = "<!-- adaptive_accuracy:begin -->", "<!-- adaptive_accuracy:end -->"
+# The block benchmarks/render.py renders from the committed results files (the same markers).
+BEGIN, END = "<!-- BEGIN render:adaptive_accuracy -->", "<!-- END render:adaptive_accuracy -->"
 VARIANTS = ("uncompressed", "constant 0.01", "DLAC homogenization", "DLAC sensitivity", "DLAC both directions",
             "constant 0.05", "qcomm INT8/FP16")
 DATASETS = ("criteo", "synthetic", "planted", "synthetic_v2")
@@ -145,7 +145,7 @@ def _install_qcomm():
     import torchrec.distributed.embeddingbag as ebc
     from e2e_bandwidth import Variant, _codecs_registry
 
-    registry, fwd, _ = _codecs_registry(Variant("qcomm_int8_fp16", "qcomm INT8/FP16", "qcomm", "int8", "fp16"))
+    registry, fwd, bwd = _codecs_registry(Variant("qcomm_int8_fp16", "qcomm INT8/FP16", "qcomm", "int8", "fp16"))
     base = ebc.EmbeddingBagCollectionSharder
 
     class QCommSharder(base):  # noqa: D101 - a one-argument default
@@ -154,7 +154,7 @@ def _install_qcomm():
             super().__init__(*args, **kwargs)
 
     ebc.EmbeddingBagCollectionSharder = QCommSharder
-    return fwd
+    return fwd, bwd
 
 
 def _run(rank: int, world_size: int, dataset: str, variant: str, cfg: dict[str, Any]) -> dict[str, Any]:
@@ -166,9 +166,10 @@ def _run(rank: int, world_size: int, dataset: str, variant: str, cfg: dict[str, 
     model = _dlrm(dataset, dm, cfg, seed)
     epochs = cfg["criteo_epochs"] if dataset == "criteo" else 1
     steps = len(dm.train_dataloader()) * epochs
-    strategy, qcomm_codec = _strategy(variant, cfg)
+    strategy, qcomm_codecs = _strategy(variant, cfg)
     compress = strategy.compress
-    meter = _TrafficMeter(qcomm_codec)
+    dims = {c.name: c.embedding_dim for c in model.embedding_bag_collection.embedding_bag_configs()}
+    meter = _TrafficMeter(qcomm_codecs, None if compress or qcomm_codecs else dims)
     callbacks: list = [meter]
     dlac = _callback(variant, steps, cfg) if compress else None
     if dlac is not None:
@@ -184,7 +185,7 @@ def _run(rank: int, world_size: int, dataset: str, variant: str, cfg: dict[str, 
         "dataset": dataset, "variant": variant, "seed": seed, "steps": meter.steps, "seconds": seconds,
         "val_auroc": float(m["val/auroc"]), "val_loss": float(m["val/loss"]), "train_loss": float(m["train/loss"]),
         "fwd_raw_bytes": meter.raw, "fwd_sent_bytes": meter.sent, "bwd_raw_bytes": meter.bwd_raw,
-        "bwd_sent_bytes": meter.bwd_sent,
+        "bwd_sent_bytes": meter.bwd_sent, "byte_accounting": "remote",
     }
     if dlac is not None and dlac.table_stats:
         out["calibration"] = dlac.calibration_report()
@@ -193,18 +194,24 @@ def _run(rank: int, world_size: int, dataset: str, variant: str, cfg: dict[str, 
 
 
 class _TrafficMeter(pl.Callback):
-    """All-to-all bytes of the training batches only (not validation), forward and backward, from the strategy's
-    counters (or, for the qcomm baseline, from the counting wrapper of TorchRec's forward codec; its backward is
-    FP16, half the float32 bytes by construction)."""
+    """All-to-all bytes of the training batches only (not validation), forward and backward, counted as DLAC's
+    counters count them: traffic to other ranks (the block a rank keeps for itself is a local copy). From the
+    strategy's counters; for the qcomm baseline from the counting wrappers of TorchRec's codecs, which see the whole
+    send buffer, every destination's equal share included (so (W - 1) / W of it); for the uncompressed run, the
+    float32 bytes of this rank's tables' pooled embeddings for the other ranks' rows (``dims``: each table's
+    dimension), its fp32 reference."""
 
-    def __init__(self, qcomm_codec: Any = None) -> None:
+    def __init__(self, qcomm_codecs: Any = None, dims: dict[str, int] | None = None) -> None:
         self.steps = self.raw = self.sent = self.bwd_raw = self.bwd_sent = 0
         self._start = (0, 0, 0, 0)
-        self._qcomm = qcomm_codec
+        self._qcomm = qcomm_codecs
+        self._dims = dims
+        self._local_dim: int | None = None
 
     def _counts(self, trainer) -> tuple[int, int, int, int]:  # noqa: ANN001
         if self._qcomm is not None:
-            return self._qcomm.raw_bytes, self._qcomm.sent_bytes, 0, 0
+            fwd, bwd = self._qcomm
+            return fwd.raw_bytes, fwd.sent_bytes, bwd.raw_bytes, bwd.sent_bytes
         s = trainer.strategy.total_comm_stats()
         return s.raw_bytes, s.sent_bytes, s.backward_raw_bytes, s.backward_sent_bytes
 
@@ -213,11 +220,45 @@ class _TrafficMeter(pl.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:  # noqa: ANN001
         now = self._counts(trainer)
+        delta = [b - a for a, b in zip(self._start, now)]
+        world = trainer.world_size
+        if self._qcomm is not None:
+            delta = [d * (world - 1) // world for d in delta]
+        elif self._dims is not None:  # uncompressed: float32 rows of every other rank's batch, this rank's tables
+            if self._local_dim is None:
+                rank = trainer.global_rank
+                plan = trainer.strategy.sharding_plan.plan
+                self._local_dim = sum(self._dims[t] for mp in plan.values() for t, spec in mp.items()
+                                      if rank in (spec.ranks or []))
+            fp32 = batch.labels.numel() * (world - 1) * self._local_dim * 4
+            delta = [fp32] * 4
         self.steps += 1
-        self.raw += now[0] - self._start[0]
-        self.sent += now[1] - self._start[1]
-        self.bwd_raw += now[2] - self._start[2]
-        self.bwd_sent += now[3] - self._start[3]
+        self.raw += delta[0]
+        self.sent += delta[1]
+        self.bwd_raw += delta[2]
+        self.bwd_sent += delta[3]
+
+
+def normalize_bytes(rows: list[dict[str, Any]], world_size: int = 2) -> list[dict[str, Any]]:
+    """Rows of any results file in the remote-traffic accounting (``byte_accounting: "remote"``). Files written
+    before it counted qcomm's bytes over the whole send buffer, a rank's own chunk included, and gave the
+    uncompressed run no bytes: their qcomm rows are scaled by (W - 1) / W (exact: TorchRec sends every destination
+    an equal share) and their uncompressed rows get the float32 bytes DLAC's rows of the same dataset and seed
+    stood for (``fwd_raw_bytes``, the same by construction). Returns new row dicts."""
+    fp32 = {(r["dataset"], r.get("seed", 0)): r["fwd_raw_bytes"] for r in rows
+            if r["variant"] not in ("uncompressed", "qcomm INT8/FP16") and r.get("fwd_raw_bytes")}
+    out = []
+    for r in rows:
+        r = dict(r)
+        if not str(r.get("byte_accounting", "")).startswith("remote"):
+            if r["variant"] == "qcomm INT8/FP16":
+                for key in ("fwd_raw_bytes", "fwd_sent_bytes", "bwd_raw_bytes", "bwd_sent_bytes"):
+                    r[key] = r.get(key, 0) * (world_size - 1) // world_size
+            elif r["variant"] == "uncompressed" and (r["dataset"], r.get("seed", 0)) in fp32:
+                r["fwd_raw_bytes"] = r["fwd_sent_bytes"] = fp32[(r["dataset"], r.get("seed", 0))]
+            r["byte_accounting"] = "remote (converted from a file written before issue 25's fix)"
+        out.append(r)
+    return out
 
 
 def _summarize(by_rank: list[dict[str, Any]]) -> dict[str, Any]:
@@ -236,6 +277,7 @@ def _over_seeds(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     0.01 run of the same seed)."""
     base = {(r["dataset"], r.get("seed", 0)): r for r in rows if r["variant"] == "uncompressed"}
     const = {(r["dataset"], r.get("seed", 0)): r for r in rows if r["variant"] == "constant 0.01"}
+    fp32 = _fp32_per_step(rows)
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in rows:
         groups.setdefault((r["dataset"], r["variant"]), []).append(r)
@@ -255,6 +297,10 @@ def _over_seeds(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "delta_sd": statistics.stdev(deltas) if len(deltas) > 1 else float("nan"),
             "vs_constant_mean": statistics.fmean(vs_const) if vs_const else float("nan"),
             "fwd_sent_per_step": statistics.fmean(r["fwd_sent_bytes"] / r["steps"] for r in rs),
+            # float32 bytes over the bytes sent (the uncompressed run of the same seed is the reference)
+            "fwd_ratio_mean": statistics.fmean(fp32[(dataset, r.get("seed", 0))] / (r["fwd_sent_bytes"] / r["steps"])
+                                               for r in rs) if all((dataset, r.get("seed", 0)) in fp32
+                                                                   and r["fwd_sent_bytes"] for r in rs) else None,
             "bwd_ratio": statistics.fmean(r["bwd_raw_bytes"] / r["bwd_sent_bytes"] for r in rs)
             if all(r.get("bwd_sent_bytes") for r in rs) else None,
         })
@@ -267,21 +313,28 @@ def _seed_table(summary: list[dict[str, Any]]) -> list[str]:
 
     lines = [
         "| dataset | variant | seeds | steps | mean val AUROC | AUROC vs uncompressed: mean | spread (sd) |"
-        " fwd bytes vs constant 0.01 | backward ratio |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        " fwd bytes vs constant 0.01 | fwd ratio vs fp32 | backward ratio |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for s in summary:
         bwd = "-" if s["bwd_ratio"] is None else f"{s['bwd_ratio']:.1f}x"
+        fwd = "-" if s.get("fwd_ratio_mean") is None else f"{s['fwd_ratio_mean']:.1f}x"
         lines.append(
             f"| {s['dataset']} | {s['variant']} | {len(s['seeds'])} | {s['steps']} | {s['val_auroc_mean']:.4f} |"
             f" {num(s['delta_mean'], '+.4f')} | {num(s['delta_sd'], '.4f')} | {num(s['vs_constant_mean'], '.2f')} |"
-            f" {bwd} |"
+            f" {fwd} | {bwd} |"
         )
     return lines
 
 
+def _fp32_per_step(rows: list[dict[str, Any]]) -> dict[tuple[str, int], float]:
+    """The reference of every ratio: per (dataset, seed), the uncompressed run's float32 bytes per step."""
+    return {(r["dataset"], r.get("seed", 0)): r["fwd_raw_bytes"] / r["steps"] for r in rows
+            if r["variant"] == "uncompressed" and r.get("fwd_raw_bytes")}
+
+
 def _table(rows: list[dict[str, Any]]) -> list[str]:
-    raw_by_dataset = {r["dataset"]: r["fwd_raw_bytes"] / r["steps"] for r in rows if r["fwd_raw_bytes"]}
+    fp32 = _fp32_per_step(rows)
     base = {(r["dataset"], r.get("seed", 0)): r for r in rows if r["variant"] == "uncompressed"}
     const = {(r["dataset"], r.get("seed", 0)): r for r in rows if r["variant"] == "constant 0.01"}
     lines = [
@@ -291,14 +344,15 @@ def _table(rows: list[dict[str, Any]]) -> list[str]:
     ]
     for r in rows:
         d, key = r["dataset"], (r["dataset"], r.get("seed", 0))
-        per_step = (r["fwd_sent_bytes"] / r["steps"]) if r["fwd_sent_bytes"] else raw_by_dataset.get(d, 0.0)
-        ratio = raw_by_dataset.get(d, 0.0) / per_step if per_step else 1.0
+        ref = fp32.get(key, 0.0)
+        per_step = (r["fwd_sent_bytes"] / r["steps"]) if r["fwd_sent_bytes"] else ref
+        ratio = ref / per_step if per_step else float("nan")
         delta = r["val_auroc"] - base[key]["val_auroc"] if key in base else float("nan")
         c = const.get(key)
         vs_const = per_step / (c["fwd_sent_bytes"] / c["steps"]) if c and c["fwd_sent_bytes"] else float("nan")
         lines.append(
             f"| {d} | {r.get('seed', 0)} | {r['variant']} | {r['val_auroc']:.4f} | {delta:+.4f} | {r['val_loss']:.4f} |"
-            f" {f'{per_step / 1024:.1f}' if per_step else '-'} | {ratio:.1f}x |"
+            f" {f'{per_step / 1024:.1f}' if per_step else '-'} | {'-' if ratio != ratio else f'{ratio:.1f}x'} |"
             f" {'-' if vs_const != vs_const else f'{vs_const:.2f}'} | {r['seconds']:.0f} |"
         )
     return lines
@@ -341,16 +395,16 @@ def _settings(command: str, cfg: dict[str, Any], datasets: list[str]) -> list[st
     ]
 
 
-def _write_markdown(path: Path, rows: list[dict[str, Any]], sources: list[tuple[str, dict[str, Any], list[str]]]
-                    ) -> None:
-    """Fill the section from ``rows``; ``sources`` holds the (command, settings, datasets) of each run that made
-    them."""
+def markdown_lines(rows: list[dict[str, Any]], sources: list[tuple[str, dict[str, Any], list[str]]],
+                   machine: str) -> list[str]:
+    """The section's generated lines from ``rows``; ``sources`` holds the (command, settings, datasets) of each run
+    that made them, ``machine`` what they ran on."""
     parts: list[str] = []
     for command, cfg, datasets in sources:
         parts += _settings(command, cfg, datasets)
     parts += [
-        f"Machine: {os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), 2 gloo ranks;"
-        f" torch {torch.__version__}. Forward all-to-all bytes of the training batches, summed over both ranks;"
+        f"Machine: {machine}, 2 gloo ranks. Forward all-to-all bytes of the training batches to other ranks (as"
+        " DLAC's counters count them), summed over both ranks, against the uncompressed run's float32 bytes;"
         " AUROC of the final validation.",
         "",
         "Over seeds (AUROC difference from the uncompressed run of the same seed):",
@@ -367,15 +421,13 @@ def _write_markdown(path: Path, rows: list[dict[str, Any]], sources: list[tuple[
             if r["variant"] == variant and r.get("calibration") and r.get("seed", 0) == first_seed:
                 parts += ["", f"Per-table calibration of the {r['dataset']} run, seed {first_seed} ({variant}):", "",
                           *_calibration_table(r)]
-    write_generated_block(path, SECTION, BEGIN, END, parts)
+    return parts
 
 
-def _rebuild(paths: list[Path], markdown_out: Path | None) -> None:
-    """The tables (and the markdown section) from stored results files, e.g. one per dataset run with its own
-    settings."""
-    import json
-
-    stored = [json.loads(p.read_text()) for p in paths]
+def load_rows(paths: list[Path]) -> tuple[list[dict[str, Any]], list[tuple[str, dict[str, Any], list[str]]], str]:
+    """Rows (in the remote-traffic accounting), sources and machine of stored results files, e.g. one per dataset
+    run with its own settings (a dataset in several files is named by each file)."""
+    stored = [load_results(p) for p in paths]
     seen: dict[str, int] = {}
     for d in stored:
         for name in {r["dataset"] for r in d["results"]}:
@@ -383,14 +435,22 @@ def _rebuild(paths: list[Path], markdown_out: Path | None) -> None:
     for p, d in zip(paths, stored):  # one dataset run with different settings: name each run by its file
         for r in d["results"]:
             if seen[r["dataset"]] > 1:
-                r["dataset"] = f"{r['dataset']} ({p.stem.removeprefix('adaptive_accuracy_')})"
-    rows = [r for d in stored for r in d["results"]]
+                r["dataset"] = f"{r['dataset']} ({Path(p).stem.removeprefix('adaptive_accuracy_')})"
+    rows = normalize_bytes([r for d in stored for r in d["results"]])
+    sources = [(d["metadata"]["command"], d["config"], sorted({r["dataset"] for r in d["results"]})) for d in stored]
+    meta = stored[0]["metadata"] if stored else {}
+    machine = f"{meta.get('cores', '?')} CPU cores; torch {meta.get('versions', {}).get('torch', '?')}"
+    return rows, sources, machine
+
+
+def _rebuild(paths: list[Path], markdown_out: Path | None) -> None:
+    """The tables (and the markdown section) from stored results files."""
+    rows, sources, machine = load_rows(paths)
     print("\n".join(_table(rows)))
     print()
     print("\n".join(_seed_table(_over_seeds(rows))))
     if markdown_out is not None:
-        sources = [(d["command"], d["config"], sorted({r["dataset"] for r in d["results"]})) for d in stored]
-        _write_markdown(markdown_out, rows, sources)
+        write_generated_block(markdown_out, SECTION, BEGIN, END, markdown_lines(rows, sources, machine))
         print(f"wrote the tables into {markdown_out}")
 
 
@@ -422,6 +482,7 @@ def main() -> None:
     if args.from_json:
         _rebuild(args.from_json, args.markdown_out)
         return
+    metadata = start_run("benchmarks/adaptive_accuracy.py", vars(args))
 
     datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
@@ -465,10 +526,12 @@ def main() -> None:
     print("\n".join(_table(rows)))
     print()
     print("\n".join(_seed_table(_over_seeds(rows))))
-    write_results(args.json_out, command, cfg, rows)
+    write_results(args.json_out, metadata, cfg, rows)
     print(f"\nwrote {args.json_out}")
     if args.markdown_out is not None:
-        _write_markdown(args.markdown_out, rows, [(command, cfg, datasets)])
+        machine = f"{os.cpu_count()} CPU cores; torch {torch.__version__}"
+        write_generated_block(args.markdown_out, SECTION, BEGIN, END,
+                              markdown_lines(rows, [(command, cfg, datasets)], machine))
         print(f"wrote the tables into {args.markdown_out}")
 
 

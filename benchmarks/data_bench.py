@@ -17,7 +17,7 @@ demo model's training step is timed on the same batch size for the ratio (forwar
 dense optimizer step of DLRMModule with dlrm_criteo_binary.yaml's sizes, one thread; the embedding tables frozen,
 so this is a lower bound on a real step and the ratio is conservative).
 
-    python benchmarks/data_bench.py --markdown-out docs/benchmarks.md
+    python benchmarks/data_bench.py      # then benchmarks/render.py puts the tables into docs/benchmarks.md
 
 The generated files are deleted at the end (``--keep`` keeps them).
 """
@@ -27,10 +27,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import resource
-import shlex
 import shutil
 import subprocess
 import sys
@@ -42,11 +40,9 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _report import write_generated_block, write_results  # noqa: E402 - beside this script
+from _report import start_run, write_results  # noqa: E402 - beside this script
 
 SAMPLE = REPO.parent / "shared" / "data" / "criteo_kaggle_head10k.tsv"
-SECTION = "## Data: Criteo preprocessing and loading"
-BEGIN, END = "<!-- data_bench:begin -->", "<!-- data_bench:end -->"
 ROW_BYTES = 13 * 4 + 26 * 8 + 4  # dense float32 + sparse int64 + label int32
 
 
@@ -251,15 +247,14 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the generated files")
     parser.add_argument("--timeout", type=float, default=1800.0)
     parser.add_argument("--json-out", type=Path, default=REPO / "benchmarks/results/data_bench.json")
-    parser.add_argument("--markdown-out", type=Path, default=None)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(_child(json.loads(args.child))))
         return
+    metadata = start_run("benchmarks/data_bench.py", vars(args))
     if args.loader_rows < 4 and not args.skip_loader:
         parser.error("--loader-rows must be at least 4 (four days)")
 
-    command = "python benchmarks/data_bench.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     work = args.workdir
     work.mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()
@@ -356,23 +351,17 @@ def main() -> None:
     cfg = dict(rows=args.rows, torchrec_rows=args.torchrec_rows, python_rows=args.python_rows, source=source_name,
                loader_rows=args.loader_rows, batch_size=args.batch_size, max_rows=args.max_rows,
                loadavg_before=load_before, loadavg_after=load_after)  # fmt: skip
-    write_results(args.json_out, command, cfg, [*pre, *loader, *([step] if step else [])])
+    write_results(args.json_out, metadata, cfg, [*pre, *loader, *([step] if step else [])])
     print(f"\nload average (1/5/15 min) before {load_before}, after {load_after}")
     print(f"wrote {args.json_out}")
-    if args.markdown_out is not None:
-        parts = [
-            f"Command: `{command}`",
-            "",
-            f"Machine: {os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), shared with other"
-            f" jobs (load average {load_before[0]:.1f} before, {load_after[0]:.1f} after). Input: {source_name}."
-            " Each conversion in its own process (wall time including the line count, the dense log pass and"
-            " fsync; peak RSS includes about 250-300 MiB of imported numpy/torch). The loader reads files still"
-            " in the page cache from being written.",
-            "",
-            *table,
-        ]
-        write_generated_block(args.markdown_out, SECTION, BEGIN, END, parts)
-        print(f"wrote the tables into {args.markdown_out}")
+
+
+def tables(results: list[dict[str, Any]]) -> list[str]:
+    """The markdown tables of a results file's rows (conversions, loader reads, the train step)."""
+    pre = [r for r in results if "vs_torchrec" in r]
+    loader = [r for r in results if "mmap_mode" in r]
+    step = next((r for r in results if "step_seconds" in r), None)
+    return _tables(pre, loader, step)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,10 @@
 """End-to-end DLRM training step time under an emulated (throttled) interconnect: TorchRec fp32 and qcomm codecs
-against the DLAC compressed all-to-all, on 2 gloo CPU ranks; prints a table, writes JSON and a markdown table.
+against the DLAC compressed all-to-all and its like-for-like ceiling, on 2 gloo CPU ranks; prints a table and the
+targets, writes JSON (benchmarks/render.py puts the figures into README.md and docs/benchmarks.md).
 
 Run as root on Linux (needs ``unshare -n`` and ``tc``), from the repository root:
 
-    python benchmarks/e2e_bandwidth.py --rates 1gbit,unthrottled --batch-size 4096 --steps 8 --warmup 2 \\
-        --markdown-out docs/benchmarks.md
+    python benchmarks/e2e_bandwidth.py --rates 1gbit,10gbit --batch-size 4096 --steps 6 --warmup 2 --repeats 3
 
 Each rate runs in its own network namespace (``unshare -n``) whose private loopback is throttled with
 ``tc qdisc add dev lo root tbf rate <R> burst 1mb latency 20ms`` (nothing for ``unthrottled``); inside it, every
@@ -13,9 +13,18 @@ variant is its own 2-rank launch (gloo, MASTER_ADDR=127.0.0.1, one thread per ra
 DLRM v2, DLRM_DCN with dim 128 and multi-hot ids with MLPerf's pooling factors) with a plain loop:
 DistributedModelParallel, table-wise sharding, fused Adagrad for the tables, dense Adagrad.
 
+Every variant runs on the library's defaults unless its name says otherwise (``..._sync``, ``..._overlap``,
+``..._auto``, ``..._classes``). Each is launched ``--repeats`` times, in ABBA order (the variant list reversed every
+other repeat); a variant's steps are pooled (median step, slower rank per step) and every ratio is reported as the
+pooled medians' ratio with the per-repeat range (launches of the same repeat paired). ``ceiling_dlac_dlac`` is
+DLAC both directions' like-for-like ceiling: the same exchange module with the null codec
+(lightning_dlac/comm/null_codec.py), sending the latest ``dlac_dlac`` launch's bytes per table and direction, with
+no encode or decode; a DLAC launch more than 5% faster than the ceiling launch of its repeat is recorded as a
+benchmark error. The issue-25 targets (``TARGETS``) are judged by the rule of benchmarks/_report.py.
+
 That loop (``_train_rank``) is also the reference for training with lightning-dlac without Lightning:
 ``shard_model`` + ``install_compressed_all_to_all`` + a ``Calibrator`` fed by the exchange group's observer.
-The stand-ins it compares with (qcomm byte counters, zero-cost exchanges) are in ``_e2e_stand_ins.py``.
+The TorchRec-path stand-ins (qcomm byte counters, zero-cost 8x codecs) are in ``_e2e_stand_ins.py``.
 """
 
 from __future__ import annotations
@@ -24,9 +33,7 @@ import argparse
 import json
 import math
 import os
-import platform
 import re
-import shlex
 import statistics
 import subprocess
 import sys
@@ -42,11 +49,9 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # tests._launch (the project's rank launcher) lives at the repository root
     sys.path.insert(0, str(REPO))
 
-from _e2e_stand_ins import _codecs_registry, _install_zero_cost_same_bytes  # noqa: E402 - beside this script
-from _report import write_generated_block, write_results  # noqa: E402 - beside this script
+from _e2e_stand_ins import _codecs_registry  # noqa: E402 - beside this script
+from _report import judge, start_run, write_results  # noqa: E402 - beside this script
 
-SECTION = "## End-to-end training under a throttled interconnect"
-BEGIN, END = "<!-- e2e_bandwidth:begin -->", "<!-- e2e_bandwidth:end -->"
 EMBEDDING_DIM = 64
 # Adagrad for both, at the learning rates of examples/configs/dlrm_synthetic.yaml.
 DENSE_LR, EMBEDDING_LR = 0.01, 0.02
@@ -54,16 +59,18 @@ DENSE_LR, EMBEDDING_LR = 0.01, 0.02
 
 @dataclass(frozen=True)
 class Variant:
-    """One way of sending the pooled-embedding all-to-all."""
+    """One way of sending the pooled-embedding all-to-all. Every setting the name does not mention is the library's
+    default (``CompressionConfig()``: overlap per backend, error sampling every 10 exchanges, ...)."""
 
     name: str
     label: str
-    kind: str  # "fp32" | "qcomm" | "dlac" | "zero" | "zero_same"
+    kind: str  # "fp32" | "qcomm" | "dlac" | "null" | "zero"
     forward: str = "fp32"  # qcomm forward precision, or "zero8"
     backward: str = "fp32"  # qcomm / dlac backward encoding, or "zero8"
     auto_fallback: bool = False  # DLAC: DLACStrategy(compress="auto"), the uncompressed fallback
     classes: bool = False  # DLAC: per-table bounds from the homogenization classes, calibrated on the warm-up steps
-    overlap: bool = True  # DLAC: exchanges launched and waited on when needed (False: the synchronous path)
+    overlap: bool | None = None  # DLAC: None = the library's default (overlapped on NCCL, synchronous on gloo)
+    ceiling_of: str | None = None  # null: the DLAC variant whose bytes it sends (its like-for-like ceiling)
 
 
 VARIANTS: dict[str, Variant] = {
@@ -77,15 +84,26 @@ VARIANTS: dict[str, Variant] = {
         Variant("dlac_dlac", "DLAC both directions", "dlac", "dlac", "dlac"),
         Variant("dlac_dlac_sync", "DLAC both directions, synchronous exchanges", "dlac", "dlac", "dlac",
                 overlap=False),
+        Variant("dlac_dlac_overlap", "DLAC both directions, overlapped exchanges", "dlac", "dlac", "dlac",
+                overlap=True),
         Variant("dlac_classes", "DLAC fwd (table-wise classes) + BF16 bwd", "dlac", "dlac", "bf16", classes=True),
         Variant("dlac_auto", "DLAC fwd + BF16 bwd, compress=auto", "dlac", "dlac", "bf16", auto_fallback=True),
-        Variant("zero8_fwd", "zero-cost 8x, fwd only", "zero", "zero8", "fp32"),
-        Variant("zero8_both", "zero-cost 8x, both directions", "zero", "zero8", "zero8"),
-        Variant("zero_same_ratio", "zero-cost, DLAC's bytes, both directions", "zero_same", "zero_same", "zero_same"),
+        Variant("ceiling_dlac_dlac", "ceiling of DLAC both directions (null codec, DLAC's bytes)", "null", "dlac",
+                "dlac", ceiling_of="dlac_dlac"),
+        Variant("zero8_fwd", "zero-cost 8x, fwd only (TorchRec path)", "zero", "zero8", "fp32"),
+        Variant("zero8_both", "zero-cost 8x, both directions (TorchRec path)", "zero", "zero8", "zero8"),
     )
 }
-# zero_same_ratio sends what the launch of this variant just before it (same repeat, same namespace) sent.
-SAME_BYTES_AS = "dlac_dlac"
+# A launch faster than its ceiling by more than this fraction is a benchmark error, not a result.
+CEILING_TOLERANCE = 0.05
+# The issue-25 targets, each judged by the rule (benchmarks/_report.py RULE) from pooled and per-repeat figures:
+# (rate, name, variant, reference, threshold, what the figure is).
+TARGETS = (
+    ("1gbit", "DLAC both directions >= 0.9 of its ceiling", "dlac_dlac", "ceiling_dlac_dlac", 0.9, "ceiling"),
+    ("1gbit", "DLAC fwd + BF16 bwd ahead of qcomm INT8/FP16", "dlac_bf16", "qcomm_int8_fp16", 1.0, "speed"),
+    ("10gbit", "DLAC both directions >= 0.8 of its ceiling", "dlac_dlac", "ceiling_dlac_dlac", 0.8, "ceiling"),
+    ("unthrottled", "compress=\"auto\" >= 0.97x FP32", "dlac_auto", "fp32", 0.97, "speed"),
+)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -97,12 +115,6 @@ SAME_BYTES_AS = "dlac_dlac"
 MODELS = ("dlrm", "dlrm_v2")
 # DLRM v2's DCN and 1024-wide over MLP diverge under dense Adagrad at 0.01 (loss 0.7 -> 1e4 in 4 steps, measured).
 DLRM_V2_DENSE_LR = 0.002
-# Each model's table has its own generated block (section, begin and end markers) in the markdown file.
-MARKDOWN_BLOCKS = {
-    "dlrm": (SECTION, BEGIN, END),
-    "dlrm_v2": ("## End-to-end training of DLRM v2 (DCN, dim 128, multi-hot) under a throttled interconnect",
-                "<!-- e2e_bandwidth dlrm_v2:begin -->", "<!-- e2e_bandwidth dlrm_v2:end -->"),
-}
 
 
 def _model_and_data(model: str, max_rows: int, batch_size: int) -> tuple[Any, Any]:
@@ -135,6 +147,7 @@ def _train_rank(rank: int, world_size: int, variant_name: str, cfg: dict[str, An
     from lightning_dlac.adaptive import CalibrationSettings, Calibrator
     from lightning_dlac.comm import CompressionConfig, ErrorBounds, install_compressed_all_to_all
     from lightning_dlac.comm.collectives import all_gather_object, all_reduce
+    from lightning_dlac.comm.null_codec import bytes_per_call, install_null_codec
     from lightning_dlac.sharding import ShardingOptions, dense_parameters, shard_model
 
     variant = VARIANTS[variant_name]
@@ -147,23 +160,27 @@ def _train_rank(rank: int, world_size: int, variant_name: str, cfg: dict[str, An
         batches = [gen.batch(i * world_size + rank, batch_size=batch_size) for i in range(warmup + steps)]
 
         registry, fwd_codec, bwd_codec = _codecs_registry(variant)
-        # static_graph=True: DistributedModelParallel's default DDP wrapper, which this benchmark has always used.
+        # The library's sharding defaults but for the model's optimizer settings (static_graph=False since issue 25;
+        # the runs before it used True).
         options = ShardingOptions(sharding_types=["table_wise"], embedding_optimizer="adagrad",
-                                  embedding_lr=EMBEDDING_LR, adagrad_epsilon=1e-8, static_graph=True,
-                                  qcomm_codecs_registry=registry)
+                                  embedding_lr=EMBEDDING_LR, adagrad_epsilon=1e-8, qcomm_codecs_registry=registry)
         dims = {t.name: t.embedding_dim for t in dlrm.embedding_bag_collection.embedding_bag_configs()}
         model = shard_model(dlrm.model, options, torch.device("cpu"))
         plan = model.plan
         group = None
         bounds = ErrorBounds(0.01)
         calibrator = None
-        if variant.kind == "dlac":
-            config = CompressionConfig(backward=variant.backward, auto_fallback=variant.auto_fallback,
-                                       fallback_check_every=cfg.get("fallback_check_every", 64),
-                                       overlap=variant.overlap)
-            group = install_compressed_all_to_all(model, config, bounds)
+        if variant.kind in ("dlac", "null"):
+            exchange = dict(backward=variant.backward, auto_fallback=variant.auto_fallback,
+                            fallback_check_every=cfg.get("fallback_check_every", 64), overlap=variant.overlap)
+            if variant.kind == "null":  # nothing to sample: the null codec's payload is not DLAC's
+                exchange["error_every"] = 0
+            group = install_compressed_all_to_all(model, CompressionConfig(**exchange), bounds)
             if not group:
                 raise RuntimeError("install_compressed_all_to_all installed nothing: the plan is not table-wise.")
+            if variant.kind == "null":  # the like-for-like ceiling: DLAC's bytes per table and direction, no codec
+                sent = cfg["null_bytes"][rank]
+                install_null_codec(group, sent["forward"], sent["backward"] if variant.backward == "dlac" else None)
             if variant.classes:
                 # The callback's table-wise level without Lightning: measure the warm-up steps' chunks, classify
                 # (statistics reduced over ranks, so every rank picks the same bounds), apply.
@@ -171,10 +188,6 @@ def _train_rank(rank: int, world_size: int, variant_name: str, cfg: dict[str, An
                 calibrator = Calibrator(settings, all_reduce, all_gather_object)
                 calibrator.begin()
                 group.set_observer(calibrator.observe)
-        zero_same = None
-        if variant.kind == "zero_same":
-            same = cfg["same_bytes"]
-            (zero_same,) = _install_zero_cost_same_bytes(model, same["fwd"], same["bwd"])
         dense_opt = torch.optim.Adagrad(dense_parameters(model), lr=dlrm.hparams.learning_rate)
         loss_fn = torch.nn.BCEWithLogitsLoss()
         local_dim = sum(dims[n] for mp in plan.plan.values() for n, spec in mp.items() if rank in (spec.ranks or []))
@@ -188,8 +201,6 @@ def _train_rank(rank: int, world_size: int, variant_name: str, cfg: dict[str, An
             if i == warmup:
                 dist.barrier()
                 warm = group.stats() if group else None  # counters only grow: the timed steps are the difference
-                if zero_same is not None:
-                    zero_same.sent = {"fwd": 0, "bwd": 0}
                 for c in (fwd_codec, bwd_codec):
                     if c is not None:
                         c.reset()
@@ -222,11 +233,10 @@ def _train_rank(rank: int, world_size: int, variant_name: str, cfg: dict[str, An
                 fwd_encode_s=stats.encode_s, fwd_exchange_s=stats.exchange_s, fwd_decode_s=stats.decode_s,
                 bwd_s=stats.backward_s, fwd_calls=stats.calls, uncompressed_calls=stats.uncompressed_calls,
                 table_bounds=bounds.table_bounds(),
-                max_error_over_bound=max(stats.table_max_error_ratio.values(), default=None),
+                max_error_over_bound=max(stats.table_max_error_ratio.values(), default=None)
+                if variant.kind == "dlac" else None,
+                bytes_per_call=bytes_per_call(stats),  # what a null-codec launch sends to stand in for this one
             )
-        elif zero_same is not None:
-            out.update(fwd_raw_bytes=raw_fwd, fwd_sent_bytes=zero_same.sent["fwd"], bwd_raw_bytes=raw_fwd,
-                       bwd_sent_bytes=zero_same.sent["bwd"], fwd_calls=steps)
         elif fwd_codec is not None:
             # TorchRec's codecs see the whole send buffer, every destination's equal share included.
             out.update(
@@ -257,8 +267,12 @@ def _summarize(variant: Variant, rate: str, per_rank: list[dict[str, Any]], cfg:
         vals = [r.get(key) for r in per_rank]
         return None if any(v is None for v in vals) else statistics.fmean(vals) / steps
 
+    def ms(key: str) -> float | None:
+        value = per_step(key)
+        return None if value is None else value * 1e3
+
     fwd_a2a_s = None
-    if variant.kind == "dlac":
+    if variant.kind in ("dlac", "null"):
         fwd_a2a_s = sum(per_step(k) for k in ("fwd_encode_s", "fwd_exchange_s", "fwd_decode_s"))
     row = dict(
         rate=rate, world_size=world, variant=variant.name, label=variant.label, median_step_ms=median_s * 1e3,
@@ -266,10 +280,8 @@ def _summarize(variant: Variant, rate: str, per_rank: list[dict[str, Any]], cfg:
         step_ms=[s * 1e3 for s in step_s], samples_per_s=world * cfg["batch_size"] / median_s,
         fwd_a2a_ms=None if fwd_a2a_s is None else fwd_a2a_s * 1e3,
         fwd_a2a_share=None if fwd_a2a_s is None else fwd_a2a_s / median_s,
-        fwd_encode_ms=None if per_step("fwd_encode_s") is None else per_step("fwd_encode_s") * 1e3,
-        fwd_exchange_ms=None if per_step("fwd_exchange_s") is None else per_step("fwd_exchange_s") * 1e3,
-        fwd_decode_ms=None if per_step("fwd_decode_s") is None else per_step("fwd_decode_s") * 1e3,
-        bwd_a2a_ms=None if per_step("bwd_s") is None else per_step("bwd_s") * 1e3,
+        fwd_encode_ms=ms("fwd_encode_s"), fwd_exchange_ms=ms("fwd_exchange_s"), fwd_decode_ms=ms("fwd_decode_s"),
+        bwd_a2a_ms=ms("bwd_s"),
         fwd_raw_bytes_per_step=per_step("fwd_raw_bytes"), fwd_sent_bytes_per_step=per_step("fwd_sent_bytes"),
         bwd_raw_bytes_per_step=per_step("bwd_raw_bytes"), bwd_sent_bytes_per_step=per_step("bwd_sent_bytes"),
         final_loss=statistics.fmean(last),
@@ -298,6 +310,26 @@ def _summarize(variant: Variant, rate: str, per_rank: list[dict[str, Any]], cfg:
     return row
 
 
+def launch_order(variants: list[str], repeat: int) -> list[str]:
+    """The variants in the order of repeat ``repeat``: as given in even repeats, reversed in odd ones (ABBA), so a
+    drift of the machine's speed between launches hits every pair of variants from both sides."""
+    return list(variants) if repeat % 2 == 0 else list(reversed(variants))
+
+
+def _launch_median_ms(per_rank: list[dict[str, Any]]) -> float:
+    steps = len(per_rank[0]["times"])
+    return statistics.median(max(r["times"][i] for r in per_rank) for i in range(steps)) * 1e3
+
+
+def _sent_per_step(per_rank: list[dict[str, Any]], cfg: dict[str, Any]) -> dict[str, float | None]:
+    """A launch's bytes sent per step and rank, forward and backward (a ceiling launch sends its DLAC launch's)."""
+    out = {}
+    for d in ("fwd", "bwd"):
+        values = [r.get(f"{d}_sent_bytes") for r in per_rank]
+        out[d] = None if any(v is None for v in values) else statistics.fmean(values) / cfg["steps"]
+    return out
+
+
 def _inside_namespace(rate: str, variants: list[str], cfg: dict[str, Any], out: Path) -> None:
     from tests._launch import run_ranks
 
@@ -308,28 +340,36 @@ def _inside_namespace(rate: str, variants: list[str], cfg: dict[str, Any], out: 
             check=True,
         )
     # Launches drift on a shared machine (+-20% between otherwise identical launches), so each variant is launched
-    # `repeats` times in round-robin order and its steps are pooled: slow drift then hits every variant alike.
-    launches: dict[str, list[list[dict[str, Any]]]] = {name: [] for name in variants}
+    # `repeats` times, in ABBA order over the repeats, and its steps are pooled.
+    launches: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
     for rep in range(cfg["repeats"]):
-        for name in variants:
+        for position, name in enumerate(launch_order(variants, rep)):
             t0 = time.perf_counter()
             launch_cfg = cfg
-            if name == "zero_same_ratio":  # the bytes per step, per rank, of this repeat's DLAC launch
-                dlac = launches[SAME_BYTES_AS][-1]
-                launch_cfg = dict(cfg, same_bytes={
-                    d: [round(r[f"{d}_sent_bytes"] / cfg["steps"]) for r in dlac] for d in ("fwd", "bwd")})
+            source = VARIANTS[name].ceiling_of
+            if source is not None:  # the bytes per exchange, per rank and table, of the latest launch it stands for
+                latest = launches[source][-1]
+                launch_cfg = dict(cfg, null_bytes=[r["bytes_per_call"] for r in latest["per_rank"]])
+            load = os.getloadavg()[0]
             per_rank = run_ranks(_train_rank, cfg["world_size"], name, launch_cfg, timeout=cfg["timeout"])
-            launches[name].append(per_rank)
-            step_ms = statistics.median(max(r["times"][i] for r in per_rank) for i in range(cfg["steps"])) * 1e3
-            print(f"  [{rate}] {name} (launch {rep + 1}/{cfg['repeats']}): {step_ms:.0f} ms/step"
-                  f" ({time.perf_counter() - t0:.0f} s)", flush=True)
-    rows = [_summarize(VARIANTS[name], rate, _pool(launches[name]), cfg) for name in variants]
-    for name, row in zip(variants, rows):
-        steps = cfg["steps"]
-        row["launch_median_ms"] = [
-            statistics.median(max(r["times"][i] for r in per_rank) for i in range(steps)) * 1e3
-            for per_rank in launches[name]
-        ]
+            launches[name].append(dict(repeat=rep, position=position, loadavg_1m=load,
+                                       bytes_from=None if source is None else dict(variant=source,
+                                                                                  repeat=latest["repeat"]),
+                                       median_ms=_launch_median_ms(per_rank), sent=_sent_per_step(per_rank, cfg),
+                                       per_rank=per_rank))
+            print(f"  [{rate}] {name} (repeat {rep + 1}/{cfg['repeats']}): {launches[name][-1]['median_ms']:.0f}"
+                  f" ms/step ({time.perf_counter() - t0:.0f} s)", flush=True)
+    rows = []
+    for name in variants:
+        row = _summarize(VARIANTS[name], rate, _pool([launch["per_rank"] for launch in launches[name]]), cfg)
+        row["launch_median_ms"] = [launch["median_ms"] for launch in launches[name]]
+        # The raw step times of every launch (per rank), and where each ran in the order.
+        row["launches"] = [dict(repeat=launch["repeat"], position=launch["position"],
+                                loadavg_1m=launch["loadavg_1m"], bytes_from=launch["bytes_from"],
+                                median_ms=launch["median_ms"], sent_bytes_per_step=launch["sent"],
+                                step_s_per_rank=[r["times"] for r in launch["per_rank"]])
+                           for launch in launches[name]]
+        rows.append(row)
     out.write_text(json.dumps(rows))
 
 
@@ -351,79 +391,97 @@ def _pool(launches: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Parent: one namespace per rate, then the tables
+# Parent: one namespace per rate, then the ratios, the targets and the checks
+
+
+def paired(rows: list[dict[str, Any]], rate: str, variant: str, reference: str) -> tuple[float, list[float]] | None:
+    """Speed of ``variant`` relative to ``reference`` at ``rate``: the pooled medians' ratio (reference step /
+    variant step: above 1 is faster) and the same per repeat, from the launches of the same repeat."""
+    at = {r["variant"]: r for r in rows if r["rate"] == rate}
+    if variant not in at or reference not in at:
+        return None
+    a, b = at[variant], at[reference]
+    pooled = b["median_step_ms"] / a["median_step_ms"]
+    return pooled, [y / x for x, y in zip(a["launch_median_ms"], b["launch_median_ms"])]
+
+
+def speedups(rows: list[dict[str, Any]]) -> None:
+    """Every row's speed against FP32 at its rate: pooled, with the per-repeat range (in place)."""
+    for r in rows:
+        found = paired(rows, r["rate"], r["variant"], "fp32")
+        if found is not None:
+            r["speedup_vs_fp32"], r["speedup_vs_fp32_per_repeat"] = found
+
+
+def ceiling_checks(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Benchmark errors: a launch of a DLAC variant faster than its ceiling (the null-codec launch of the same
+    repeat) by more than ``CEILING_TOLERANCE``. The ceiling leaves out only codec time, so that cannot happen
+    unless something other than the codec differs between them (noise of this size included)."""
+    errors = []
+    for row in rows:
+        source = VARIANTS[row["variant"]].ceiling_of
+        if source is None:
+            continue
+        dlac = next((r for r in rows if r["rate"] == row["rate"] and r["variant"] == source), None)
+        if dlac is None:
+            continue
+        for rep, (d, c) in enumerate(zip(dlac["launch_median_ms"], row["launch_median_ms"])):
+            if d < (1 - CEILING_TOLERANCE) * c:
+                errors.append(dict(rate=row["rate"], variant=source, ceiling=row["variant"], repeat=rep,
+                                   launch_ms=d, ceiling_ms=c, message=(
+                                       f"{row['rate']}, repeat {rep + 1}: {source} took {d:.0f} ms per step, its"
+                                       f" ceiling {c:.0f} ms ({1 - d / c:.0%} faster than a ceiling that leaves"
+                                       " out only codec time): a benchmark error, not a result")))
+    return errors
+
+
+def judge_targets(rows: list[dict[str, Any]], errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The TARGETS whose variants ran, judged by the rule; a ceiling target is not judged where a launch beat its
+    ceiling (a benchmark error)."""
+    out = []
+    for rate, name, variant, reference, threshold, kind in TARGETS:
+        found = paired(rows, rate, variant, reference)
+        if found is None:
+            continue
+        pooled, per_repeat = found  # for a ceiling: its step over DLAC's, the fraction of the ceiling's speed
+        verdict = judge(name, pooled, per_repeat, threshold, rate=rate, variant=variant, reference=reference)
+        verdict["invalid"] = kind == "ceiling" and any(e["rate"] == rate and e["variant"] == variant for e in errors)
+        if verdict["invalid"]:
+            verdict["met"] = False
+        out.append(verdict)
+    return out
 
 
 def _fmt_bytes(n: float | None) -> str:
     return "-" if n is None else f"{n / 2**20:.1f}"
 
 
-def _spread(row: dict[str, Any]) -> str:
-    meds = row.get("launch_median_ms") or []
-    return f"{min(meds):.0f}-{max(meds):.0f}" if len(meds) > 1 else "-"
+def _spread(values: list[float], fmt: str = ".0f") -> str:
+    return f"{min(values):{fmt}}-{max(values):{fmt}}" if len(values) > 1 else "-"
 
 
-def _table(rows: list[dict[str, Any]]) -> list[str]:
+def table(rows: list[dict[str, Any]]) -> list[str]:
+    """The markdown table of a results file's rows."""
     lines = [
-        "| rate | variant | median step ms | launch medians ms | samples/s | speedup vs FP32 | fwd a2a share |"
+        "| rate | variant | median step ms | launch medians ms | speedup vs FP32 (per repeat) | fwd a2a share |"
         " fwd MiB/step raw -> sent (ratio) | bwd MiB/step sent | final loss |",
-        "|---|---|---:|---:|---:|---:|---:|---|---:|---:|",
+        "|---|---|---:|---:|---:|---:|---|---:|---:|",
     ]
-    base = {r["rate"]: r["median_step_ms"] for r in rows if r["variant"] == "fp32"}
     for r in rows:
-        speedup = f"{base[r['rate']] / r['median_step_ms']:.2f}x" if r["rate"] in base else "-"
+        speedup = "-"
+        if r["variant"] == "fp32":
+            speedup = "1.00x"
+        elif r.get("speedup_vs_fp32") is not None:
+            reps = r["speedup_vs_fp32_per_repeat"]
+            speedup = f"{r['speedup_vs_fp32']:.2f}x" + (f" ({_spread(reps, '.2f')})" if len(reps) > 1 else "")
         share = "-" if r["fwd_a2a_share"] is None else f"{100 * r['fwd_a2a_share']:.0f}%"
         lines.append(
-            f"| {r['rate']} | {r['label']} | {r['median_step_ms']:.0f} | {_spread(r)} | {r['samples_per_s']:.0f}"
-            f" | {speedup}"
-            f" | {share} |"
+            f"| {r['rate']} | {r['label']} | {r['median_step_ms']:.0f} | {_spread(r['launch_median_ms'])} |"
+            f" {speedup} | {share} |"
             f" {_fmt_bytes(r['fwd_raw_bytes_per_step'])} -> {_fmt_bytes(r['fwd_sent_bytes_per_step'])}"
             f" ({r['fwd_ratio']:.1f}x) | {_fmt_bytes(r['bwd_sent_bytes_per_step'])} | {r['final_loss']:.4f} |"
         )
     return lines
-
-
-def _ceiling_lines(rows: list[dict[str, Any]]) -> list[str]:
-    """DLAC both directions against the zero-cost stand-in with its bytes (its ceiling), and the overlapped exchange
-    against the synchronous one, per rate: ratios of median step times (and of the per-launch medians, paired by
-    repeat: the two launches of a pair ran back to back)."""
-    lines = []
-    for rate in dict.fromkeys(r["rate"] for r in rows):
-        at = {r["variant"]: r for r in rows if r["rate"] == rate}
-        for name, ref, what in (("dlac_dlac", "zero_same_ratio", "fraction of the same-bytes zero-cost ceiling"),
-                                ("dlac_dlac", "dlac_dlac_sync", "overlapped / synchronous speed")):
-            if name in at and ref in at:
-                pooled = at[ref]["median_step_ms"] / at[name]["median_step_ms"]
-                paired = [b / a for a, b in zip(at[name]["launch_median_ms"], at[ref]["launch_median_ms"])]
-                at[name][f"vs_{ref}"] = pooled
-                spread = f" (per repeat {min(paired):.2f}-{max(paired):.2f})" if len(paired) > 1 else ""
-                lines.append(f"- {rate}: {at[name]['label']}: {what} {pooled:.2f}{spread}")
-        auto, fixed = at.get("dlac_auto"), at.get("dlac_bf16")
-        if auto is not None and auto.get("check_overhead") is not None:
-            versus = (f"; mean step speed {fixed['mean_step_ms'] / auto['mean_step_ms']:.2f}x of fixed compression's"
-                      " (DLAC fwd + BF16 bwd, other launches)" if fixed is not None else "")
-            lines.append(f"- {rate}: compress=auto: its {len(auto['uncompressed_steps'])} uncompressed steps of"
-                         f" {len(auto['step_ms'])} cost {auto['check_overhead']:+.1%} over its compressed steps"
-                         f" (the same launches' fixed compression){versus}")
-    return lines
-
-
-def _write_markdown(path: Path, rows: list[dict[str, Any]], command: str, cfg: dict[str, Any]) -> None:
-    write_generated_block(path, *MARKDOWN_BLOCKS[cfg.get("model", "dlrm")], [
-        f"Command: `{command}`",
-        "",
-        f"Machine: {os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}),"
-        f" {cfg.get('world_size', 2)} gloo ranks, one"
-        f" thread each; torch {torch.__version__}. Batch {cfg['batch_size']} per rank; each variant launched"
-        f" {cfg['repeats']} time(s), round-robin over the variants, {cfg['steps']} timed steps after"
-        f" {cfg['warmup']} warm-up steps per launch; median over all timed steps (per step, the slower rank), and"
-        " the range of the per-launch medians. Bytes are per rank per step, to the other ranks (the rows a rank"
-        " keeps for itself are a local copy: DLAC neither encodes nor sends them).",
-        "",
-        *_table(rows),
-        "",
-        *_ceiling_lines(rows),
-    ])
 
 
 def main() -> None:
@@ -432,8 +490,8 @@ def main() -> None:
                         help="comma-separated tc rates (e.g. 1gbit, 500mbit) or 'unthrottled'")
     parser.add_argument("--steps", type=int, default=8, help="timed steps per variant")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps before them")
-    parser.add_argument("--repeats", type=int, default=1,
-                        help="launches per variant, round-robin over the variants; their steps are pooled")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="launches per variant, in ABBA order over the repeats; their steps are pooled")
     parser.add_argument("--batch-size", type=int, default=4096, help="samples per rank per step")
     parser.add_argument("--world-size", type=int, default=2,
                         help="ranks per launch (they share the throttled loopback: its rate is for all of them)")
@@ -441,14 +499,12 @@ def main() -> None:
     parser.add_argument("--model", choices=MODELS, default="dlrm",
                         help="dlrm: dot interactions, dim 64, one-hot; dlrm_v2: MLPerf DLRM v2 (DCN, dim 128,"
                         " multi-hot)")
-    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {list(VARIANTS)}")
+    parser.add_argument("--variants", default="fp32,qcomm_int8_fp16,dlac_bf16,dlac_dlac,ceiling_dlac_dlac,dlac_auto",
+                        help=f"comma-separated subset of {list(VARIANTS)}")
     parser.add_argument("--fallback-check-every", type=int, default=64,
-                        help="dlac_auto: exchanges between checks of the way not taken (the library's default 64;"
-                             " a short launch sees a check only with a small value, e.g. 4 for 8 steps)")
-    parser.add_argument("--timeout", type=float, default=900.0, help="seconds a 2-rank launch may take")
+                        help="dlac_auto: exchanges between checks of the way not taken (the library's default 64)")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds a launch may take")
     parser.add_argument("--json-out", type=Path, default=REPO / "benchmarks/results/e2e_bandwidth.json")
-    parser.add_argument("--markdown-out", type=Path, default=None,
-                        help=f"markdown file whose '{SECTION}' section gets the table (e.g. docs/benchmarks.md)")
     parser.add_argument("--_inside", default=None, help=argparse.SUPPRESS)  # rate, when re-executed in a namespace
     parser.add_argument("--_rows-out", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -461,11 +517,12 @@ def main() -> None:
         parser.error("--steps and --batch-size must be >= 1, --warmup >= 0")
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")
-    if "zero_same_ratio" in variants:  # launched right after the DLAC launch whose bytes it sends
-        if SAME_BYTES_AS not in variants:
-            parser.error(f"zero_same_ratio sends what {SAME_BYTES_AS} sent in the same repeat: add {SAME_BYTES_AS}")
-        variants.remove("zero_same_ratio")
-        variants.insert(variants.index(SAME_BYTES_AS) + 1, "zero_same_ratio")
+    for name in [v for v in variants if VARIANTS[v].ceiling_of]:  # launched right after what it stands for
+        source = VARIANTS[name].ceiling_of
+        if source not in variants:
+            parser.error(f"{name} sends the bytes of the latest {source} launch: add {source} to --variants")
+        variants.remove(name)
+        variants.insert(variants.index(source) + 1, name)
     if "dlac_classes" in variants and args.warmup < 1:
         parser.error("dlac_classes calibrates its per-table bounds on the warm-up steps: give --warmup >= 1")
     if args.fallback_check_every < 1:
@@ -474,12 +531,14 @@ def main() -> None:
         parser.error("--world-size must be >= 2 (the all-to-all needs another rank)")
     cfg = dict(batch_size=args.batch_size, steps=args.steps, warmup=args.warmup, max_rows=args.max_rows,
                world_size=args.world_size, model=args.model, fallback_check_every=args.fallback_check_every,
-               timeout=args.timeout, repeats=args.repeats)
+               timeout=args.timeout, repeats=args.repeats, variants=variants, order="ABBA (reversed every other"
+               " repeat)", ceiling_tolerance=CEILING_TOLERANCE)
 
     if args._inside is not None:
         _inside_namespace(args._inside, variants, cfg, args._rows_out)
         return
 
+    metadata = start_run("benchmarks/e2e_bandwidth.py", vars(args))
     rates = [r.strip() for r in args.rates.split(",") if r.strip()]
     for r in rates:
         if r != "unthrottled" and not re.fullmatch(r"\d+(\.\d+)?([kmg]?bit|[kmg]?bps)", r):
@@ -493,7 +552,6 @@ def main() -> None:
     if not native_available():
         print("warning: the native DLAC codec did not build; the DLAC variants run the (slow) reference codec.")
 
-    command = "python benchmarks/e2e_bandwidth.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     rows: list[dict[str, Any]] = []
     for rate in rates:
         print(f"rate {rate}: {len(variants)} variant(s) in a private network namespace", flush=True)
@@ -506,14 +564,19 @@ def main() -> None:
             if proc.returncode != 0:
                 sys.exit(f"rate {rate} failed (exit code {proc.returncode}); see the output above.")
 
+    speedups(rows)
+    errors = ceiling_checks(rows)
+    targets = judge_targets(rows, errors)
     print()
-    print("\n".join(_table(rows)))
-    print("\n".join(_ceiling_lines(rows)))
-    write_results(args.json_out, command, cfg, rows)
+    print("\n".join(table(rows)))
+    for t in targets:
+        reps = ", ".join(f"{v:.2f}" for v in t["per_repeat"])
+        print(f"{'MET    ' if t['met'] else 'NOT MET'} {t['rate']}: {t['target']}: {t['pooled']:.2f} pooled,"
+              f" per repeat {reps}")
+    for e in errors:
+        print(f"BENCHMARK ERROR {e['message']}")
+    write_results(args.json_out, metadata, cfg, rows, targets=targets, errors=errors)
     print(f"\nwrote {args.json_out}")
-    if args.markdown_out is not None:
-        _write_markdown(args.markdown_out, rows, command, cfg)
-        print(f"wrote the table into {args.markdown_out}")
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ InfiniBand per GPU, with the ratios measured here.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -36,7 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from _report import write_results  # noqa: E402 - beside this script
+from _report import load_results, start_run, write_results  # noqa: E402 - beside this script
 
 from lightning_dlac.estimate import (  # noqa: E402
     METHOD_LABELS,
@@ -90,10 +89,11 @@ def cast_gb_s(batch: int, repeats: int = 5) -> float:
 def _rows(paths: list[Path]) -> list[dict[str, Any]]:
     rows = []
     for path in paths:
-        data = json.loads(path.read_text())
-        for row in data["results"] if isinstance(data, dict) else data:
+        data = load_results(path)
+        for row in data["results"]:
             row = dict(row)
             row.setdefault("world_size", 2)
+            row["batch"] = data["config"].get("batch_size")  # the run's samples per rank (else --batch)
             row["source"] = path.name
             rows.append(row)
     return rows
@@ -114,7 +114,8 @@ def calibrate(rows: list[dict[str, Any]], world: int, rate: str, args: argparse.
     loop = Link(RATE_GBIT.get(rate, args.loopback_gbit), args.latency_us, "shared")
     raw = fwd["fwd_raw_bytes_per_step"]
     codec_probe = Codec(1.0, 1.0, 1.0, 1.0, cast_gb_s=cast)
-    base = Workload(args.batch, DIMS, 0.0, params)
+    batch = fwd.get("batch") or args.batch
+    base = Workload(batch, DIMS, 0.0, params)
     # Compute: the DLAC-both-directions step minus its exchanges' phase times (measured by the exchange itself) and
     # the modelled dense all-reduce. FP32's exchanges are not timed by phase, so subtracting them would rest on the
     # link model at the calibration rate, where the tc-throttled loopback delivers less than its nominal rate (CPU
@@ -131,7 +132,7 @@ def calibrate(rows: list[dict[str, Any]], world: int, rate: str, args: argparse.
                      world).parts["backward_wire_ms"]
     codec_b_ms = max(both["bwd_a2a_ms"] - wire_b, 1e-3)
     rate_b = 2 * both["bwd_raw_bytes_per_step"] / (codec_b_ms * 1e-3) / 1e9
-    workload = Workload(args.batch, DIMS, compute, params)
+    workload = Workload(batch, DIMS, compute, params)
     return workload, Codec(ratio_f, ratio_b, enc, dec, rate_b, rate_b, cast)
 
 
@@ -207,7 +208,8 @@ def _projection_table(rows: list[dict[str, Any]]) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("results", type=Path, nargs="+", help="e2e_bandwidth.py JSON results")
-    parser.add_argument("--batch", type=int, default=4096, help="samples per rank of those runs")
+    parser.add_argument("--batch", type=int, default=4096,
+                        help="samples per rank of the projection (and of runs whose file does not say)")
     parser.add_argument("--loopback-gbit", type=float, default=16.0, help="unthrottled loopback rate here, Gbit/s")
     parser.add_argument("--latency-us", type=float, default=50.0, help="gloo message cost on loopback, microseconds")
     parser.add_argument("--gpu-compute-ms", type=float, default=5.0,
@@ -220,6 +222,7 @@ def main() -> None:
     parser.add_argument("--ib-latency-us", type=float, default=2.0, help="per-message cost, 400 Gbit/s InfiniBand")
     parser.add_argument("--json-out", type=Path, default=REPO / "benchmarks/results/scaling_model.json")
     args = parser.parse_args()
+    metadata = start_run("benchmarks/scaling_model.py", vars(args))
     missing = [p for p in args.results if not p.is_file()]
     if missing:
         parser.error(f"no such results file(s): {[str(p) for p in missing]}; run benchmarks/e2e_bandwidth.py first")
@@ -245,9 +248,8 @@ def main() -> None:
     print(f"projection: ratios {ratios[0]:.1f}x forward / {ratios[1]:.1f}x gradients (measured here, 2 ranks),"
           f" compute {args.gpu_compute_ms:g} ms per step (assumed)")
     print("\n".join(_projection_table(projected)))
-    command = "python benchmarks/scaling_model.py " + " ".join(sys.argv[1:])
     config = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
-    write_results(args.json_out, command, config | {"results": [str(p) for p in args.results]},
+    write_results(args.json_out, metadata, config | {"results": [str(p) for p in args.results]},
                   {"validation": checked, "projection": projected, "cast_gb_s": cast, "dense_params": params})
     print(f"\nwrote {args.json_out}")
 

@@ -29,7 +29,7 @@ from torchrec.distributed.types import Awaitable
 from lightning_dlac.comm import exchange
 from lightning_dlac.comm.collectives import all_reduce
 from lightning_dlac.comm.config import BackwardCompression, CompressionConfig
-from lightning_dlac.comm.exchange import BackwardInFlight, Layout, offsets
+from lightning_dlac.comm.exchange import BackwardInFlight, Impl, Layout, offsets
 from lightning_dlac.comm.fallback import FallbackCall, UncompressedFallback
 from lightning_dlac.comm.recorder import BoundSource, Ready, RecordedExchange
 from lightning_dlac.comm.timing import PhaseTimer
@@ -86,6 +86,10 @@ class CompressedPooledEmbeddingsAllToAll(RecordedExchange):
     Attributes:
         recorder: Statistics, timing, record switch and observer (:class:`~lightning_dlac.comm.recorder.Recorder`);
             its observer sees every (destination rank, local table) chunk of a forward exchange on the record.
+        forward_impl: The codec of the forward exchange: ``config.impl``, or a stand-in
+            :class:`~lightning_dlac.comm.exchange.ChunkCodec` (the benchmarks' null codec,
+            :func:`~lightning_dlac.comm.null_codec.install_null_codec`, puts one here).
+        backward_impl: The same for a DLAC-compressed gradient exchange.
     """
 
     def __init__(
@@ -106,6 +110,8 @@ class CompressedPooledEmbeddingsAllToAll(RecordedExchange):
         self._fallback = UncompressedFallback(config.fallback_check_every, self._slowest) if config.auto_fallback \
             else None
         self._timed: FallbackCall | None = None  # the fallback's timed call whose time is being summed
+        self.forward_impl: Impl = config.impl
+        self.backward_impl: Impl = config.impl
 
     @property
     def overlapped(self) -> bool:
@@ -170,7 +176,7 @@ class CompressedPooledEmbeddingsAllToAll(RecordedExchange):
                     return exchange.finish_forward_uncompressed(flight, batch_size_per_rank, layout)
         else:
             with timer.phase("encode_s", "dlac encode"):
-                encoded = exchange.encode_for_others(x, row_splits, layout, eps, self._config.impl)
+                encoded = exchange.encode_for_others(x, row_splits, layout, eps, self.forward_impl)
             with timer.phase("exchange_s", "dlac exchange"):
                 flight, recv_sizes = exchange.start_forward(encoded, layout, self._pg)
             own = x[row_splits[layout.rank] : row_splits[layout.rank + 1]]
@@ -186,7 +192,7 @@ class CompressedPooledEmbeddingsAllToAll(RecordedExchange):
                 with timer.phase("exchange_s", "dlac exchange"):
                     received = flight.wait()
                 with timer.phase("decode_s", "dlac decode"):
-                    return exchange.decode_from_others(received, recv_sizes, own, layout, self._config.impl)
+                    return exchange.decode_from_others(received, recv_sizes, own, layout, self.forward_impl)
 
         call.finish = finish
 
@@ -220,13 +226,14 @@ class CompressedPooledEmbeddingsAllToAll(RecordedExchange):
         with call.timer.phase("backward_s", f"dlac backward ({mode})"):
             if mode is BackwardCompression.DLAC:
                 call.backward = exchange.start_backward_dlac(grad, call.batch_size_per_rank, self.layout,
-                                                             self._config.backward_eps, self._config.impl, self._pg)
+                                                             self._config.backward_eps, self.backward_impl, self._pg)
             else:
                 call.backward = exchange.start_backward_cast(grad, call.batch_size_per_rank, self.layout,
                                                              mode.wire_dtype, self._pg)
         if call.on_record:
             raw = grad.size(0) * (grad.size(1) - self.layout.dim_sums[self.layout.rank]) * 4
-            self.recorder.count_backward(raw, call.backward.sent)
+            table_sent = self._backward_table_sent(call.backward, grad.size(0))
+            self.recorder.count_backward(raw, call.backward.sent, table_sent)
             if call.ranges is not None:
                 self.recorder.observe_gradients(self._output_tables, call.ranges, grad, self._output_cols)
                 call.ranges = None
@@ -248,7 +255,7 @@ class CompressedPooledEmbeddingsAllToAll(RecordedExchange):
         assert call.backward is not None, "a gradient exchange is waited on before it was launched"
         mode = self._backward_mode(call)
         with call.timer.phase("backward_s", f"dlac backward ({mode})"):
-            out = exchange.finish_backward(call.backward, call.batch_size_per_rank, self.layout, self._config.impl)
+            out = exchange.finish_backward(call.backward, call.batch_size_per_rank, self.layout, self.backward_impl)
         call.backward = None
         if comm_ops.get_gradient_division():
             out = out / self.layout.world  # TorchRec scales embedding gradients like DDP averages dense ones
@@ -274,6 +281,22 @@ class CompressedPooledEmbeddingsAllToAll(RecordedExchange):
             return out.new_zeros(len(cols) - 1)
         return torch.stack([out[:, a:b].max() - out[:, a:b].min() if b > a else out.new_zeros(())
                             for a, b in zip(cols[:-1], cols[1:])])
+
+    def _backward_table_sent(self, pending: BackwardInFlight, rows: int) -> dict[str, int]:
+        """Payload bytes a gradient exchange sent for each table of the other ranks (it sends them their tables'
+        gradients): the chunk sizes of a DLAC exchange, rows x dim x the wire dtype's width of a cast."""
+        layout = self.layout
+        chunks = [(r, t, d) for r in range(layout.world)
+                  for t, d in zip(layout.tables_per_rank[r], layout.dims_per_rank[r])]
+        if pending.sizes is None:
+            sizes = [rows * d * pending.flight.received.element_size() for _, _, d in chunks]
+        else:  # one per (owner rank, table) in rank order, this rank's own as zeros
+            sizes = pending.sizes.tolist()
+        sent: dict[str, int] = {}
+        for (r, table, _), n in zip(chunks, sizes):
+            if r != layout.rank:
+                sent[table] = sent.get(table, 0) + int(n)
+        return sent
 
     def _slowest(self, seconds: Sequence[float]) -> list[float]:
         """The maximum over ranks of this rank's ``seconds`` (the uncompressed fallback decides from it)."""

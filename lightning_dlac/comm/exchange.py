@@ -13,6 +13,10 @@ calls the same function with the same layout.
 - :func:`start_cast`: rows sent as float32, bf16 or fp16 instead (TorchRec's fixed-size exchanges);
 - :func:`decode_chunks`: the received chunks back into one tensor.
 
+Where a wire function takes ``impl``, it is the DLAC codec implementation (``"auto"``, ``"native"``, ``"ref"``) or a
+:class:`ChunkCodec` that stands in for the codec and nothing else: the benchmarks' null codec
+(:mod:`lightning_dlac.comm.null_codec`), which sends a given number of bytes per chunk without encoding or decoding.
+
 A layout where a rank sends or receives nothing (fewer tables than ranks, an empty batch) needs no special case:
 a grid without chunks encodes to nothing and decodes to an empty tensor of the right shape.
 
@@ -39,7 +43,7 @@ import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
 import torch.distributed as dist
@@ -64,6 +68,25 @@ def rank_sums(sizes: torch.Tensor, counts: Sequence[int]) -> list[int]:
 
 
 # ---------------------------------------------------------------------- wire functions
+
+
+class ChunkCodec(Protocol):
+    """What may encode and decode the chunks of a grid in place of the DLAC codec (see :func:`encode_chunks`)."""
+
+    def encode(self, block: torch.Tensor, row_splits: list[int], col_splits: list[int], eps: torch.Tensor | float,
+               tables: tuple[str, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The uint8 payload of every (row block, column block) chunk of ``block``, row-block-major, and the int64
+        byte count of each, as ``encode_grid`` returns them."""
+        ...
+
+    def decode(self, received: torch.Tensor, sizes: torch.Tensor, row_splits: list[int], col_splits: list[int],
+               device: torch.device) -> torch.Tensor:
+        """The float32 [row_splits[-1], col_splits[-1]] tensor on ``device`` that the chunks stand for."""
+        ...
+
+
+# The codec of a wire function: a DLAC implementation name ("auto", "native", "ref") or a stand-in.
+Impl = str | ChunkCodec
 
 
 class Grid(NamedTuple):
@@ -111,24 +134,29 @@ def _has_chunks(row_splits: Sequence[int], col_splits: Sequence[int]) -> bool:
 
 
 def encode_chunks(block: torch.Tensor, row_splits: Sequence[int], col_splits: Sequence[int],
-                  eps: torch.Tensor | float, impl: str, tables: Sequence[str] = ()) -> Grid:
+                  eps: torch.Tensor | float, impl: Impl, tables: Sequence[str] = ()) -> Grid:
     """Encode every (row block, column block) chunk of ``block``, column block ``c`` with relative bound ``eps[c]``
-    (one ``encode_grid``). Without a row block or a column block there is no chunk: the payload is empty."""
+    (one ``encode_grid``; or ``impl.encode`` where ``impl`` is a :class:`ChunkCodec`). Without a row block or a column
+    block there is no chunk: the payload is empty."""
     rs, cs = list(row_splits), list(col_splits)
     if not _has_chunks(rs, cs):
         empty = torch.zeros(0, dtype=torch.uint8, device=block.device)
         return Grid(block, rs, cs, empty, torch.zeros(0, dtype=torch.int64, device=block.device), tuple(tables))
+    if not isinstance(impl, str):
+        return Grid(block, rs, cs, *impl.encode(block, rs, cs, eps, tuple(tables)), tuple(tables))
     return Grid(block, rs, cs, *encode_grid(block, rs, cs, eps=eps, impl=impl), tuple(tables))
 
 
 def decode_chunks(received: torch.Tensor, sizes: torch.Tensor, row_splits: Sequence[int], col_splits: Sequence[int],
-                  impl: str, device: torch.device) -> torch.Tensor:
+                  impl: Impl, device: torch.device) -> torch.Tensor:
     """The float32 [row_splits[-1], col_splits[-1]] tensor on ``device`` that :func:`encode_chunks` chunks (their
     ``sizes``, concatenated in ``received``) were made from; empty when there is no chunk (a rank that receives
     nothing). Raises :class:`~lightning_dlac.codec.CodecError` on a bad payload."""
     if not _has_chunks(row_splits, col_splits):
         rows, cols = (row_splits[-1] if row_splits else 0), (col_splits[-1] if col_splits else 0)
         return torch.zeros(rows, cols, device=device)
+    if not isinstance(impl, str):
+        return impl.decode(received, sizes, list(row_splits), list(col_splits), device)
     return decode_grid(received, sizes, list(row_splits), list(col_splits), impl=impl).to(device)
 
 
@@ -280,7 +308,7 @@ def _join(grids: Sequence[Grid], n_local: int, dev: torch.device) -> tuple[torch
 
 
 def encode_for_others(
-    x: torch.Tensor, row_splits: list[int], layout: Layout, eps: torch.Tensor, impl: str
+    x: torch.Tensor, row_splits: list[int], layout: Layout, eps: torch.Tensor, impl: Impl
 ) -> Encoded:
     """Encode the (destination, local table) chunks of ``x`` for every rank but this one."""
     grids = []
@@ -303,7 +331,7 @@ def start_forward(encoded: Encoded, layout: Layout, pg) -> tuple[InFlight, torch
 
 
 def decode_from_others(
-    received: torch.Tensor, recv_sizes: torch.Tensor, own: torch.Tensor, layout: Layout, impl: str
+    received: torch.Tensor, recv_sizes: torch.Tensor, own: torch.Tensor, layout: Layout, impl: Impl
 ) -> torch.Tensor:
     """This rank's pooled embeddings [local batch, total dim]: the decoded columns of every other rank around
     ``own``, the exact block this rank kept."""
@@ -373,6 +401,7 @@ class BackwardInFlight(NamedTuple):
     sent: int
     recv_sizes: torch.Tensor | None  # DLAC: every source rank's chunk sizes for this rank; casts: None
     own: torch.Tensor  # this rank's own gradient block [local batch, local dim sum], never sent
+    sizes: torch.Tensor | None = None  # DLAC: bytes of each (owner rank, table) chunk sent, 0 for own; casts: None
 
 
 def start_backward_cast(grad: torch.Tensor, batch_size_per_rank: list[int], layout: Layout,
@@ -390,7 +419,7 @@ def start_backward_cast(grad: torch.Tensor, batch_size_per_rank: list[int], layo
     return BackwardInFlight(flight, sent, None, grad[:, owners[me] : owners[me + 1]])
 
 
-def start_backward_dlac(grad: torch.Tensor, batch_size_per_rank: list[int], layout: Layout, eps: float, impl: str,
+def start_backward_dlac(grad: torch.Tensor, batch_size_per_rank: list[int], layout: Layout, eps: float, impl: Impl,
                         pg) -> BackwardInFlight:
     """As :func:`start_backward_cast`, the gradients DLAC-encoded with relative bound ``eps`` (the size exchange
     runs before the payload is launched: the receive buffer's size depends on it)."""
@@ -403,16 +432,17 @@ def start_backward_dlac(grad: torch.Tensor, batch_size_per_rank: list[int], layo
     grids = []
     for lo, hi in layout.ranges_around():
         dims = [d for r in range(lo, hi) for d in layout.dims_per_rank[r]]
-        grids.append(encode_chunks(grad[:, owners[lo] : owners[hi]], [0, b_me], offsets(dims), eps, impl))
+        tables = [t for r in range(lo, hi) for t in layout.tables_per_rank[r]]
+        grids.append(encode_chunks(grad[:, owners[lo] : owners[hi]], [0, b_me], offsets(dims), eps, impl, tables))
     payload, sizes = _join(grids, n_local, grad.device)
     recv_sizes = exchange_sizes(sizes, counts, [n_local] * world, pg)
     flight = start_payload(payload, rank_sums(sizes, counts), rank_sums(recv_sizes, [n_local] * world), pg)
     sent = int(payload.numel()) + (sizes.numel() - n_local) * 8
-    return BackwardInFlight(flight, sent, recv_sizes, grad[:, owners[me] : owners[me + 1]])
+    return BackwardInFlight(flight, sent, recv_sizes, grad[:, owners[me] : owners[me + 1]], sizes)
 
 
 def finish_backward(pending: BackwardInFlight, batch_size_per_rank: list[int], layout: Layout,
-                    impl: str) -> torch.Tensor:
+                    impl: Impl) -> torch.Tensor:
     """Wait for a gradient exchange that :func:`start_backward_cast` or :func:`start_backward_dlac` launched; return
     this rank's gradient of ``local_embs`` ([sum of batch sizes, local dim sum], float32)."""
     me = layout.rank

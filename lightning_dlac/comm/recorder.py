@@ -192,12 +192,15 @@ class Recorder:
             s.table_raw_bytes[name] = s.table_raw_bytes.get(name, 0) + int(raw)
             s.table_sent_bytes[name] = s.table_sent_bytes.get(name, 0) + int(table)
 
-    def count_backward(self, raw: int, sent: int) -> None:
-        """Count one gradient exchange: ``raw`` float32 bytes stood for, ``sent`` bytes sent to other ranks."""
+    def count_backward(self, raw: int, sent: int, table_sent: Mapping[str, int] | None = None) -> None:
+        """Count one gradient exchange: ``raw`` float32 bytes stood for, ``sent`` bytes sent to other ranks (payload
+        and size exchange), and per table the payload bytes sent for it (``table_sent``, where known)."""
         s = self._stats
         s.backward_calls += 1
         s.backward_raw_bytes += int(raw)
         s.backward_sent_bytes += int(sent)
+        for name, n in (table_sent or {}).items():
+            s.table_backward_sent_bytes[name] = s.table_backward_sent_bytes.get(name, 0) + int(n)
 
     def check(self, grids: Sequence[Grid], eps: Mapping[str, float]) -> None:
         """After :meth:`count_forward`: count the chunks of ``grids`` that held NaN/Inf and, every ``error_every``

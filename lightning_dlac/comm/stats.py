@@ -48,6 +48,8 @@ class CommStats:
     in_step_s: float = 0.0  # of the seconds above, those timed within a step (ExchangeGroup.set_in_step)
     table_raw_bytes: dict[str, int] = _per_table()
     table_sent_bytes: dict[str, int] = _per_table()
+    # Gradient payload bytes this rank sent per table (other ranks' tables: it sends their gradients; pooled only)
+    table_backward_sent_bytes: dict[str, int] = _per_table()
     table_non_finite_chunks: dict[str, int] = _per_table()  # chunks that held NaN/Inf (the codec sent them exactly)
     table_max_error_ratio: dict[str, float] = _per_table("max")  # largest observed |x - x_hat| / bound
 

@@ -1,0 +1,570 @@
+"""Render the figures of README.md and docs/benchmarks.md from the results files.
+
+Every figure block in those files sits between ``<!-- BEGIN render:NAME -->`` and ``<!-- END render:NAME -->`` and
+is this script's output for block NAME: made from the results files it names (benchmarks/results/*.json, written by
+the benchmark scripts; ``make bench-quick`` / ``make bench`` run them), or, while a file is missing, a line saying
+which command writes it. Text outside the markers is written by hand and kept.
+
+    python benchmarks/render.py                  # rewrite the blocks in place from benchmarks/results/
+    python benchmarks/render.py --check          # exit 1 if a block differs from what the files give
+    python benchmarks/render.py --results DIR --out DIR/rendered   # render copies from other results
+
+After rendering it prints every judged target and every benchmark error in the results it used, and exits with
+status 3 when a file records a benchmark error (e.g. a DLAC launch faster than its own ceiling), so a run that
+produced one cannot pass for a clean one. tests/test_figures.py checks that the committed blocks agree with the
+committed results files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+from _report import RULE, judge, load_results, span, verdict_text  # noqa: E402 - beside this script
+
+DOCS = ("README.md", "docs/benchmarks.md")
+BLOCK = re.compile(r"<!-- BEGIN render:(?P<name>[\w-]+) -->\n(?P<body>.*?)<!-- END render:(?P=name) -->", re.S)
+
+
+class Results:
+    """The results files of one directory, loaded once each; ``used`` collects those the blocks read."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = Path(directory)
+        resolved = self.directory.resolve()
+        self.shown = str(resolved.relative_to(REPO)) if resolved.is_relative_to(REPO) else str(resolved)
+        self._cache: dict[str, dict[str, Any] | None] = {}
+        self.used: set[str] = set()
+
+    def get(self, name: str) -> dict[str, Any] | None:
+        if name not in self._cache:
+            path = self.directory / name
+            self._cache[name] = load_results(path) if path.is_file() else None
+        if self._cache[name] is not None:
+            self.used.add(name)
+        return self._cache[name]
+
+
+@dataclass(frozen=True)
+class Block:
+    """A rendered block: the results files it reads (all needed unless ``optional``) and what makes its lines."""
+
+    files: tuple[str, ...]
+    render: Callable[..., list[str]]
+    optional: tuple[str, ...] = ()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Shared pieces
+
+
+def _short(commit: str | None) -> str:
+    return commit[:10] if commit else "not recorded"
+
+
+def source_line(name: str, data: dict[str, Any], where: str = "benchmarks/results") -> str:
+    """Where a block's figures come from: the file, the commit, date, machine, load and depth of the run."""
+    m = data["metadata"]
+    if m.get("legacy"):
+        torch = m.get("versions", {}).get("torch", "?")
+        return (f"From `{where}/{name}` (written before results files carried their metadata; command:"
+                f" `{m.get('command')}`; {m.get('cores', '?')} cores, torch {torch}).")
+    load = ""
+    if m.get("loadavg_before") and m.get("loadavg_after"):
+        load = f", load average {m['loadavg_before'][0]:.1f} before and {m['loadavg_after'][0]:.1f} after"
+    depth = f", `make bench{'' if m.get('depth') == 'full' else '-' + m['depth']}`" if m.get("depth") else ""
+    versions = m.get("versions", {})
+    dirty = " (with local changes)" if m.get("git_dirty") else ""
+    return (f"From `{where}/{name}`: commit {_short(m.get('git_commit'))}{dirty}, {m.get('date')},"
+            f" {m.get('cores')} cores ({m.get('cpu', '?')}){load}{depth}; torch {versions.get('torch', '?')},"
+            f" torchrec {versions.get('torchrec', '?')}, lightning {versions.get('lightning', '?')}. Command:"
+            f" `{m.get('command')}`.")
+
+
+def awaiting(files: list[str], short: bool = False) -> list[str]:
+    """The block's text while results files are missing: which command writes each (``short``: one clause, for a
+    part of a block)."""
+    from suite import depth_writing
+
+    commands = {"quick": "make bench-quick", "full": "make bench"}
+    by_command: dict[str, list[str]] = {}
+    for f in files:
+        by_command.setdefault(commands.get(depth_writing(f), "its benchmark script"), []).append(f)
+    parts = [f"`{cmd}` ({', '.join(f'`benchmarks/results/{f}`' for f in names)})" for cmd, names in by_command.items()]
+    if short:
+        return [f"(Further figures awaiting {' and '.join(parts)}.)"]
+    return [f"*Awaiting {' and '.join(parts)}: these figures are rendered from those results files, which are not"
+            " committed yet. Until then nothing here is presented as measured.*"]
+
+
+def _x(v: float | None, fmt: str = ".2f") -> str:
+    return "-" if v is None else f"{v:{fmt}}x"
+
+
+def _range(values: list[float], fmt: str = ".2f") -> str:
+    return span(values, fmt) if values else "-"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# docs/benchmarks.md
+
+
+def rule(results: Results) -> list[str]:
+    return [f"**The rule for every \"met\" on this page and in the README: {RULE}** A *repeat* is one launch of each"
+            " variant in a run that alternates their order (ABBA); a ratio is reported as the pooled medians' ratio"
+            " with the range of the per-repeat ratios. Figures without repeats (compression ratios, which the same"
+            " input always gives) are judged on their one value; codec speeds on the timed calls."]
+
+
+def codec(results: Results) -> list[str]:
+    import codec_bench
+
+    data = results.get("codec_bench.json")
+    return [source_line("codec_bench.json", data, results.shown), "", *codec_bench.markdown(data)]
+
+
+def _codec_rows(data: dict[str, Any], payload: str) -> dict[tuple[str, Any], dict[str, Any]]:
+    return {(r["method"], r["eps"]): r for r in data["results"] if r["payload"] == payload}
+
+
+def dlrm_v2_codec(results: Results) -> list[str]:
+    data = results.get("codec_bench.json")
+    lines = [source_line("codec_bench.json", data, results.shown), "",
+             "| payload | method | eps | ratio | err/eb | enc 1t GB/s | dec 1t GB/s | modes |",
+             "|---|---|---|---:|---:|---:|---:|---|"]
+    found = False
+    for r in data["results"]:
+        if not r["payload"].startswith("dlrm_v2") or r["method"].startswith("memcpy"):
+            continue
+        found = True
+        modes = " ".join(f"{k}:{v}" for k, v in r.get("modes", {}).items())
+        err = "-" if r.get("max_err_over_eb") is None else f"{r['max_err_over_eb']:.3f}"
+        enc = "-" if r.get("enc_gbps_1t") is None else f"{r['enc_gbps_1t']:.2f}"
+        dec = "-" if r.get("dec_gbps_1t") is None else f"{r['dec_gbps_1t']:.2f}"
+        lines.append(f"| {r['payload']} | {r['method']} | {r['eps'] if r['eps'] is not None else '-'} |"
+                     f" {r['ratio']:.2f} | {err} | {enc} | {dec} | {modes} |")
+    if not found:
+        return [source_line("codec_bench.json", data, results.shown), "",
+                "This run had no DLRM v2 payloads (`--no-dlrm-v2`)."]
+    targets = [t for t in data.get("targets", []) if t["payload"].startswith("dlrm_v2") and t["eps"] == 0.03
+               and "GB/s" not in t["target"]]
+    lines += ["", "Issue 14's codec targets at eps 0.03:"]
+    lines += [f"- {t['payload']}: {t['target']}: {verdict_text(t)}" for t in targets]
+    return lines
+
+
+def _e2e_rows(results: Results, *names: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
+                                                        list[dict[str, Any]], list[str]]:
+    rows, targets, errors, sources = [], [], [], []
+    for name in names:
+        data = results.get(name)
+        if data is None:
+            continue
+        rows += data["results"]
+        targets += data.get("targets", [])
+        errors += data.get("errors", [])
+        sources.append(name)
+    return rows, targets, errors, sources
+
+
+def _ceiling_lines(rows: list[dict[str, Any]]) -> list[str]:
+    from e2e_bandwidth import VARIANTS, paired
+
+    lines = []
+    for r in rows:
+        source = VARIANTS.get(r["variant"]).ceiling_of if r["variant"] in VARIANTS else None
+        found = paired(rows, r["rate"], source, r["variant"]) if source else None
+        if found:
+            pooled, reps = found
+            dlac = _pick(rows, r["rate"], source)
+            lines.append(f"- {r['rate']}: {VARIANTS[source].label} runs at {pooled:.2f} of its ceiling's speed"
+                         f" (per repeat {_range(reps)}); per step forward / backward the ceiling sent"
+                         f" {r['fwd_sent_bytes_per_step'] / 2**20:.3f} / {r['bwd_sent_bytes_per_step'] / 2**20:.3f}"
+                         f" MiB, DLAC {dlac['fwd_sent_bytes_per_step'] / 2**20:.3f} /"
+                         f" {dlac['bwd_sent_bytes_per_step'] / 2**20:.3f} MiB.")
+    return lines
+
+
+def _e2e_body(results: Results, names: tuple[str, ...]) -> list[str]:
+    from e2e_bandwidth import table
+
+    rows, targets, errors, sources = _e2e_rows(results, *names)
+    lines = []
+    for name in sources:
+        data = results.get(name)
+        cfg = data["config"]
+        lines += [source_line(name, data, results.shown), "",
+                  f"Batch {cfg['batch_size']} per rank, {cfg['world_size']} gloo ranks (one thread each), model"
+                  f" `{cfg.get('model', 'dlrm')}`; {cfg['repeats']} repeat(s) of every variant in"
+                  f" {cfg.get('order', 'round-robin')} order, {cfg['steps']} timed steps after {cfg['warmup']} warm-up"
+                  " steps per launch; median over the pooled steps (per step, the slower rank), ranges over the"
+                  " launches. Bytes are per rank and step, to other ranks.", ""]
+    lines += [*table(rows), ""]
+    lines += _ceiling_lines(rows)
+    if targets:
+        lines += ["", "Targets (the rule above):", ""]
+        lines += [f"- {t['rate']}: {t['target']}: {verdict_text(t)}" for t in targets]
+    if errors:
+        lines += ["", "**Benchmark errors in this run** (its ceiling figures are not results):", ""]
+        lines += [f"- {e['message']}" for e in errors]
+    return lines
+
+
+def e2e(results: Results) -> list[str]:
+    return _e2e_body(results, ("e2e_throttled.json", "e2e_unthrottled.json"))
+
+
+def e2e_dlrm_v2(results: Results) -> list[str]:
+    return _e2e_body(results, ("e2e_dlrm_v2.json",))
+
+
+def scaling_validation(results: Results) -> list[str]:
+    import scaling_model
+
+    data = results.get("scaling_model.json")
+    res = data["results"]
+    checked = res["validation"]
+    lines = [source_line("scaling_model.json", data, results.shown), "",
+             f"TorchRec's INT8/FP16 cast rate timed in the same run: **{res['cast_gb_s']:.2f} GB/s** (one thread);"
+             f" dense parameters {res['dense_params']:,}."]
+    for source in dict.fromkeys(r["source"] for r in checked):
+        rows = [r for r in checked if r["source"] == source]
+        errors = [abs(r["error"]) for r in rows]
+        within = sum(1 for e in errors if e <= 0.15)
+        lines += ["", f"Calibrated from and predicting `{results.shown}/{source}`: |error| median"
+                  f" {100 * statistics.median(errors):.0f}%, max {100 * max(errors):.0f}%; {within} of {len(errors)}"
+                  " predictions within the 15% target.", "", *scaling_model._validation_table(rows)]
+    return lines
+
+
+def scaling_projection(results: Results) -> list[str]:
+    import scaling_model
+
+    data = results.get("scaling_model.json")
+    return [source_line("scaling_model.json", data, results.shown), "",
+            *scaling_model._projection_table(data["results"]["projection"])]
+
+
+def adaptive(results: Results) -> list[str]:
+    import adaptive_accuracy
+
+    names = [f for f in ADAPTIVE_FILES if results.get(f) is not None]
+    rows, sources, machine = adaptive_accuracy.load_rows([results.directory / f for f in names])
+    lines = []
+    for f in names:
+        lines += [source_line(f, results.get(f), results.shown), ""]
+    return lines + adaptive_accuracy.markdown_lines(rows, sources, machine) + ["", *adaptive_targets(rows)]
+
+
+def adaptive_targets(rows: list[dict[str, Any]]) -> list[str]:
+    """Issue 16's targets per dataset and DLAC variant, judged by the rule with the seeds as the repeats: the
+    AUROC no more than 0.002 below the uncompressed run of the same seed, and fewer forward bytes than the constant
+    eps = 0.01 run of the same seed."""
+    base = {(r["dataset"], r.get("seed", 0)): r for r in rows if r["variant"] == "uncompressed"}
+    const = {(r["dataset"], r.get("seed", 0)): r for r in rows if r["variant"] == "constant 0.01"}
+    lines = ["Targets (the rule at the top; the seeds are the repeats):", ""]
+    for dataset in dict.fromkeys(r["dataset"] for r in rows):
+        for variant in ("DLAC homogenization", "DLAC sensitivity", "DLAC both directions"):
+            runs = [r for r in rows if r["dataset"] == dataset and r["variant"] == variant
+                    and (dataset, r.get("seed", 0)) in base and (dataset, r.get("seed", 0)) in const]
+            if not runs:
+                continue
+            deltas = [r["val_auroc"] - base[(dataset, r.get("seed", 0))]["val_auroc"] for r in runs]
+            vs = [(r["fwd_sent_bytes"] / r["steps"]) / (c["fwd_sent_bytes"] / c["steps"])
+                  for r in runs for c in [const[(dataset, r.get("seed", 0))]]]
+            auroc = judge("AUROC within 0.002 of uncompressed", statistics.median(deltas), deltas, -0.002)
+            fewer = judge("fewer forward bytes than constant 0.01", statistics.median(vs), vs, 1.0, at_least=False)
+            lines.append(f"- {dataset}, {variant}: AUROC difference >= -0.002: {verdict_text(auroc, '+.4f')};"
+                         f" forward bytes / constant 0.01's < 1: {verdict_text(fewer)}")
+    return lines if len(lines) > 2 else []
+
+
+def adaptive_dlrm_v2(results: Results) -> list[str]:
+    import adaptive_accuracy
+
+    name = "adaptive_accuracy_dlrm_v2.json"
+    rows, sources, machine = adaptive_accuracy.load_rows([results.directory / name])
+    return [source_line(name, results.get(name), results.shown), "",
+            *adaptive_accuracy._seed_table(adaptive_accuracy._over_seeds(rows)), "",
+            *adaptive_accuracy._table(rows)]
+
+
+def data(results: Results) -> list[str]:
+    import data_bench
+
+    d = results.get("data_bench.json")
+    cfg = d["config"]
+    return [source_line("data_bench.json", d, results.shown), "",
+            f"Input: {cfg['source']}. Each conversion in its own process (wall time including the line count, the"
+            " dense log pass and fsync; peak RSS includes about 250-300 MiB of imported numpy/torch). The loader"
+            " reads files still in the page cache from being written.", "", *data_bench.tables(d["results"])]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# README.md
+
+
+def readme_codec(results: Results) -> list[str]:
+    d = results.get("codec_bench.json")
+    crit = _codec_rows(d, "criteo")
+    if not crit:
+        return ["The codec run in `benchmarks/results/codec_bench.json` had no Criteo payload (the sample file was"
+                " missing)."]
+    eps = sorted(e for (m, e) in crit if m.startswith("DLAC") and e is not None)
+    dlac = [crit[(m, e)] for e in eps for (m, e2) in crit if m.startswith("DLAC") and e2 == e]
+    ratios = " / ".join(f"{r['ratio']:.0f}x" for r in dlac)
+    held = all(r["max_err_over_eb"] <= 1.0 for r in dlac)
+    ent = [r["ratio"] / crit[("dedup + order-0 entropy", r["eps"])]["ratio"] for r in dlac
+           if ("dedup + order-0 entropy", r["eps"]) in crit]
+    parts = [f"On pooled embeddings of a DLRM trained on the real Criteo sample, the codec compresses **{ratios} at eps"
+             f" {' / '.join(f'{e:g}' for e in eps)}** with the bound {'held on every element' if held else 'NOT held'}"]
+    others = []
+    sz3 = [crit.get(("SZ3 (pysz, ABS)", e)) for e in eps]
+    if all(sz3):
+        others.append("SZ3 at the same bound: " + " / ".join(f"{r['ratio']:.1f}x" for r in sz3))
+    if ("fbgemm INT8 row-wise", None) in crit:
+        others.append(f"fbgemm INT8 row-wise: {crit[('fbgemm INT8 row-wise', None)]['ratio']:.1f}x with no bound")
+    others.append(f"FP16: {crit[('FP16 cast', None)]['ratio']:.0f}x")
+    text = parts[0] + f" ({'; '.join(others)})"
+    if ent:
+        text += f", within {100 * min(ent):.0f}-{100 * max(ent):.0f}% of the dedup + order-0 entropy figure"
+    timed = [r for p in ("zipf", "criteo") for r in _codec_rows(d, p).values()
+             if r["method"].startswith("DLAC") and r.get("enc_gbps_1t")]
+    if timed:
+        enc = [r["enc_gbps_1t"] for r in timed]
+        dec = [r["dec_gbps_1t"] for r in timed]
+        text += (f". Native single-thread speed (median call, Zipf and Criteo payloads): {_range(enc, '.1f')} GB/s to"
+                 f" compress and {_range(dec, '.1f')} GB/s to decompress (targets 1 / 1.5 GB/s)")
+    return [text + ".", "", source_line("codec_bench.json", d, results.shown)]
+
+
+def _pick(rows: list[dict[str, Any]], rate: str, variant: str) -> dict[str, Any] | None:
+    return next((r for r in rows if r["rate"] == rate and r["variant"] == variant), None)
+
+
+def _speed(r: dict[str, Any] | None) -> str:
+    if r is None or r.get("speedup_vs_fp32") is None:
+        return "(not in this run)"
+    return f"**{r['speedup_vs_fp32']:.2f}x** (per repeat {_range(r['speedup_vs_fp32_per_repeat'])})"
+
+
+def readme_e2e(results: Results) -> list[str]:
+    from e2e_bandwidth import paired
+
+    rows, targets, errors, sources = _e2e_rows(results, "e2e_throttled.json", "e2e_unthrottled.json")
+    cfg = results.get(sources[0])["config"]
+    bf16, int8 = _pick(rows, "1gbit", "dlac_bf16"), _pick(rows, "1gbit", "qcomm_int8_fp16")
+    both = _pick(rows, "1gbit", "dlac_dlac")
+    clauses = []
+    if bf16 is not None:
+        clauses.append(f"DLAC forward + bf16 backward runs at {_speed(bf16)} the speed of uncompressed FP32 and sends"
+                       f" {bf16['fwd_ratio']:.0f}x fewer forward bytes")
+    if int8 is not None:
+        clauses.append(f"TorchRec's INT8/FP16 qcomm at {_speed(int8)}")
+    if both is not None:
+        clauses.append(f"DLAC in both directions at {_speed(both)} the speed of FP32")
+    text = (f"End to end ({cfg['world_size']} ranks, batch {cfg['batch_size']} each, loopback throttled to 1 Gbit/s,"
+            f" {cfg['repeats']} launches per variant in ABBA order; ratios are pooled medians with the per-repeat"
+            f" range): {'; '.join(clauses)}")
+    ceiling = paired(rows, "1gbit", "dlac_dlac", "ceiling_dlac_dlac")
+    if ceiling:
+        text += (f", {ceiling[0]:.2f} of its like-for-like ceiling (per repeat {_range(ceiling[1])}; the null codec"
+                 " in the same exchange, sending DLAC's bytes)")
+    auto, fixed = _pick(rows, "unthrottled", "dlac_auto"), _pick(rows, "unthrottled", "dlac_bf16")
+    if auto is not None:
+        text += (f". On a fast link (unthrottled), `DLACStrategy(compress=\"auto\")` runs at {_speed(auto)} the speed"
+                 f" of FP32 with {auto.get('uncompressed_share', 0):.0%} of its steps uncompressed")
+        if fixed is not None:
+            text += f", where fixed compression (DLAC + bf16) runs at {_speed(fixed)}"
+    lines = [text + ".", ""]
+    if targets:
+        lines += ["Targets (by the rule of docs/benchmarks.md):", ""]
+        lines += [f"- {t['rate']}: {t['target']}: {verdict_text(t)}" for t in targets]
+        lines.append("")
+    if errors:
+        lines += ["**Benchmark errors in this run:** " + " ".join(e["message"] + "." for e in errors), ""]
+    lines += [" ".join(source_line(n, results.get(n), results.shown) for n in sources)]
+    return lines
+
+
+def readme_adaptive(results: Results) -> list[str]:
+    import adaptive_accuracy
+
+    sentences = []
+    used = []
+    for name, what in (("adaptive_accuracy_criteo_1epoch.json", "on the Criteo sample (1 epoch)"),
+                       ("adaptive_accuracy_synthetic_2000.json", "on the synthetic data (2,000 steps)")):
+        if results.get(name) is None:
+            continue
+        used.append(name)
+        rows, _, _ = adaptive_accuracy.load_rows([results.directory / name])
+        summary = {s["variant"]: s for s in adaptive_accuracy._over_seeds(rows)}
+        dlac, const = summary.get("DLAC homogenization"), summary.get("constant 0.01")
+        if dlac is None or const is None:
+            continue
+        seeds = len(dlac["seeds"])
+        sentences.append(
+            f"{what}, over {seeds} seeds, the dual-level policy ends {dlac['delta_mean']:+.4f} AUROC from the"
+            f" uncompressed run (sd {dlac['delta_sd']:.4f}; a constant eps = 0.01 {const['delta_mean']:+.4f}, sd"
+            f" {const['delta_sd']:.4f}) while sending {dlac['vs_constant_mean']:.2f}x the bytes of the constant"
+            f" eps = 0.01 ({dlac['fwd_ratio_mean']:.1f}x fewer than fp32)")
+    text = ("Adaptive bounds (2 ranks, same seeds and data order; AUROC difference from the uncompressed run of the"
+            " same seed, mean and sd over seeds): " + "; ".join(sentences) + ".")
+    return [text, "", " ".join(source_line(n, results.get(n), results.shown) for n in used)]
+
+
+def readme_dlrm_v2(results: Results) -> list[str]:
+    import adaptive_accuracy
+
+    d = results.get("codec_bench.json")
+    lines = []
+    per_id, iid = _codec_rows(d, "dlrm_v2"), _codec_rows(d, "dlrm_v2_iid")
+    if per_id and iid:
+        eps = sorted(e for (m, e) in per_id if m.startswith("DLAC"))
+
+        def ratios(rows: dict) -> str:
+            return " / ".join(f"{rows[(m, e)]['ratio']:.0f}x" for e in eps for (m, e2) in rows
+                              if m.startswith("DLAC") and e2 == e)
+
+        int8 = per_id.get(("fbgemm INT8 row-wise", None))
+        lines.append(
+            "DLRM v2 (MLPerf's DLRM-DCNv2: DCN cross layers, dim 128, multi-hot features with MLPerf's pooling"
+            " factors): on the multi-hot pooled embeddings of a trained `DLRM_DCN` the codec compresses"
+            f" **{ratios(per_id)} at eps {' / '.join(f'{e:g}' for e in eps)}** when bags are a function of the id (as"
+            f" MLPerf materialises them), and {ratios(iid)} when every id of a bag is drawn independently"
+            + (f"; fbgemm INT8 row-wise is {int8['ratio']:.1f}x" if int8 else "") + ".")
+    acc = results.get("adaptive_accuracy_dlrm_v2.json")
+    if acc is not None:
+        rows, _, _ = adaptive_accuracy.load_rows([results.directory / "adaptive_accuracy_dlrm_v2.json"])
+        s = {x["variant"]: x for x in adaptive_accuracy._over_seeds(rows)}.get("DLAC homogenization")
+        if s:
+            lines.append(f"Trained through DLACStrategy ({len(s['seeds'])} seeds, {s['steps']} steps), the dual-level"
+                         f" policy ends {s['delta_mean']:+.4f} AUROC from uncompressed on average (sd"
+                         f" {s['delta_sd']:.4f}) with {s['fwd_ratio_mean']:.1f}x fewer forward bytes.")
+    else:
+        lines += awaiting(["adaptive_accuracy_dlrm_v2.json"], short=True)
+    e2e_v2 = results.get("e2e_dlrm_v2.json")
+    if e2e_v2 is not None:
+        fp32 = _pick(e2e_v2["results"], "1gbit", "fp32")
+        both = _pick(e2e_v2["results"], "1gbit", "dlac_dlac")
+        if fp32 and both:
+            lines.append(f"End to end at 1 Gbit/s on these CPUs a step takes {fp32['median_step_ms']:.0f} ms"
+                         f" uncompressed and {both['median_step_ms']:.0f} ms with DLAC both ways"
+                         f" ({_speed(both)}): the DCN's compute dominates, so the bytes saved barely show here.")
+    else:
+        lines += awaiting(["e2e_dlrm_v2.json"], short=True)
+    used = [n for n in ("codec_bench.json", "adaptive_accuracy_dlrm_v2.json", "e2e_dlrm_v2.json")
+            if results.get(n) is not None]
+    return [" ".join(lines), "", " ".join(source_line(n, results.get(n), results.shown) for n in used)]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The registry
+
+ADAPTIVE_FILES = ("adaptive_accuracy_synthetic_2000.json", "adaptive_accuracy_planted.json",
+                  "adaptive_accuracy_synthetic.json", "adaptive_accuracy_criteo_1epoch.json",
+                  "adaptive_accuracy_criteo_2epochs.json")
+
+BLOCKS: dict[str, Block] = {
+    "rule": Block((), rule),
+    "codec": Block(("codec_bench.json",), codec),
+    "dlrm_v2_codec": Block(("codec_bench.json",), dlrm_v2_codec),
+    "e2e": Block(("e2e_throttled.json",), e2e, optional=("e2e_unthrottled.json",)),
+    "e2e_dlrm_v2": Block(("e2e_dlrm_v2.json",), e2e_dlrm_v2),
+    "scaling_validation": Block(("scaling_model.json",), scaling_validation),
+    "scaling_projection": Block(("scaling_model.json",), scaling_projection),
+    "adaptive_accuracy": Block(("adaptive_accuracy_criteo_1epoch.json",), adaptive, optional=ADAPTIVE_FILES),
+    "adaptive_dlrm_v2": Block(("adaptive_accuracy_dlrm_v2.json",), adaptive_dlrm_v2),
+    "data": Block(("data_bench.json",), data),
+    "readme_codec": Block(("codec_bench.json",), readme_codec),
+    "readme_e2e": Block(("e2e_throttled.json",), readme_e2e, optional=("e2e_unthrottled.json",)),
+    "readme_adaptive": Block(("adaptive_accuracy_criteo_1epoch.json",), readme_adaptive,
+                             optional=("adaptive_accuracy_synthetic_2000.json",)),
+    "readme_dlrm_v2": Block(("codec_bench.json",), readme_dlrm_v2,
+                            optional=("adaptive_accuracy_dlrm_v2.json", "e2e_dlrm_v2.json")),
+}
+
+
+def render_block(name: str, results: Results) -> str:
+    """The body of block ``name`` (between its markers) from ``results``."""
+    if name not in BLOCKS:
+        raise KeyError(f"no renderer for block {name!r}; known: {sorted(BLOCKS)}")
+    block = BLOCKS[name]
+    missing = [f for f in block.files if results.get(f) is None]
+    lines = awaiting(missing + [f for f in block.optional if results.get(f) is None]) if missing \
+        else block.render(results)
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def render_text(text: str, results: Results) -> str:
+    """``text`` with every block re-rendered."""
+    def one(m: re.Match) -> str:
+        name = m["name"]
+        return f"<!-- BEGIN render:{name} -->\n{render_block(name, results)}<!-- END render:{name} -->"
+
+    return BLOCK.sub(one, text)
+
+
+def blocks_in(text: str) -> dict[str, str]:
+    """Block name -> body of every marked block of ``text``."""
+    return {m["name"]: m["body"] for m in BLOCK.finditer(text)}
+
+
+def summary(results: Results) -> tuple[list[str], list[str]]:
+    """Every judged target and every benchmark error in the results files the blocks used."""
+    targets, errors = [], []
+    for name in sorted(results.used):
+        data = results.get(name)
+        for t in data.get("targets", []) or []:
+            where = t.get("rate") or f"{t.get('payload')} eps {t.get('eps')}"
+            targets.append(f"{name}: {where}: {t['target']}: {'met' if t['met'] else 'NOT met'}")
+        for e in data.get("errors", []) or []:
+            errors.append(f"{name}: {e['message']}")
+    return targets, errors
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--results", type=Path, default=HERE / "results", help="directory of the results files")
+    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if a block differs")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="write the rendered files under this directory instead of in place")
+    args = parser.parse_args()
+    results = Results(args.results)
+    stale = []
+    for doc in DOCS:
+        path = REPO / doc
+        text = path.read_text()
+        rendered = render_text(text, results)
+        if args.check:
+            old, new = blocks_in(text), blocks_in(rendered)
+            stale += [f"{doc}: block {n}" for n in old if old[n] != new[n]]
+            continue
+        target = path if args.out is None else args.out / doc
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(rendered)
+        print(f"rendered {len(blocks_in(text))} block(s) of {doc} into {target}")
+    targets, errors = summary(results)
+    for line in targets:
+        print(line)
+    for line in errors:
+        print(f"BENCHMARK ERROR {line}")
+    if stale:
+        sys.exit("blocks that differ from the results files (run benchmarks/render.py):\n  " + "\n  ".join(stale))
+    if errors and not args.check:
+        sys.exit(3)
+
+
+if __name__ == "__main__":
+    main()

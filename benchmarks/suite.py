@@ -1,0 +1,211 @@
+"""Every benchmark that backs a figure in README.md or docs/benchmarks.md, at one depth, in one command.
+
+    python benchmarks/suite.py --depth quick --render     # make bench-quick: ~25-30 minutes on 2 idle cores
+    python benchmarks/suite.py --depth full --render      # make bench: every results file, hours
+    python benchmarks/suite.py --depth smoke --results /tmp/dlac-bench-smoke   # make bench-smoke: ~8 minutes
+
+Depths:
+
+- ``smoke``: tiny steps, batches and repeats, to prove the pipeline end to end (its results are not figures: they
+  go to a scratch directory, and ``--results`` must name one outside benchmarks/results/);
+- ``quick``: the figures a release is judged on: the codec (every payload), end to end at 1 and 10 Gbit/s with the
+  like-for-like ceiling and unthrottled with ``compress="auto"`` (3 repeats each), DLRM v2 end to end, the scaling
+  model's validation at 2 ranks, adaptive accuracy on the Criteo sample (3 seeds) and the data path at reduced size;
+- ``full``: all of ``quick`` at more repeats and full size, plus the scaling model at 3 and 4 ranks, every adaptive
+  accuracy dataset (planted, synthetic for 200 and 2,000 steps, Criteo for 2 epochs, DLRM v2).
+
+Each step runs its script in a fresh process with ``DLAC_BENCH_DEPTH`` set (recorded in the results file's
+metadata) and writes ``<results>/<file>``; the suite goes on after a failed step and exits non-zero at the end.
+``<results>/suite_<depth>.json`` records what ran, how long each step took and the load average around it (the
+duration estimate of the next run). With ``--render`` it then runs benchmarks/render.py on the same directory
+(in place for benchmarks/results/, else into ``<results>/rendered/``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+RESULTS = HERE / "results"
+CRITEO = REPO.parent / "shared" / "data" / "criteo_kaggle_head10k.tsv"
+DEPTHS = ("smoke", "quick", "full")
+
+E2E_THROTTLED = "fp32,qcomm_int8_fp16,dlac_bf16,dlac_dlac,ceiling_dlac_dlac"
+E2E_UNTHROTTLED = "fp32,qcomm_int8_fp16,dlac_bf16,dlac_auto"
+E2E_MODEL = "fp32,qcomm_int8_fp16,dlac_bf16,dlac_dlac"
+ADAPTIVE_QUICK = "uncompressed,constant 0.01,DLAC homogenization,qcomm INT8/FP16"
+
+
+@dataclass(frozen=True)
+class Step:
+    """One benchmark run: its script, the results file it writes, and its arguments at each depth it runs at
+    (``{results}`` in an argument is the results directory)."""
+
+    output: str
+    script: str
+    args: dict[str, list[str]]
+    needs_criteo: bool = False
+    timeout_s: dict[str, float] = field(default_factory=dict)
+
+
+def _e2e(rates: str, variants: str, batch: int, steps: int, warmup: int, repeats: int, *extra: str) -> list[str]:
+    return ["--rates", rates, "--variants", variants, "--batch-size", str(batch), "--steps", str(steps),
+            "--warmup", str(warmup), "--repeats", str(repeats), *extra]
+
+
+def _adaptive(datasets: str, seeds: str, variants: str | None, *extra: str) -> list[str]:
+    return ["--datasets", datasets, "--seeds", seeds, *(["--variants", variants] if variants else []), *extra]
+
+
+STEPS: tuple[Step, ...] = (
+    Step("codec_bench.json", "benchmarks/codec_bench.py", {
+        "smoke": ["--quick"],
+        "quick": ["--repeat", "5", "--min-seconds", "0.3"],
+        "full": ["--repeat", "15", "--min-seconds", "1.5"],
+    }),
+    Step("e2e_throttled.json", "benchmarks/e2e_bandwidth.py", {
+        "smoke": _e2e("1gbit,10gbit", "fp32,dlac_dlac,ceiling_dlac_dlac", 256, 2, 1, 2),
+        "quick": _e2e("1gbit,10gbit", E2E_THROTTLED, 4096, 6, 2, 3),
+        "full": _e2e("1gbit,10gbit", E2E_THROTTLED, 4096, 8, 2, 5),
+    }),
+    Step("e2e_unthrottled.json", "benchmarks/e2e_bandwidth.py", {
+        "smoke": _e2e("unthrottled", E2E_UNTHROTTLED, 256, 2, 1, 1),
+        "quick": _e2e("unthrottled", E2E_UNTHROTTLED, 4096, 6, 2, 3),
+        "full": _e2e("unthrottled", E2E_UNTHROTTLED, 4096, 8, 2, 6),
+    }),
+    Step("e2e_dlrm_v2.json", "benchmarks/e2e_bandwidth.py", {
+        "smoke": _e2e("1gbit", "fp32,dlac_dlac", 64, 1, 1, 1, "--model", "dlrm_v2"),
+        "quick": _e2e("1gbit", E2E_MODEL, 512, 4, 1, 2, "--model", "dlrm_v2"),
+        "full": _e2e("1gbit", E2E_MODEL, 512, 6, 1, 3, "--model", "dlrm_v2"),
+    }),
+    Step("e2e_world3.json", "benchmarks/e2e_bandwidth.py", {
+        "full": _e2e("1gbit,unthrottled", E2E_MODEL, 4096, 4, 2, 3, "--world-size", "3"),
+    }),
+    Step("e2e_world4.json", "benchmarks/e2e_bandwidth.py", {
+        "full": _e2e("1gbit,unthrottled", E2E_MODEL, 4096, 4, 2, 3, "--world-size", "4"),
+    }),
+    Step("scaling_model.json", "benchmarks/scaling_model.py", {
+        "smoke": ["{results}/e2e_throttled.json"],
+        "quick": ["{results}/e2e_throttled.json"],
+        "full": ["{results}/e2e_throttled.json", "{results}/e2e_world3.json", "{results}/e2e_world4.json"],
+    }),
+    Step("adaptive_accuracy_criteo_1epoch.json", "benchmarks/adaptive_accuracy.py", {
+        "smoke": _adaptive("criteo", "0", ADAPTIVE_QUICK, "--criteo-batch", "512", "--calibration-batches", "2"),
+        "quick": _adaptive("criteo", "0,1,2", ADAPTIVE_QUICK, "--criteo-epochs", "1"),
+        "full": _adaptive("criteo", "0,1,2", None, "--criteo-epochs", "1"),
+    }, needs_criteo=True),
+    Step("adaptive_accuracy_criteo_2epochs.json", "benchmarks/adaptive_accuracy.py", {
+        "full": _adaptive("criteo", "0,1,2", None, "--criteo-epochs", "2"),
+    }, needs_criteo=True),
+    Step("adaptive_accuracy_planted.json", "benchmarks/adaptive_accuracy.py", {
+        "full": _adaptive("planted", "0,1,2", None, "--synthetic-batches", "240"),
+    }),
+    Step("adaptive_accuracy_synthetic.json", "benchmarks/adaptive_accuracy.py", {
+        "full": _adaptive("synthetic", "0,1", None, "--synthetic-batches", "200"),
+    }),
+    Step("adaptive_accuracy_synthetic_2000.json", "benchmarks/adaptive_accuracy.py", {
+        "full": _adaptive("synthetic", "0,1,2", "uncompressed,constant 0.01,DLAC homogenization,DLAC sensitivity,"
+                          "DLAC both directions", "--synthetic-batches", "2000", "--synthetic-batch", "128"),
+    }),
+    Step("adaptive_accuracy_dlrm_v2.json", "benchmarks/adaptive_accuracy.py", {
+        "full": _adaptive("synthetic_v2", "0,1,2", "uncompressed,DLAC homogenization", "--synthetic-batches", "96",
+                          "--synthetic-batch", "128", "--calibration-batches", "4"),
+    }),
+    Step("data_bench.json", "benchmarks/data_bench.py", {
+        "smoke": ["--rows", "20000", "--torchrec-rows", "2000", "--python-rows", "2000", "--loader-rows", "40000",
+                  "--repeat", "1"],
+        "quick": ["--rows", "1000000", "--torchrec-rows", "50000", "--python-rows", "100000", "--loader-rows",
+                  "4000000", "--repeat", "2"],
+        "full": [],
+    }),
+)
+
+
+def depth_writing(output: str) -> str | None:
+    """The shallowest depth (``quick`` or ``full``) whose run writes results file ``output``; None if none does."""
+    for depth in ("quick", "full"):
+        if any(s.output == output and depth in s.args for s in STEPS):
+            return depth
+    return None
+
+
+def steps_at(depth: str, only: list[str] | None = None) -> list[Step]:
+    """The steps a run at ``depth`` makes (``only``: just those writing these files), in order."""
+    steps = [s for s in STEPS if depth in s.args]
+    if only:
+        unknown = sorted(set(only) - {s.output for s in steps})
+        if unknown:
+            raise ValueError(f"no step writes {unknown} at depth {depth}; choose from {[s.output for s in steps]}")
+        steps = [s for s in steps if s.output in only]
+    return steps
+
+
+def command(step: Step, depth: str, results: Path) -> list[str]:
+    """The command line of ``step`` at ``depth``, writing into ``results``."""
+    args = [a.replace("{results}", str(results)) for a in step.args[depth]]
+    return [sys.executable, str(REPO / step.script), *args, "--json-out", str(results / step.output)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--depth", choices=DEPTHS, required=True)
+    parser.add_argument("--results", type=Path, default=RESULTS, help="directory the results files go to")
+    parser.add_argument("--only", default=None, help="comma-separated results files: run just their steps")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    parser.add_argument("--render", action="store_true", help="then render the blocks from the same directory")
+    args = parser.parse_args()
+    results = args.results.resolve()
+    if args.depth == "smoke" and results == RESULTS.resolve():
+        parser.error("a smoke run's figures are not results: give --results a scratch directory (make bench-smoke"
+                     " uses /tmp/dlac-bench-smoke)")
+    try:
+        steps = steps_at(args.depth, [o.strip() for o in args.only.split(",")] if args.only else None)
+    except ValueError as err:
+        parser.error(str(err))
+    if any(s.needs_criteo for s in steps) and not CRITEO.is_file():
+        parser.error(f"the Criteo sample {CRITEO} is missing (the team checkout's shared/data): the accuracy figures"
+                     " on it cannot be made without it")
+    if args.dry_run:
+        for step in steps:
+            print(" ".join(command(step, args.depth, results)))
+        return
+
+    results.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, DLAC_BENCH_DEPTH=args.depth)
+    log = []
+    start = time.perf_counter()
+    for i, step in enumerate(steps, 1):
+        cmd = command(step, args.depth, results)
+        print(f"\n=== [{i}/{len(steps)}] {step.output}: {' '.join(cmd[1:])}", flush=True)
+        load = os.getloadavg()[0]
+        t0 = time.perf_counter()
+        rc = subprocess.run(cmd, cwd=REPO, env=env).returncode
+        log.append(dict(output=step.output, command=cmd[1:], returncode=rc, seconds=round(time.perf_counter() - t0, 1),
+                        loadavg_before=load, loadavg_after=os.getloadavg()[0]))
+        print(f"=== {step.output}: {'done' if rc == 0 else f'FAILED (exit {rc})'} in {log[-1]['seconds']:.0f} s",
+              flush=True)
+        (results / f"suite_{args.depth}.json").write_text(json.dumps(dict(
+            depth=args.depth, seconds=round(time.perf_counter() - start, 1), steps=log), indent=1) + "\n")
+    failed = [s["output"] for s in log if s["returncode"]]
+    print(f"\nsuite ({args.depth}): {len(log) - len(failed)} of {len(log)} steps done in"
+          f" {(time.perf_counter() - start) / 60:.1f} min" + (f"; failed: {failed}" if failed else ""))
+    status = 1 if failed else 0
+    if args.render:
+        render = [sys.executable, str(HERE / "render.py"), "--results", str(results)]
+        if results != RESULTS.resolve():
+            render += ["--out", str(results / "rendered")]
+        rc = subprocess.run(render, cwd=REPO).returncode
+        status = status or rc
+    sys.exit(status)
+
+
+if __name__ == "__main__":
+    main()

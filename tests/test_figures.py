@@ -1,0 +1,141 @@
+"""Every figure block of README.md and docs/benchmarks.md agrees with the results file it is rendered from
+(benchmarks/render.py), so a stale figure cannot land; and the rule that says whether a target is met, the
+like-for-like ceiling's check and the byte accounting of the accuracy benchmark do what the docs say."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+BENCHMARKS = REPO / "benchmarks"
+if str(BENCHMARKS) not in sys.path:
+    sys.path.insert(0, str(BENCHMARKS))
+
+import render  # noqa: E402 - benchmarks/ is not a package
+from _report import RULE, judge  # noqa: E402
+from suite import STEPS, depth_writing, steps_at  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def committed() -> render.Results:
+    return render.Results(BENCHMARKS / "results")
+
+
+@pytest.mark.parametrize("doc", render.DOCS)
+def test_every_rendered_block_matches_its_results_file(doc: str, committed: render.Results) -> None:
+    text = (REPO / doc).read_text()
+    blocks = render.blocks_in(text)
+    assert blocks, f"{doc} has no rendered block"
+    for name, body in blocks.items():
+        assert body == render.render_block(name, committed), (
+            f"{doc}: block {name!r} differs from what benchmarks/results/ gives; run `python benchmarks/render.py`"
+            " (or `make render`) and commit the result with the results files"
+        )
+
+
+def test_every_block_has_a_renderer_and_every_renderer_a_block() -> None:
+    used = [name for doc in render.DOCS for name in render.blocks_in((REPO / doc).read_text())]
+    assert sorted(set(used)) == sorted(render.BLOCKS) and len(used) == len(set(used))
+
+
+def test_the_rule_is_stated_at_the_top_of_docs_benchmarks() -> None:
+    head = (REPO / "docs/benchmarks.md").read_text().split("\n## ", 1)[0]
+    assert RULE in head
+
+
+def test_every_results_file_a_block_reads_is_made_by_a_suite_depth() -> None:
+    for name, block in render.BLOCKS.items():
+        for f in (*block.files, *block.optional):
+            assert depth_writing(f) in ("quick", "full"), f"block {name}: no `make bench*` depth writes {f}"
+    quick = {s.output for s in steps_at("quick")}
+    assert {"codec_bench.json", "e2e_throttled.json", "e2e_unthrottled.json"} <= quick
+    assert {s.output for s in STEPS} == {s.output for s in steps_at("full")}  # the full depth makes every file
+
+
+def test_a_stale_figure_is_caught(committed: render.Results) -> None:
+    text = (REPO / "docs/benchmarks.md").read_text()
+    name, body = next(iter(render.blocks_in(text).items()))
+    tampered = text.replace(body, body.replace("\n", " 1.23x\n", 1), 1)
+    assert render.blocks_in(tampered)[name] != render.blocks_in(render.render_text(tampered, committed))[name]
+
+
+def test_missing_results_are_awaited_not_presented(tmp_path: Path) -> None:
+    empty = render.Results(tmp_path)
+    body = render.render_block("readme_e2e", empty)
+    assert body.startswith("*Awaiting `make bench-quick`") and "e2e_throttled.json" in body
+    assert not re.search(r"\d", re.sub(r"`[^`]*`", "", body))  # no figure in it
+    assert "`make bench` (`benchmarks/results/adaptive_accuracy_dlrm_v2.json`)" in render.render_block(
+        "readme_dlrm_v2", empty)
+
+
+@pytest.mark.parametrize(("pooled", "per_repeat", "met"), [
+    (0.95, [0.91, 0.92, 0.93], True),
+    (0.95, [0.91, 0.92, 0.85], True),  # two of three repeats
+    (0.95, [0.91, 0.80, 0.85], False),  # the pooled median alone is not enough
+    (0.85, [0.91, 0.92, 0.93], False),  # nor the repeats alone
+    (0.95, [0.91, 0.85], False),  # one of two is less than two thirds
+    (0.95, [], False),
+])
+def test_a_target_is_met_by_the_pooled_median_and_two_thirds_of_the_repeats(pooled: float, per_repeat: list[float],
+                                                                             met: bool) -> None:
+    verdict = judge("t", pooled, per_repeat, 0.9)
+    assert verdict["met"] is met
+    assert verdict["repeats_meeting"] == sum(v >= 0.9 for v in per_repeat)
+    assert judge("t", 0.5, [0.5, 0.6, 2.0], 1.0, at_least=False)["met"]  # "at most" targets
+
+
+def _row(rate: str, variant: str, launch_ms: list[float]) -> dict:
+    from statistics import median
+
+    return dict(rate=rate, variant=variant, label=variant, median_step_ms=median(launch_ms),
+                launch_median_ms=launch_ms, fwd_a2a_share=None, fwd_raw_bytes_per_step=1.0,
+                fwd_sent_bytes_per_step=1.0, bwd_sent_bytes_per_step=1.0, fwd_ratio=1.0, final_loss=0.5)
+
+
+def test_a_dlac_launch_faster_than_its_ceiling_is_a_benchmark_error_not_a_result() -> None:
+    import e2e_bandwidth as e2e
+
+    rows = [_row("1gbit", "fp32", [600, 610, 620]), _row("1gbit", "dlac_dlac", [300, 310, 250]),
+            _row("1gbit", "ceiling_dlac_dlac", [280, 300, 290])]
+    errors = e2e.ceiling_checks(rows)
+    assert [e["repeat"] for e in errors] == [2]  # 250 ms against 290: 14% faster than its ceiling
+    assert "benchmark error" in errors[0]["message"]
+    targets = {t["target"]: t for t in e2e.judge_targets(rows, errors)}
+    ceiling = targets["DLAC both directions >= 0.9 of its ceiling"]
+    assert ceiling["invalid"] and not ceiling["met"]
+    assert ceiling["per_repeat"] == pytest.approx([280 / 300, 300 / 310, 290 / 250])
+    assert e2e.ceiling_checks([*rows[:2], _row("1gbit", "ceiling_dlac_dlac", [290, 300, 260])]) == []
+
+
+def test_variants_alternate_abba_and_run_on_library_defaults() -> None:
+    import e2e_bandwidth as e2e
+
+    names = ["fp32", "dlac_dlac", "ceiling_dlac_dlac"]
+    assert [e2e.launch_order(names, r) for r in range(3)] == [names, names[::-1], names]
+    for v in e2e.VARIANTS.values():
+        if v.overlap is not None:
+            assert v.name.endswith("_sync" if v.overlap is False else "_overlap")
+
+
+def test_qcomm_bytes_of_old_results_files_are_converted_to_remote_traffic() -> None:
+    import adaptive_accuracy
+
+    rows = [
+        dict(dataset="d", seed=0, variant="uncompressed", steps=2, fwd_raw_bytes=0, fwd_sent_bytes=0, val_auroc=0.8),
+        dict(dataset="d", seed=0, variant="constant 0.01", steps=2, fwd_raw_bytes=1000, fwd_sent_bytes=100,
+             bwd_raw_bytes=1000, bwd_sent_bytes=500, val_auroc=0.8),
+        dict(dataset="d", seed=0, variant="qcomm INT8/FP16", steps=2, fwd_raw_bytes=2000, fwd_sent_bytes=640,
+             bwd_raw_bytes=0, bwd_sent_bytes=0, val_auroc=0.8),
+    ]
+    fixed = {r["variant"]: r for r in adaptive_accuracy.normalize_bytes(rows)}
+    assert (fixed["qcomm INT8/FP16"]["fwd_raw_bytes"], fixed["qcomm INT8/FP16"]["fwd_sent_bytes"]) == (1000, 320)
+    assert fixed["uncompressed"]["fwd_sent_bytes"] == 1000  # the fp32 reference
+    summary = {s["variant"]: s for s in adaptive_accuracy._over_seeds(list(fixed.values()))}
+    assert summary["constant 0.01"]["fwd_ratio_mean"] == pytest.approx(10.0)
+    assert summary["qcomm INT8/FP16"]["vs_constant_mean"] == pytest.approx(3.2)
+    again = adaptive_accuracy.normalize_bytes(list(fixed.values()))  # converting twice changes nothing
+    assert [r["fwd_sent_bytes"] for r in again] == [r["fwd_sent_bytes"] for r in fixed.values()]
