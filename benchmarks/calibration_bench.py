@@ -22,16 +22,14 @@ reductions). Prints tables and writes JSON::
     python benchmarks/calibration_bench.py --seeds 1 --quick --json-out /tmp/calibration_quick.json
 
 The JSON holds ``{"default": {"precision", "recall", "robust_loose_share", "auroc_delta", "bytes_vs_all_tight",
-"calibration_share"}, "all_loose": {"auroc_delta"}, "all_tight": {"auroc_delta"}, "modes": {...}, "seeds": [...],
-"per_seed": [...]}`` (means over seeds; deltas against uncompressed).
+"calibration_share"}, "all_loose": {"auroc_delta"}, "all_tight": {"auroc_delta"}, "<mode>": {...}, "seeds": [...],
+"per_seed": [...]}`` (means over seeds; deltas against uncompressed), beside the run's metadata, configuration and
+every launch's figures (``results``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import shlex
 import statistics
 import sys
 import time
@@ -44,6 +42,8 @@ REPO = Path(__file__).resolve().parents[1]
 for path in (REPO, REPO / "benchmarks"):  # tests._launch (the rank launcher) and the data set beside this script
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
+
+from _report import start_run, write_results  # noqa: E402 - beside this script
 
 BASELINES = ("uncompressed", "all_tight", "all_loose")
 MODES = ("gradient", "homogenization", "homogenization_value", "sensitivity")
@@ -208,6 +208,7 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds a 2-rank launch may take")
     parser.add_argument("--json-out", type=Path, default=REPO / "benchmarks/results/calibration_bench.json")
     args = parser.parse_args()
+    metadata = start_run("benchmarks/calibration_bench.py", vars(args))
     variants = tuple(v.strip() for v in args.variants.split(",")) if args.variants else (QUICK if args.quick else FULL)
     unknown = sorted(set(variants) - set(FULL))
     if unknown:
@@ -226,11 +227,10 @@ def main() -> None:
         data[key.strip()] = float(value) if "." in value or "e" in value else int(value)
     cfg = dict(steps=steps, data=data, batch_size=args.batch_size, val_batches=args.val_batches, dim=args.dim,
                lr=args.lr,
-               variants=list(variants), load_before=os.getloadavg()[0])
+               variants=list(variants))
 
     from tests._launch import run_ranks
 
-    command = "python benchmarks/calibration_bench.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     per_seed, runs = [], []
     for seed in range(args.seeds):
         by_variant = {}
@@ -254,12 +254,8 @@ def main() -> None:
           summary["set_is_informative"])
     if "default_meets_targets" in summary:
         print(f"default meets its targets: {summary['default_meets_targets']}")
-    cfg["load_after"] = os.getloadavg()[0]
-    result = {**summary, "seeds": list(range(args.seeds)), "per_seed": per_seed,
-              "targets": TARGETS}
-    args.json_out.parent.mkdir(parents=True, exist_ok=True)
-    args.json_out.write_text(json.dumps({"command": command, "config": cfg, "cpu_count": os.cpu_count(), **result,
-                                         "runs": runs}, indent=2))
+    write_results(args.json_out, metadata, cfg, runs, **summary, seeds=list(range(args.seeds)), per_seed=per_seed,
+                  targets=TARGETS)
     print(f"\nwrote {args.json_out}")
 
 

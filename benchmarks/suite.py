@@ -41,7 +41,7 @@ DEPTHS = ("smoke", "quick", "full")
 E2E_THROTTLED = "fp32,qcomm_int8_fp16,dlac_bf16,dlac_dlac,ceiling_dlac_dlac"
 E2E_UNTHROTTLED = "fp32,qcomm_int8_fp16,dlac_bf16,dlac_auto"
 E2E_MODEL = "fp32,qcomm_int8_fp16,dlac_bf16,dlac_dlac"
-ADAPTIVE_QUICK = "uncompressed,constant 0.01,DLAC homogenization,qcomm INT8/FP16"
+ADAPTIVE_QUICK = "uncompressed,constant 0.01,DLAC default,qcomm INT8/FP16"
 
 
 @dataclass(frozen=True)
@@ -118,6 +118,13 @@ STEPS: tuple[Step, ...] = (
     Step("adaptive_accuracy_dlrm_v2.json", "benchmarks/adaptive_accuracy.py", {
         "full": _adaptive("synthetic_v2", "0,1,2", "uncompressed,DLAC homogenization", "--synthetic-batches", "96",
                           "--synthetic-batch", "128", "--calibration-batches", "4"),
+    }),
+    Step("calibration_bench_quick.json", "benchmarks/calibration_bench.py", {
+        "smoke": ["--seeds", "1", "--quick", "--steps", "40", "--val-batches", "8"],
+        "quick": ["--seeds", "1", "--quick"],
+    }),
+    Step("calibration_bench.json", "benchmarks/calibration_bench.py", {
+        "full": ["--seeds", "3"],
     }),
     Step("data_bench.json", "benchmarks/data_bench.py", {
         "smoke": ["--rows", "20000", "--torchrec-rows", "2000", "--python-rows", "2000", "--loader-rows", "40000",
