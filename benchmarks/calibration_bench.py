@@ -20,6 +20,11 @@ reductions). Prints tables and writes JSON::
 
     python benchmarks/calibration_bench.py --seeds 3 --json-out benchmarks/results/calibration_bench.json
     python benchmarks/calibration_bench.py --seeds 1 --quick --json-out /tmp/calibration_quick.json
+    python benchmarks/calibration_bench.py --seeds 2 --trace --json-out benchmarks/results/calibration_trace.json
+
+``--trace`` runs only the gradient mode, calibrating from a tenth of the run and again every fifth (``c=1``), and
+records every table's gradient sensitivity at each calibration: how the statistic of each role moves as the model
+trains, the evidence the default tolerance and start were chosen on.
 
 The JSON holds ``{"default": {"precision", "recall", "robust_loose_share", "auroc_delta", "bytes_vs_all_tight",
 "calibration_share"}, "all_loose": {"auroc_delta"}, "all_tight": {"auroc_delta"}, "<mode>": {...}, "seeds": [...],
@@ -53,7 +58,7 @@ TARGETS = dict(precision=0.9, recall=0.9, robust_loose_share=0.9, auroc_delta=-0
                calibration_share=0.05, all_loose_loss=0.005, all_tight_loss=0.001)
 
 
-def _callback(variant: str):
+def _callback(variant: str, cfg: dict[str, Any]):
     from lightning_dlac import DLACCallback
 
     if variant == "default":
@@ -62,10 +67,26 @@ def _callback(variant: str):
         return DLACCallback(mode="homogenization", index="value")
     if variant == "sensitivity":
         return DLACCallback(mode="sensitivity", sensitivity_batches=4)
+    if variant == "trace":
+        return DLACCallback(mode="gradient", calibration_start=cfg["steps"] // 10, recalibrate_every=cfg["steps"] // 5,
+                            c=1.0, T=1)
     return DLACCallback(mode=variant)
 
 
-def _run(rank: int, world_size: int, variant: str, cfg: dict[str, Any]) -> dict[str, Any]:
+class _Trace(pl.Callback):
+    """Every table's gradient sensitivity at the largest candidate, at each calibration of ``dlac``."""
+
+    def __init__(self, dlac) -> None:  # noqa: ANN001
+        self.dlac, self.points = dlac, []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:  # noqa: ANN001
+        if self.dlac.calibrator.calibrated_at == self.dlac.step and self.dlac.table_stats:
+            rows = self.dlac.calibration_report()
+            self.points.append({"batch": self.dlac.step, "sensitivity": {
+                r["table"]: r["gradient_loss_change"][max(r["gradient_loss_change"], key=float)] for r in rows}})
+
+
+def _run(rank: int, world_size: int, variant: str, cfg: dict[str, Any]) -> dict[str, Any]:  # noqa: C901
     from calibration_data import FairCalibrationDataModule
     from lightning_dlac.examples.dlrm import DLRMModule
 
@@ -84,9 +105,10 @@ def _run(rank: int, world_size: int, variant: str, cfg: dict[str, Any]) -> dict[
     else:
         eps = {"all_tight": 0.01, "all_loose": 0.05}.get(variant, 0.01)
         strategy = DLACStrategy(eps=eps, embedding_lr=cfg["lr"])
-    dlac = _callback(variant) if variant not in BASELINES else None
+    dlac = _callback(variant, cfg) if variant not in BASELINES else None
     meter = _Bytes()
-    callbacks = [meter] if dlac is None else [dlac, meter]
+    trace = _Trace(dlac) if variant == "trace" else None
+    callbacks = [meter] if dlac is None else [dlac, meter] if trace is None else [dlac, meter, trace]
     trainer = pl.Trainer(accelerator="cpu", devices=world_size, strategy=strategy, max_epochs=1, callbacks=callbacks,
                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, num_sanity_val_steps=0)
@@ -100,6 +122,8 @@ def _run(rank: int, world_size: int, variant: str, cfg: dict[str, Any]) -> dict[
         out.update(classes={k: str(v) for k, v in dlac.classes.items()}, table_bounds=dlac.table_bounds,
                    calibration_s=dlac.calibration_seconds, calibrated_at=dlac.calibrator.calibrated_at,
                    T=dlac.schedule.T, calibration=dlac.calibration_report())
+    if trace is not None:
+        out["trace"] = trace.points
     return out
 
 
@@ -122,6 +146,16 @@ class _Bytes(pl.Callback):
         self.steps += 1
         self.raw += raw - self._start[0]
         self.sent += sent - self._start[1]
+
+
+def trace_summary(point: dict[str, Any], roles: dict[str, str]) -> dict[str, tuple[float, float]]:
+    """Smallest and largest gradient sensitivity (at the largest candidate) of each role at one calibration."""
+    out = {}
+    for role in ("sensitive", "robust", "irrelevant"):
+        values = [v for t, v in point["sensitivity"].items() if roles.get(t) == role]
+        if values:
+            out[role] = (round(min(values), 3), round(max(values), 3))
+    return out
 
 
 def _judge(runs: dict[str, dict[str, Any]], variant: str) -> dict[str, Any]:
@@ -204,16 +238,20 @@ def main() -> None:
     parser.add_argument("--data", action="append", default=[], metavar="KEY=VALUE",
                         help="a FairCalibrationDataModule argument other than its default (repeatable), e.g."
                         " --data sensitive=3")
+    parser.add_argument("--trace", action="store_true",
+                        help="only the gradient mode, recalibrating, recording every table's statistic each time")
     parser.add_argument("--variants", default=None, help=f"comma-separated subset of {list(FULL)}")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds a 2-rank launch may take")
     parser.add_argument("--json-out", type=Path, default=REPO / "benchmarks/results/calibration_bench.json")
     args = parser.parse_args()
     metadata = start_run("benchmarks/calibration_bench.py", vars(args))
     variants = tuple(v.strip() for v in args.variants.split(",")) if args.variants else (QUICK if args.quick else FULL)
-    unknown = sorted(set(variants) - set(FULL))
+    unknown = sorted(set(variants) - set(FULL)) if not args.trace else []
     if unknown:
         parser.error(f"unknown variant(s) {unknown}; choose from {list(FULL)}")
     missing = [b for b in BASELINES if b not in variants]
+    if args.trace:
+        variants, missing = ("trace",), []
     if missing:
         parser.error(f"the baselines {missing} are needed to judge the others; keep them in --variants")
     if args.seeds < 1:
@@ -232,6 +270,15 @@ def main() -> None:
     from tests._launch import run_ranks
 
     per_seed, runs = [], []
+    if args.trace:
+        for seed in range(args.seeds):
+            print(f"seed {seed} / trace ...", flush=True)
+            runs.append(run_ranks(_run, 2, "trace", dict(cfg, seed=seed), timeout=args.timeout)[0])
+            for point in runs[-1]["trace"]:
+                print(f"  batch {point['batch']}: {trace_summary(point, runs[-1]['roles'])}", flush=True)
+        write_results(args.json_out, metadata, cfg, runs, seeds=list(range(args.seeds)))
+        print(f"\nwrote {args.json_out}")
+        return
     for seed in range(args.seeds):
         by_variant = {}
         for variant in variants:

@@ -345,6 +345,25 @@ def calibration_modes(results: Results) -> list[str]:
     return lines
 
 
+def calibration_trace(results: Results) -> list[str]:
+    """The gradient sensitivity of each role at every calibration of the traced runs (smallest-largest)."""
+    from calibration_bench import trace_summary
+
+    name = "calibration_trace.json"
+    data = results.get(name)
+    lines = [source_line(name, data, results.shown), "",
+             "| seed | batch | sensitive tables | robust tables | irrelevant tables |", "|---|---:|---|---|---|"]
+    for run in data["results"]:
+        for point in run["trace"]:
+            roles = trace_summary(point, run["roles"])
+            cells = [f"{lo:.3f}-{hi:.3f}" if (lo, hi) != (None, None) else "-"
+                     for lo, hi in (roles.get(r, (None, None)) for r in ("sensitive", "robust", "irrelevant"))]
+            lines.append(f"| {run['seed']} | {point['batch']} | {' | '.join(cells)} |")
+    lines += ["", "(gradient sensitivity at eps 0.05, smallest-largest over the tables of each role; the default"
+              " tolerance is 0.15)"]
+    return lines
+
+
 def readme_calibration(results: Results) -> list[str]:
     name = "calibration_bench.json"
     data = results.get(name)
@@ -565,6 +584,7 @@ BLOCKS: dict[str, Block] = {
                              optional=("adaptive_accuracy_synthetic_2000.json",)),
     "calibration_modes": Block(("calibration_bench.json",), calibration_modes),
     "readme_calibration": Block(("calibration_bench.json",), readme_calibration),
+    "calibration_trace": Block(("calibration_trace.json",), calibration_trace),
     "readme_dlrm_v2": Block(("codec_bench.json",), readme_dlrm_v2,
                             optional=("adaptive_accuracy_dlrm_v2.json", "e2e_dlrm_v2.json")),
 }

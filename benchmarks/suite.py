@@ -126,6 +126,9 @@ STEPS: tuple[Step, ...] = (
     Step("calibration_bench.json", "benchmarks/calibration_bench.py", {
         "full": ["--seeds", "3"],
     }),
+    Step("calibration_trace.json", "benchmarks/calibration_bench.py", {
+        "full": ["--seeds", "2", "--trace"],
+    }),
     Step("data_bench.json", "benchmarks/data_bench.py", {
         "smoke": ["--rows", "20000", "--torchrec-rows", "2000", "--python-rows", "2000", "--loader-rows", "40000",
                   "--repeat", "1"],
