@@ -392,9 +392,12 @@ class DLACCallback(Callback):
         self._calibration_s += time.perf_counter() - t
         self._apply_bounds()
         n = result.counts
+        kept = len(set(self._strategy.all_compressed_tables) - set(self._calibrator.table_bounds))
         rank_zero_info(
             f"DLACCallback: {'re' if result.again else ''}calibrated {sum(n.values())} tables on {result.batches}"
-            f" batch(es) ({self.mode}): {n['tight']} tight, {n['base']} base, {n['loose']} loose."
+            f" batch(es) ({self.mode}): {n['tight']} tight, {n['base']} base, {n['loose']} loose"
+            + (f"; {kept} without a measured loss gradient (sequence features) keep the strategy's eps." if kept
+               else ".")
         )
 
     def _apply_bounds(self) -> None:
