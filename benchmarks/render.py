@@ -293,7 +293,6 @@ def adaptive_targets(rows: list[dict[str, Any]]) -> list[str]:
 
 CALIBRATION_VARIANTS = {
     "default": "`DLACCallback()` (defaults: gradient mode)",
-    "gradient": '`mode="gradient"`',
     "homogenization": '`mode="homogenization"` (`index="vector"`, the paper\'s)',
     "homogenization_value": '`mode="homogenization", index="value"`',
     "sensitivity": '`mode="sensitivity"` (4 probe batches)',

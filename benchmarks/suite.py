@@ -122,6 +122,7 @@ STEPS: tuple[Step, ...] = (
     Step("calibration_bench_quick.json", "benchmarks/calibration_bench.py", {
         "smoke": ["--seeds", "1", "--quick", "--steps", "40", "--val-batches", "8"],
         "quick": ["--seeds", "1", "--quick"],
+        "full": ["--seeds", "1", "--quick"],  # the quick run's direction, checked against the full one's
     }),
     Step("calibration_bench.json", "benchmarks/calibration_bench.py", {
         "full": ["--seeds", "3"],
