@@ -372,25 +372,26 @@ def _table(rows: list[dict[str, Any]]) -> list[str]:
 
 def _calibration_table(row: dict[str, Any]) -> list[str]:
     cands = list(row["calibration"][0]["ratio"])
+    # The gradient statistic's columns appear where the run measured it (results from before it existed lack them).
+    gradient = any(t.get("gradient_loss_change") for t in row["calibration"])
+    heads = [f"ratio @ {c}" for c in cands] + [f"loss change @ {c}" for c in cands]
+    heads += [f"gradient loss change @ {c}" for c in cands] if gradient else []
     lines = [
         "| table | rows | distinct vectors / chunk | homogenization index | vector index | class | eps | "
-        + " | ".join(f"ratio @ {c}" for c in cands) + " | " + " | ".join(f"loss change @ {c}" for c in cands)
-        + " | " + " | ".join(f"gradient loss change @ {c}" for c in cands) + " |",
-        "|---|---:|---:|---:|---:|---|---:|" + "---:|" * (3 * len(cands)),
+        + " | ".join(heads) + " |",
+        "|---|---:|---:|---:|---:|---|---:|" + "---:|" * len(heads),
     ]
     order = sorted(row["calibration"], key=lambda r: int(r["table"].rsplit("_", 1)[1]))
     for t in order:
-        ratios = " | ".join(f"{t['ratio'][c]:.1f}" for c in cands)
+        cells = [f"{t['ratio'][c]:.1f}" for c in cands]
+        cells += ["-" if t["loss_change"] is None else f"{t['loss_change'][c]:+.1e}" for c in cands]
+        if gradient:
+            grad = t.get("gradient_loss_change")
+            cells += ["-" if grad is None else f"{grad[c]:.3f}" for c in cands]
         vector = f"{t['vector_homogenization_index']:.3f}" if "vector_homogenization_index" in t else "-"
-        changes = " | ".join(
-            "-" if t["loss_change"] is None else f"{t['loss_change'][c]:+.1e}" for c in cands
-        )
-        grad = t.get("gradient_loss_change")
-        gradients = " | ".join("-" if grad is None else f"{grad[c]:.3f}" for c in cands)
         lines.append(
             f"| {t['table']} | {row['table_rows'].get(t['table'], '')} | {t['distinct_per_chunk']:.1f} |"
-            f" {t['homogenization_index']:.3f} | {vector} | {t['class']} | {t['eps']} | {ratios} | {changes} |"
-            f" {gradients} |"
+            f" {t['homogenization_index']:.3f} | {vector} | {t['class']} | {t['eps']} | {' | '.join(cells)} |"
         )
     return lines
 
