@@ -18,13 +18,14 @@ Nothing here imports torch at module level: ``dlac preprocess --help`` stays ins
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.resources
 import os
 import shutil
 import threading
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -115,23 +116,47 @@ def build_extension(
     from torch.utils import cpp_extension
 
     try:
-        module = cpp_extension.load(
-            name=f"{name}_{directory.name[len(dir_prefix):]}",
-            sources=[str(p) for p in sources],
-            # Copies: cpp_extension appends torch's link flags to the list it gets, which would change build_dir's
-            # hash for every later build in this process (and rebuild unchanged sources in a new directory).
-            extra_cflags=list(cflags),
-            extra_ldflags=list(ldflags),
-            extra_cuda_cflags=list(cuda_cflags),
-            extra_include_paths=[str(p) for p in include_dirs],
-            build_directory=str(directory),
-            is_python_module=python_module,
-            verbose=False,
-        )
+        with _build_lock(directory):
+            module = cpp_extension.load(
+                name=f"{name}_{directory.name[len(dir_prefix):]}",
+                sources=[str(p) for p in sources],
+                # Copies: cpp_extension appends torch's link flags to the list it gets, which would change build_dir's
+                # hash for every later build in this process (and rebuild unchanged sources in a new directory).
+                extra_cflags=list(cflags),
+                extra_ldflags=list(ldflags),
+                extra_cuda_cflags=list(cuda_cflags),
+                extra_include_paths=[str(p) for p in include_dirs],
+                build_directory=str(directory),
+                is_python_module=python_module,
+                verbose=False,
+            )
     except Exception as e:  # noqa: BLE001 - any build failure becomes one explained error
         tail = str(e)[-4000:]
         raise NativeUnavailable(f"building the {what} in {directory} failed:\n{tail}") from e
     return directory, module if python_module else None
+
+
+@contextlib.contextmanager
+def _build_lock(directory: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``directory`` while torch builds and loads in it.
+
+    torch's own lock (``directory/lock``, a file that exists while a process builds) outlives a builder killed with
+    SIGKILL, and every later build then waits for it forever: a restarted job would hang before its first step. The
+    kernel drops a ``flock`` when its holder dies, so whoever holds this one knows that a ``lock`` file left in the
+    directory belongs to no live builder, and removes it.
+    """
+    import fcntl
+
+    with open(directory / "dlac_build.flock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            stale = directory / "lock"
+            if stale.exists():
+                warnings.warn(f"removing {stale}, left by a build that was killed", stacklevel=3)
+                stale.unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 class NativeLibrary:

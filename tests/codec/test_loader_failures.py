@@ -138,3 +138,26 @@ def test_the_native_fixture_skips_only_without_a_compiler_or_with_the_opt_out(
     with pytest.raises(expected) as info:
         require_native()
     assert "boom" in str(info.value)
+
+
+@pytest.mark.slow  # a fresh Python process that imports torch
+def test_a_build_lock_left_by_a_killed_builder_does_not_block_later_builds() -> None:
+    """A process killed while it JIT-builds (SIGKILL, an OOM kill, a scheduler's timeout) leaves torch's ``lock``
+    file in the build directory; every later build of the same sources must get past it, not wait forever."""
+    from tests.conftest import native_expected
+
+    if not native_expected():
+        pytest.skip("no C++ compiler here (or DLAC_TESTS_ALLOW_NO_NATIVE): nothing is built")
+    from lightning_dlac.codec import _loader
+
+    _loader.load_native()  # the cached build the next process loads
+    lock = _loader.build_dir(*_loader._sources()) / "lock"
+    lock.write_text("")  # what torch's FileBaton leaves when its holder is killed
+    try:
+        load = "from lightning_dlac.codec import _loader; _loader.load_native(); print('loaded')"
+        done = subprocess.run([sys.executable, "-c", load], cwd=REPO, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, timeout=240)  # fmt: skip
+    finally:
+        lock.unlink(missing_ok=True)
+    assert done.returncode == 0 and "loaded" in done.stdout, done.stdout[-4000:]
+    assert "left by a build that was killed" in done.stdout
