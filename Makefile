@@ -71,7 +71,8 @@ gpu-rehearsal: $(REHEARSAL_STAMP)
 
 # Every published figure from one command per depth (benchmarks/suite.py lists the steps; docs/benchmarks.md says
 # what each depth runs and how long it takes). Each writes benchmarks/results/*.json (tracked) and re-renders the
-# figure blocks of README.md and docs/benchmarks.md from them (benchmarks/render.py). Timings need a calm machine.
+# figure blocks of README.md, docs/benchmarks.md and docs/strategy.md from them (benchmarks/render.py). Timings need
+# a calm machine.
 # bench-smoke proves the pipeline in minutes into a scratch directory (results and rendered copies), measuring nothing.
 BENCH_STAMP := $(VENV)/.dlac-bench-installed
 BENCH_SCRATCH ?= /tmp/dlac-bench-smoke

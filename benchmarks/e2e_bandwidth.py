@@ -1,6 +1,6 @@
 """End-to-end DLRM training step time under an emulated (throttled) interconnect: TorchRec fp32 and qcomm codecs
 against the DLAC compressed all-to-all and its like-for-like ceiling, on 2 gloo CPU ranks; prints a table and the
-targets, writes JSON (benchmarks/render.py puts the figures into README.md and docs/benchmarks.md).
+targets, writes JSON (benchmarks/render.py puts the figures into README.md and docs/).
 
 Run as root on Linux (needs ``unshare -n`` and ``tc``), from the repository root:
 
@@ -21,6 +21,12 @@ DLAC both directions' like-for-like ceiling: the same exchange module with the n
 (lightning_dlac/comm/null_codec.py), sending the latest ``dlac_dlac`` launch's bytes per table and direction, with
 no encode or decode; a DLAC launch more than 5% faster than the ceiling launch of its repeat is recorded as a
 benchmark error. The issue-25 targets (``TARGETS``) are judged by the rule of benchmarks/_report.py.
+
+The pipelined variants (``..._pipelined``: every step through TorchRec's sparse-dist pipeline, as
+``DLACStrategy(pipeline="sparse_dist")`` drives it; ``..._alternate``: blocks of unpipelined and pipelined steps in
+turn within one launch, ABBA) are in ``_e2e_pipeline.py``, with the phase timers that split a step (input dist,
+lookup and output dist); each ``X_pipelined`` is compared with its twin ``X`` launch for launch, and the issue-29
+target (``dlac_dlac_pipelined`` >= 1.1x ``dlac_dlac`` at 1 Gbit/s) is judged by the same rule.
 
 That loop (``_train_rank``) is also the reference for training with lightning-dlac without Lightning:
 ``shard_model`` + ``install_compressed_all_to_all`` + a ``Calibrator`` fed by the exchange group's observer.
@@ -49,6 +55,14 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # tests._launch (the project's rank launcher) lives at the repository root
     sys.path.insert(0, str(REPO))
 
+from _e2e_pipeline import (  # noqa: E402 - beside this script
+    Stepper,
+    alternate_problem,
+    module_to_shard,
+    pipeline_lines,
+    pipeline_summary,
+    pipeline_table,
+)
 from _e2e_stand_ins import _codecs_registry  # noqa: E402 - beside this script
 from _report import judge, start_run, write_results  # noqa: E402 - beside this script
 
@@ -71,6 +85,9 @@ class Variant:
     classes: bool = False  # DLAC: per-table bounds from the homogenization classes, calibrated on the warm-up steps
     overlap: bool | None = None  # DLAC: None = the library's default (overlapped on NCCL, synchronous on gloo)
     ceiling_of: str | None = None  # null: the DLAC variant whose bytes it sends (its like-for-like ceiling)
+    # "sparse_dist": through TorchRec's sparse-dist pipeline; "alternate": unpipelined and pipelined blocks of steps
+    # in turn within one launch (_e2e_pipeline.py). A pipelined variant is its unpipelined twin's name + _pipelined.
+    pipeline: str | None = None
 
 
 VARIANTS: dict[str, Variant] = {
@@ -92,6 +109,20 @@ VARIANTS: dict[str, Variant] = {
                 "dlac", ceiling_of="dlac_dlac"),
         Variant("zero8_fwd", "zero-cost 8x, fwd only (TorchRec path)", "zero", "zero8", "fp32"),
         Variant("zero8_both", "zero-cost 8x, both directions (TorchRec path)", "zero", "zero8", "zero8"),
+        Variant("fp32_pipelined", "FP32, sparse-dist pipeline", "fp32", pipeline="sparse_dist"),
+        Variant("dlac_dlac_pipelined", "DLAC both directions, sparse-dist pipeline", "dlac", "dlac", "dlac",
+                pipeline="sparse_dist"),
+        Variant("dlac_dlac_sync_pipelined", "DLAC both directions, synchronous exchanges, sparse-dist pipeline",
+                "dlac", "dlac", "dlac", overlap=False, pipeline="sparse_dist"),
+        Variant("dlac_dlac_overlap_pipelined", "DLAC both directions, overlapped exchanges, sparse-dist pipeline",
+                "dlac", "dlac", "dlac", overlap=True, pipeline="sparse_dist"),
+        Variant("fp32_alternate", "FP32, unpipelined and sparse-dist steps in turn", "fp32", pipeline="alternate"),
+        Variant("dlac_dlac_alternate", "DLAC both directions, unpipelined and sparse-dist steps in turn", "dlac",
+                "dlac", "dlac", pipeline="alternate"),
+        Variant("dlac_dlac_sync_alternate", "DLAC both directions, synchronous exchanges, unpipelined and sparse-dist"
+                " steps in turn", "dlac", "dlac", "dlac", overlap=False, pipeline="alternate"),
+        Variant("dlac_dlac_overlap_alternate", "DLAC both directions, overlapped exchanges, unpipelined and"
+                " sparse-dist steps in turn", "dlac", "dlac", "dlac", overlap=True, pipeline="alternate"),
     )
 }
 # A launch faster than its ceiling by more than this fraction is a benchmark error, not a result.
@@ -103,6 +134,8 @@ TARGETS = (
     ("1gbit", "DLAC fwd + BF16 bwd ahead of qcomm INT8/FP16", "dlac_bf16", "qcomm_int8_fp16", 1.0, "speed"),
     ("10gbit", "DLAC both directions >= 0.8 of its ceiling", "dlac_dlac", "ceiling_dlac_dlac", 0.8, "ceiling"),
     ("unthrottled", "compress=\"auto\" >= 0.97x FP32", "dlac_auto", "fp32", 0.97, "speed"),
+    # Issue 29's target: the pipelined DLAC run against the unpipelined one (each its own launch).
+    ("1gbit", "DLAC both directions, pipelined >= 1.1x unpipelined", "dlac_dlac_pipelined", "dlac_dlac", 1.1, "speed"),
 )
 
 
@@ -165,7 +198,7 @@ def _train_rank(rank: int, world_size: int, variant_name: str, cfg: dict[str, An
         options = ShardingOptions(sharding_types=["table_wise"], embedding_optimizer="adagrad",
                                   embedding_lr=EMBEDDING_LR, adagrad_epsilon=1e-8, qcomm_codecs_registry=registry)
         dims = {t.name: t.embedding_dim for t in dlrm.embedding_bag_collection.embedding_bag_configs()}
-        model = shard_model(dlrm.model, options, torch.device("cpu"))
+        model = shard_model(module_to_shard(dlrm, variant.pipeline), options, torch.device("cpu"))
         plan = model.plan
         group = None
         bounds = ErrorBounds(0.01)
@@ -190,6 +223,7 @@ def _train_rank(rank: int, world_size: int, variant_name: str, cfg: dict[str, An
                 group.set_observer(calibrator.observe)
         dense_opt = torch.optim.Adagrad(dense_parameters(model), lr=dlrm.hparams.learning_rate)
         loss_fn = torch.nn.BCEWithLogitsLoss()
+        step = Stepper(model, batches, loss_fn, dense_opt, variant.pipeline)
         local_dim = sum(dims[n] for mp in plan.plan.values() for n, spec in mp.items() if rank in (spec.ranks or []))
 
         times, losses, uncompressed_steps = [], [], []
@@ -206,11 +240,7 @@ def _train_rank(rank: int, world_size: int, variant_name: str, cfg: dict[str, An
                         c.reset()
             sent_uncompressed = group.stats().uncompressed_calls if group else 0
             t0 = time.perf_counter()
-            logits = model(batch.dense_features, batch.sparse_features).squeeze(-1)
-            loss = loss_fn(logits, batch.labels)
-            dense_opt.zero_grad()
-            loss.backward()
-            dense_opt.step()
+            loss = step(batch)
             elapsed = time.perf_counter() - t0
             if calibrator is not None and calibrator.measuring(i):
                 calibrator.batch_measured()
@@ -221,7 +251,7 @@ def _train_rank(rank: int, world_size: int, variant_name: str, cfg: dict[str, An
             losses.append(loss.item())
 
         out: dict[str, Any] = {"times": times, "losses": losses, "local_dim": local_dim,
-                               "uncompressed_steps": uncompressed_steps}
+                               "uncompressed_steps": uncompressed_steps, **step.report(warmup)}
         # Bytes to other ranks (the block a rank keeps is a local copy, and DLAC's statistics count it nowhere).
         remote = (world_size - 1) / world_size
         raw_fwd = (world_size - 1) * batch_size * local_dim * 4 * steps
@@ -289,6 +319,7 @@ def _summarize(variant: Variant, rate: str, per_rank: list[dict[str, Any]], cfg:
         max_error_over_bound=max((r.get("max_error_over_bound") or 0.0 for r in per_rank), default=None)
         if variant.kind == "dlac" else None,
         local_dim_per_rank=[r["local_dim"] for r in per_rank],
+        **pipeline_summary(variant.pipeline, per_rank, step_s, cfg["steps"]),
     )
     row["fwd_ratio"] = row["fwd_raw_bytes_per_step"] / row["fwd_sent_bytes_per_step"]
     if variant.auto_fallback:
@@ -363,6 +394,7 @@ def _inside_namespace(rate: str, variants: list[str], cfg: dict[str, Any], out: 
     for name in variants:
         row = _summarize(VARIANTS[name], rate, _pool([launch["per_rank"] for launch in launches[name]]), cfg)
         row["launch_median_ms"] = [launch["median_ms"] for launch in launches[name]]
+        row["launch_loadavg_1m"] = [launch["loadavg_1m"] for launch in launches[name]]
         # The raw step times of every launch (per rank), and where each ran in the order.
         row["launches"] = [dict(repeat=launch["repeat"], position=launch["position"],
                                 loadavg_1m=launch["loadavg_1m"], bytes_from=launch["bytes_from"],
@@ -380,7 +412,8 @@ def _pool(launches: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     for rank_records in zip(*launches):
         first = dict(rank_records[0])
         first["times"] = [t for r in rank_records for t in r["times"]]
-        first["uncompressed_steps"] = [u for r in rank_records for u in r["uncompressed_steps"]]
+        for key in ("uncompressed_steps", "step_modes", "step_phases"):
+            first[key] = [u for r in rank_records for u in r[key]]
         for key, value in rank_records[0].items():
             if key.endswith(("_bytes", "_s", "_calls")) and isinstance(value, (int, float)):
                 first[key] = sum(r[key] for r in rank_records)
@@ -525,6 +558,10 @@ def main() -> None:
         variants.insert(variants.index(source) + 1, name)
     if "dlac_classes" in variants and args.warmup < 1:
         parser.error("dlac_classes calibrates its per-table bounds on the warm-up steps: give --warmup >= 1")
+    for name in [v for v in variants if VARIANTS[v].pipeline == "alternate"][:1]:
+        problem = alternate_problem(args.warmup, args.steps)
+        if problem:
+            parser.error(f"{name}: {problem}")
     if args.fallback_check_every < 1:
         parser.error("--fallback-check-every must be >= 1")
     if args.world_size < 2:
@@ -565,10 +602,13 @@ def main() -> None:
                 sys.exit(f"rate {rate} failed (exit code {proc.returncode}); see the output above.")
 
     speedups(rows)
+    pipelined = pipeline_lines(rows)  # also records each pipelined row's speed against its twin
     errors = ceiling_checks(rows)
     targets = judge_targets(rows, errors)
     print()
     print("\n".join(table(rows)))
+    print("\n".join(pipeline_table(rows)))
+    print("\n".join(pipelined))
     for t in targets:
         reps = ", ".join(f"{v:.2f}" for v in t["per_repeat"])
         print(f"{'MET    ' if t['met'] else 'NOT MET'} {t['rate']}: {t['target']}: {t['pooled']:.2f} pooled,"

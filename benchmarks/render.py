@@ -1,4 +1,4 @@
-"""Render the figures of README.md and docs/benchmarks.md from the results files.
+"""Render the figures of README.md, docs/benchmarks.md and docs/strategy.md from the results files.
 
 Every figure block in those files sits between ``<!-- BEGIN render:NAME -->`` and ``<!-- END render:NAME -->`` and
 is this script's output for block NAME: made from the results files it names (benchmarks/results/*.json, written by
@@ -33,7 +33,7 @@ if str(HERE) not in sys.path:
 
 from _report import RULE, judge, load_results, span, verdict_text  # noqa: E402 - beside this script
 
-DOCS = ("README.md", "docs/benchmarks.md", "docs/adaptive.md")
+DOCS = ("README.md", "docs/benchmarks.md", "docs/adaptive.md", "docs/strategy.md")
 BLOCK = re.compile(r"<!-- BEGIN render:(?P<name>[\w-]+) -->\n(?P<body>.*?)<!-- END render:(?P=name) -->", re.S)
 
 
@@ -560,6 +560,40 @@ def readme_dlrm_v2(results: Results) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
+# docs/strategy.md
+
+
+def pipeline(results: Results) -> list[str]:
+    """The sparse-dist pipeline against unpipelined training (issue 29): each pipelined variant beside its twin
+    (separate launches) with the phases that explain it and the target, then the same within one launch."""
+    from _e2e_pipeline import pipeline_lines, pipeline_table
+
+    data = results.get("e2e_pipeline.json")
+    cfg = data["config"]
+    rows = data["results"]
+    lines = [source_line("e2e_pipeline.json", data, results.shown), "",
+             f"Batch {cfg['batch_size']} per rank, {cfg['world_size']} gloo ranks, model `{cfg.get('model', 'dlrm')}`;"
+             f" every variant its own launch, {cfg['repeats']} repeat(s) in {cfg.get('order', 'round-robin')} order,"
+             f" {cfg['steps']} timed steps after {cfg['warmup']} warm-up steps per launch. Steps: median over the"
+             " pooled steps (per step, the slower rank); speed: the unpipelined step over the pipelined one (above 1"
+             " the pipeline pays), per-repeat range in brackets; phases per step, mean over ranks.", "",
+             *(pipeline_table(rows) or ["This run had no pipelined variant beside its unpipelined twin."])]
+    targets = [t for t in data.get("targets", []) if "pipelined" in t["variant"]]
+    if targets:
+        lines += ["", "Target (by the rule of docs/benchmarks.md):", ""]
+        lines += [f"- {t['rate']}: {t['target']}: {verdict_text(t)}" for t in targets]
+    alternate = results.get("e2e_pipeline_alternate.json")
+    if alternate is None:
+        return [*lines, "", *awaiting(["e2e_pipeline_alternate.json"], short=True)]
+    acfg = alternate["config"]
+    return [*lines, "", source_line("e2e_pipeline_alternate.json", alternate, results.shown), "",
+            f"Within one launch ({acfg['repeats']} launches per variant, batch {acfg['batch_size']}, {acfg['warmup']}"
+            f" warm-up and {acfg['steps']} timed steps in blocks unpipelined and pipelined in turn): the steps whose"
+            " ids were sent during the step before against the unpipelined steps of the same launch, and each kind's"
+            " phases per step:", "", *pipeline_lines(alternate["results"])]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
 # The registry
 
 ADAPTIVE_FILES = ("adaptive_accuracy_synthetic_2000.json", "adaptive_accuracy_planted.json",
@@ -586,6 +620,7 @@ BLOCKS: dict[str, Block] = {
     "calibration_trace": Block(("calibration_trace.json",), calibration_trace),
     "readme_dlrm_v2": Block(("codec_bench.json",), readme_dlrm_v2,
                             optional=("adaptive_accuracy_dlrm_v2.json", "e2e_dlrm_v2.json")),
+    "pipeline": Block(("e2e_pipeline.json",), pipeline, optional=("e2e_pipeline_alternate.json",)),
 }
 
 

@@ -1,6 +1,6 @@
 """Every benchmark that backs a figure in README.md or docs/benchmarks.md, at one depth, in one command.
 
-    python benchmarks/suite.py --depth quick --render     # make bench-quick: ~25-30 minutes on 2 idle cores
+    python benchmarks/suite.py --depth quick --render     # make bench-quick: ~45 minutes on 2 idle cores
     python benchmarks/suite.py --depth full --render      # make bench: every results file, hours
     python benchmarks/suite.py --depth smoke --results /tmp/dlac-bench-smoke   # make bench-smoke: ~8 minutes
 
@@ -9,7 +9,8 @@ Depths:
 - ``smoke``: tiny steps, batches and repeats, to prove the pipeline end to end (its results are not figures: they
   go to a scratch directory, and ``--results`` must name one outside benchmarks/results/);
 - ``quick``: the figures a release is judged on: the codec (every payload), end to end at 1 and 10 Gbit/s with the
-  like-for-like ceiling and unthrottled with ``compress="auto"`` (3 repeats each), DLRM v2 end to end, the scaling
+  like-for-like ceiling and unthrottled with ``compress="auto"`` (3 repeats each), the sparse-dist pipeline against
+  unpipelined training at 1 and 10 Gbit/s (separate launches, and within one launch), DLRM v2 end to end, the scaling
   model's validation at 2 ranks, adaptive accuracy on the Criteo sample (3 seeds) and the data path at reduced size;
 - ``full``: all of ``quick`` at more repeats and full size, plus the scaling model at 3 and 4 ranks, every adaptive
   accuracy dataset (planted, synthetic for 200 and 2,000 steps, Criteo for 2 epochs, DLRM v2).
@@ -41,7 +42,12 @@ DEPTHS = ("smoke", "quick", "full")
 E2E_THROTTLED = "fp32,qcomm_int8_fp16,dlac_bf16,dlac_dlac,ceiling_dlac_dlac"
 E2E_UNTHROTTLED = "fp32,qcomm_int8_fp16,dlac_bf16,dlac_auto"
 E2E_MODEL = "fp32,qcomm_int8_fp16,dlac_bf16,dlac_dlac"
-ADAPTIVE_QUICK = "uncompressed,constant 0.01,DLAC default,qcomm INT8/FP16"
+# Issue 29: each pipelined variant beside its unpipelined twin (separate launches), and the same comparisons within
+# one launch (blocks of steps both ways in turn, ABBA: 4 warm-up steps, then 16 timed).
+E2E_PIPELINE = "fp32,fp32_pipelined,dlac_dlac,dlac_dlac_pipelined,dlac_dlac_overlap,dlac_dlac_overlap_pipelined"
+E2E_PIPELINE_ALTERNATE = "fp32_alternate,dlac_dlac_alternate,dlac_dlac_overlap_alternate"
+# The default policy against uncompressed, a constant 0.01, all-loose (0.05) and TorchRec's practical baseline.
+ADAPTIVE_QUICK = "uncompressed,constant 0.01,constant 0.05,DLAC default,qcomm INT8/FP16"
 
 
 @dataclass(frozen=True)
@@ -85,6 +91,16 @@ STEPS: tuple[Step, ...] = (
         "smoke": _e2e("1gbit", "fp32,dlac_dlac", 64, 1, 1, 1, "--model", "dlrm_v2"),
         "quick": _e2e("1gbit", E2E_MODEL, 512, 4, 1, 2, "--model", "dlrm_v2"),
         "full": _e2e("1gbit", E2E_MODEL, 512, 6, 1, 3, "--model", "dlrm_v2"),
+    }),
+    Step("e2e_pipeline.json", "benchmarks/e2e_bandwidth.py", {
+        "smoke": _e2e("1gbit", "fp32,fp32_pipelined,dlac_dlac,dlac_dlac_pipelined", 256, 2, 1, 1),
+        "quick": _e2e("1gbit,10gbit", E2E_PIPELINE, 4096, 6, 2, 3),
+        "full": _e2e("1gbit,10gbit", E2E_PIPELINE, 4096, 8, 2, 5),
+    }),
+    Step("e2e_pipeline_alternate.json", "benchmarks/e2e_bandwidth.py", {
+        "smoke": _e2e("1gbit", "dlac_dlac_alternate", 256, 8, 4, 1),
+        "quick": _e2e("1gbit,10gbit", E2E_PIPELINE_ALTERNATE, 4096, 16, 4, 2),
+        "full": _e2e("1gbit,10gbit", E2E_PIPELINE_ALTERNATE, 4096, 16, 4, 3),
     }),
     Step("e2e_world3.json", "benchmarks/e2e_bandwidth.py", {
         "full": _e2e("1gbit,unthrottled", E2E_MODEL, 4096, 4, 2, 3, "--world-size", "3"),

@@ -56,12 +56,16 @@ def cache_root() -> Path:
 
 def build_dir(files: Sequence[Path], flags: Sequence[str], prefix: str = "") -> Path:
     """The cache directory of a build of ``files`` with ``flags``: ``<cache>/<prefix><16 hex digits>``, the digits a
-    hash of the files' names and bytes, the flags and the torch version."""
+    hash of the files' paths and bytes, the flags and the torch version.
+
+    The paths count because torch's build file names them (the sources, the include directories): two checkouts
+    with identical sources sharing one directory would each find the other's build file different and rebuild,
+    replacing the library under the other's running processes."""
     import torch
 
     digest = hashlib.sha256()
     for p in files:
-        digest.update(p.name.encode())
+        digest.update(str(Path(p).resolve()).encode())
         digest.update(p.read_bytes())
     digest.update(" ".join(flags).encode())
     digest.update(torch.__version__.encode())

@@ -2,8 +2,11 @@
 and DLAC, from measured inputs (``dlac estimate``, ``benchmarks/scaling_model.py``).
 
 A step is compute plus the two pooled-embedding all-to-alls (forward embeddings, backward gradients) plus the part
-of the dense gradient all-reduce that the backward does not hide. Nothing here measures anything: every input is a
-number the user measured (or assumes, and says so).
+of the dense gradient all-reduce that the backward does not hide, plus (when ``ids_per_sample`` is given) the part
+of the input dist (the all-to-all of the ids) that is not hidden: all of it unpipelined, what the step's compute does
+not cover under TorchRec's sparse-dist pipeline (``DLACStrategy(pipeline="sparse_dist")``, which sends the next
+batch's ids during the current step). Nothing here measures anything: every input is a number the user measured
+(or assumes, and says so).
 
 | quantity | formula |
 |---|---|
@@ -15,12 +18,18 @@ number the user measured (or assumes, and says so).
 | DLAC codec time | ``R / encode_rate + R / decode_rate`` (a rank's own rows are neither encoded nor sent) |
 | cast codec time | ``2 * B * D * 4 / cast_rate`` (TorchRec quantizes and dequantizes the whole buffer) |
 | dense all-reduce (ring) | ``alpha * 2 (W - 1) + 8 * 2 (W - 1) / W * P * 4 / bandwidth`` (``* W`` on a shared link) |
-| step | ``compute + forward + backward + (1 - hidden) * all-reduce`` |
+| input dist, bytes a rank sends | ``(W - 1) / W * B * (4 F + 8 I)`` (int32 length per feature ``F``, int64 id ``I``) |
+| input dist, time | wire time of those bytes in ``3 (W - 1)`` messages (splits, lengths, ids) |
+| input dist on the step's path | unpipelined: all of it; ``sparse_dist``: ``max(0, input dist - compute)`` |
+| step | ``compute + input dist on the path + forward + backward + (1 - hidden) * all-reduce`` |
 
 What it leaves out, on purpose: NVLink between GPUs of one node (every byte is costed at the network's rate, which
-is pessimistic for 8-GPU nodes), congestion and incast beyond the bandwidth term, overlap of the exchanges with
-compute (DLAC's and TorchRec's exchanges are costed as fully exposed, as they are in an unpipelined step), and
-ratio changes with scale (the ratios are per table and per batch: measure them at the batch size you will run).
+is pessimistic for 8-GPU nodes), congestion and incast beyond the bandwidth term, overlap of the embedding exchanges
+with compute (DLAC's and TorchRec's exchanges are costed as fully exposed, as they are in a sparse-dist step too: that
+pipeline moves only the ids), the cost of hiding the input dist (on a GPU its own stream; on CPU ranks, gloo's thread
+competes with the step for the cores, which is why the pipeline buys less there), and ratio changes with scale (the
+ratios are per table and per batch: measure them at the batch size you will run). Without ``ids_per_sample`` the
+input dist is not modelled: it is part of ``compute_ms``, as a measured step includes it.
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 LINK_KINDS = ("per_gpu", "shared")
+PIPELINES = (None, "sparse_dist")
 METHODS = ("fp32", "int8_fp16", "dlac_bf16", "dlac_dlac")
 METHOD_LABELS = {
     "fp32": "FP32 (TorchRec)",
@@ -84,6 +94,8 @@ class Workload:
             them removed, or an unthrottled FP32 step minus their modelled time, as ``scaling_model.py`` does).
         dense_params: Dense parameters, all-reduced in float32 every step.
         allreduce_hidden: Share of the dense all-reduce hidden behind the backward (0: fully exposed).
+        ids_per_sample: Ids per sample over all features (one-hot: one per feature; multi-hot: the pooling factors'
+            sum), sent in the input dist. 0 leaves the input dist out of the model (then ``compute_ms`` holds it).
     """
 
     batch_per_rank: int
@@ -91,6 +103,7 @@ class Workload:
     compute_ms: float
     dense_params: int = 0
     allreduce_hidden: float = 0.0
+    ids_per_sample: float = 0.0
 
     def __post_init__(self) -> None:
         if self.batch_per_rank < 1:
@@ -102,6 +115,7 @@ class Workload:
             raise ValueError(f"dense_params={self.dense_params} must be >= 0.")
         if not 0 <= self.allreduce_hidden <= 1:
             raise ValueError(f"allreduce_hidden={self.allreduce_hidden} must be between 0 and 1.")
+        _positive(self.ids_per_sample, "ids_per_sample", allow_zero=True)
 
     @property
     def total_dim(self) -> int:
@@ -168,11 +182,12 @@ class Prediction:
     forward_ms: float
     backward_ms: float
     allreduce_ms: float
-    parts: dict[str, float] = field(default_factory=dict)  # codec and wire time of each direction
+    parts: dict[str, float] = field(default_factory=dict)  # codec and wire time of each direction, the input dist's
+    input_dist_ms: float = 0.0  # the input dist on the step's path (the part a pipeline does not hide)
 
     @property
     def step_ms(self) -> float:
-        return self.compute_ms + self.forward_ms + self.backward_ms + self.allreduce_ms
+        return self.compute_ms + self.input_dist_ms + self.forward_ms + self.backward_ms + self.allreduce_ms
 
 
 def _direction_ms(encoding: str, ratio: float, rates: tuple[float, float], cast_gb_s: float, workload: Workload,
@@ -190,10 +205,23 @@ def _direction_ms(encoding: str, ratio: float, rates: tuple[float, float], cast_
     return codec_s * 1e3, link.wire_s(raw / ratio, world, messages) * 1e3
 
 
-def predict(method: str, workload: Workload, codec: Codec, link: Link, world: int) -> Prediction:
-    """The step time of ``method`` (one of :data:`METHODS`) on ``world`` ranks."""
+def input_dist_ms(workload: Workload, link: Link, world: int) -> float:
+    """The input dist of one step (TorchRec's KJT all-to-all of the ids: splits, int32 lengths, int64 ids), in ms."""
+    if not workload.ids_per_sample:
+        return 0.0
+    sent = (world - 1) / world * workload.batch_per_rank * (4 * len(workload.embedding_dims)
+                                                            + 8 * workload.ids_per_sample)
+    return link.wire_s(sent, world, 3 * (world - 1)) * 1e3
+
+
+def predict(method: str, workload: Workload, codec: Codec, link: Link, world: int,
+            pipeline: str | None = None) -> Prediction:
+    """The step time of ``method`` (one of :data:`METHODS`) on ``world`` ranks, unpipelined or under ``pipeline``
+    (``"sparse_dist"``: the input dist hidden behind the step's compute, as far as it reaches)."""
     if method not in METHODS:
         raise ValueError(f"method {method!r} is not modelled; choose one of {list(METHODS)}.")
+    if pipeline not in PIPELINES:
+        raise ValueError(f"pipeline {pipeline!r} is not modelled; choose one of {list(PIPELINES)}.")
     if world < 2:
         raise ValueError(f"world={world} must be >= 2 (one rank exchanges nothing).")
     forward, backward = {
@@ -206,15 +234,18 @@ def predict(method: str, workload: Workload, codec: Codec, link: Link, world: in
     bwd = _direction_ms(*backward, codec.rates(True), codec.cast_gb_s, workload, link, world)
     ring = 2 * (world - 1) / world * workload.dense_params * 4
     allreduce = link.wire_s(ring, world, 2 * (world - 1)) * 1e3 if workload.dense_params else 0.0
+    ids = input_dist_ms(workload, link, world)
+    exposed = max(0.0, ids - workload.compute_ms) if pipeline == "sparse_dist" else ids
     return Prediction(method, world, workload.compute_ms, sum(fwd), sum(bwd),
                       (1 - workload.allreduce_hidden) * allreduce,
                       {"forward_codec_ms": fwd[0], "forward_wire_ms": fwd[1], "backward_codec_ms": bwd[0],
-                       "backward_wire_ms": bwd[1]})
+                       "backward_wire_ms": bwd[1], "input_dist_ms": ids}, exposed)
 
 
-def predict_all(workload: Workload, codec: Codec, link: Link, world: int) -> dict[str, Prediction]:
+def predict_all(workload: Workload, codec: Codec, link: Link, world: int,
+                pipeline: str | None = None) -> dict[str, Prediction]:
     """Every method's prediction, keyed by method."""
-    return {m: predict(m, workload, codec, link, world) for m in METHODS}
+    return {m: predict(m, workload, codec, link, world, pipeline) for m in METHODS}
 
 
 def table(predictions: Mapping[int, Mapping[str, Prediction]]) -> list[str]:
@@ -225,6 +256,20 @@ def table(predictions: Mapping[int, Mapping[str, Prediction]]) -> list[str]:
         fp32 = preds["fp32"].step_ms
         cells = [f"{preds[m].step_ms:.1f} ({fp32 / preds[m].step_ms:.2f}x)" for m in METHODS]
         lines.append(f"| {world} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def pipeline_gains(pipelined: Mapping[int, Mapping[str, Prediction]],
+                   unpipelined: Mapping[int, Mapping[str, Prediction]]) -> list[str]:
+    """One line per world size: the input dist a step sends and what the pipeline leaves of it, and each method's
+    unpipelined step over its pipelined one (above 1: the pipeline pays)."""
+    lines = []
+    for world, preds in pipelined.items():
+        any_pred = next(iter(preds.values()))
+        gains = ", ".join(f"{METHOD_LABELS[m]} {unpipelined[world][m].step_ms / preds[m].step_ms:.2f}x"
+                          for m in METHODS)
+        lines.append(f"- {world} ranks: input dist {any_pred.parts['input_dist_ms']:.2f} ms per step, on the path"
+                     f" {any_pred.input_dist_ms:.2f} ms with the pipeline; pipelined over unpipelined step: {gains}")
     return lines
 
 
@@ -274,6 +319,11 @@ def main(argv: list[str] | None = None) -> None:
                         help="step time without the embedding all-to-alls and the dense all-reduce (measured)")
     parser.add_argument("--dense-params", type=int, default=159_553, help="dense parameters (float32 all-reduce)")
     parser.add_argument("--allreduce-hidden", type=float, default=0.0, help="share of the all-reduce hidden, 0-1")
+    parser.add_argument("--ids-per-sample", type=float, default=0.0,
+                        help="ids per sample over all features, sent in the input dist (one-hot DLRM: 26); 0 leaves"
+                             " the input dist in --compute-ms")
+    parser.add_argument("--pipeline", choices=["none", "sparse_dist"], default="none",
+                        help="sparse_dist: DLACStrategy(pipeline='sparse_dist'), the input dist hidden behind compute")
     parser.add_argument("--forward-ratio", type=float, default=29.0, help="DLAC forward ratio (measured)")
     parser.add_argument("--backward-ratio", type=float, default=9.0, help="DLAC gradient ratio (measured)")
     parser.add_argument("--encode-gbps", type=float, required=True, help="DLAC encode GB/s per rank (your device)")
@@ -287,14 +337,24 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         worlds = _ints(args.world_sizes)
-        workload = Workload(args.batch, _dims(args.dims), args.compute_ms, args.dense_params, args.allreduce_hidden)
+        workload = Workload(args.batch, _dims(args.dims), args.compute_ms, args.dense_params, args.allreduce_hidden,
+                            args.ids_per_sample)
         codec = Codec(args.forward_ratio, args.backward_ratio, args.encode_gbps, args.decode_gbps,
                       args.backward_encode_gbps, args.backward_decode_gbps, args.cast_gbps)
         link = Link(args.gbit, args.latency_us, "shared" if args.shared else "per_gpu")
-        preds = {w: predict_all(workload, codec, link, w) for w in worlds}
+        pipeline = None if args.pipeline == "none" else args.pipeline
+        preds = {w: predict_all(workload, codec, link, w, pipeline) for w in worlds}
     except ValueError as err:
         parser.error(str(err))
+    ids = (f"; input dist of {args.ids_per_sample:g} ids per sample"
+           f" {'hidden behind compute where it fits (sparse_dist)' if pipeline else 'on the path (unpipelined)'}"
+           if args.ids_per_sample else "")
     rank_zero_info(f"dlac estimate: {args.gbit:g} Gbit/s {'shared' if args.shared else 'per GPU'},"
-                   f" {args.latency_us:g} us per message; batch {args.batch} x {workload.total_dim} columns per rank")
+                   f" {args.latency_us:g} us per message; batch {args.batch} x {workload.total_dim} columns per"
+                   f" rank{ids}")
     for line in table(preds):
         rank_zero_info(line)
+    if pipeline is not None and args.ids_per_sample:
+        unpipelined = {w: predict_all(workload, codec, link, w) for w in worlds}
+        for line in pipeline_gains(preds, unpipelined):
+            rank_zero_info(line)

@@ -19,7 +19,9 @@ from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 from lightning.pytorch.strategies.ddp import _DDPForwardRedirection
 from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.model_helpers import is_overridden
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from lightning.pytorch.utilities.signature_utils import is_param_in_hook_signature
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
@@ -49,6 +51,7 @@ if TYPE_CHECKING:
 
     from lightning_dlac.comm import ExchangeGroup
     from lightning_dlac.comm.group import Exchange
+    from lightning_dlac.pipeline import Pipeline, SparseDistPipeline
 
 
 class _DMPForwardRedirection(_DDPForwardRedirection):
@@ -125,6 +128,10 @@ class DLACStrategy(DDPStrategy):
         overlap: Launch each payload exchange and wait for it (and decode) only when its result is needed, as
             TorchRec's request / wait pair; ``False`` waits at once. ``None``: overlapped on NCCL, synchronous on gloo
             (measured faster on CPU; docs/benchmarks.md).
+        pipeline: Train through a TorchRec train pipeline: ``"sparse_dist"`` (``TrainPipelineSparseDist``: each
+            batch's ids are sent to the ranks that own their tables during the step before, off the critical path;
+            same results; the model's forward must be traceable, see docs/strategy.md). ``None``: one batch at a
+            time, as Lightning calls ``training_step``.
         probe_every: Deprecated name of ``fallback_check_every``.
     """
 
@@ -154,6 +161,7 @@ class DLACStrategy(DDPStrategy):
         error_every: int = 10,
         fallback_check_every: int = 64,
         overlap: bool | None = None,
+        pipeline: str | None = None,
         find_unused_parameters: bool = False,
         static_graph: bool = False,
         bucket_cap_mb: int = 25,
@@ -200,6 +208,8 @@ class DLACStrategy(DDPStrategy):
         self._group: ExchangeGroup | None = None
         self._dmp: DistributedModelParallel | None = None
         self._static_graph_flushed = False
+        self._pipeline_kind = self._parse_pipeline(pipeline)
+        self._pipeline: SparseDistPipeline | None = None
 
     @classmethod
     @override
@@ -274,11 +284,24 @@ class DLACStrategy(DDPStrategy):
         """TorchRec's ``ShardingPlan`` chosen at setup (``None`` before setup)."""
         return None if self._dmp is None else self._dmp.plan
 
+    @property
+    def pipeline(self) -> Pipeline | None:
+        """The train pipeline option (``None``: unpipelined)."""
+        return self._pipeline_kind
+
+    @property
+    def train_pipeline(self) -> SparseDistPipeline | None:
+        """The pipeline training runs through (``None`` unpipelined, and outside ``fit``)."""
+        return self._pipeline
+
     # ------------------------------------------------------------------ setup and the DDP inside DMP
 
     @override
     def setup(self, trainer: pl.Trainer) -> None:
         assert self.accelerator is not None and self.model is not None
+        pipelined = trainer.state.fn == TrainerFn.FITTING and self._pipeline_kind is not None
+        if pipelined:
+            self._check_pipelined_run(trainer)
         self.accelerator.setup(trainer)
         if trainer.state.fn == TrainerFn.FITTING and self._layer_sync:
             # Trainer(sync_batchnorm=True): the dense part's BatchNorm layers become SyncBatchNorm, as under DDP
@@ -288,6 +311,8 @@ class DLACStrategy(DDPStrategy):
         self.precision_plugin.convert_module(self.model)
         self.model = self._shard(self.model)  # shard first, then move: whole tables never have to fit on a device
         self.model_to_device()
+        if pipelined:
+            self._setup_pipeline()
         if trainer.state.fn == TrainerFn.FITTING:
             self.setup_optimizers(trainer)
             self._check_optimizers_skip_fused_parameters()
@@ -366,9 +391,87 @@ class DLACStrategy(DDPStrategy):
 
     @override
     def teardown(self) -> None:
+        self._teardown_pipeline()
         if self._dmp is not None and self.lightning_module is not None:
             self.model = self.lightning_module  # unwrap DMP; the module keeps its sharded tables
         super().teardown()
+
+    # ------------------------------------------------------------------ the train pipeline (pipeline="sparse_dist")
+
+    @staticmethod
+    def _parse_pipeline(pipeline: str | None) -> Pipeline | None:
+        if pipeline is None:
+            return None
+        from lightning_dlac.pipeline import Pipeline
+
+        return parse_enum(Pipeline, pipeline, "pipeline")
+
+    def _check_pipelined_run(self, trainer: pl.Trainer) -> None:
+        """Refuse, before any work, a run whose batches the pipeline cannot hand to ``training_step``."""
+        name, module = type(self).__name__, self.lightning_module
+        reason = None
+        if is_param_in_hook_signature(module.training_step, "dataloader_iter", explicit=True):
+            reason = (f"{type(module).__name__}.training_step takes a dataloader_iter: with the pipeline, the strategy"
+                      " reads the batches and hands training_step one at a time, so write training_step(self, batch,"
+                      " batch_idx)")
+        hooks = [f"{type(owner).__name__}.on_before_batch_transfer" for owner in (module, trainer.datamodule)
+                 if owner is not None and is_overridden("on_before_batch_transfer", owner)]
+        if hooks:
+            reason = (f"{hooks[0]} is overridden: the pipeline moves each batch to the device (with"
+                      " transfer_batch_to_device and on_after_batch_transfer) one step before Lightning would call"
+                      " on_before_batch_transfer on it; do that work in the dataloader or in on_after_batch_transfer")
+        if type(self.precision_plugin).convert_input is not Precision.convert_input:
+            reason = (f"the precision plugin {type(self.precision_plugin).__name__} converts every batch before it"
+                      " is moved, one step after the pipeline has sent its ids; use 32-bit or mixed precision"
+                      " (16-mixed, bf16-mixed), which leave the batch as it is")
+        if reason is not None:
+            raise ValueError(f"{name}(pipeline={str(self._pipeline_kind)!r}) cannot train this run: {reason}; or"
+                             " train without the pipeline (pipeline=None).")
+
+    def _setup_pipeline(self) -> None:
+        """Trace the sharded model into TorchRec's pipeline (a model it cannot trace is refused here)."""
+        from lightning_dlac.pipeline import SparseDistPipeline
+
+        self._pipeline = SparseDistPipeline(self._dmp, self.root_device, self._move_batch)
+        rank_zero_info(f"{type(self).__name__}: training through TorchRec's sparse-dist pipeline; ids sent one step"
+                       f" ahead for {', '.join(self._pipeline.pipelined_modules)}")
+
+    def _move_batch(self, batch: Any) -> Any:
+        """Lightning's move of a training batch to the device (with the module's transfer hooks), done once per batch
+        by the pipeline."""
+        return super().batch_to_device(batch)
+
+    @override
+    def process_dataloader(self, dataloader: object) -> object:
+        dataloader = super().process_dataloader(dataloader)
+        if self._pipeline is not None and self.lightning_module.trainer.training:
+            return self._pipeline.loader(dataloader)  # read one batch ahead: the next batch's ids travel this step
+        return dataloader
+
+    @override
+    def batch_to_device(self, batch: Any, device: torch.device | None = None, dataloader_idx: int = 0) -> Any:
+        moved = self._pipeline.to_device(batch) if self._pipeline is not None else None
+        return moved if moved is not None else super().batch_to_device(batch, device, dataloader_idx)
+
+    @override
+    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        if self._pipeline is None:
+            return super().training_step(*args, **kwargs)
+        batch = args[0] if args else kwargs.get("batch")
+        last = self.lightning_module.trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+        with self._pipeline.step(batch, last=last):
+            return super().training_step(*args, **kwargs)
+
+    @override
+    def on_train_end(self) -> None:
+        super().on_train_end()
+        if self._pipeline is not None:
+            self._pipeline.drain()  # the ids read ahead for a step that will not come
+
+    def _teardown_pipeline(self) -> None:
+        if self._pipeline is not None:
+            self._pipeline.restore()  # the module's sharded modules get their own forwards back
+            self._pipeline = None
 
     # ------------------------------------------------------------------ checkpoints
 

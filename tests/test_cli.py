@@ -24,6 +24,7 @@ OVERRIDES = {
     "dlrm_synthetic.yaml": [],
     "dlrm_v2_synthetic.yaml": [],
     "dlrm_uncompressed.yaml": [],
+    "dlrm_pipelined.yaml": [],
     "dlrm_criteo.yaml": ["--data.train_path={criteo}"],
     "dlrm_criteo_binary.yaml": ["--data.data_dir={criteo_binary}"],
     "dlrm_v2_criteo_binary.yaml": ["--data.data_dir={criteo_binary}"],

@@ -117,8 +117,10 @@ def test_variants_alternate_abba_and_run_on_library_defaults() -> None:
     names = ["fp32", "dlac_dlac", "ceiling_dlac_dlac"]
     assert [e2e.launch_order(names, r) for r in range(3)] == [names, names[::-1], names]
     for v in e2e.VARIANTS.values():
+        base = v.name.removesuffix("_pipelined").removesuffix("_alternate")  # a pipelined variant: its twin's name
+        assert (base != v.name) is (v.pipeline is not None)
         if v.overlap is not None:
-            assert v.name.endswith("_sync" if v.overlap is False else "_overlap")
+            assert base.endswith("_sync" if v.overlap is False else "_overlap")
 
 
 def test_qcomm_bytes_of_old_results_files_are_converted_to_remote_traffic() -> None:
@@ -139,3 +141,37 @@ def test_qcomm_bytes_of_old_results_files_are_converted_to_remote_traffic() -> N
     assert summary["qcomm INT8/FP16"]["vs_constant_mean"] == pytest.approx(3.2)
     again = adaptive_accuracy.normalize_bytes(list(fixed.values()))  # converting twice changes nothing
     assert [r["fwd_sent_bytes"] for r in again] == [r["fwd_sent_bytes"] for r in fixed.values()]
+
+
+def test_the_pipeline_block_sets_each_pipelined_variant_beside_its_twin_and_judges_the_target(
+        tmp_path: Path) -> None:
+    import e2e_bandwidth as e2e
+    from _e2e_pipeline import alternate_problem
+    from _report import write_results
+
+    def row(variant: str, launch_ms: list[float], input_dist_ms: float) -> dict:
+        return dict(_row("1gbit", variant, launch_ms), label=e2e.VARIANTS[variant].label, input_dist_ms=input_dist_ms,
+                    embedding_fwd_ms=30.0)
+
+    rows = [row("dlac_dlac", [1000, 1150, 900], 20.0), row("dlac_dlac_pipelined", [800, 1000, 1000], 5.0)]
+    (target,) = [t for t in e2e.judge_targets(rows, []) if t["variant"] == "dlac_dlac_pipelined"]
+    assert target["pooled"] == pytest.approx(1000 / 1000) and not target["met"]  # medians 1000 and 1000
+    assert target["per_repeat"] == pytest.approx([1000 / 800, 1150 / 1000, 900 / 1000])
+    cfg = dict(batch_size=4096, world_size=2, repeats=3, steps=6, warmup=2, order="ABBA")
+    metadata = dict(command="python benchmarks/e2e_bandwidth.py", git_commit="0123456789abcdef", git_dirty=False,
+                    date="2026-01-01T00:00:00+00:00", cores=2, cpu="a CPU", loadavg_before=[1.0, 1.0, 1.0],
+                    versions={"torch": "2"})
+    write_results(tmp_path / "e2e_pipeline.json", metadata, cfg, rows, targets=[target], errors=[])
+    body = render.render_block("pipeline", render.Results(tmp_path))
+    # Unpipelined 1000 ms, pipelined 1000 ms (pooled medians); per repeat 1.25, 1.15, 0.90; input dist 2% of a step.
+    assert "| 1gbit | DLAC both directions | 1000 | 1000 | 1.00x (0.90-1.25) | 20.0 -> 5.0 (2.0%) | 30.0 -> 30.0 |" \
+        in body
+    verdict = "DLAC both directions, pipelined >= 1.1x unpipelined: **not met**: 1.00; per repeat 0.90-1.25, 2 of 3"
+    assert verdict in body
+    assert body.rstrip().endswith("(Further figures awaiting `make bench-quick`"
+                                  " (`benchmarks/results/e2e_pipeline_alternate.json`).)")
+    assert render.render_block("pipeline", render.Results(tmp_path / "none")).startswith(
+        "*Awaiting `make bench-quick` (`benchmarks/results/e2e_pipeline.json`")
+    # The alternating variants need both kinds of block among the timed steps.
+    assert alternate_problem(4, 16) is None and alternate_problem(0, 12) is None
+    assert "hold only one kind" in alternate_problem(8, 4) and "hold only one kind" in alternate_problem(0, 8)
