@@ -147,7 +147,8 @@ def _strategy(variant: str, cfg: dict[str, Any]):
     if variant == "DLAC both directions":
         return DLACStrategy(compress=True, eps=eps, backward_compression="dlac", backward_eps=cfg["backward_eps"],
                             **common), None
-    return DLACStrategy(compress=True, eps=eps, **common), None
+    backward = {"backward_compression": cfg["backward_compression"]} if cfg.get("backward_compression") else {}
+    return DLACStrategy(compress=True, eps=eps, **common, **backward), None
 
 
 def _install_qcomm():
@@ -491,6 +492,9 @@ def main() -> None:
                         help="any other DLACCallback argument of the policy variants but DLAC default (repeatable;"
                         " the value is parsed as YAML: 0.2, true, value, [0.01, 0.05])")
     parser.add_argument("--backward-eps", type=float, default=0.01, help="gradient bound of DLAC both directions")
+    parser.add_argument("--backward-compression", default=None, choices=("fp32", "bf16", "fp16"),
+                        help="gradient exchange of the compressed variants but DLAC both directions (default: the"
+                        " library's, bf16)")
     parser.add_argument("--seeds", default="0", help="comma-separated seeds; every launch is repeated per seed")
     parser.add_argument("--from-json", type=Path, nargs="+", default=None,
                         help="run nothing: rebuild the tables (and --markdown-out) from these results files, e.g. one"
@@ -537,7 +541,8 @@ def main() -> None:
                criteo_batch=args.criteo_batch,
                synthetic_batches=args.synthetic_batches, synthetic_batch=args.synthetic_batch, max_rows=args.max_rows,
                dim=args.dim, calibration_batches=args.calibration_batches, calibration_start=args.calibration_start,
-               sensitivity_batches=args.sensitivity_batches, backward_eps=args.backward_eps, seeds=seeds,
+               sensitivity_batches=args.sensitivity_batches, backward_eps=args.backward_eps,
+               backward_compression=args.backward_compression, seeds=seeds,
                load=f"{os.getloadavg()[0]:.1f}")
 
     from lightning_dlac.codec import native_available
