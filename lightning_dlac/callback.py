@@ -236,6 +236,13 @@ class DLACCallback(Callback):
         batches = run_training_batches(trainer)
         self._resolved_run_batches = batches
         share = max(1, round(batches * DEFAULT_RUN_SHARE)) if batches is not None else PAPER_T
+        if batches is None:
+            unset = [name for name, value in (("calibration_start", self.calibration_start), ("T", T))
+                     if value is None and not (name == "calibration_start" and self.calibration_dataloader)]
+            rank_zero_info(f"DLACCallback: the Trainer cannot tell the run's length (no max_steps, and a training"
+                           f" loader without a length), so {' and '.join(unset)}"
+                           f" {'defaults' if len(unset) == 1 else 'default'} to the paper's {PAPER_T}"
+                           f" batches; set them (or max_steps) for a shorter run.")
         if T is None:
             self.schedule = DecaySchedule(schedule, c, min(share, PAPER_T), stages)
         if self.calibration_start is None and self.calibration_dataloader is None:

@@ -154,3 +154,18 @@ def test_given_start_and_T_are_kept_and_probes_run_only_where_they_choose() -> N
     assert (dlac.settings.start, dlac.schedule.T) == (7, 30)
     assert DLACCallback().settings.mode == "gradient" and DLACCallback().sensitivity_batches == 0
     assert DLACCallback(mode="sensitivity").sensitivity_batches == 1
+
+
+def test_an_unknown_run_length_is_said_with_what_to_set(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from lightning_dlac import DLACCallback
+
+    with caplog.at_level(logging.INFO):
+        DLACCallback(T=50)._fit_defaults_to_the_run(_trainer(float("inf")))
+    assert "cannot tell the run's length" in caplog.text
+    assert "so calibration_start defaults to the paper's 1000 batches" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        DLACCallback()._fit_defaults_to_the_run(_trainer(2000))
+    assert "cannot tell" not in caplog.text
