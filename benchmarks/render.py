@@ -350,6 +350,17 @@ def calibration_modes(results: Results) -> list[str]:
             verdict = judge(label, statistics.median(values), values, threshold, at_least=at_least)
             fmt = {"calibration_share": ".1%", "auroc_delta": "+.4f"}.get(key, ".2f")
             lines.append(f"- {label}: {verdict_text(verdict, fmt)}")
+    quick = results.get("calibration_bench_quick.json")
+    if quick is not None and "default" in quick:
+        d, steps = quick["default"], quick.get("config", {}).get("steps")
+        order = "the same order as" if quick["all_loose"]["auroc_delta"] < d["auroc_delta"] else "**not** the order of"
+        lines += ["", f"The quick run (`make bench-quick`: {len(quick['seeds'])} seed, {steps} steps, baselines and the"
+                  f" default): all loose {quick['all_loose']['auroc_delta']:+.4f}, all tight"
+                  f" {quick['all_tight']['auroc_delta']:+.4f}, the default {d['auroc_delta']:+.4f} AUROC against"
+                  f" uncompressed ({order} the full run's), precision {d['precision']:.2f}, recall {d['recall']:.2f},"
+                  f" others loose {d['robust_loose_share']:.0%}, {d['bytes_vs_all_tight']:.2f}x the bytes of all"
+                  f" tight; calibration {d['calibration_share']:.1%} of the run.", "",
+                  source_line("calibration_bench_quick.json", quick, results.shown)]
     return lines
 
 
@@ -627,7 +638,8 @@ BLOCKS: dict[str, Block] = {
     "readme_e2e": Block(("e2e_throttled.json",), readme_e2e, optional=("e2e_unthrottled.json",)),
     "readme_adaptive": Block(("adaptive_accuracy_criteo_1epoch.json",), readme_adaptive,
                              optional=("adaptive_accuracy_synthetic_2000.json",)),
-    "calibration_modes": Block(("calibration_bench.json",), calibration_modes),
+    "calibration_modes": Block(("calibration_bench.json",), calibration_modes,
+                               optional=("calibration_bench_quick.json",)),
     "readme_calibration": Block(("calibration_bench.json",), readme_calibration),
     "calibration_trace": Block(("calibration_trace.json",), calibration_trace),
     "readme_dlrm_v2": Block(("codec_bench.json",), readme_dlrm_v2,
