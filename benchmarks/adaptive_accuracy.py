@@ -5,6 +5,9 @@ seeds and the same data order; only the compression changes:
 
 - ``uncompressed``: ``DLACStrategy(compress=False)``, TorchRec's fp32 all-to-all;
 - ``constant 0.01``: every table at eps 0.01 for the whole run (``DLACCallback(mode="off", c=1)``, for metrics);
+- ``DLAC default``: ``DLACCallback()`` with no argument, what a user gets (the gradient mode, calibration and early
+  stage sized from the run's length);
+- ``DLAC gradient``: the gradient mode with this benchmark's calibration settings (below), as the next two;
 - ``DLAC homogenization``: the paper's policy, classes tight/base/loose = 0.01/0.03/0.05 by homogenization index,
   step schedule c=2 over the first half of training;
 - ``DLAC sensitivity``: bounds chosen by the loss-sensitivity probe (``--sensitivity-batches`` probe batches),
@@ -14,6 +17,11 @@ seeds and the same data order; only the compression changes:
 - ``constant 0.05``: every table at the loosest class bound (the all-loose run calibration must beat on accuracy);
 - ``qcomm INT8/FP16``: TorchRec's practical baseline, ``DLACStrategy(compress=False)`` with the sharder given
   TorchRec's qcomm codecs (INT8 row-wise forward, FP16 backward; the registry of benchmarks/e2e_bandwidth.py).
+
+The policy variants other than ``DLAC default`` take ``--calibration-batches``, ``--calibration-start`` (a share of
+training), ``--sensitivity-batches`` and, with ``--callback KEY=VALUE`` (repeatable), any other ``DLACCallback``
+argument (``--callback index=value --callback gradient_tolerance=0.2``); their schedule is the step schedule with
+c=2 over the first half of training unless ``--callback`` says otherwise.
 
 The other variants send gradients in bf16 (DLACStrategy's default). Datasets: ``criteo``
 (../shared/data/criteo_kaggle_head10k.tsv, 80/20 split), ``synthetic`` (the demo's Criteo-like data),
@@ -50,6 +58,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # tests._launch (the project's rank launcher) lives at the repository root
@@ -61,7 +70,8 @@ CRITEO = REPO.parent / "shared" / "data" / "criteo_kaggle_head10k.tsv"
 SECTION = "## Adaptive error bounds: accuracy and traffic"
 # The block benchmarks/render.py renders from the committed results files (the same markers).
 BEGIN, END = "<!-- BEGIN render:adaptive_accuracy -->", "<!-- END render:adaptive_accuracy -->"
-VARIANTS = ("uncompressed", "constant 0.01", "DLAC homogenization", "DLAC sensitivity", "DLAC both directions",
+VARIANTS = ("uncompressed", "constant 0.01", "DLAC default", "DLAC gradient", "DLAC homogenization", "DLAC sensitivity",
+            "DLAC both directions",
             "constant 0.05", "qcomm INT8/FP16")
 DATASETS = ("criteo", "synthetic", "planted", "synthetic_v2")
 
@@ -113,13 +123,15 @@ def _callback(variant: str, total_steps: int, cfg: dict[str, Any]):
     common = dict(log_every_n_steps=10_000, prog_bar=False)
     if variant.startswith("constant"):
         return DLACCallback(mode="off", c=1.0, **common)
+    if variant == "DLAC default":
+        return DLACCallback(**common)
     T = max(total_steps // 2, 1)
     start = int(total_steps * cfg["calibration_start"])
-    mode = "sensitivity" if variant == "DLAC sensitivity" else "homogenization"
+    mode = {"DLAC sensitivity": "sensitivity", "DLAC gradient": "gradient"}.get(variant, "homogenization")
     probes = cfg.get("sensitivity_batches", 1) if mode == "sensitivity" else 1
-    return DLACCallback(mode=mode, calibration_batches=cfg["calibration_batches"], calibration_start=start,
-                        sensitivity_batches=min(probes, cfg["calibration_batches"]), schedule="step", c=2.0, T=T,
-                        **common)
+    options = dict(mode=mode, calibration_batches=cfg["calibration_batches"], calibration_start=start,
+                   sensitivity_batches=min(probes, cfg["calibration_batches"]), schedule="step", c=2.0, T=T)
+    return DLACCallback(**{**options, **cfg.get("callback", {}), **common})
 
 
 def _strategy(variant: str, cfg: dict[str, Any]):
@@ -135,7 +147,8 @@ def _strategy(variant: str, cfg: dict[str, Any]):
     if variant == "DLAC both directions":
         return DLACStrategy(compress=True, eps=eps, backward_compression="dlac", backward_eps=cfg["backward_eps"],
                             **common), None
-    return DLACStrategy(compress=True, eps=eps, **common), None
+    backward = {"backward_compression": cfg["backward_compression"]} if cfg.get("backward_compression") else {}
+    return DLACStrategy(compress=True, eps=eps, **common, **backward), None
 
 
 def _install_qcomm():
@@ -360,21 +373,26 @@ def _table(rows: list[dict[str, Any]]) -> list[str]:
 
 def _calibration_table(row: dict[str, Any]) -> list[str]:
     cands = list(row["calibration"][0]["ratio"])
+    # The gradient statistic's columns appear where the run measured it (results from before it existed lack them).
+    gradient = any(t.get("gradient_loss_change") for t in row["calibration"])
+    heads = [f"ratio @ {c}" for c in cands] + [f"loss change @ {c}" for c in cands]
+    heads += [f"gradient loss change @ {c}" for c in cands] if gradient else []
     lines = [
         "| table | rows | distinct vectors / chunk | homogenization index | vector index | class | eps | "
-        + " | ".join(f"ratio @ {c}" for c in cands) + " | " + " | ".join(f"loss change @ {c}" for c in cands) + " |",
-        "|---|---:|---:|---:|---:|---|---:|" + "---:|" * (2 * len(cands)),
+        + " | ".join(heads) + " |",
+        "|---|---:|---:|---:|---:|---|---:|" + "---:|" * len(heads),
     ]
     order = sorted(row["calibration"], key=lambda r: int(r["table"].rsplit("_", 1)[1]))
     for t in order:
-        ratios = " | ".join(f"{t['ratio'][c]:.1f}" for c in cands)
+        cells = [f"{t['ratio'][c]:.1f}" for c in cands]
+        cells += ["-" if t["loss_change"] is None else f"{t['loss_change'][c]:+.1e}" for c in cands]
+        if gradient:
+            grad = t.get("gradient_loss_change")
+            cells += ["-" if grad is None else f"{grad[c]:.3f}" for c in cands]
         vector = f"{t['vector_homogenization_index']:.3f}" if "vector_homogenization_index" in t else "-"
-        changes = " | ".join(
-            "-" if t["loss_change"] is None else f"{t['loss_change'][c]:+.1e}" for c in cands
-        )
         lines.append(
             f"| {t['table']} | {row['table_rows'].get(t['table'], '')} | {t['distinct_per_chunk']:.1f} |"
-            f" {t['homogenization_index']:.3f} | {vector} | {t['class']} | {t['eps']} | {ratios} | {changes} |"
+            f" {t['homogenization_index']:.3f} | {vector} | {t['class']} | {t['eps']} | {' | '.join(cells)} |"
         )
     return lines
 
@@ -416,7 +434,7 @@ def markdown_lines(rows: list[dict[str, Any]], sources: list[tuple[str, dict[str
         *_table(rows),
     ]
     first_seed = min((r.get("seed", 0) for r in rows), default=0)
-    for variant in ("DLAC sensitivity", "DLAC homogenization"):
+    for variant in ("DLAC default", "DLAC gradient", "DLAC sensitivity", "DLAC homogenization"):
         for r in rows:
             if r["variant"] == variant and r.get("calibration") and r.get("seed", 0) == first_seed:
                 parts += ["", f"Per-table calibration of the {r['dataset']} run, seed {first_seed} ({variant}):", "",
@@ -470,7 +488,13 @@ def main() -> None:
                         help="fraction of training after which calibration starts")
     parser.add_argument("--sensitivity-batches", type=int, default=4,
                         help="probe batches of the sensitivity variant (at most --calibration-batches)")
+    parser.add_argument("--callback", action="append", default=[], metavar="KEY=VALUE",
+                        help="any other DLACCallback argument of the policy variants but DLAC default (repeatable;"
+                        " the value is parsed as YAML: 0.2, true, value, [0.01, 0.05])")
     parser.add_argument("--backward-eps", type=float, default=0.01, help="gradient bound of DLAC both directions")
+    parser.add_argument("--backward-compression", default=None, choices=("fp32", "bf16", "fp16"),
+                        help="gradient exchange of the compressed variants but DLAC both directions (default: the"
+                        " library's, bf16)")
     parser.add_argument("--seeds", default="0", help="comma-separated seeds; every launch is repeated per seed")
     parser.add_argument("--from-json", type=Path, nargs="+", default=None,
                         help="run nothing: rebuild the tables (and --markdown-out) from these results files, e.g. one"
@@ -500,10 +524,25 @@ def main() -> None:
         parser.error(f"--seeds={args.seeds!r} must be comma-separated integers, e.g. 0,1,2")
     if not seeds:
         parser.error("--seeds needs at least one seed")
-    cfg = dict(criteo_path=str(args.criteo_path), criteo_epochs=args.criteo_epochs, criteo_batch=args.criteo_batch,
+    callback = {}
+    for item in args.callback:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            parser.error(f"--callback {item!r} must be KEY=VALUE, e.g. --callback gradient_tolerance=0.2")
+        callback[key.strip()] = yaml.safe_load(value)
+    import inspect
+
+    from lightning_dlac import DLACCallback
+
+    unknown = sorted(set(callback) - set(inspect.signature(DLACCallback).parameters))
+    if unknown:
+        parser.error(f"--callback: DLACCallback has no argument {unknown}")
+    cfg = dict(callback=callback, criteo_path=str(args.criteo_path), criteo_epochs=args.criteo_epochs,
+               criteo_batch=args.criteo_batch,
                synthetic_batches=args.synthetic_batches, synthetic_batch=args.synthetic_batch, max_rows=args.max_rows,
                dim=args.dim, calibration_batches=args.calibration_batches, calibration_start=args.calibration_start,
-               sensitivity_batches=args.sensitivity_batches, backward_eps=args.backward_eps, seeds=seeds,
+               sensitivity_batches=args.sensitivity_batches, backward_eps=args.backward_eps,
+               backward_compression=args.backward_compression, seeds=seeds,
                load=f"{os.getloadavg()[0]:.1f}")
 
     from lightning_dlac.codec import native_available

@@ -47,7 +47,8 @@ E2E_MODEL = "fp32,qcomm_int8_fp16,dlac_bf16,dlac_dlac"
 # one launch (blocks of steps both ways in turn, ABBA: 4 warm-up steps, then 16 timed).
 E2E_PIPELINE = "fp32,fp32_pipelined,dlac_dlac,dlac_dlac_pipelined,dlac_dlac_overlap,dlac_dlac_overlap_pipelined"
 E2E_PIPELINE_ALTERNATE = "fp32_alternate,dlac_dlac_alternate,dlac_dlac_overlap_alternate"
-ADAPTIVE_QUICK = "uncompressed,constant 0.01,DLAC homogenization,qcomm INT8/FP16"
+# The default policy against uncompressed, a constant 0.01, all-loose (0.05) and TorchRec's practical baseline.
+ADAPTIVE_QUICK = "uncompressed,constant 0.01,constant 0.05,DLAC default,qcomm INT8/FP16"
 
 
 @dataclass(frozen=True)
@@ -138,6 +139,17 @@ STEPS: tuple[Step, ...] = (
     Step("checkpoint_bench.json", "benchmarks/checkpoint_bench.py", {
         "smoke": ["--scales", "1", "--repeats", "1", "--restarts", "1", "--kill-step", "41"],
         "full": [],
+    }),
+    Step("calibration_bench_quick.json", "benchmarks/calibration_bench.py", {
+        "smoke": ["--seeds", "1", "--quick", "--steps", "40", "--val-batches", "8"],
+        "quick": ["--seeds", "1", "--quick"],
+        "full": ["--seeds", "1", "--quick"],  # the quick run's direction, checked against the full one's
+    }),
+    Step("calibration_bench.json", "benchmarks/calibration_bench.py", {
+        "full": ["--seeds", "3"],
+    }),
+    Step("calibration_trace.json", "benchmarks/calibration_bench.py", {
+        "full": ["--seeds", "2", "--trace"],
     }),
     Step("data_bench.json", "benchmarks/data_bench.py", {
         "smoke": ["--rows", "20000", "--torchrec-rows", "2000", "--python-rows", "2000", "--loader-rows", "40000",

@@ -11,6 +11,16 @@ import lightning.pytorch as pl
 import torch
 
 
+def loss_or_none(output: Any) -> float | None:
+    """The loss in a training step's output (a scalar tensor, or a dict with ``"loss"``), or ``None`` if it holds
+    none (e.g. manual optimization returning nothing)."""
+    if isinstance(output, dict):
+        output = output.get("loss")
+    if isinstance(output, torch.Tensor) and output.numel() == 1:
+        return float(output.detach())
+    return None
+
+
 def loss_of(output: Any) -> float:
     """The loss that ``training_step`` returned, as a float."""
     if isinstance(output, dict):

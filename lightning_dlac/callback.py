@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import itertools
+import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import lightning.pytorch as pl
@@ -13,7 +15,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
 from lightning_dlac._compat import renamed_option
-from lightning_dlac._forward import loss_of, side_forward
+from lightning_dlac._forward import loss_of, loss_or_none, side_forward
 from lightning_dlac.adaptive import (
     CalibrationSettings,
     Calibrator,
@@ -25,11 +27,26 @@ from lightning_dlac.adaptive import (
     TableStats,
 )
 from lightning_dlac.adaptive.bounds import check_count
+from lightning_dlac.adaptive.calibrator import GRADIENT_TOLERANCE
 from lightning_dlac.comm.collectives import all_gather_object, all_reduce, rank_and_world
 from lightning_dlac.metrics import CompressionMonitor, run_directory, scalar_metrics
 from lightning_dlac.strategy import DLACStrategy
 
 _STATE_VERSION = 1
+PAPER_T = 1000  # the paper's early stage, in iterations: the default T's cap, and T where the run length is unknown
+DEFAULT_RUN_SHARE = 0.1  # the default calibration_start and T, as a share of the run's training batches
+
+
+def run_training_batches(trainer: pl.Trainer) -> int | None:
+    """Training batches the run will take (optimizer steps x gradient accumulation), or ``None`` if the Trainer
+    cannot tell (no ``max_steps`` and an epoch of unknown length, or no limit)."""
+    try:
+        steps = trainer.estimated_stepping_batches
+    except Exception:  # noqa: BLE001 - e.g. a dataloader without __len__: the length is unknown, nothing more
+        return None
+    if not isinstance(steps, (int, float)) or not math.isfinite(steps) or steps <= 0:
+        return None
+    return int(steps) * max(1, int(trainer.accumulate_grad_batches))
 
 
 class DLACCallback(Callback):
@@ -37,17 +54,23 @@ class DLACCallback(Callback):
 
     **Table-wise level** (:class:`~lightning_dlac.adaptive.Calibrator`). Over ``calibration_batches`` training
     batches from ``calibration_start`` (or the batches of ``calibration_dataloader``, before training starts) every
-    table is measured on the real payload it sends: value range, homogenization index at ``index_eps``, compressed
-    size at each candidate bound and, on the first ``sensitivity_batches`` of them, the root mean square of the change
-    of the training loss when only that table carries the codec's error (a *probe*; the signed change is mostly noise,
-    see :mod:`lightning_dlac.adaptive.calibration`). The statistics are all-reduced, so every rank picks
-    the same bound per table: ``mode="homogenization"`` (the paper) puts index ``< tight_below`` *tight*, index
-    ``>= loose_from`` *loose*, the rest *base*; ``mode="sensitivity"`` takes the largest candidate whose relative
-    RMS loss change is within ``sensitivity_tolerance``; ``mode="off"`` keeps the strategy's ``eps``. Until calibration
-    ends, tables use the strategy's ``eps``.
+    table is measured on the real payload it sends and on the loss gradient that comes back for it: value range,
+    homogenization index at ``index_eps``, compressed size at each candidate bound, the *gradient sensitivity* (the
+    expected RMS change of a sample's loss that the codec's error at each candidate bound causes, relative to the mean
+    loss: free, computed from the gradient the backward exchange carries) and, on the first ``sensitivity_batches``
+    of them, the root mean square of the change of the training loss when only that table carries the codec's error
+    (a *probe*, extra forward passes; see :mod:`lightning_dlac.adaptive.calibration`). The statistics are
+    all-reduced, so every rank picks the same bound per table: ``mode="gradient"`` (the default) takes the largest
+    candidate whose gradient sensitivity is within ``gradient_tolerance``; ``mode="homogenization"`` (the paper) puts
+    index ``< tight_below`` *tight*, index ``>= loose_from`` *loose*, the rest *base*; ``mode="sensitivity"`` takes
+    the largest candidate whose probed RMS loss change is within ``sensitivity_tolerance``; ``mode="off"`` keeps the
+    strategy's ``eps``. Until calibration ends, tables use the strategy's ``eps``. By default calibration starts a
+    tenth into the run (when the Trainer knows its length; else after 1000 batches), once the tables have trained:
+    docs/adaptive.md has the evidence behind the default mode, tolerance and start.
 
     **Iteration-wise level.** Every bound is multiplied by ``m(t)`` (:class:`~lightning_dlac.adaptive.DecaySchedule`)
-    which decays from ``c`` to 1 over the first ``T`` training batches.
+    which decays from ``c`` to 1 over the first ``T`` training batches (by default a tenth of the run, at most the
+    paper's 1000: the early stage ends when the default calibration starts).
 
     **Metrics** (:class:`~lightning_dlac.metrics.CompressionMonitor`), every ``log_every_n_steps`` batches, to every
     logger under ``dlac/``: ratio overall and per table, bound per table, observed max error / bound, bytes sent and
@@ -62,7 +85,7 @@ class DLACCallback(Callback):
     ``training_step`` must return the loss (a tensor or a dict with ``"loss"``) and have no other side effects.
 
     Args:
-        mode: ``"homogenization"``, ``"sensitivity"`` or ``"off"`` (no table-wise level).
+        mode: ``"gradient"``, ``"homogenization"``, ``"sensitivity"`` or ``"off"`` (no table-wise level).
         tight_eps: Relative bound of tight tables.
         base_eps: Relative bound of base tables.
         loose_eps: Relative bound of loose tables.
@@ -74,18 +97,24 @@ class DLACCallback(Callback):
             more tables come out tight). See docs/adaptive.md for when each can be trusted.
         candidates: Bounds whose ratio and sensitivity are measured (default the three class bounds).
         sensitivity_tolerance: Largest relative change of the loss a table's bound may cause in sensitivity mode.
+        gradient_tolerance: Largest expected RMS change of a sample's loss, relative to the mean loss, a table's
+            bound may cause in gradient mode.
         calibration_batches: Number of batches calibration measures.
-        calibration_start: Training batch at which calibration begins. Freshly initialised tables all look alike to
-            the homogenization index; starting after some training measures the embeddings the run will send.
-        sensitivity_batches: Of those, how many also run the probe (0 skips it; needs >= 1 in sensitivity mode).
-            Each costs ``1 + tables x candidates`` extra forward passes.
+        calibration_start: Training batch at which calibration begins (default ``None``: a tenth of the run's
+            training batches when the Trainer knows them from ``max_steps`` / ``max_epochs``, else 1000). Freshly
+            initialised tables all look alike, to every mode: starting after some training measures the embeddings,
+            and the model, the run will send through.
+        sensitivity_batches: Of those, how many also run the probe (0 skips it; needs >= 1 in sensitivity mode;
+            default ``None``: 1 in sensitivity mode, else 0). Each costs ``1 + tables x candidates`` extra forward
+            passes.
         recalibrate_every: Calibrate again this many training batches after each calibration takes effect (0:
             never); each calibration measures ``calibration_batches`` batches with the current bounds in force.
         calibration_dataloader: Batches to calibrate on before training (default: the first training batches).
             Every rank must provide its own batches; the smallest count across ranks is used.
         schedule: ``"step"``, ``"linear"``, ``"log"`` or ``"constant"``.
         c: Initial multiplier m(0) (>= 1; 1 turns the iteration-wise level off).
-        T: Length of the early stage, in training batches.
+        T: Length of the early stage, in training batches (default ``None``: a tenth of the run's training batches
+            when the Trainer knows them, at most 1000, the paper's; else 1000).
         stages: Plateaus of the ``step`` schedule.
         log_every_n_steps: Metrics period in training batches.
         per_table_metrics: Also log ratio, bound and max error / bound of every table.
@@ -95,41 +124,50 @@ class DLACCallback(Callback):
         probe_eps: Deprecated name of ``index_eps``.
     """
 
-    def __init__(self, mode: str = "homogenization", tight_eps: float = 0.01, base_eps: float = 0.03,
+    def __init__(self, mode: str = "gradient", tight_eps: float = 0.01, base_eps: float = 0.03,
                  loose_eps: float = 0.05, tight_below: float = 0.9, loose_from: float = 0.99,
                  index_eps: float | None = None, index: str = "vector", candidates: Sequence[float] | None = None,
-                 sensitivity_tolerance: float = 1e-3, calibration_batches: int = 8, calibration_start: int = 0,
-                 sensitivity_batches: int = 1, recalibrate_every: int = 0,
+                 sensitivity_tolerance: float = 1e-3, gradient_tolerance: float = GRADIENT_TOLERANCE,
+                 calibration_batches: int = 8, calibration_start: int | None = None,
+                 sensitivity_batches: int | None = None, recalibrate_every: int = 0,
                  calibration_dataloader: Iterable[Any] | None = None, schedule: str = "step", c: float = 2.0,
-                 T: int = 1000, stages: int = 10, log_every_n_steps: int = 50, per_table_metrics: bool = True,
+                 T: int | None = None, stages: int = 10, log_every_n_steps: int = 50, per_table_metrics: bool = True,
                  prog_bar: bool = True, report: bool = True, probe_eps: float | None = None) -> None:
         super().__init__()
         self.class_bounds = ClassBounds(tight_eps, base_eps, loose_eps)
         index_eps = renamed_option(type(self).__name__, "probe_eps", "index_eps", probe_eps, index_eps, None)
-        self.settings = CalibrationSettings(
-            mode=mode, class_bounds=self.class_bounds, thresholds=HomogenizationThresholds(tight_below, loose_from),
-            index_eps=base_eps if index_eps is None else index_eps, index=index,
-            candidates=self.class_bounds.candidates() if candidates is None else tuple(candidates),
-            sensitivity_tolerance=sensitivity_tolerance, batches=calibration_batches, start=calibration_start,
-            sensitivity_batches=sensitivity_batches, recalibrate_every=recalibrate_every,
-        )
+        if sensitivity_batches is None:
+            sensitivity_batches = 1 if mode == "sensitivity" else 0
         if calibration_dataloader is not None and calibration_start:
             raise ValueError(
                 "calibration_start applies to calibration on training batches; with a calibration_dataloader"
                 " calibration runs before training. Set one of them."
             )
-        self.mode, self.calibration_batches = mode, calibration_batches
+        self.settings = CalibrationSettings(
+            mode=mode, class_bounds=self.class_bounds, thresholds=HomogenizationThresholds(tight_below, loose_from),
+            index_eps=base_eps if index_eps is None else index_eps, index=index,
+            candidates=self.class_bounds.candidates() if candidates is None else tuple(candidates),
+            sensitivity_tolerance=sensitivity_tolerance, gradient_tolerance=gradient_tolerance,
+            batches=calibration_batches, start=calibration_start or 0, sensitivity_batches=sensitivity_batches,
+            recalibrate_every=recalibrate_every,
+        )
+        self.mode, self.calibration_batches, self.gradient_tolerance = mode, calibration_batches, gradient_tolerance
         self.calibration_start, self.sensitivity_batches = calibration_start, sensitivity_batches
         self.calibration_dataloader = calibration_dataloader
-        self.schedule = DecaySchedule(schedule, c, T, stages)
+        # T=None and calibration_start=None follow the run's length, known once the Trainer is (setup()).
+        self._schedule_args = (schedule, c, T, stages)
+        self.schedule = DecaySchedule(schedule, c, PAPER_T if T is None else T, stages)
         self.log_every_n_steps = check_count(log_every_n_steps, "log_every_n_steps", 1)
         self.prog_bar, self.report = bool(prog_bar), bool(report)
         self._calibrator = Calibrator(self.settings, all_reduce, all_gather_object)
+        self._resolved_run_batches: int | None = None
         self._monitor = CompressionMonitor(bool(per_table_metrics), all_reduce)
         self._strategy: DLACStrategy | None = None
         self._step = 0  # training batches seen: the schedule's t
         self._probe_s = 0.0  # probe time within the current batch (not training time)
         self._trainer: pl.Trainer | None = None
+        self._calibration_s = 0.0  # this rank's seconds in calibration: observers, probes, reductions
+        self._probed_s = 0.0  # this rank's seconds in probes over the run (training batches exclude them)
 
     # ------------------------------------------------------------------ read-outs
 
@@ -188,7 +226,30 @@ class DLACCallback(Callback):
             rank_zero_warn("DLACCallback does nothing: DLACStrategy(compress=False) sends the all-to-all uncompressed.")
         else:
             self._strategy = strategy
+            if stage == "fit":
+                self._fit_defaults_to_the_run(trainer)
 
+    def _fit_defaults_to_the_run(self, trainer: pl.Trainer) -> None:
+        """Resolve ``T=None`` and ``calibration_start=None`` from the run's length in training batches, when the
+        Trainer knows it (a tenth of it; the early stage at most the paper's 1000)."""
+        schedule, c, T, stages = self._schedule_args
+        if T is not None and (self.calibration_start is not None or self.calibration_dataloader is not None):
+            return
+        batches = run_training_batches(trainer)
+        self._resolved_run_batches = batches
+        share = max(1, round(batches * DEFAULT_RUN_SHARE)) if batches is not None else PAPER_T
+        if batches is None:
+            unset = [name for name, value in (("calibration_start", self.calibration_start), ("T", T))
+                     if value is None and not (name == "calibration_start" and self.calibration_dataloader)]
+            rank_zero_info(f"DLACCallback: the Trainer cannot tell the run's length (no max_steps, and a training"
+                           f" loader without a length), so {' and '.join(unset)}"
+                           f" {'defaults' if len(unset) == 1 else 'default'} to the paper's {PAPER_T}"
+                           f" batches; set them (or max_steps) for a shorter run.")
+        if T is None:
+            self.schedule = DecaySchedule(schedule, c, min(share, PAPER_T), stages)
+        if self.calibration_start is None and self.calibration_dataloader is None:
+            self._calibrator.settings = self.settings = replace(self.settings, start=share)
+            self._calibrator.reschedule(share)
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._strategy is None:
@@ -215,8 +276,12 @@ class DLACCallback(Callback):
         if self._calibrator.measuring(self._step) and self._calibrator.wants_probe:
             self._probe(pl_module, batch, batch_idx)
         self._probe_s = time.perf_counter() - t
+        self._calibration_s += self._probe_s
+        self._probed_s += self._probe_s
         if self._calibrator.measuring(self._step):
-            self._strategy.exchange_group.set_observer(self._calibrator.observe)
+            group = self._strategy.exchange_group
+            group.set_observer(self._timed(self._calibrator.observe))
+            group.set_gradient_observer(self._timed(self._calibrator.observe_gradient))
 
     @override
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
@@ -226,6 +291,10 @@ class DLACCallback(Callback):
         group = self._strategy.exchange_group
         if self._calibrator.measuring(self._step):
             group.set_observer(None)
+            group.set_gradient_observer(None)
+            loss = loss_or_none(outputs)
+            if loss is not None:
+                self._calibrator.observe_loss(loss)
             self._calibrator.batch_measured()
             if self._calibrator.complete:
                 self._finish_calibration(first_batch=self._step + 1)
@@ -241,6 +310,7 @@ class DLACCallback(Callback):
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._strategy is not None:
             self._strategy.exchange_group.set_observer(None)
+            self._strategy.exchange_group.set_gradient_observer(None)
             if self._monitor.pending(self._strategy.exchange_group):
                 self._write_metrics(trainer)  # the rest, e.g. the validation traffic after the last write
 
@@ -272,7 +342,14 @@ class DLACCallback(Callback):
             "calibration": cal.report(), "summary": self._monitor.summary(trainer.world_size),
             "non_finite_tables": sorted(self._monitor.non_finite_reported),
             "final_metrics": scalar_metrics(trainer), "history": list(self._monitor.history),
+            "calibration_s": self._calibration_s, "calibration_share": self._calibration_share(trainer.world_size),
         }
+
+    def _calibration_share(self, world_size: int) -> float | None:
+        """This rank's calibration time over its training time (its share of the training batches' wall time,
+        summed over ranks by the monitor, and the probes run beside them)."""
+        total = self._monitor.train_s / max(world_size, 1) + self._probed_s
+        return self._calibration_s / total if total > 0 else None
 
     # ------------------------------------------------------------------ calibration
 
@@ -302,13 +379,34 @@ class DLACCallback(Callback):
 
             self._calibrator.probe(group.all_compressed_tables, loss_at)
 
+    def _timed(self, observer: Callable[..., None]) -> Callable[..., None]:
+        """``observer``, its time counted as calibration time."""
+
+        def timed(*args: Any) -> None:
+            t = time.perf_counter()
+            observer(*args)
+            self._calibration_s += time.perf_counter() - t
+
+        return timed
+
+    @property
+    def calibration_seconds(self) -> float:
+        """This rank's time in calibration so far: the observers' work on the measured batches (statistics,
+        compressed sizes), the sensitivity probes and the statistics' reduction."""
+        return self._calibration_s
+
     def _finish_calibration(self, first_batch: int) -> None:
+        t = time.perf_counter()
         result = self._calibrator.finish(first_batch, self._strategy.all_compressed_tables)
+        self._calibration_s += time.perf_counter() - t
         self._apply_bounds()
         n = result.counts
+        kept = len(set(self._strategy.all_compressed_tables) - set(self._calibrator.table_bounds))
         rank_zero_info(
             f"DLACCallback: {'re' if result.again else ''}calibrated {sum(n.values())} tables on {result.batches}"
-            f" batch(es) ({self.mode}): {n['tight']} tight, {n['base']} base, {n['loose']} loose."
+            f" batch(es) ({self.mode}): {n['tight']} tight, {n['base']} base, {n['loose']} loose"
+            + (f"; {kept} without a measured loss gradient (sequence features) keep the strategy's eps." if kept
+               else ".")
         )
 
     def _apply_bounds(self) -> None:
@@ -341,6 +439,7 @@ class DLACCallback(Callback):
         # reduced: the calibrator gathers every rank's part (every rank dumps the checkpoint: the gather is matched,
         # as is the write's all-reduce above).
         return {"version": _STATE_VERSION, "mode": self.mode, "schedule": self.schedule.as_dict(), "step": self._step,
+                "calibration_s": self._calibration_s, "probed_s": self._probed_s,
                 **self._calibrator.shared_state_dict(), **self._monitor.state_dict()}
 
     @override
@@ -359,6 +458,8 @@ class DLACCallback(Callback):
                 " checkpoint's table bounds and this run's schedule."
             )
         self._step = int(state_dict["step"])
+        self._calibration_s = float(state_dict.get("calibration_s", 0.0))
+        self._probed_s = float(state_dict.get("probed_s", 0.0))
         rank, world = rank_and_world()
         if not self._calibrator.load_shared_state_dict(state_dict, rank, world):
             rank_zero_warn(

@@ -132,6 +132,9 @@ def headline(run: dict[str, Any], baseline: dict[str, Any] | None = None) -> lis
             f"bounds ({run['mode']}): {counts['tight']} tight, {counts['base']} base, {counts['loose']} loose tables"
             f"{again}; schedule {run['schedule']['kind']} c={run['schedule']['c']} T={run['schedule']['T']}"
         )
+    if run.get("calibration_share") is not None:
+        lines.append(f"calibration: {run['calibration_s']:.1f} s on rank 0, {run['calibration_share']:.1%} of its"
+                     " training time (statistics, compressed sizes, probes, reductions)")
     final = run.get("final_metrics") or {}
     if final:
         lines.append("final metrics: " + ", ".join(f"{k}={v:.4f}" for k, v in sorted(final.items())))

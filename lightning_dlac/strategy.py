@@ -360,6 +360,7 @@ class DLACStrategy(DDPStrategy):
             )
 
     def _shard(self, module: nn.Module) -> nn.Module:
+        from lightning_dlac.codec._loader import resolve_impl
         from lightning_dlac.comm import install_compressed_all_to_all
 
         if self._dmp is not None and self._dmp.module is module:
@@ -372,6 +373,9 @@ class DLACStrategy(DDPStrategy):
             raise NoEmbeddingTablesError(f"{type(self).__name__} {err}") from None
         if self._compress:
             self._group = install_compressed_all_to_all(self._dmp, self._compression, self._error_bounds)
+            # Build (or load) the native codec now: a first run's JIT build belongs to set-up, not to the first
+            # step's encode time in the report; "native" that cannot build fails here, before any step.
+            resolve_impl(self._compression.impl)
         plan = self._dmp.plan
         rank_zero_info(f"{type(self).__name__}: sharded {table_count(plan)} embedding tables over"
                        f" {self.world_size} rank(s): {plan_summary(plan)}")

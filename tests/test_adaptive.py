@@ -290,7 +290,7 @@ def _two_tables(rows: int = 64) -> dict[str, torch.Tensor]:
 
 
 def test_calibrator_measures_from_calibration_start_and_applies_bounds_after_its_batches() -> None:
-    settings = CalibrationSettings(batches=2, start=3, sensitivity_batches=0, index_eps=0.03)
+    settings = CalibrationSettings(mode="homogenization", batches=2, start=3, sensitivity_batches=0, index_eps=0.03)
     cal = Calibrator(settings)
     cal.begin()
     assert [cal.measuring(step) for step in range(5)] == [False, False, False, True, True]
@@ -311,7 +311,8 @@ def test_calibrator_measures_from_calibration_start_and_applies_bounds_after_its
 def test_calibrator_reduces_with_the_given_all_reduce_so_ranks_agree() -> None:
     # Rank 0 saw only "diverse", rank 1 only "repeated": after the reduction both classify both tables alike.
     reduced: dict[str, torch.Tensor] = {}  # what the all-reduce returns, filled once both ranks have measured
-    ranks = [Calibrator(CalibrationSettings(batches=1, sensitivity_batches=0), lambda t, op: reduced[op])
+    ranks = [Calibrator(CalibrationSettings(mode="homogenization", batches=1, sensitivity_batches=0),
+                        lambda t, op: reduced[op])
              for _ in range(2)]
     tables = _two_tables()
     for cal, name in zip(ranks, tables):
@@ -352,7 +353,7 @@ def test_calibrator_probe_measures_each_table_at_each_candidate_off_the_exchange
 
 
 def test_calibrator_recalibrates_on_schedule_and_state_round_trips() -> None:
-    settings = CalibrationSettings(batches=1, sensitivity_batches=0, recalibrate_every=10)
+    settings = CalibrationSettings(mode="homogenization", batches=1, sensitivity_batches=0, recalibrate_every=10)
     cal = Calibrator(settings)
     cal.begin()
     cal.observe("diverse", _two_tables()["diverse"])
@@ -395,7 +396,7 @@ def test_mode_off_is_calibrated_from_the_start_and_never_measures() -> None:
 
 
 def test_a_measurement_in_progress_survives_the_state_round_trip() -> None:
-    settings = CalibrationSettings(batches=3, sensitivity_batches=1)
+    settings = CalibrationSettings(mode="homogenization", batches=3, sensitivity_batches=1)
     tables = _two_tables()
     uninterrupted, first = Calibrator(settings), Calibrator(settings)
     for cal in (uninterrupted, first):
@@ -428,7 +429,7 @@ def test_a_measurement_in_progress_survives_the_state_round_trip() -> None:
 
 def test_calibrator_agrees_on_a_batch_count_and_checkpoints_every_ranks_measurement() -> None:
     # Two ranks simulated with scripted collectives: rank 1 has 2 calibration batches, so both measure 2.
-    settings = CalibrationSettings(batches=3, sensitivity_batches=0)
+    settings = CalibrationSettings(mode="homogenization", batches=3, sensitivity_batches=0)
     offered: list[float] = []
 
     def all_reduce(t: torch.Tensor, op: str) -> torch.Tensor:

@@ -25,9 +25,8 @@ def _fit_with_callback(rank: int, world_size: int, log_dir: str) -> dict:
     from lightning.pytorch.loggers import CSVLogger
 
     torch.manual_seed(0)
-    dlac = DLACCallback(
-        calibration_batches=3, sensitivity_batches=1, schedule="step", c=2.0, T=12, stages=4, log_every_n_steps=4
-    )
+    dlac = DLACCallback(mode="homogenization", calibration_batches=3, calibration_start=0, sensitivity_batches=1,
+                        schedule="step", c=2.0, T=12, stages=4, log_every_n_steps=4)
     recorder = bounds_recorder(dlac)
     memory = memory_logger()
     t = trainer(world_size, DLACStrategy(eps=0.01), max_epochs=1, callbacks=[dlac, recorder],
@@ -131,8 +130,8 @@ def test_sensitivity_mode_calibrates_on_a_dataloader_before_training() -> None:
 
 def _fit_recalibrating(rank: int, world_size: int) -> dict:
     torch.manual_seed(0)
-    dlac = DLACCallback(calibration_batches=2, sensitivity_batches=0, recalibrate_every=5, c=1.0,
-                        log_every_n_steps=100)
+    dlac = DLACCallback(calibration_batches=2, calibration_start=0, sensitivity_batches=0, recalibrate_every=5,
+                        c=1.0, log_every_n_steps=100)
     recorder = bounds_recorder(dlac)
     t = trainer(world_size, DLACStrategy(eps=0.01), max_epochs=1, callbacks=[dlac, recorder])
     t.fit(small_dlrm(), datamodule=small_data(train_batches=20))

@@ -16,7 +16,7 @@ from tests.conftest import bounds_recorder, loss_recorder, small_data, small_dlr
 CASES = {
     # calibrated on batches 0-2 (bounds from 3), recalibrated every 2 batches after that: 5-7 (from 8), 10-12 (from
     # 13), 15-17 (from 18); the checkpoint falls between two measurements, the next one due at batch 10.
-    "between_calibrations": (dict(calibration_batches=3, recalibrate_every=2), [3, 8, 13, 18]),
+    "between_calibrations": (dict(calibration_start=0, calibration_batches=3, recalibrate_every=2), [3, 8, 13, 18]),
     # calibration_start=8: batches 8-11 measured (bounds from 12), the checkpoint in the middle of it; then 15-18
     # (from 19).
     "during_calibration": (dict(calibration_start=8, calibration_batches=4, recalibrate_every=3), [12, 19]),

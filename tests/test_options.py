@@ -41,7 +41,8 @@ STRATEGY: dict[str, Any] = dict(
 )  # fmt: skip
 CALLBACK: dict[str, Any] = dict(
     mode="homogenization", tight_eps=0.01, base_eps=0.03, loose_eps=0.05, tight_below=0.9, loose_from=0.99,
-    index_eps=0.03, index="vector", candidates=[0.01, 0.03, 0.05], sensitivity_tolerance=1e-3, calibration_batches=2,
+    index_eps=0.03, index="vector", candidates=[0.01, 0.03, 0.05], sensitivity_tolerance=1e-3, gradient_tolerance=0.1,
+    calibration_batches=2,
     calibration_start=0, sensitivity_batches=0, recalibrate_every=0, calibration_dataloader=None, schedule="step",
     c=2.0, T=4, stages=2, log_every_n_steps=2, per_table_metrics=True, prog_bar=True, report=False,
 )  # fmt: skip
@@ -719,6 +720,12 @@ def _fragile_loss(bounds: Any) -> float:
     return 1.0 + 10.0 * eps[0]
 
 
+# Loss-gradient energy each chunk's table reports per batch (4 samples, loss 1.0): its gradient sensitivity is
+# eps x k with k = sqrt(4 x energy / 3), i.e. k = 10, 1, 3 and 1, so at a tolerance of 0.1 "apart" takes 0.01, "middle"
+# 0.03 and the others 0.05.
+_ENERGY = {"apart": 75.0, "crowded": 0.75, "middle": 6.75, "spike": 0.75}
+
+
 def _calibrate(steps: int = 10, **options: Any) -> dict[str, Any]:
     """Drive ``DLACCallback(**CALIBRATION, **options).calibrator`` through the protocol the callback follows each
     training batch, on the same chunks every batch; return what it decided and when."""
@@ -736,6 +743,8 @@ def _calibrate(steps: int = 10, **options: Any) -> dict[str, Any]:
             cal.probe(names, _fragile_loss)
         for name, chunk in _chunks().items():
             cal.observe(name, chunk)
+            cal.observe_gradient(name, _ENERGY[name], 4)  # what the exchange's backward shows
+        cal.observe_loss(1.0)
         cal.batch_measured()
         if cal.complete:
             finished.append(cal.finish(step + 1, names).at)
@@ -759,7 +768,11 @@ def test_calibration_control_classifies_the_hand_made_chunks_by_their_index() ->
 
 def test_mode_picks_the_rule_that_sets_the_bounds() -> None:
     control, sensitivity, off = _calibrate(), _calibrate(mode="sensitivity"), _calibrate(mode="off")
+    gradient = _calibrate(mode="gradient")
     assert control["bounds"] == CONTROL_BOUNDS
+    # Gradient: the largest candidate whose expected per-sample loss change (eps x k) is within 0.1.
+    assert gradient["bounds"] == {"apart": 0.01, "crowded": 0.05, "middle": 0.03, "spike": 0.05}
+    assert gradient["classes"] == {"apart": "tight", "crowded": "loose", "middle": "base", "spike": "loose"}
     # Sensitivity: the largest candidate that moves the loss by at most 1e-3: "apart" moves it at any bound (the
     # smallest candidate, 0.01), the others never (0.05), whatever their index.
     assert sensitivity["bounds"] == {"apart": 0.01, "crowded": 0.05, "middle": 0.05, "spike": 0.05}
@@ -828,6 +841,14 @@ def test_sensitivity_tolerance_is_the_loss_change_a_bound_may_cause() -> None:
     control, arm = _calibrate(mode="sensitivity"), _calibrate(mode="sensitivity", sensitivity_tolerance=1.0)
     # "apart" moves the loss by 10 x its bound: 0.5 at 0.05, within a tolerance of 1.
     assert control["bounds"]["apart"] == 0.01 and arm["bounds"]["apart"] == 0.05
+
+
+def test_gradient_tolerance_is_the_loss_change_a_sample_may_see() -> None:
+    control, arm = _calibrate(mode="gradient"), _calibrate(mode="gradient", gradient_tolerance=0.5)
+    # "apart" changes a sample's loss by 10 x its bound: 0.5 at 0.05, within a tolerance of 0.5; "middle" 0.15.
+    assert (control["bounds"]["apart"], control["bounds"]["middle"]) == (0.01, 0.03)
+    assert (arm["bounds"]["apart"], arm["bounds"]["middle"]) == (0.05, 0.05)
+    assert arm["report"]["apart"]["gradient_loss_change"]["0.05"] == pytest.approx(0.5)
 
 
 def test_calibration_batches_is_how_many_batches_are_measured() -> None:

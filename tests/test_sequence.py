@@ -272,7 +272,7 @@ def _lightning_fit(rank: int, world_size: int, ckpt_dir: str | None = None, phas
             self.losses.append(float(outputs["loss"]))
 
     module = Module()
-    losses, dlac = Losses(), DLACCallback(calibration_batches=2, T=4)
+    losses, dlac = Losses(), DLACCallback(mode="homogenization", calibration_batches=2, calibration_start=0, T=4)
     callbacks: list = [losses, dlac]
     if phase == "first":
         callbacks.append(ModelCheckpoint(dirpath=ckpt_dir, every_n_epochs=1, save_top_k=-1))
@@ -489,7 +489,7 @@ def _fit_one_sequence_table(rank: int, world_size: int) -> dict:
         def train_dataloader(self):  # noqa: ANN201
             return torch.utils.data.DataLoader(Batches(), batch_size=None)
 
-    losses, dlac = loss_recorder(), DLACCallback(calibration_batches=2, T=4)
+    losses, dlac = loss_recorder(), DLACCallback(mode="homogenization", calibration_batches=2, calibration_start=0, T=4)
     t = trainer(world_size, "dlac", max_epochs=1, callbacks=[losses, dlac])
     t.fit(Module())
     stats = t.strategy.total_comm_stats()

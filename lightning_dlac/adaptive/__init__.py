@@ -16,6 +16,7 @@ from lightning_dlac.adaptive.policy import (
     TableClass,
     class_table_bounds,
     classify,
+    gradient_table_bounds,
     sensitivity_classes,
     sensitivity_table_bounds,
 )
@@ -36,6 +37,7 @@ __all__ = [
     "class_table_bounds",
     "classify",
     "distinct_rows",
+    "gradient_table_bounds",
     "homogenization_counts",
     "homogenization_index",
     "sensitivity_classes",

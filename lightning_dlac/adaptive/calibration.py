@@ -13,7 +13,17 @@ every rank once the statistics are reduced across ranks through :meth:`Calibrati
   sees tables whose vectors all stay distinct; it puts more tables tight (``DLACCallback(index="value")``). Both are
   measured and reported (:attr:`TableStats.homogenization_index`, :attr:`TableStats.vector_homogenization_index`);
 - the compressed size at every candidate bound (the real codec's output), hence the ratio each bound would buy;
-- the **sensitivity** (beyond the paper): the change of the training loss when only this table's pooled embeddings
+- the **gradient sensitivity** (beyond the paper; what ``mode="gradient"`` classifies by): the root mean square, over
+  samples, of the change of each sample's loss that the codec's error on this table causes, to first order, relative
+  to the mean loss. It needs no extra forward pass: the gradient exchange already carries every sample's loss
+  gradient ``g`` with respect to the table's pooled embedding, and the codec's error is uniform within ``eps x range``
+  of the chunk (``range``: its max - min), independent per element, so the first-order change ``g . error`` has
+  variance ``(eps x range)**2 / 3 x |g|**2``. Summed over a table's column blocks and averaged over the samples of
+  the calibration batches (``grad_energy / grad_rows``), its square root times ``eps`` over the mean loss is the
+  statistic: an expected value, not one random draw, so it is steady from a few batches on. Per-sample gradients are
+  ``rows x`` the gradient of the batch loss, which assumes the loss is a mean over this rank's batch (the usual
+  ``reduction="mean"``);
+- the **probe sensitivity** (beyond the paper): the change of the training loss when only this table's pooled embeddings
   carry the codec's error at a candidate bound, everything else exact, over probe batches and ranks. The codec's
   error is zero-mean to first order, so the *signed* loss change of a batch is mostly ``gradient . error``, whose
   sign is noise and whose mean over batches tends to the (tiny) second-order term: one batch's signed change says
@@ -117,6 +127,10 @@ class TableStats:
     distinct_raw_values: int = 0  # distinct raw values per column, summed over columns and chunks
     distinct_quantized_values: int = 0  # the same after quantization at the index bound
     loss_delta_sq: list[float] = field(default_factory=list)  # sum of squared loss changes, per candidate
+    grad_rows: int = 0  # samples whose loss gradient was observed (one per row, per calibration batch and rank)
+    grad_energy: float = 0.0  # sum over those samples of sum over blocks of range**2 x |per-sample loss gradient|**2
+    loss_sum: float = 0.0  # training loss of the batches whose gradients were observed, summed over batches and ranks
+    loss_batches: int = 0  # how many (batch, rank) losses loss_sum holds
 
     def __post_init__(self) -> None:
         n = len(self.candidates)
@@ -168,6 +182,16 @@ class TableStats:
             return {eps: abs(d) / abs(self.base_loss) for eps, d in zip(self.candidates, self.loss_delta)}
         return {eps: math.sqrt(sq / self.probes) / base for eps, sq in zip(self.candidates, self.loss_delta_sq)}
 
+    def gradient_sensitivity(self) -> dict[float, float] | None:
+        """Expected root-mean-square change of a sample's loss, to first order, when the table carries the codec's
+        error at each candidate bound, relative to the mean loss (``None`` without observed gradients or losses):
+        ``eps x sqrt(grad_energy / grad_rows / 3) / mean loss`` (see the module docstring)."""
+        if not self.grad_rows or not self.loss_batches or self.loss_sum == 0:
+            return None
+        rms = math.sqrt(max(self.grad_energy, 0.0) / self.grad_rows / 3.0)
+        mean_loss = abs(self.loss_sum) / self.loss_batches
+        return {eps: eps * rms / mean_loss for eps in self.candidates}
+
     def mean_loss_change(self) -> dict[float, float] | None:
         """Signed mean loss change per probe at each candidate bound, relative to the mean exact loss (``None`` if
         unprobed): near zero even for a sensitive table (see the module docstring), reported for comparison."""
@@ -193,6 +217,10 @@ class TableStats:
             "distinct_raw_values": self.distinct_raw_values,
             "distinct_quantized_values": self.distinct_quantized_values,
             "loss_delta_sq": list(self.loss_delta_sq),
+            "grad_rows": self.grad_rows,
+            "grad_energy": self.grad_energy,
+            "loss_sum": self.loss_sum,
+            "loss_batches": self.loss_batches,
         }
 
     @classmethod
@@ -207,7 +235,9 @@ class TableStats:
 # Layout of one table's sums in the all-reduce vector: fixed fields, then encoded bytes, loss deltas and squared loss
 # deltas per candidate.
 _SUM_FIELDS = ("chunks", "elements", "non_finite_chunks", "distinct_raw", "distinct_quantized", "probes", "base_loss",
-               "distinct_raw_values", "distinct_quantized_values")
+               "distinct_raw_values", "distinct_quantized_values", "grad_rows", "grad_energy", "loss_sum",
+               "loss_batches")
+_FLOAT_FIELDS = frozenset({"base_loss", "grad_energy", "loss_sum"})
 _PER_CANDIDATE = ("encoded_bytes", "loss_delta", "loss_delta_sq")
 
 
@@ -261,6 +291,24 @@ class CalibrationStats:
         for i, eps in enumerate(self.candidates):
             s.encoded_bytes[i] += int(encode(chunk, eps=eps, impl=self.codec_impl).numel())
 
+    def observe_gradient(self, name: str, energy: float, rows: int) -> None:
+        """Add one call's loss gradient of table ``name``: ``energy`` is the sum over its column blocks of the
+        chunk's squared value range times the block's summed squared gradient entries, ``rows`` the samples of the
+        batch (the exchange's gradient observer)."""
+        s = self.table(name)
+        # The exchange's gradient is that of the batch loss, a mean over the rows: a sample's own loss gradient is
+        # rows times its row, so the sum of the samples' squared norms is rows**2 times the summed squares.
+        s.grad_energy += float(energy) * rows * rows
+        s.grad_rows += int(rows)
+
+    def record_batch_loss(self, loss: float, tables: Sequence[str]) -> None:
+        """Add the training loss of a batch whose gradients were observed, to every table of ``tables`` (the mean
+        loss the gradient sensitivity is relative to)."""
+        for name in tables:
+            s = self.table(name)
+            s.loss_sum += float(loss)
+            s.loss_batches += 1
+
     def record_loss(self, name: str, base_loss: float, probed_losses: Sequence[float]) -> None:
         """Add one probe measurement of table ``name``: the exact loss and the loss at each candidate bound."""
         if len(probed_losses) != len(self.candidates):
@@ -301,7 +349,7 @@ class CalibrationStats:
             row = sums[i].tolist()
             s = TableStats(self.candidates)
             for j, f in enumerate(_SUM_FIELDS):
-                setattr(s, f, row[j] if f == "base_loss" else int(round(row[j])))
+                setattr(s, f, row[j] if f in _FLOAT_FIELDS else int(round(row[j])))
             s.encoded_bytes = [int(round(v)) for v in row[k : k + n]]
             s.loss_delta = row[k + n : k + 2 * n]
             s.loss_delta_sq = row[k + 2 * n : k + 3 * n]

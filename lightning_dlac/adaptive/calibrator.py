@@ -11,6 +11,8 @@ driver calls           the calibrator
 ``begin()``            schedules the first measurement (or, restored from a checkpoint, goes on with the saved one)
 ``measuring(step)``    says whether this training batch is measured
 ``observe``            (the exchange's chunk observer) adds one chunk to the statistics
+``observe_gradient``   (the exchange's gradient observer) adds one table's loss gradient of a measured batch
+``observe_loss(loss)`` adds the training loss of a measured batch (after its backward)
 ``probe(...)``         on the first ``sensitivity_batches`` measured batches: the loss with every table exact, then
                        with one table at a time carrying the codec's error at each candidate bound
 ``batch_measured()``   counts a measured batch; ``complete`` once ``calibration_batches`` are in
@@ -40,11 +42,14 @@ from lightning_dlac.adaptive.policy import (
     check_tolerance,
     class_table_bounds,
     classify,
+    gradient_table_bounds,
     sensitivity_classes,
     sensitivity_table_bounds,
 )
 
-MODES = ("homogenization", "sensitivity", "off")
+# The default gradient_tolerance: see docs/adaptive.md for the evidence it was chosen on.
+GRADIENT_TOLERANCE = 0.15
+MODES = ("gradient", "homogenization", "sensitivity", "off")
 
 # all_reduce(tensor, op) with op one of "sum", "min", "max": every rank gets the combined tensor.
 AllReduce = Callable[[torch.Tensor, str], torch.Tensor]
@@ -71,13 +76,14 @@ class ProbeBounds:
 class CalibrationSettings:
     """What the table-wise level measures and how it classifies (``DLACCallback``'s options of the same names)."""
 
-    mode: str = "homogenization"  # "homogenization" | "sensitivity" | "off"
+    mode: str = "gradient"  # "gradient" | "homogenization" | "sensitivity" | "off"
     class_bounds: ClassBounds = ClassBounds()  # bound of each class
     thresholds: HomogenizationThresholds = HomogenizationThresholds()  # class boundaries on the index
     index_eps: float = 0.03  # bound at which the homogenization index is measured
     index: str = "vector"  # which index classifies: "vector" (the paper's) or "value" (per coordinate)
     candidates: tuple[float, ...] = (0.01, 0.03, 0.05)  # bounds whose ratio and sensitivity are measured
     sensitivity_tolerance: float = 1e-3  # largest relative loss change a bound may cause (sensitivity mode)
+    gradient_tolerance: float = GRADIENT_TOLERANCE  # largest expected RMS change of a sample's loss (gradient mode)
     batches: int = 8  # batches one calibration measures
     start: int = 0  # training batch from which the first calibration measures
     sensitivity_batches: int = 1  # of the measured batches, how many also run the sensitivity probe
@@ -96,6 +102,7 @@ class CalibrationSettings:
             raise ValueError(f"candidates={list(self.candidates)} must be a non-empty, strictly increasing list.")
         object.__setattr__(self, "candidates", tuple(checked))
         check_tolerance(self.sensitivity_tolerance)
+        check_tolerance(self.gradient_tolerance, "gradient_tolerance")
         check_count(self.batches, "calibration_batches", 1)
         check_count(self.start, "calibration_start", 0)
         check_count(self.sensitivity_batches, "sensitivity_batches", 0)
@@ -146,6 +153,7 @@ class Calibrator:
         self._stats: CalibrationStats | None = None  # the measurement in progress
         self._seen = 0
         self._probed = 0
+        self._grad_tables: set[str] = set()  # tables whose gradient the batch being measured has shown
 
     # ------------------------------------------------------------------ read-outs
 
@@ -186,7 +194,7 @@ class Calibrator:
         rows = []
         for name in sorted(self._table_stats):
             s = self._table_stats[name]
-            sens = s.sensitivity()
+            sens, grad = s.sensitivity(), s.gradient_sensitivity()
             rows.append(
                 {
                     "table": name,
@@ -198,6 +206,7 @@ class Calibrator:
                     "value_range": s.value_range,
                     "ratio": {str(k): v for k, v in s.ratios().items()},
                     "loss_change": None if sens is None else {str(k): v for k, v in sens.items()},
+                    "gradient_loss_change": None if grad is None else {str(k): v for k, v in grad.items()},
                 }
             )
         return rows
@@ -216,6 +225,12 @@ class Calibrator:
             self._measure_from = max(self._measure_from, after)
             self._new_measurement()
 
+    def reschedule(self, start: int) -> None:
+        """Move the first measurement to training batch ``start`` (before it has begun; a restored or finished
+        calibration keeps its own schedule)."""
+        if not self._calibrated and self._seen == 0:
+            self._measure_from = start
+
     def measuring(self, step: int) -> bool:
         """Whether training batch ``step`` is measured."""
         return self._stats is not None and step >= self._measure_from
@@ -229,6 +244,20 @@ class Calibrator:
         """Add one chunk ([rows, dim] pooled embeddings of ``table`` bound for one rank) to the measurement."""
         assert self._stats is not None, "observe() outside a measurement"
         self._stats.observe(table, chunk)
+
+    def observe_gradient(self, table: str, energy: float, rows: int) -> None:
+        """Add one table's loss gradient of the batch being measured (the exchange's gradient observer: see
+        :meth:`CalibrationStats.observe_gradient`)."""
+        assert self._stats is not None, "observe_gradient() outside a measurement"
+        self._stats.observe_gradient(table, energy, rows)
+        self._grad_tables.add(table)
+
+    def observe_loss(self, loss: float) -> None:
+        """Add the training loss of the batch being measured, once its gradients have been observed (what the
+        gradient sensitivity is relative to)."""
+        assert self._stats is not None, "observe_loss() outside a measurement"
+        self._stats.record_batch_loss(loss, sorted(self._grad_tables))
+        self._grad_tables.clear()
 
     def probe(self, tables: Sequence[str], loss_at: Callable[[ProbeBounds], float]) -> None:
         """Measure the sensitivity of ``tables`` on the current batch: ``loss_at(bounds)`` must return the loss of
@@ -266,6 +295,9 @@ class Calibrator:
         if s.mode == "homogenization":
             self._classes = classify(self._table_stats, s.thresholds, s.index)
             self._table_bounds = class_table_bounds(self._classes, s.class_bounds)
+        elif s.mode == "gradient":
+            self._table_bounds = gradient_table_bounds(self._table_stats, s.gradient_tolerance)
+            self._classes = sensitivity_classes(self._table_bounds, s.class_bounds)
         else:
             self._table_bounds = sensitivity_table_bounds(self._table_stats, s.sensitivity_tolerance)
             self._classes = sensitivity_classes(self._table_bounds, s.class_bounds)
@@ -287,6 +319,7 @@ class Calibrator:
         s = self.settings
         self._stats = CalibrationStats(s.candidates, s.index_eps, s.codec_impl)
         self._seen = self._probed = 0
+        self._grad_tables = set()
 
     # ------------------------------------------------------------------ checkpoint state
 

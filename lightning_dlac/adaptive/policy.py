@@ -1,10 +1,14 @@
 """Table-wise level: turn calibration statistics into one relative error bound per table.
 
-Two policies:
+Three policies:
 
 - ``homogenization`` (the paper's): classify each table by its homogenization index at the index bound into
   *tight* (the bound erases differences between its embeddings: index below ``tight_below``), *loose* (it keeps
   them: index at least ``loose_from``) or *base*, and give each class its bound (default 0.01 / 0.03 / 0.05).
+- ``gradient`` (beyond the paper; the default): give each table the largest candidate bound whose expected
+  first-order change of a sample's loss (:meth:`TableStats.gradient_sensitivity`, from the loss gradients the
+  backward exchange carries) stays within ``tolerance`` of the mean loss; a table whose every candidate exceeds it
+  gets the smallest candidate.
 - ``sensitivity`` (beyond the paper): give each table the largest candidate bound whose measured loss change stays
   within ``tolerance`` of the exact loss (and whose smaller candidates do too); a table whose every candidate exceeds
   it gets the smallest candidate.
@@ -105,14 +109,14 @@ def class_table_bounds(classes: Mapping[str, TableClass], bounds: ClassBounds) -
     return {name: bounds[cls] for name, cls in classes.items()}
 
 
-def check_tolerance(tolerance: float) -> float:
-    """Validate a sensitivity tolerance (a relative loss change, > 0)."""
+def check_tolerance(tolerance: float, option: str = "sensitivity_tolerance") -> float:
+    """Validate a tolerance of the loss-based modes (a relative loss change, > 0), named ``option`` in errors."""
     if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not math.isfinite(tolerance):
-        raise ValueError(f"sensitivity_tolerance={tolerance!r} must be a positive finite number.")
+        raise ValueError(f"{option}={tolerance!r} must be a positive finite number.")
     if tolerance <= 0:
         raise ValueError(
-            f"sensitivity_tolerance={tolerance} must be > 0: it is the largest relative change of the training loss"
-            " a table's error may cause (e.g. 0.001 = 0.1%)."
+            f"{option}={tolerance} must be > 0: it is the largest relative change of the training loss a table's"
+            " error may cause (e.g. 0.001 = 0.1%)."
         )
     return float(tolerance)
 
@@ -133,6 +137,22 @@ def sensitivity_table_bounds(stats: Mapping[str, TableStats], tolerance: float) 
                 break
             best = eps
         chosen[name] = best
+    return chosen
+
+
+def gradient_table_bounds(stats: Mapping[str, TableStats], tolerance: float) -> dict[str, float]:
+    """Per table, the largest candidate bound whose gradient sensitivity (the expected RMS change of a sample's loss,
+    relative to the mean loss) is at most ``tolerance``; the smallest candidate where none is. The statistic is an
+    expectation proportional to the bound, so no candidate is skipped over by noise. Tables without observed
+    gradients are left out."""
+    tolerance = check_tolerance(tolerance, "gradient_tolerance")
+    chosen = {}
+    for name, s in stats.items():
+        sens = s.gradient_sensitivity()
+        if sens is None:
+            continue
+        within = [eps for eps, change in sens.items() if change <= tolerance]
+        chosen[name] = max(within) if within else min(s.candidates)
     return chosen
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 import torch.distributed as dist
@@ -46,6 +47,7 @@ class _Call:
     fallback: FallbackCall | None = None
     backward: BackwardInFlight | None = None
     grad: torch.Tensor | None = None  # the backward's result once waited on
+    ranges: torch.Tensor | None = None  # value range of each output column block's chunk, for the gradient observer
 
 
 class _PendingExchange(Awaitable[torch.Tensor]):
@@ -211,6 +213,8 @@ class CompressedPooledEmbeddingsAllToAll(RecordedExchange):
         assert call.finish is not None, "a forward exchange is waited on before it was launched"
         out = call.finish()
         call.finish = None  # the wait holds the received buffers: drop them with it
+        if call.on_record and self.recorder.gradient_observer is not None:
+            call.ranges = self._block_ranges(out.detach())
         return out
 
     # ------------------------------------------------------------------ backward
@@ -230,6 +234,9 @@ class CompressedPooledEmbeddingsAllToAll(RecordedExchange):
             raw = grad.size(0) * (grad.size(1) - self.layout.dim_sums[self.layout.rank]) * 4
             table_sent = self._backward_table_sent(call.backward, grad.size(0))
             self.recorder.count_backward(raw, call.backward.sent, table_sent)
+            if call.ranges is not None:
+                self.recorder.observe_gradients(self._output_tables, call.ranges, grad, self._output_cols)
+                call.ranges = None
         if not self._overlap:
             call.grad = self._wait_backward(call)
 
@@ -255,6 +262,25 @@ class CompressedPooledEmbeddingsAllToAll(RecordedExchange):
         return out
 
     # ------------------------------------------------------------------ helpers
+
+    @cached_property
+    def _output_tables(self) -> list[str]:
+        """Table of each column block of the output (source rank, then its blocks: TorchRec's order)."""
+        return [t for tables in self.layout.tables_per_rank for t in tables]
+
+    @cached_property
+    def _output_cols(self) -> list[int]:
+        """Column offsets of the output's blocks."""
+        return offsets([d for dims in self.layout.dims_per_rank for d in dims])
+
+    def _block_ranges(self, out: torch.Tensor) -> torch.Tensor:
+        """max - min of each output column block: the value range of the chunk that brought it to this rank (up to
+        the codec's error), on the output's device."""
+        cols = self._output_cols
+        if out.numel() == 0 or len(cols) < 2:
+            return out.new_zeros(len(cols) - 1)
+        return torch.stack([out[:, a:b].max() - out[:, a:b].min() if b > a else out.new_zeros(())
+                            for a, b in zip(cols[:-1], cols[1:])])
 
     def _backward_table_sent(self, pending: BackwardInFlight, rows: int) -> dict[str, int]:
         """Payload bytes a gradient exchange sent for each table of the other ranks (it sends them their tables'

@@ -10,7 +10,7 @@ import torch
 
 from lightning_dlac.comm.all_to_all import CompressedPooledEmbeddingsAllToAll
 from lightning_dlac.comm.config import ErrorBounds
-from lightning_dlac.comm.recorder import BoundSource
+from lightning_dlac.comm.recorder import BoundSource, GradientObserver
 from lightning_dlac.comm.sequence import CompressedSequenceEmbeddingsAllToAll
 from lightning_dlac.comm.stats import CommStats
 
@@ -103,6 +103,13 @@ class ExchangeGroup(Sequence[Exchange]):
             yield
         finally:
             self.set_observer(None)
+
+    def set_gradient_observer(self, observer: GradientObserver | None) -> None:
+        """From now on call ``observer(table, energy, rows)`` once per table with the gradient of every pooled
+        exchange on the record (see :attr:`~lightning_dlac.comm.recorder.Recorder.gradient_observer`; ``None`` stops
+        it). Sequence exchanges do not report gradients."""
+        for a2a in self._exchanges:
+            a2a.recorder.gradient_observer = observer
 
     @contextlib.contextmanager
     def off_the_record(self, bounds: BoundSource) -> Iterator[None]:

@@ -36,6 +36,8 @@ from lightning_dlac.comm.stats import CommStats
 from lightning_dlac.comm.timing import PhaseTimer
 
 Observer = Callable[[str, torch.Tensor], None]
+# gradient_observer(table, energy, rows): see Recorder.gradient_observer.
+GradientObserver = Callable[[str, float, int], None]
 
 
 class BoundSource(Protocol):
@@ -56,6 +58,13 @@ class Recorder:
     Attributes:
         observer: If set, called as ``observer(table, chunk)`` with every (destination rank, local table) chunk of a
             forward exchange on the record, this rank's own included (see :meth:`observe`).
+        gradient_observer: If set, called as ``gradient_observer(table, energy, rows)`` once per table and call on
+            the record whose gradient comes back through this exchange (pooled exchanges): ``rows`` is the number of
+            samples of this rank's batch and ``energy`` the sum over the table's column blocks of (the value range
+            of the chunk that brought the block) squared times the sum of the block's squared loss-gradient entries.
+            With the codec's error uniform within ``eps x range``, ``eps**2 / 3 x energy`` is the variance of the
+            first-order change of the loss that the table's error causes (see
+            :meth:`lightning_dlac.adaptive.TableStats.gradient_sensitivity`).
         timer: The timer of calls on the record outside a step (made at the first such call, on its device; a test
             may put a scripted one here).
     """
@@ -72,6 +81,7 @@ class Recorder:
         self._interval_s = 0.0
         self.timer: PhaseTimer | None = None
         self.observer: Observer | None = None
+        self.gradient_observer: GradientObserver | None = None
 
     # ------------------------------------------------------------------ the record switch
 
@@ -150,6 +160,24 @@ class Recorder:
         if self.observer is not None:
             for name, chunk in chunks:
                 self.observer(name, chunk)
+
+    def observe_gradients(self, tables: Sequence[str], ranges: torch.Tensor, grad: torch.Tensor,
+                          col_splits: Sequence[int]) -> None:
+        """Show the gradient observer, per table, the energy of ``grad`` ([rows, columns]: the loss gradient of a
+        call's output, whose column block ``i`` spans ``col_splits[i]:col_splits[i + 1]`` and belongs to
+        ``tables[i]``) weighted by the squared value range of each block's chunk (``ranges``, one per block). A
+        table with several blocks (column-wise shards) is shown once, their energies summed. Nothing happens without
+        an observer; with one, this reads the device (calibration batches only)."""
+        if self.gradient_observer is None or not tables:
+            return
+        grad = grad.detach().float()
+        squares = torch.stack([grad[:, a:b].square().sum() for a, b in zip(col_splits[:-1], col_splits[1:])])
+        energies = (squares * ranges.to(squares.device).double().square().to(squares.dtype)).tolist()
+        per_table: dict[str, float] = {}
+        for name, energy in zip(tables, energies):
+            per_table[name] = per_table.get(name, 0.0) + energy
+        for name, energy in per_table.items():
+            self.gradient_observer(name, energy, grad.size(0))
 
     def count_forward(self, tables: Sequence[str], table_raw: Sequence[int], table_sent: Sequence[int], sent: int,
                       uncompressed: bool = False) -> None:

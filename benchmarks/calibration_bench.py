@@ -1,0 +1,310 @@
+"""Does table-wise calibration find the tables that need a tight bound? A fair benchmark (issue 26).
+
+On :mod:`calibration_data`'s data set every table has the same size and the same id distribution; tables differ
+only in how the label depends on them (sensitive, robust, irrelevant; roles drawn at random per seed). Each variant
+is a 2-rank gloo launch of the example DLRM through Lightning and DLACStrategy, with the same seed, model
+initialisation and data order; only the compression changes:
+
+- ``uncompressed``: ``DLACStrategy(compress=False)``, the reference every AUROC delta is taken against;
+- ``all_tight`` / ``all_loose``: every table at 0.01 / 0.05 for the whole run (no callback). Before any calibrator
+  is judged, these show the set tests something: all-loose must lose at least 0.005 AUROC (mean over seeds, and more
+  than 3 standard deviations of the per-seed losses), all-tight less than 0.001;
+- ``default``: ``DLACCallback()`` with no calibration argument, what a user gets;
+- ``gradient``, ``homogenization``, ``homogenization_value``, ``sensitivity``: each mode with its defaults
+  (``sensitivity`` with 4 probe batches), for the table of every mode in docs/adaptive.md (``--quick`` skips them).
+
+Per calibrated variant: the precision and recall of "sensitive tables come out tight or base", the share of robust
+and irrelevant tables put loose, the AUROC delta against uncompressed (negative = worse), the forward bytes against
+the all-tight run's, and calibration's share of the run's time (the callback's own measure: observers, probes,
+reductions). Prints tables and writes JSON::
+
+    python benchmarks/calibration_bench.py --seeds 3 --json-out benchmarks/results/calibration_bench.json
+    python benchmarks/calibration_bench.py --seeds 1 --quick --json-out /tmp/calibration_quick.json
+    python benchmarks/calibration_bench.py --seeds 2 --trace --json-out benchmarks/results/calibration_trace.json
+
+``--trace`` runs only the gradient mode, calibrating from a tenth of the run and again every fifth (``c=1``), and
+records every table's gradient sensitivity at each calibration: how the statistic of each role moves as the model
+trains, the evidence the default tolerance and start were chosen on.
+
+The JSON holds ``{"default": {"precision", "recall", "robust_loose_share", "auroc_delta", "bytes_vs_all_tight",
+"calibration_share"}, "all_loose": {"auroc_delta"}, "all_tight": {"auroc_delta"}, "<mode>": {...}, "seeds": [...],
+"per_seed": [...]}`` (means over seeds; deltas against uncompressed), beside the run's metadata, configuration and
+every launch's figures (``results``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+
+REPO = Path(__file__).resolve().parents[1]
+for path in (REPO, REPO / "benchmarks"):  # tests._launch (the rank launcher) and the data set beside this script
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+from _report import start_run, write_results  # noqa: E402 - beside this script
+
+BASELINES = ("uncompressed", "all_tight", "all_loose")
+MODES = ("homogenization", "homogenization_value", "sensitivity")  # the default is the gradient mode
+QUICK = (*BASELINES, "default")
+FULL = (*QUICK, *MODES)
+TARGETS = dict(precision=0.9, recall=0.9, robust_loose_share=0.9, auroc_delta=-0.001, bytes_vs_all_tight=0.7,
+               calibration_share=0.05, all_loose_loss=0.005, all_tight_loss=0.001)
+
+
+def _callback(variant: str, cfg: dict[str, Any]):
+    from lightning_dlac import DLACCallback
+
+    if variant == "default":
+        return DLACCallback()
+    if variant == "homogenization_value":
+        return DLACCallback(mode="homogenization", index="value")
+    if variant == "sensitivity":
+        return DLACCallback(mode="sensitivity", sensitivity_batches=4)
+    if variant == "trace":
+        return DLACCallback(mode="gradient", calibration_start=cfg["steps"] // 10, recalibrate_every=cfg["steps"] // 5,
+                            c=1.0, T=1)
+    return DLACCallback(mode=variant)
+
+
+class _Trace(pl.Callback):
+    """Every table's gradient sensitivity at the largest candidate, at each calibration of ``dlac``."""
+
+    def __init__(self, dlac) -> None:  # noqa: ANN001
+        self.dlac, self.points = dlac, []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:  # noqa: ANN001
+        if self.dlac.calibrator.calibrated_at == self.dlac.step and self.dlac.table_stats:
+            rows = self.dlac.calibration_report()
+            self.points.append({"batch": self.dlac.step, "sensitivity": {
+                r["table"]: r["gradient_loss_change"][max(r["gradient_loss_change"], key=float)] for r in rows}})
+
+
+def _run(rank: int, world_size: int, variant: str, cfg: dict[str, Any]) -> dict[str, Any]:  # noqa: C901
+    from calibration_data import FairCalibrationDataModule
+    from lightning_dlac.examples.dlrm import DLRMModule
+
+    from lightning_dlac import DLACStrategy
+
+    seed = cfg["seed"]
+    pl.seed_everything(seed, verbose=False)
+    dm = FairCalibrationDataModule(batch_size=cfg["batch_size"], num_train_batches=cfg["steps"] * world_size,
+                                   num_val_batches=cfg["val_batches"], seed=seed, **cfg["data"])
+    model = DLRMModule(num_embeddings_per_feature=dm.num_embeddings_per_feature, feature_names=dm.feature_names,
+                       num_dense_features=dm.num_dense_features, embedding_dim=cfg["dim"],
+                       dense_arch_layer_sizes=[32, cfg["dim"]], over_arch_layer_sizes=[64, 1],
+                       learning_rate=cfg["lr"], seed=seed)
+    if variant == "uncompressed":
+        strategy = DLACStrategy(compress=False, embedding_lr=cfg["lr"])
+    else:
+        eps = {"all_tight": 0.01, "all_loose": 0.05}.get(variant, 0.01)
+        strategy = DLACStrategy(eps=eps, embedding_lr=cfg["lr"])
+    dlac = _callback(variant, cfg) if variant not in BASELINES else None
+    meter = _Bytes()
+    trace = _Trace(dlac) if variant == "trace" else None
+    callbacks = [meter] if dlac is None else [dlac, meter] if trace is None else [dlac, meter, trace]
+    trainer = pl.Trainer(accelerator="cpu", devices=world_size, strategy=strategy, max_epochs=1, callbacks=callbacks,
+                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, num_sanity_val_steps=0)
+    start = time.perf_counter()
+    trainer.fit(model, datamodule=dm)
+    seconds = time.perf_counter() - start
+    out = {"variant": variant, "seed": seed, "val_auroc": float(trainer.callback_metrics["val/auroc"]),
+           "steps": meter.steps, "seconds": seconds, "sent_bytes": meter.sent, "raw_bytes": meter.raw,
+           "roles": dm.table_roles}
+    if dlac is not None:
+        out.update(classes={k: str(v) for k, v in dlac.classes.items()}, table_bounds=dlac.table_bounds,
+                   calibration_s=dlac.calibration_seconds, calibrated_at=dlac.calibrator.calibrated_at,
+                   T=dlac.schedule.T, calibration=dlac.calibration_report())
+    if trace is not None:
+        out["trace"] = trace.points
+    return out
+
+
+class _Bytes(pl.Callback):
+    """Forward all-to-all bytes of the training batches (validation's excluded), from the strategy's counters."""
+
+    def __init__(self) -> None:
+        self.steps = self.raw = self.sent = 0
+        self._start = (0, 0)
+
+    def _now(self, trainer) -> tuple[int, int]:  # noqa: ANN001
+        s = trainer.strategy.total_comm_stats()
+        return s.raw_bytes, s.sent_bytes
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:  # noqa: ANN001
+        self._start = self._now(trainer)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:  # noqa: ANN001
+        raw, sent = self._now(trainer)
+        self.steps += 1
+        self.raw += raw - self._start[0]
+        self.sent += sent - self._start[1]
+
+
+def trace_summary(point: dict[str, Any], roles: dict[str, str]) -> dict[str, tuple[float, float]]:
+    """Smallest and largest gradient sensitivity (at the largest candidate) of each role at one calibration."""
+    out = {}
+    for role in ("sensitive", "robust", "irrelevant"):
+        values = [v for t, v in point["sensitivity"].items() if roles.get(t) == role]
+        if values:
+            out[role] = (round(min(values), 3), round(max(values), 3))
+    return out
+
+
+def _judge(runs: dict[str, dict[str, Any]], variant: str) -> dict[str, Any]:
+    """One seed's figures of a calibrated ``variant`` against that seed's baselines."""
+    from calibration_data import precision_recall
+
+    r, ref, tight = runs[variant], runs["uncompressed"], runs["all_tight"]
+    precision, recall, loose = precision_recall(r["classes"], r["roles"])
+    return {"precision": precision, "recall": recall, "robust_loose_share": loose,
+            "auroc_delta": r["val_auroc"] - ref["val_auroc"],
+            "bytes_vs_all_tight": r["sent_bytes"] / tight["sent_bytes"] if tight["sent_bytes"] else None,
+            "calibration_share": r["calibration_s"] / r["seconds"] if r["seconds"] else None,
+            "counts": {c: sum(1 for v in r["classes"].values() if v == c) for c in ("tight", "base", "loose")},
+            "calibrated_at": r["calibrated_at"], "T": r["T"]}
+
+
+def _mean(values: list[float | None]) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.fmean(values) if values else None
+
+
+def _sd(values: list[float]) -> float:
+    return statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def summarize(per_seed: list[dict[str, Any]], variants: tuple[str, ...]) -> dict[str, Any]:
+    """Means over seeds of every judged figure, and the baselines' AUROC losses with their spread."""
+    out: dict[str, Any] = {}
+    for base in ("all_tight", "all_loose"):
+        deltas = [s[base]["auroc_delta"] for s in per_seed]
+        out[base] = {"auroc_delta": _mean(deltas), "sd": _sd(deltas), "per_seed": deltas}
+    judged = {v: [s[v] for s in per_seed if v in s] for v in variants if v not in BASELINES}
+    for v, rows in judged.items():
+        keys = ("precision", "recall", "robust_loose_share", "auroc_delta", "bytes_vs_all_tight", "calibration_share")
+        out[v] = {k: _mean([row[k] for row in rows]) for k in keys}
+        out[v]["auroc_delta_sd"] = _sd([row["auroc_delta"] for row in rows])
+    loose = out["all_loose"]
+    out["set_is_informative"] = bool(
+        -loose["auroc_delta"] >= TARGETS["all_loose_loss"] and -loose["auroc_delta"] > 3 * loose["sd"]
+        and -out["all_tight"]["auroc_delta"] < TARGETS["all_tight_loss"])
+    if "default" in out:
+        d = out["default"]
+        out["default_meets_targets"] = bool(
+            d["precision"] >= TARGETS["precision"] and d["recall"] >= TARGETS["recall"]
+            and d["robust_loose_share"] >= TARGETS["robust_loose_share"] and d["auroc_delta"] >= TARGETS["auroc_delta"]
+            and d["bytes_vs_all_tight"] <= TARGETS["bytes_vs_all_tight"]
+            and d["calibration_share"] <= TARGETS["calibration_share"])
+    return out
+
+
+def table(summary: dict[str, Any], variants: tuple[str, ...]) -> list[str]:
+    """The summary as a markdown table (one row per calibrated variant, then the baselines)."""
+    def f(v: float | None, fmt: str) -> str:
+        return "-" if v is None else format(v, fmt)
+
+    lines = ["| variant | precision | recall | robust/irrelevant loose | AUROC delta (sd) | bytes vs all-tight |"
+             " calibration share |", "|---|---|---|---|---|---|---|"]
+    for v in variants:
+        if v in BASELINES:
+            continue
+        s = summary[v]
+        lines.append(f"| {v} | {f(s['precision'], '.2f')} | {f(s['recall'], '.2f')} |"
+                     f" {f(s['robust_loose_share'], '.2f')} | {s['auroc_delta']:+.4f} ({s['auroc_delta_sd']:.4f}) |"
+                     f" {f(s['bytes_vs_all_tight'], '.2f')} | {f(s['calibration_share'], '.1%')} |")
+    for base in ("all_tight", "all_loose"):
+        s = summary[base]
+        lines.append(f"| {base} | | | | {s['auroc_delta']:+.4f} ({s['sd']:.4f}) | | |")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, default=3, help="how many seeds (0, 1, ...); each draws new roles")
+    parser.add_argument("--quick", action="store_true", help="baselines and the default only, fewer steps")
+    parser.add_argument("--steps", type=int, default=None, help="training batches per rank (default 2000, quick 1000)")
+    parser.add_argument("--batch-size", type=int, default=256, help="samples per rank per step")
+    parser.add_argument("--val-batches", type=int, default=128, help="validation batches over both ranks")
+    parser.add_argument("--dim", type=int, default=16, help="embedding dimension")
+    parser.add_argument("--lr", type=float, default=0.05, help="Adagrad learning rate (dense and embeddings)")
+    parser.add_argument("--data", action="append", default=[], metavar="KEY=VALUE",
+                        help="a FairCalibrationDataModule argument other than its default (repeatable), e.g."
+                        " --data sensitive=3")
+    parser.add_argument("--trace", action="store_true",
+                        help="only the gradient mode, recalibrating, recording every table's statistic each time")
+    parser.add_argument("--variants", default=None, help=f"comma-separated subset of {list(FULL)}")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds a 2-rank launch may take")
+    parser.add_argument("--json-out", type=Path, default=REPO / "benchmarks/results/calibration_bench.json")
+    args = parser.parse_args()
+    metadata = start_run("benchmarks/calibration_bench.py", vars(args))
+    variants = tuple(v.strip() for v in args.variants.split(",")) if args.variants else (QUICK if args.quick else FULL)
+    unknown = sorted(set(variants) - set(FULL)) if not args.trace else []
+    if unknown:
+        parser.error(f"unknown variant(s) {unknown}; choose from {list(FULL)}")
+    missing = [b for b in BASELINES if b not in variants]
+    if args.trace:
+        variants, missing = ("trace",), []
+    if missing:
+        parser.error(f"the baselines {missing} are needed to judge the others; keep them in --variants")
+    if args.seeds < 1:
+        parser.error("--seeds must be at least 1")
+    steps = args.steps or (1000 if args.quick else 2000)
+    data: dict[str, Any] = {}
+    for item in args.data:
+        key, sep, value = item.partition("=")
+        if not sep:
+            parser.error(f"--data {item!r} must be KEY=VALUE")
+        data[key.strip()] = float(value) if "." in value or "e" in value else int(value)
+    cfg = dict(steps=steps, data=data, batch_size=args.batch_size, val_batches=args.val_batches, dim=args.dim,
+               lr=args.lr,
+               variants=list(variants))
+
+    from tests._launch import run_ranks
+
+    per_seed, runs = [], []
+    if args.trace:
+        for seed in range(args.seeds):
+            print(f"seed {seed} / trace ...", flush=True)
+            runs.append(run_ranks(_run, 2, "trace", dict(cfg, seed=seed), timeout=args.timeout)[0])
+            for point in runs[-1]["trace"]:
+                print(f"  batch {point['batch']}: {trace_summary(point, runs[-1]['roles'])}", flush=True)
+        write_results(args.json_out, metadata, cfg, runs, seeds=list(range(args.seeds)))
+        print(f"\nwrote {args.json_out}")
+        return
+    for seed in range(args.seeds):
+        by_variant = {}
+        for variant in variants:
+            print(f"seed {seed} / {variant} ...", flush=True)
+            r = run_ranks(_run, 2, variant, dict(cfg, seed=seed), timeout=args.timeout)[0]
+            by_variant[variant] = r
+            runs.append(r)
+            extra = f", classes {_judge({**by_variant, variant: r}, variant)['counts']}" if "classes" in r and \
+                all(b in by_variant for b in ("uncompressed", "all_tight")) else ""
+            print(f"  val AUROC {r['val_auroc']:.4f}, {r['sent_bytes'] / max(r['steps'], 1):.0f} bytes/step,"
+                  f" {r['seconds']:.0f} s{extra}", flush=True)
+        judged = {v: _judge(by_variant, v) for v in variants if v not in BASELINES}
+        for base in ("all_tight", "all_loose"):
+            judged[base] = {"auroc_delta": by_variant[base]["val_auroc"] - by_variant["uncompressed"]["val_auroc"]}
+        per_seed.append(judged)
+    summary = summarize(per_seed, variants)
+    print()
+    print("\n".join(table(summary, variants)))
+    print("\nset informative (all-loose loses >= 0.005 and > 3 sd; all-tight < 0.001):",
+          summary["set_is_informative"])
+    if "default_meets_targets" in summary:
+        print(f"default meets its targets: {summary['default_meets_targets']}")
+    write_results(args.json_out, metadata, cfg, runs, **summary, seeds=list(range(args.seeds)), per_seed=per_seed,
+                  targets=TARGETS)
+    print(f"\nwrote {args.json_out}")
+
+
+if __name__ == "__main__":
+    main()
