@@ -267,14 +267,10 @@ def pipeline_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
                              f" {m['pipeline_wait_splits_ms']:.1f}, ids wait {m['pipeline_ids_wait_ms']:.1f}), lookup +"
                              f" output dist {m['embedding_fwd_ms']:.1f} ms")
             continue
-        if not r["variant"].endswith(SUFFIX):
+        pair = _twin_speed(r, rows)
+        if pair is None:
             continue
-        twin = next((t for t in rows if t["rate"] == r["rate"] and t["variant"] == r["variant"][: -len(SUFFIX)]),
-                    None)
-        if twin is None:
-            continue
-        pooled = twin["median_step_ms"] / r["median_step_ms"]
-        paired = [b / a for a, b in zip(r["launch_median_ms"], twin["launch_median_ms"])]
+        twin, pooled, paired = pair
         r["vs_unpipelined"], r["vs_unpipelined_per_repeat"] = pooled, paired
         spread = f" (per repeat {min(paired):.2f}-{max(paired):.2f})" if len(paired) > 1 else ""
         loads = loads + twin.get("launch_loadavg_1m", [])
@@ -286,6 +282,21 @@ def pipeline_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _twin_speed(
+    row: dict[str, Any], rows: Sequence[dict[str, Any]]
+) -> tuple[dict[str, Any], float, list[float]] | None:
+    """For a pipelined row (``X_pipelined``): its unpipelined twin ``X`` at the same rate, the pooled medians' speed
+    ratio and the per-repeat ratios (launches of the same repeat paired); None for other rows or without a twin."""
+    if not row["variant"].endswith(SUFFIX):
+        return None
+    base = row["variant"][: -len(SUFFIX)]
+    twin = next((t for t in rows if t["rate"] == row["rate"] and t["variant"] == base), None)
+    if twin is None:
+        return None
+    paired = [b / a for a, b in zip(row["launch_median_ms"], twin["launch_median_ms"])]
+    return twin, twin["median_step_ms"] / row["median_step_ms"], paired
+
+
 def pipeline_table(rows: Sequence[dict[str, Any]]) -> list[str]:
     """The markdown table of each pipelined variant (``X_pipelined``) beside its unpipelined twin ``X`` at the same
     rate: both steps, the pipelined speed against the twin (pooled medians' ratio, per-repeat range: launches of the
@@ -294,14 +305,10 @@ def pipeline_table(rows: Sequence[dict[str, Any]]) -> list[str]:
              " the path ms, unpipelined -> pipelined (share of the unpipelined step) | lookup + output dist ms,"
              " unpipelined -> pipelined |", "|---|---|---:|---:|---:|---:|---:|"]
     for r in rows:
-        if not r["variant"].endswith(SUFFIX):
+        pair = _twin_speed(r, rows)
+        if pair is None:
             continue
-        twin = next((t for t in rows if t["rate"] == r["rate"] and t["variant"] == r["variant"][: -len(SUFFIX)]),
-                    None)
-        if twin is None:
-            continue
-        pooled = twin["median_step_ms"] / r["median_step_ms"]
-        paired = [b / a for a, b in zip(r["launch_median_ms"], twin["launch_median_ms"])]
+        twin, pooled, paired = pair
         spread = f" ({min(paired):.2f}-{max(paired):.2f})" if len(paired) > 1 else ""
         share = twin["input_dist_ms"] / twin["median_step_ms"]
         lines.append(f"| {r['rate']} | {twin['label']} | {twin['median_step_ms']:.0f} | {r['median_step_ms']:.0f} |"
