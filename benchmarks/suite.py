@@ -1,6 +1,6 @@
 """Every benchmark that backs a figure in README.md or docs/benchmarks.md, at one depth, in one command.
 
-    python benchmarks/suite.py --depth quick --render     # make bench-quick: ~45 minutes on 2 idle cores
+    python benchmarks/suite.py --depth quick --render     # make bench-quick: ~23 minutes on 2 idle cores
     python benchmarks/suite.py --depth full --render      # make bench: every results file, hours
     python benchmarks/suite.py --depth smoke --results /tmp/dlac-bench-smoke   # make bench-smoke: ~8 minutes
 
