@@ -23,15 +23,16 @@ def loss_or_none(output: Any) -> float | None:
 
 def loss_of(output: Any) -> float:
     """The loss that ``training_step`` returned, as a float."""
-    if isinstance(output, dict):
-        output = output.get("loss")
-    if not isinstance(output, torch.Tensor) or output.numel() != 1:
+    loss = loss_or_none(output)
+    if loss is None:
+        if isinstance(output, dict):
+            output = output.get("loss")
         raise TypeError(
             "DLACCallback's calibration calls training_step and needs it to return the loss (a scalar tensor or a"
             f" dict with 'loss'), got {type(output).__name__}. Return the loss, or use mode='homogenization' with"
             " sensitivity_batches=0 and no calibration_dataloader."
         )
-    return float(output.detach())
+    return loss
 
 
 @contextlib.contextmanager

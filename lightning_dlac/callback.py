@@ -160,7 +160,6 @@ class DLACCallback(Callback):
         self.log_every_n_steps = check_count(log_every_n_steps, "log_every_n_steps", 1)
         self.prog_bar, self.report = bool(prog_bar), bool(report)
         self._calibrator = Calibrator(self.settings, all_reduce, all_gather_object)
-        self._resolved_run_batches: int | None = None
         self._monitor = CompressionMonitor(bool(per_table_metrics), all_reduce)
         self._strategy: DLACStrategy | None = None
         self._step = 0  # training batches seen: the schedule's t
@@ -236,7 +235,6 @@ class DLACCallback(Callback):
         if T is not None and (self.calibration_start is not None or self.calibration_dataloader is not None):
             return
         batches = run_training_batches(trainer)
-        self._resolved_run_batches = batches
         share = max(1, round(batches * DEFAULT_RUN_SHARE)) if batches is not None else PAPER_T
         if batches is None:
             unset = [name for name, value in (("calibration_start", self.calibration_start), ("T", T))
@@ -250,6 +248,7 @@ class DLACCallback(Callback):
         if self.calibration_start is None and self.calibration_dataloader is None:
             self._calibrator.settings = self.settings = replace(self.settings, start=share)
             self._calibrator.reschedule(share)
+
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._strategy is None:
