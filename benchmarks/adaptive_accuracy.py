@@ -59,14 +59,8 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 import yaml
+from common import CRITEO_SAMPLE, REPO, load_results, run_ranks, start_run, write_generated_block, write_results
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # tests._launch (the project's rank launcher) lives at the repository root
-    sys.path.insert(0, str(REPO))
-
-from _report import load_results, start_run, write_generated_block, write_results  # noqa: E402 - beside this script
-
-CRITEO = REPO.parent / "shared" / "data" / "criteo_kaggle_head10k.tsv"
 SECTION = "## Adaptive error bounds: accuracy and traffic"
 # The block benchmarks/render.py renders from the committed results files (the same markers).
 BEGIN, END = "<!-- BEGIN render:adaptive_accuracy -->", "<!-- END render:adaptive_accuracy -->"
@@ -156,14 +150,14 @@ def _install_qcomm():
     (DLACStrategy has no qcomm option: with compress=False its sharder is TorchRec's own). The registry and its
     byte-counting wrappers are benchmarks/e2e_bandwidth.py's."""
     import torchrec.distributed.embeddingbag as ebc
-    from e2e_bandwidth import Variant, _codecs_registry
+    from e2e_bandwidth import Variant, codecs_registry
 
-    registry, fwd, bwd = _codecs_registry(Variant("qcomm_int8_fp16", "qcomm INT8/FP16", "qcomm", "int8", "fp16"))
+    registry, fwd, bwd = codecs_registry(Variant("qcomm_int8_fp16", "qcomm INT8/FP16", "qcomm", "int8", "fp16"))
     base = ebc.EmbeddingBagCollectionSharder
 
     class QCommSharder(base):  # noqa: D101 - a one-argument default
         def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
-            kwargs.setdefault("qcomm_codecs_registry", registry)
+            kwargs.setdefault("qcommcodecs_registry", registry)
             super().__init__(*args, **kwargs)
 
     ebc.EmbeddingBagCollectionSharder = QCommSharder
@@ -476,7 +470,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--datasets", default=",".join(DATASETS), help=f"comma-separated subset of {list(DATASETS)}")
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {list(VARIANTS)}")
-    parser.add_argument("--criteo-path", type=Path, default=CRITEO)
+    parser.add_argument("--criteo-path", type=Path, default=CRITEO_SAMPLE)
     parser.add_argument("--criteo-epochs", type=int, default=1, help="more overfits the 8,000-row sample")
     parser.add_argument("--criteo-batch", type=int, default=64, help="samples per rank per step")
     parser.add_argument("--synthetic-batches", type=int, default=192, help="training batches per rank")
@@ -546,7 +540,6 @@ def main() -> None:
                load=f"{os.getloadavg()[0]:.1f}")
 
     from lightning_dlac.codec import native_available
-    from tests._launch import run_ranks
 
     if not native_available():
         print("warning: the native DLAC codec did not build; the compressed variants run the reference codec.")

@@ -36,19 +36,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
-
-REPO = Path(__file__).resolve().parents[1]
-for path in (REPO, REPO / "benchmarks"):  # tests._launch (the rank launcher) and the data set beside this script
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
-
-from _report import start_run, write_results  # noqa: E402 - beside this script
+from common import REPO, run_ranks, start_run, write_results
 
 BASELINES = ("uncompressed", "all_tight", "all_loose")
 MODES = ("homogenization", "homogenization_value", "sensitivity")  # the default is the gradient mode
@@ -267,7 +260,6 @@ def main() -> None:
                lr=args.lr,
                variants=list(variants))
 
-    from tests._launch import run_ranks
 
     per_seed, runs = [], []
     if args.trace:

@@ -17,7 +17,7 @@ the checkpoint (the work lost), which is also reported. The run is stopped once 
     python benchmarks/checkpoint_bench.py                 # make bench runs it (benchmarks/suite.py)
     python benchmarks/render.py                           # the figures of docs/benchmarks.md and docs/multinode.md
 
-Writes benchmarks/results/checkpoint_bench.json (with the run's metadata, benchmarks/_report.py); the blocks
+Writes benchmarks/results/checkpoint_bench.json (with the run's metadata, benchmarks/common.py); the blocks
 ``render:checkpoint`` (docs/benchmarks.md) and ``render:multinode_restart`` (docs/multinode.md) are rendered from
 it by :func:`tables` and :func:`multinode_lines`. The checkpoints and runs (under ``--workdir``) are deleted at the
 end unless ``--keep``.
@@ -38,9 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _report import span, start_run, write_results  # noqa: E402 - beside this script
+from common import REPO, span, start_run, write_results
 
 ELASTIC = REPO / "examples" / "configs" / "dlrm_elastic.yaml"
 CLOCK = "DLAC_CLOCK "  # the prefix of StepClock's lines in the workers' output

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import collections
 import os
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,14 +28,10 @@ from typing import Any
 
 import numpy as np
 import torch
+from common import CRITEO_SAMPLE, REPO, judge, start_run, write_results
 
 from lightning_dlac.codec import decode_grid, encode_grid, inspect_grid, max_error, native_available
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _report import judge, start_run, write_results  # noqa: E402 - beside this script
-
-REPO = Path(__file__).resolve().parents[1]
-CRITEO = Path(__file__).resolve().parents[2] / "shared" / "data" / "criteo_kaggle_head10k.tsv"
 TARGETS = {"entropy_fraction": 0.9, "enc_gbps_1t": 1.0, "dec_gbps_1t": 1.5}
 GRADIENT_TARGETS = {"enc_gbps_1t": 1.5, "dec_gbps_1t": 1.5}  # issue 15: the backward exchange's payload
 
@@ -413,7 +408,7 @@ def format_markdown(rows: list[dict]) -> str:
 
 
 def check_targets(rows: list[dict], impl: str) -> list[dict]:
-    """DESIGN.md targets per payload and eps, judged by the rule (benchmarks/_report.py): DLAC >= 90% of
+    """DESIGN.md targets per payload and eps, judged by the rule (benchmarks/common.py): DLAC >= 90% of
     dedup+entropy, never below SZ3, bound held (deterministic figures: one "repeat"); one-thread speed (1.5 GB/s
     encode and decode on the gradient payload, issue 15), the median call and at least two thirds of the calls."""
     out = []
@@ -488,7 +483,7 @@ def main() -> None:
     parser.add_argument("--eps", nargs="+", type=float, default=[0.01, 0.03, 0.05])
     parser.add_argument("--impl", choices=["auto", "native", "ref"], default="auto",
                         help="DLAC implementation; auto = native if it builds, else the reference")
-    parser.add_argument("--criteo", type=Path, default=CRITEO, help="Criteo Kaggle TSV (skipped if absent)")
+    parser.add_argument("--criteo", type=Path, default=CRITEO_SAMPLE, help="Criteo Kaggle TSV (skipped if absent)")
     parser.add_argument("--epochs", type=int, default=3, help="DLRM training epochs before capturing")
     parser.add_argument("--repeat", type=int, default=5, help="at least this many timed calls per measurement")
     parser.add_argument("--min-seconds", type=float, default=0.3, help="and at least this long per measurement")

@@ -53,10 +53,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
-sys.path.insert(0, str(REPO))
+from common import REPO
 
 TABLES, DIM, DESTS = 26, 64, 8
 PAYLOADS = ("zipf", "criteo", "multihot", "gradient")
@@ -165,7 +162,7 @@ class Table:
         print("  ".join(c.ljust(w) for c, w in zip(COLUMNS, WIDTHS)), flush=True)
 
     def add(self, row: dict[str, Any]) -> None:
-        from _report import write_results
+        from common import write_results
 
         if row["codec"] == "memcpy":
             self.memcpy_gbps[row["payload"]] = row["encode_gbps"]
@@ -316,7 +313,7 @@ def main() -> int:
         print(f"cuda_codec_bench: the native kernels did not build or load:\n{e}", flush=True)
         status = 1
     if args.markdown_out is not None and table.rows and not args.emulate:
-        from _report import write_generated_block
+        from common import write_generated_block
 
         head = "| " + " | ".join(COLUMNS) + " |"
         lines = [f"{device}, {TABLES} tables x {DESTS} destinations x {args.batch} rows (dim {DIM}), `{command}`:",

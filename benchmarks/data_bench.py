@@ -37,12 +37,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from common import CRITEO_SAMPLE, REPO, start_run, write_results
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _report import start_run, write_results  # noqa: E402 - beside this script
-
-SAMPLE = REPO.parent / "shared" / "data" / "criteo_kaggle_head10k.tsv"
 ROW_BYTES = 13 * 4 + 26 * 8 + 4  # dense float32 + sparse int64 + label int32
 
 
@@ -260,9 +256,9 @@ def main() -> None:
     load_before = os.getloadavg()
     try:
         # --- preprocess ---
-        if SAMPLE.is_file():
-            source = SAMPLE.read_bytes().splitlines(keepends=True)
-            source_name = f"the Criteo sample ({SAMPLE.name}, {len(source):,} real rows) repeated"
+        if CRITEO_SAMPLE.is_file():
+            source = CRITEO_SAMPLE.read_bytes().splitlines(keepends=True)
+            source_name = f"the Criteo sample ({CRITEO_SAMPLE.name}, {len(source):,} real rows) repeated"
         else:
             source = [(line + "\n").encode() for line in _synthetic_lines(10_000)]
             source_name = "10,000 generated Criteo-like rows repeated"

@@ -20,17 +20,17 @@ pooled medians' ratio with the per-repeat range (launches of the same repeat pai
 DLAC both directions' like-for-like ceiling: the same exchange module with the null codec
 (lightning_dlac/comm/null_codec.py), sending the latest ``dlac_dlac`` launch's bytes per table and direction, with
 no encode or decode; a DLAC launch more than 5% faster than the ceiling launch of its repeat is recorded as a
-benchmark error. The issue-25 targets (``TARGETS``) are judged by the rule of benchmarks/_report.py.
+benchmark error. The issue-25 targets (``TARGETS``) are judged by the rule of benchmarks/common.py.
 
 The pipelined variants (``..._pipelined``: every step through TorchRec's sparse-dist pipeline, as
 ``DLACStrategy(pipeline="sparse_dist")`` drives it; ``..._alternate``: blocks of unpipelined and pipelined steps in
-turn within one launch, ABBA) are in ``_e2e_pipeline.py``, with the phase timers that split a step (input dist,
+turn within one launch, ABBA) are in ``e2e_pipeline.py``, with the phase timers that split a step (input dist,
 lookup and output dist); each ``X_pipelined`` is compared with its twin ``X`` launch for launch, and the issue-29
 target (``dlac_dlac_pipelined`` >= 1.1x ``dlac_dlac`` at 1 Gbit/s) is judged by the same rule.
 
 That loop (``_train_rank``) is also the reference for training with lightning-dlac without Lightning:
 ``shard_model`` + ``install_compressed_all_to_all`` + a ``Calibrator`` fed by the exchange group's observer.
-The TorchRec-path stand-ins (qcomm byte counters, zero-cost 8x codecs) are in ``_e2e_stand_ins.py``.
+The TorchRec-path stand-ins (qcomm byte counters, zero-cost 8x codecs) are in ``e2e_codecs.py``.
 """
 
 from __future__ import annotations
@@ -50,12 +50,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # tests._launch (the project's rank launcher) lives at the repository root
-    sys.path.insert(0, str(REPO))
-
-from _e2e_pipeline import (  # noqa: E402 - beside this script
+from common import REPO, judge, run_ranks, start_run, write_results
+from e2e_codecs import codecs_registry
+from e2e_pipeline import (
     Stepper,
     alternate_problem,
     module_to_shard,
@@ -63,8 +60,6 @@ from _e2e_pipeline import (  # noqa: E402 - beside this script
     pipeline_summary,
     pipeline_table,
 )
-from _e2e_stand_ins import _codecs_registry  # noqa: E402 - beside this script
-from _report import judge, start_run, write_results  # noqa: E402 - beside this script
 
 EMBEDDING_DIM = 64
 # Adagrad for both, at the learning rates of examples/configs/dlrm_synthetic.yaml.
@@ -86,7 +81,7 @@ class Variant:
     overlap: bool | None = None  # DLAC: None = the library's default (overlapped on NCCL, synchronous on gloo)
     ceiling_of: str | None = None  # null: the DLAC variant whose bytes it sends (its like-for-like ceiling)
     # "sparse_dist": through TorchRec's sparse-dist pipeline; "alternate": unpipelined and pipelined blocks of steps
-    # in turn within one launch (_e2e_pipeline.py). A pipelined variant is its unpipelined twin's name + _pipelined.
+    # in turn within one launch (e2e_pipeline.py). A pipelined variant is its unpipelined twin's name + _pipelined.
     pipeline: str | None = None
 
 
@@ -127,7 +122,7 @@ VARIANTS: dict[str, Variant] = {
 }
 # A launch faster than its ceiling by more than this fraction is a benchmark error, not a result.
 CEILING_TOLERANCE = 0.05
-# The issue-25 targets, each judged by the rule (benchmarks/_report.py RULE) from pooled and per-repeat figures:
+# The issue-25 targets, each judged by the rule (benchmarks/common.py RULE) from pooled and per-repeat figures:
 # (rate, name, variant, reference, threshold, what the figure is).
 TARGETS = (
     ("1gbit", "DLAC both directions >= 0.9 of its ceiling", "dlac_dlac", "ceiling_dlac_dlac", 0.9, "ceiling"),
@@ -177,11 +172,11 @@ def _train_rank(rank: int, world_size: int, variant_name: str, cfg: dict[str, An
     Lightning; the dense optimizer gets ``dense_parameters``; the step is an ordinary forward / backward / step."""
     import torch.distributed as dist
 
-    from lightning_dlac.adaptive import CalibrationSettings, Calibrator
-    from lightning_dlac.comm import CompressionConfig, ErrorBounds, install_compressed_all_to_all
+    from lightning_dlac.adaptive import CalibrationSettings, Calibrator, ErrorBounds
+    from lightning_dlac.comm import CompressionConfig, install_compressed_all_to_all
     from lightning_dlac.comm.collectives import all_gather_object, all_reduce
     from lightning_dlac.comm.null_codec import bytes_per_call, install_null_codec
-    from lightning_dlac.sharding import ShardingOptions, dense_parameters, shard_model
+    from lightning_dlac.engine.sharding import ShardingOptions, dense_parameters, shard_model
 
     variant = VARIANTS[variant_name]
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
@@ -192,11 +187,11 @@ def _train_rank(rank: int, world_size: int, variant_name: str, cfg: dict[str, An
         # Pre-draw every batch (rank r of W takes global batches r, r + W, ...) so that timing is training only.
         batches = [gen.batch(i * world_size + rank, batch_size=batch_size) for i in range(warmup + steps)]
 
-        registry, fwd_codec, bwd_codec = _codecs_registry(variant)
+        registry, fwd_codec, bwd_codec = codecs_registry(variant)
         # The library's sharding defaults but for the model's optimizer settings (static_graph=False since issue 25;
         # the runs before it used True).
         options = ShardingOptions(sharding_types=["table_wise"], embedding_optimizer="adagrad",
-                                  embedding_lr=EMBEDDING_LR, adagrad_epsilon=1e-8, qcomm_codecs_registry=registry)
+                                  embedding_lr=EMBEDDING_LR, adagrad_epsilon=1e-8, qcommcodecs_registry=registry)
         dims = {t.name: t.embedding_dim for t in dlrm.embedding_bag_collection.embedding_bag_configs()}
         model = shard_model(module_to_shard(dlrm, variant.pipeline), options, torch.device("cpu"))
         plan = model.plan
@@ -362,7 +357,6 @@ def _sent_per_step(per_rank: list[dict[str, Any]], cfg: dict[str, Any]) -> dict[
 
 
 def _inside_namespace(rate: str, variants: list[str], cfg: dict[str, Any], out: Path) -> None:
-    from tests._launch import run_ranks
 
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
     if rate != "unthrottled":

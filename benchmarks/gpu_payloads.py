@@ -34,10 +34,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from common import CRITEO_SAMPLE, HERE
 
-REPO = Path(__file__).resolve().parents[1]
-PAYLOAD_FILE = Path(__file__).resolve().with_name("payloads") / "criteo_dlrm.npz"
-CRITEO = REPO.parent / "shared" / "data" / "criteo_kaggle_head10k.tsv"
+PAYLOAD_FILE = HERE / "payloads" / "criteo_dlrm.npz"
 TABLES, DIM, SAMPLES, GRAD_BATCH = 26, 64, 4096, 256
 PAYLOADS = ("criteo", "multihot", "gradient")
 
@@ -167,7 +166,6 @@ def build(name: str, data: dict[str, np.ndarray], rows: int, destinations: int, 
 
 def write(path: Path, criteo_tsv: Path, epochs: int) -> None:
     """Train the example DLRM on ``criteo_tsv`` and save what the payloads are made of (module docstring)."""
-    sys.path.insert(0, str(REPO / "benchmarks"))
     from codec_bench import train_criteo_dlrm
 
     from lightning_dlac.criteo import MLPERF_MULTI_HOT_SIZES
@@ -225,7 +223,7 @@ def write(path: Path, criteo_tsv: Path, epochs: int) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--write", action="store_true", help="train the DLRM and (re)write the payload file")
-    parser.add_argument("--criteo", type=Path, default=CRITEO, help="the Criteo Kaggle TSV sample")
+    parser.add_argument("--criteo", type=Path, default=CRITEO_SAMPLE, help="the Criteo Kaggle TSV sample")
     parser.add_argument("--epochs", type=int, default=3, help="training epochs (as codec_bench.py)")
     parser.add_argument("--out", type=Path, default=PAYLOAD_FILE)
     args = parser.parse_args()

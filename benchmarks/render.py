@@ -26,12 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))
-
-from _report import RULE, judge, load_results, span, verdict_text  # noqa: E402 - beside this script
+from common import HERE, REPO, RULE, judge, load_results, span, verdict_text
 
 DOCS = ("README.md", "docs/benchmarks.md", "docs/adaptive.md", "docs/strategy.md", "docs/multinode.md")
 BLOCK = re.compile(r"<!-- BEGIN render:(?P<name>[\w-]+) -->\n(?P<body>.*?)<!-- END render:(?P=name) -->", re.S)
@@ -609,7 +604,7 @@ def readme_dlrm_v2(results: Results) -> list[str]:
 def pipeline(results: Results) -> list[str]:
     """The sparse-dist pipeline against unpipelined training (issue 29): each pipelined variant beside its twin
     (separate launches) with the phases that explain it and the target, then the same within one launch."""
-    from _e2e_pipeline import pipeline_lines, pipeline_table
+    from e2e_pipeline import pipeline_lines, pipeline_table
 
     data = results.get("e2e_pipeline.json")
     cfg = data["config"]

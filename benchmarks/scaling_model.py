@@ -1,4 +1,5 @@
-"""The step-time model of lightning_dlac.estimate, validated on this machine's throttled runs and projected to GPU
+"""The step-time model of lightning_dlac.commands.estimate, validated on this machine's throttled runs and projected
+to GPU
 clusters; prints the tables and writes JSON.
 
     python benchmarks/scaling_model.py benchmarks/results/e2e_issue15_*.json
@@ -26,18 +27,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from common import REPO, load_results, start_run, write_results
 
-from _report import load_results, start_run, write_results  # noqa: E402 - beside this script
-
-from lightning_dlac.estimate import (  # noqa: E402
+from lightning_dlac.commands.estimate import (  # noqa: E402
     METHOD_LABELS,
     METHODS,
     Codec,
@@ -68,11 +64,11 @@ def cast_gb_s(batch: int, repeats: int = 5) -> float:
     """TorchRec's qcomm INT8 forward + FP16 backward codecs, encode and decode of one batch's buffer each, on this
     CPU with one thread: GB/s of float32 per codec pass (the model's ``cast_gb_s``)."""
     import torch
-    from torchrec.distributed.fbgemm_qcomm_codec import CommType, QCommsConfig, get_qcomm_codecs_registry
+    from torchrec.distributed.fbgemm_qcomm_codec import CommType, QCommsConfig, get_qcommcodecs_registry
     from torchrec.distributed.types import CommOp
 
     torch.set_num_threads(1)
-    codecs = get_qcomm_codecs_registry(QCommsConfig(forward_precision=CommType.INT8,
+    codecs = get_qcommcodecs_registry(QCommsConfig(forward_precision=CommType.INT8,
                                                     backward_precision=CommType.FP16))
     pair = codecs[CommOp.POOLED_EMBEDDINGS_ALL_TO_ALL.name]
     x = torch.randn(batch, sum(DIMS))

@@ -34,10 +34,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-RESULTS = HERE / "results"
-CRITEO = REPO.parent / "shared" / "data" / "criteo_kaggle_head10k.tsv"
+from common import CRITEO_SAMPLE as CRITEO
+from common import HERE, REPO, RESULTS
+
 DEPTHS = ("smoke", "quick", "full")
 
 E2E_THROTTLED = "fp32,qcomm_int8_fp16,dlac_bf16,dlac_dlac,ceiling_dlac_dlac"

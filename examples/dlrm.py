@@ -20,7 +20,7 @@ from torchrec.datasets.utils import Batch
 from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRM_Projection
 from torchrec.modules.embedding_configs import PoolingType
 
-from lightning_dlac.strategy import dense_parameters
+from lightning_dlac import dense_parameters
 
 INTERACTIONS = ("dot", "dcn", "projection")
 POOLINGS = ("sum", "mean")

@@ -16,7 +16,7 @@ if str(BENCHMARKS) not in sys.path:
     sys.path.insert(0, str(BENCHMARKS))
 
 import render  # noqa: E402 - benchmarks/ is not a package
-from _report import RULE, judge  # noqa: E402
+from common import RULE, judge  # noqa: E402
 from suite import STEPS, depth_writing, steps_at  # noqa: E402
 
 
@@ -146,8 +146,8 @@ def test_qcomm_bytes_of_old_results_files_are_converted_to_remote_traffic() -> N
 def test_the_pipeline_block_sets_each_pipelined_variant_beside_its_twin_and_judges_the_target(
         tmp_path: Path) -> None:
     import e2e_bandwidth as e2e
-    from _e2e_pipeline import alternate_problem
-    from _report import write_results
+    from common import write_results
+    from e2e_pipeline import alternate_problem
 
     def row(variant: str, launch_ms: list[float], input_dist_ms: float) -> dict:
         return dict(_row("1gbit", variant, launch_ms), label=e2e.VARIANTS[variant].label, input_dist_ms=input_dist_ms,

@@ -1,5 +1,25 @@
-"""Error-bound policy: table-wise calibration and iteration-wise decay (plain functions, no Lightning)."""
+"""Error-bound policy: the bound types, table-wise calibration and iteration-wise decay (plain functions and small
+dataclasses; torch, no Lightning, no TorchRec).
 
+| module | job |
+|---|---|
+| ``bounds`` | the bound types: :class:`ErrorBounds` (what the exchanges read), probes, classes, validation |
+| ``calibration`` | per-table statistics measured on the payload and its gradient |
+| ``policy`` | statistics to one bound per table (gradient, homogenization, sensitivity) |
+| ``calibrator`` | the table-wise level's state machine, driven by ``DLACCallback`` or a plain loop |
+| ``schedule`` | the iteration-wise multiplier ``m(t)`` |
+"""
+
+from lightning_dlac.adaptive.bounds import (
+    BoundSource,
+    Calibration,
+    ClassBounds,
+    ErrorBounds,
+    ProbeBounds,
+    TableClass,
+    check_count,
+    check_relative_bound,
+)
 from lightning_dlac.adaptive.calibration import (
     CalibrationStats,
     TableStats,
@@ -9,11 +29,9 @@ from lightning_dlac.adaptive.calibration import (
     value_homogenization_counts,
     value_homogenization_index,
 )
-from lightning_dlac.adaptive.calibrator import Calibration, CalibrationSettings, Calibrator, ProbeBounds
+from lightning_dlac.adaptive.calibrator import CalibrationSettings, Calibrator
 from lightning_dlac.adaptive.policy import (
-    ClassBounds,
     HomogenizationThresholds,
-    TableClass,
     class_table_bounds,
     classify,
     gradient_table_bounds,
@@ -23,17 +41,21 @@ from lightning_dlac.adaptive.policy import (
 from lightning_dlac.adaptive.schedule import DecaySchedule, ScheduleKind
 
 __all__ = [
+    "BoundSource",
     "Calibration",
     "CalibrationSettings",
     "CalibrationStats",
     "Calibrator",
     "ClassBounds",
     "DecaySchedule",
+    "ErrorBounds",
     "HomogenizationThresholds",
     "ProbeBounds",
     "ScheduleKind",
     "TableClass",
     "TableStats",
+    "check_count",
+    "check_relative_bound",
     "class_table_bounds",
     "classify",
     "distinct_rows",

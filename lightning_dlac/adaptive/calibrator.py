@@ -32,13 +32,18 @@ from typing import Any
 
 import torch
 
-from lightning_dlac.adaptive.bounds import check_count, check_relative_bound
+from lightning_dlac.adaptive.bounds import (
+    Calibration,
+    ClassBounds,
+    ProbeBounds,
+    TableClass,
+    check_count,
+    check_relative_bound,
+)
 from lightning_dlac.adaptive.calibration import CalibrationStats, TableStats
 from lightning_dlac.adaptive.policy import (
     INDEX_KINDS,
-    ClassBounds,
     HomogenizationThresholds,
-    TableClass,
     check_tolerance,
     class_table_bounds,
     classify,
@@ -59,17 +64,6 @@ AllGather = Callable[[Any], list[Any]]
 
 def _alone(tensor: torch.Tensor, op: str) -> torch.Tensor:
     return tensor
-
-
-class ProbeBounds:
-    """The bounds of one sensitivity probe: the named tables at the given bound, every other table exactly (0)."""
-
-    def __init__(self, bounds: Mapping[str, float]) -> None:
-        self._bounds = {t: check_relative_bound(eps, f"probe bound of table {t!r}") for t, eps in bounds.items()}
-
-    def effective_many(self, tables: Sequence[str]) -> torch.Tensor:
-        """Bounds of ``tables`` as the float32 tensor the codec takes."""
-        return torch.tensor([self._bounds.get(t, 0.0) for t in tables], dtype=torch.float32)
 
 
 @dataclass(frozen=True)
@@ -116,17 +110,6 @@ class CalibrationSettings:
             )
         if self.mode == "sensitivity" and self.sensitivity_batches == 0:
             raise ValueError("mode='sensitivity' chooses bounds from the probe: set sensitivity_batches >= 1.")
-
-
-@dataclass(frozen=True)
-class Calibration:
-    """One finished calibration: from which training batch its bounds apply, how many batches it measured, how many
-    tables landed in each class, and whether it replaced an earlier one."""
-
-    at: int
-    batches: int
-    counts: dict[str, int]
-    again: bool
 
 
 class Calibrator:

@@ -19,46 +19,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import Enum
 
-from lightning_dlac.adaptive.bounds import check_relative_bound
+from lightning_dlac.adaptive.bounds import ClassBounds, TableClass
 from lightning_dlac.adaptive.calibration import TableStats
-
-
-class TableClass(str, Enum):
-    """Error-bound class of a table."""
-
-    TIGHT = "tight"
-    BASE = "base"
-    LOOSE = "loose"
-
-    def __str__(self) -> str:
-        return self.value
-
-
-@dataclass(frozen=True)
-class ClassBounds:
-    """Relative bound of each class; ``tight <= base <= loose``."""
-
-    tight: float = 0.01
-    base: float = 0.03
-    loose: float = 0.05
-
-    def __post_init__(self) -> None:
-        for name in ("tight", "base", "loose"):
-            check_relative_bound(getattr(self, name), f"{name}_eps")
-        if not self.tight <= self.base <= self.loose:
-            raise ValueError(
-                f"class bounds must satisfy tight_eps <= base_eps <= loose_eps, got tight_eps={self.tight},"
-                f" base_eps={self.base}, loose_eps={self.loose}."
-            )
-
-    def __getitem__(self, cls: TableClass | str) -> float:
-        return getattr(self, TableClass(cls).value)
-
-    def candidates(self) -> tuple[float, ...]:
-        """The distinct class bounds, ascending."""
-        return tuple(sorted({self.tight, self.base, self.loose}))
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@
 (fail with the build log if it does not build) | ``ref``. ``DLAC_EXTENSION_DIR`` is the cache root for builds
 (default ``~/.cache/lightning_dlac``); each build lives in a sub-directory named by a hash of the sources, the
 compiler flags and the torch version, so editing a kernel or upgrading torch rebuilds. The build, the cache and the
-choice are :mod:`lightning_dlac._native`'s, shared with the Criteo parser; this module says what the codec builds.
+choice are :mod:`lightning_dlac.native`'s, shared with the Criteo parser; this module says what the codec builds.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from lightning_dlac._native import (
+from lightning_dlac.native import (
     ENV_DIR,
     IMPLS,
     NativeLibrary,
@@ -22,7 +22,7 @@ from lightning_dlac._native import (
     build_extension,
     sources_dir,
 )
-from lightning_dlac._native import build_dir as _build_dir
+from lightning_dlac.native import build_dir as _build_dir
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,7 @@
 """Compressed all-to-all for TorchRec's sharded pooled-embedding communication (no Lightning here).
 
+Its per-table bounds come from the layer below, :class:`lightning_dlac.adaptive.ErrorBounds`.
+
 Exports resolve lazily (PEP 562): ``lightning_dlac.comm.CommStats`` and the settings import without torchrec; the
 exchange itself needs it.
 """
@@ -12,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 _EXPORTS = {
     "BackwardCompression": "config",
     "CompressionConfig": "config",
-    "ErrorBounds": "config",
     "CommStats": "stats",
     "CompressedExchangeError": "exchange",
     "CompressedPooledEmbeddingsAllToAll": "all_to_all",
@@ -25,14 +26,13 @@ __all__ = [
     "CompressedExchangeError",
     "CompressedPooledEmbeddingsAllToAll",
     "CompressionConfig",
-    "ErrorBounds",
     "ExchangeGroup",
     "install_compressed_all_to_all",
 ]
 
 if TYPE_CHECKING:
     from lightning_dlac.comm.all_to_all import CompressedPooledEmbeddingsAllToAll
-    from lightning_dlac.comm.config import BackwardCompression, CompressionConfig, ErrorBounds
+    from lightning_dlac.comm.config import BackwardCompression, CompressionConfig
     from lightning_dlac.comm.exchange import CompressedExchangeError
     from lightning_dlac.comm.group import ExchangeGroup
     from lightning_dlac.comm.inject import install_compressed_all_to_all

@@ -26,12 +26,13 @@ from torchrec.distributed import comm_ops
 from torchrec.distributed.dist_data import PooledEmbeddingsAwaitable
 from torchrec.distributed.types import Awaitable
 
+from lightning_dlac.adaptive.bounds import BoundSource
 from lightning_dlac.comm import exchange
 from lightning_dlac.comm.collectives import all_reduce
 from lightning_dlac.comm.config import BackwardCompression, CompressionConfig
 from lightning_dlac.comm.exchange import BackwardInFlight, Impl, Layout, offsets
 from lightning_dlac.comm.fallback import FallbackCall, UncompressedFallback
-from lightning_dlac.comm.recorder import BoundSource, Ready, RecordedExchange
+from lightning_dlac.comm.recorder import Ready, RecordedExchange
 from lightning_dlac.comm.timing import PhaseTimer
 
 

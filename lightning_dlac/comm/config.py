@@ -1,10 +1,7 @@
-"""Settings and per-table bounds of the compressed all-to-all: what its driver (the policy) hands down to it."""
+"""Settings of the compressed all-to-all (its per-table bounds are :class:`~lightning_dlac.adaptive.ErrorBounds`)."""
 
 from __future__ import annotations
 
-import math
-import threading
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 
@@ -74,67 +71,3 @@ class CompressionConfig:
         self.fallback_check_every = check_count(self.fallback_check_every, "fallback_check_every", 1)
         if self.impl not in ("auto", "native", "ref"):
             raise ValueError(f"impl={self.impl!r} is not supported; choose 'auto', 'native' or 'ref'.")
-
-
-class ErrorBounds:
-    """The per-table relative error bounds that every compressed all-to-all reads at each call.
-
-    This is the one interface between the policy (``DLACCallback``) and the communication layer: the policy sets
-    table bounds and the iteration multiplier ``m(t)``; the exchange encodes table ``t`` with
-    ``min(bound[t] * multiplier, max_eps)``.
-
-    Args:
-        default_eps: Bound of every table that has not been set.
-        max_eps: Upper clamp of the effective bound.
-    """
-
-    def __init__(self, default_eps: float = 0.01, max_eps: float = 0.5) -> None:
-        self._default = check_relative_bound(default_eps, "default_eps")
-        self._max = check_relative_bound(max_eps, "max_eps")
-        self._table: dict[str, float] = {}
-        self._multiplier = 1.0
-        self._lock = threading.Lock()
-
-    @property
-    def default_eps(self) -> float:
-        """Bound of tables the policy has not set."""
-        return self._default
-
-    @property
-    def max_eps(self) -> float:
-        """Upper clamp of every effective bound."""
-        return self._max
-
-    @property
-    def multiplier(self) -> float:
-        """The iteration-wise multiplier m(t) applied to every table's bound."""
-        return self._multiplier
-
-    def set_multiplier(self, value: float) -> None:
-        """Set m(t); must be positive and finite."""
-        if not (math.isfinite(value) and value > 0):
-            raise ValueError(f"multiplier={value!r} must be a positive finite number.")
-        self._multiplier = float(value)
-
-    def set_table_bounds(self, bounds: Mapping[str, float]) -> None:
-        """Set the base bound of some tables (others keep theirs)."""
-        checked = {name: check_relative_bound(eps, f"bound of table {name!r}") for name, eps in bounds.items()}
-        with self._lock:
-            self._table.update(checked)
-
-    def clear_table_bounds(self) -> None:
-        """Forget every table bound set so far (tables fall back to ``default_eps``)."""
-        with self._lock:
-            self._table.clear()
-
-    def table_bounds(self) -> dict[str, float]:
-        """The base bounds set so far (without the multiplier)."""
-        return dict(self._table)
-
-    def effective(self, table: str) -> float:
-        """The bound that table ``table`` is encoded with now."""
-        return min(self._table.get(table, self._default) * self._multiplier, self._max)
-
-    def effective_many(self, tables: Iterable[str]) -> torch.Tensor:
-        """Effective bounds of several tables, as the float32 tensor the codec takes."""
-        return torch.tensor([self.effective(t) for t in tables], dtype=torch.float32)

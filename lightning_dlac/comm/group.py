@@ -3,25 +3,19 @@
 from __future__ import annotations
 
 import contextlib
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
+from lightning_dlac.adaptive.bounds import BoundSource, ErrorBounds
 from lightning_dlac.comm.all_to_all import CompressedPooledEmbeddingsAllToAll
-from lightning_dlac.comm.config import ErrorBounds
-from lightning_dlac.comm.recorder import BoundSource, GradientObserver
+from lightning_dlac.comm.recorder import GradientObserver
 from lightning_dlac.comm.sequence import CompressedSequenceEmbeddingsAllToAll
 from lightning_dlac.comm.stats import CommStats
 
 # What the group holds: the pooled and the sequence exchanges, which share the interface the group uses
 # (RecordedExchange: tables, observer, off_the_record, stats, and their Recorder).
 Exchange = CompressedPooledEmbeddingsAllToAll | CompressedSequenceEmbeddingsAllToAll
-
-
-def _renamed(old: str, new: str) -> None:
-    warnings.warn(f"ExchangeGroup.{old} is deprecated and will be removed in the next release; use"
-                  f" ExchangeGroup.{new}.", FutureWarning, stacklevel=3)
 
 
 class ExchangeGroup(Sequence[Exchange]):
@@ -62,18 +56,6 @@ class ExchangeGroup(Sequence[Exchange]):
     def all_compressed_tables(self) -> list[str]:
         """Every table some rank sends compressed; the same sorted list on every rank."""
         return sorted({t for a2a in self._exchanges for tables in a2a.tables_per_rank for t in tables})
-
-    @property
-    def local_tables(self) -> list[str]:
-        """Deprecated name of :attr:`compressed_tables`."""
-        _renamed("local_tables", "compressed_tables")
-        return self.compressed_tables
-
-    @property
-    def tables(self) -> list[str]:
-        """Deprecated name of :attr:`all_compressed_tables`."""
-        _renamed("tables", "all_compressed_tables")
-        return self.all_compressed_tables
 
     def stats(self) -> CommStats:
         """This rank's counters summed over the exchanges, since they were installed. On a GPU this waits for the

@@ -2,10 +2,11 @@
 
 This touches TorchRec internals (pinned to torchrec 1.8): ``ShardedEmbeddingBagCollection._embedding_shardings`` and
 ``._output_dists`` are parallel lists, one per sharding type; the table-wise and column-wise shardings use a
-``TwPooledEmbeddingDist`` whose ``_dist`` is the pooled-embedding all-to-all. tests/test_comm.py pins the behaviour.
+``TwPooledEmbeddingDist`` whose ``_dist`` is the pooled-embedding all-to-all. tests/comm/test_comm.py pins the
+behaviour.
 ``ShardedEmbeddingCollection._sharding_type_to_sharding`` and ``._output_dists`` are the same for sequence
 (unpooled) embeddings, with a ``TwSequenceEmbeddingDist`` whose ``_dist`` is the sequence-embedding all-to-all
-(lightning_dlac/comm/sequence.py; tests/test_sequence.py).
+(lightning_dlac/comm/sequence.py; tests/comm/test_sequence.py).
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ import logging
 
 from torch import nn
 
+from lightning_dlac.adaptive.bounds import ErrorBounds
 from lightning_dlac.comm.all_to_all import CompressedPooledEmbeddingsAllToAll
-from lightning_dlac.comm.config import CompressionConfig, ErrorBounds
+from lightning_dlac.comm.config import CompressionConfig
 from lightning_dlac.comm.group import ExchangeGroup
 
 log = logging.getLogger(__name__)

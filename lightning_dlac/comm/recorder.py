@@ -21,13 +21,13 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Protocol
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torchrec.distributed.types import Awaitable
 
+from lightning_dlac.adaptive.bounds import BoundSource
 from lightning_dlac.codec import decode_grid
 from lightning_dlac.codec.format import HEADER_SIZE
 from lightning_dlac.comm.config import CompressionConfig
@@ -38,13 +38,6 @@ from lightning_dlac.comm.timing import PhaseTimer
 Observer = Callable[[str, torch.Tensor], None]
 # gradient_observer(table, energy, rows): see Recorder.gradient_observer.
 GradientObserver = Callable[[str, float, int], None]
-
-
-class BoundSource(Protocol):
-    """Where an exchange reads its per-table relative bounds (:class:`~lightning_dlac.comm.ErrorBounds`, or a
-    calibration probe's bounds); a bound of 0 sends that table exactly."""
-
-    def effective_many(self, tables: Sequence[str]) -> torch.Tensor: ...
 
 
 class Recorder:

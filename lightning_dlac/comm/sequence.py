@@ -43,11 +43,12 @@ from torchrec.distributed import comm_ops
 from torchrec.distributed.dist_data import SequenceEmbeddingsAllToAll, SequenceEmbeddingsAwaitable
 from torchrec.distributed.types import Awaitable
 
+from lightning_dlac.adaptive.bounds import BoundSource
 from lightning_dlac.codec import CodecError
 from lightning_dlac.comm import exchange
 from lightning_dlac.comm.config import BackwardCompression, CompressionConfig
 from lightning_dlac.comm.exchange import CompressedExchangeError, Grid, TableLayout, offsets, rank_sums
-from lightning_dlac.comm.recorder import BoundSource, Ready, RecordedExchange
+from lightning_dlac.comm.recorder import Ready, RecordedExchange
 from lightning_dlac.comm.timing import PhaseTimer
 
 

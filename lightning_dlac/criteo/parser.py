@@ -1,10 +1,9 @@
 """Parsing Criteo TSV bytes into rows: the native parser or its reference, driven block by block over a byte range.
 
-:func:`resolve_parser` picks the parser: the native one (``cuda_ext/criteo/criteo_tsv.cpp``, JIT-built on first use
-like the codec, GIL released, over 1M rows/s) or the pure-Python reference in :mod:`lightning_dlac.criteo.spec`
+:func:`resolve_parser` picks the parser: the native one (``criteo_tsv.cpp`` beside this module, JIT-built on first
+use like the codec, GIL released, over 1M rows/s) or the pure-Python reference in :mod:`lightning_dlac.criteo.spec`
 (the specification both follow, about 40k rows/s). ``DLAC_PREPROCESS_IMPL`` = ``auto`` (default: native if it
-builds, else one warning and the reference) | ``native`` | ``ref``, the same words as ``DLAC_CODEC_IMPL``
-(``python``, the old name of ``ref``, still works with a FutureWarning).
+builds, else one warning and the reference) | ``native`` | ``ref``, the same words as ``DLAC_CODEC_IMPL``.
 
 :func:`parse_range` feeds one byte range of a file through a parser in blocks and yields the rows; the converter
 (:mod:`lightning_dlac.criteo.convert`) writes them to disk and :func:`read_tsv` (``CriteoTSVDataModule``) keeps
@@ -21,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from lightning_dlac._native import NativeLibrary, NativeUnavailable, build_extension, sources_dir
 from lightning_dlac.criteo import spec
 from lightning_dlac.criteo.format import DENSE_COLUMNS, NUM_FIELDS, SPARSE_COLUMNS, CriteoFormatError
+from lightning_dlac.native import NativeLibrary, NativeUnavailable, build_extension
 
 __all__ = ["ENV_IMPL", "Block", "CriteoRows", "Parser", "parse_range", "read_tsv", "resolve_parser"]
 
@@ -50,7 +49,7 @@ REFERENCE = Parser("ref", spec.count_lines, spec.parse)
 
 
 def _build() -> Any:
-    source = sources_dir() / "criteo" / "criteo_tsv.cpp"
+    source = Path(__file__).with_name("criteo_tsv.cpp")
     if not source.is_file():
         raise NativeUnavailable(f"the parser source {source} is missing")
     _, module = build_extension(
@@ -65,7 +64,6 @@ _LIBRARY = NativeLibrary(
     ENV_IMPL,
     _build,
     "the reference parser (pure Python, about 30x slower)",
-    deprecated={"python": "ref"},
 )
 
 

@@ -10,8 +10,9 @@ A line is the bytes before ``\\n`` (one trailing ``\\r`` is dropped): 40 tab-sep
 
 Anything else (39 or 41 fields, a blank line, ``1.5``, `` 7``, ``-1f``, a 17-digit hex) is a bad line, reported
 with :func:`describe_error` as the file, the line number, the field and its value. :func:`parse` is the
-specification of the native parser in ``cuda_ext/criteo/criteo_tsv.cpp``: same arguments, same result tuple, same
-rows (tests/test_preprocess.py holds them to it on mutated lines). Everything that reads Criteo TSV, the converter
+specification of the native parser in ``lightning_dlac/criteo/criteo_tsv.cpp``: same arguments, same result tuple, same
+rows (tests/criteo/test_preprocess.py holds them to it on mutated lines). Everything that reads Criteo TSV, the
+converter
 (``dlac preprocess criteo``) and ``CriteoTSVDataModule`` alike, parses through one of the two
 (:mod:`lightning_dlac.criteo.parser`).
 """
@@ -28,7 +29,7 @@ from lightning_dlac.criteo.format import DENSE_COLUMNS, NUM_FIELDS, SPARSE_COLUM
 
 __all__ = ["count_lines", "describe_error", "parse"]
 
-# Error codes shared with cuda_ext/criteo/criteo_tsv.cpp (enum Err).
+# Error codes shared with lightning_dlac/criteo/criteo_tsv.cpp (enum Err).
 ERR_FIELD_COUNT, ERR_LABEL, ERR_DENSE, ERR_DENSE_RANGE, ERR_HEX, ERR_HEX_RANGE = 1, 2, 3, 4, 5, 6
 INT32_MIN, INT32_MAX, HEX_LIMIT = -(2**31), 2**31 - 1, 2**63
 

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _loader():
-    # The checkout's package (the CUDA venvs install only torch): the loader builds through lightning_dlac._native.
+    # The checkout's package (the CUDA venvs install only torch): the loader builds through lightning_dlac.native.
     sys.path.insert(0, str(ROOT))
     from lightning_dlac.codec import _loader
 

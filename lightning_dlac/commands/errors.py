@@ -1,0 +1,76 @@
+"""User errors of the ``dlac`` command: the error a Trainer subcommand ends with, and how the option behind it is
+named in the user's own spelling. Standard library only."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+# Exit status of a command that stopped on a user error (argparse's and jsonargparse's for a bad argument).
+USER_ERROR_STATUS = 2
+# Components whose options LightningCLI also accepts without ".init_args" (subclass mode).
+_SHORT_KEYS = ("model", "data", "trainer")
+
+__all__ = ["USER_ERROR_STATUS", "CLIUserError", "is_user_error", "name_option"]
+
+
+class CLIUserError(ValueError):
+    """A value given to ``dlac`` that the library rejected while the run was being built.
+
+    Attributes:
+        option: The option(s) that set it, as given on the command line (or the config key), if known.
+        component: The class that rejected it (``DLACStrategy``, ``CriteoTSVDataModule``, ``Trainer``).
+    """
+
+    def __init__(self, message: str, option: str | None, component: str) -> None:
+        where = f"{option} ({component})" if option else component
+        super().__init__(f"{where}: {message}")
+        self.option = option
+        self.component = component
+        self.message = message
+
+
+def is_user_error(error: BaseException) -> bool:
+    """Whether ``error`` is what the library raises for bad input (a value, a type, a file, a Lightning setting)."""
+    if isinstance(error, (ValueError, TypeError, OSError)):
+        return True
+    return any(cls.__name__ == "MisconfigurationException" for cls in type(error).__mro__)
+
+
+def _options_given(argv: Sequence[str]) -> list[tuple[str, str]]:
+    """(dotted name without ``init_args``, the option as typed) of every ``--option`` in ``argv``."""
+    out = []
+    for i, token in enumerate(argv):
+        if not token.startswith("--") or token == "--":
+            continue
+        name, eq, _ = token[2:].partition("=")
+        typed = token
+        if not eq and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            typed = f"{token} {argv[i + 1]}"
+        out.append((".".join(p for p in name.split(".") if p != "init_args"), typed))
+    return out
+
+
+def name_option(argv: Sequence[str], key: str, params: Sequence[str], message: str) -> str | None:
+    """Name the option behind an error: the component ``key``'s options on the command line whose parameter the
+    message names, else all its options on the command line, else the parameters the message names (set in a config
+    file or left at their defaults), spelled as an option; None if nothing points anywhere.
+
+    Args:
+        argv: The command line.
+        key: The component's key in the config (``data``, ``trainer.strategy``, ``trainer.callbacks``).
+        params: The component's parameter names.
+        message: The library's error message.
+    """
+    short = ".".join(p for p in key.split(".") if p != "init_args")
+    given = [(name[len(short) + 1 :], typed) for name, typed in _options_given(argv) if name.startswith(short + ".")]
+    named = [p for p in params if re.search(rf"(?<![\w.]){re.escape(p)}(?!\w)", message)]
+    hits = [typed for param, typed in given if param in named]
+    if hits:
+        return ", ".join(hits)
+    if given:
+        return ", ".join(typed for _, typed in given)
+    if named:
+        spelled = key if key in _SHORT_KEYS else f"{key}.init_args"
+        return ", ".join(f"--{spelled}.{p}" for p in named)
+    return None

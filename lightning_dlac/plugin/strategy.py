@@ -1,0 +1,533 @@
+"""DLACStrategy: TorchRec model parallelism for the embedding tables of a LightningModule, data parallelism for the
+rest, registered as ``Trainer(strategy="dlac")``."""
+
+from __future__ import annotations
+
+import atexit
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+import torch.distributed as dist
+from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment
+from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
+from lightning.fabric.utilities.distributed import _destroy_dist_connection
+from lightning.fabric.utilities.optimizer import _optimizers_to_device
+from lightning.pytorch.overrides.distributed import prepare_for_backward
+from lightning.pytorch.plugins.precision import Precision
+from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.strategies.ddp import _DDPForwardRedirection
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.model_helpers import is_overridden
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities.signature_utils import is_param_in_hook_signature
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from typing_extensions import override
+
+from lightning_dlac.adaptive.bounds import ErrorBounds
+from lightning_dlac.comm.config import BackwardCompression, CompressionConfig
+from lightning_dlac.comm.stats import CommStats
+from lightning_dlac.engine import elastic as _elastic
+from lightning_dlac.engine._torchrec import require_torchrec
+from lightning_dlac.engine.checkpoint import check_directory, load_sharded, remove_checkpoint, save_sharded
+from lightning_dlac.engine.sharding import (
+    EmbeddingOptimizer,
+    NoEmbeddingTablesError,
+    ShardingOptions,
+    fused_parameters,
+    parse_enum,
+    plan_summary,
+    shard_model,
+    table_count,
+)
+from lightning_dlac.plugin import registration
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+    from lightning.pytorch.accelerators import Accelerator
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+
+    from lightning_dlac.comm import ExchangeGroup
+    from lightning_dlac.comm.group import Exchange
+    from lightning_dlac.engine.pipeline import Pipeline, SparseDistPipeline
+
+
+class _DMPForwardRedirection(_DDPForwardRedirection):
+    """Lightning's DDP redirection looks for a DDP wrapper; under DMP it sits one level down."""
+
+    @staticmethod
+    def _inner(wrapper_module: nn.Module) -> nn.Module:
+        return getattr(wrapper_module, "_dmp_wrapped_module", wrapper_module)
+
+    @override
+    def on_after_inner_forward(self, wrapper_module: nn.Module, original_module: pl.LightningModule) -> None:
+        super().on_after_inner_forward(self._inner(wrapper_module), original_module)
+
+    @override
+    def on_after_outer_forward(self, wrapper_module: nn.Module, original_module: pl.LightningModule) -> None:
+        super().on_after_outer_forward(self._inner(wrapper_module), original_module)
+
+
+class DLACStrategy(DDPStrategy):
+    """Shard every TorchRec ``EmbeddingBagCollection`` and ``EmbeddingCollection`` of the LightningModule across the
+    ranks; train the rest data-parallel; compress the pooled- and sequence-embedding all-to-alls.
+
+    After the process group exists, the strategy shards the module with
+    :func:`~lightning_dlac.engine.sharding.shard_model`
+    (TorchRec's planner, table-wise by default, inside ``DistributedModelParallel``, which keeps the dense
+    parameters in a DDP and trains the tables with a fused FBGEMM optimizer in the backward pass) and installs the
+    compressed all-to-all (:func:`~lightning_dlac.comm.install_compressed_all_to_all`). ``training_step`` and
+    ``configure_optimizers`` stay ordinary Lightning code; ``configure_optimizers`` should cover the dense parameters
+    only (see :func:`dense_parameters`). The backend is gloo on CPU and NCCL on GPU unless ``process_group_backend``
+    says otherwise. ``Trainer(sync_batchnorm=True)`` turns the dense part's BatchNorm layers into ``SyncBatchNorm``
+    as under DDP (GPUs only: torch's SyncBatchNorm does not run on CPU processes, so there it is refused at setup).
+
+    Why ``DDPStrategy`` as the base: the dense parameters *are* trained by a DDP (the one inside DMP), so its
+    launcher, process-group set-up, collectives and error hints all apply unchanged. The hooks that act on a DDP
+    found at ``self.model`` (the forward redirection, the backward preparation of manual optimization, the
+    first-iteration static-graph flush) are pointed at the DDP inside DMP. DDPStrategy's own wrapping, communication
+    hooks and model averaging are not offered: the constructor does not take them, so none is silently ignored.
+
+    Args:
+        accelerator: Set by the Trainer.
+        parallel_devices: Set by the Trainer.
+        cluster_environment: Set by the Trainer.
+        checkpoint_io: Checkpoint plugin.
+        precision_plugin: Precision plugin.
+        process_group_backend: ``"gloo"`` or ``"nccl"``; default: gloo on CPU, NCCL on GPU.
+        timeout: Collective timeout (a ``timedelta`` or seconds). A rank that stops answering makes the others
+            fail after this long instead of hanging.
+        start_method: How Lightning launches the processes (``"popen"`` re-runs the script, ``"spawn"``...).
+        sharding_types: Sharding types the planner may choose from, for every table (TorchRec names:
+            ``"table_wise"``, ``"column_wise"``, ``"row_wise"``, ``"table_row_wise"``, ...).
+        table_constraints: Per-table overrides, ``{table_name: {field: value}}`` with the fields of TorchRec's
+            ``ParameterConstraints`` (``sharding_types``, ``compute_kernels``, ``min_partition``, ...).
+        embedding_optimizer: Fused optimizer of the embedding tables: ``"sgd"``, ``"adagrad"`` or
+            ``"rowwise_adagrad"``.
+        embedding_lr: Learning rate of the fused embedding optimizer.
+        adagrad_epsilon: Epsilon of the (row-wise) Adagrad embedding optimizer (not an error bound).
+        memory_budget_bytes: Memory each rank may use for embedding tables and their optimizer state (device memory
+            on GPU, host memory on CPU). ``None`` uses the planner's default for the device.
+        compress: Compress the pooled-embedding all-to-all. ``False`` keeps TorchRec's uncompressed path exactly
+            (for A/B runs). ``"auto"`` adds the uncompressed fallback: both ways are timed and an exchange goes
+            uncompressed (float32 both directions) while that is faster (a fast interconnect, a slow codec),
+            checked again ``fallback_check_every`` exchanges later, up to 16 times that when the gap is large.
+        eps: Relative error bound of every table until a policy (``DLACCallback``) sets per-table bounds.
+        backward_compression: Gradient all-to-all: ``"fp32"`` (uncompressed), ``"bf16"``, ``"fp16"`` (fixed-size
+            casts, as TorchRec's qcomm codecs) or ``"dlac"`` (error-bounded, ``backward_eps``).
+        backward_eps: Relative error bound of the gradient exchange with ``backward_compression="dlac"``.
+        codec_impl: ``"auto"`` (native kernels, falling back to the reference), ``"native"`` or ``"ref"``.
+        error_every: Measure the observed max error / bound every this many exchanges (0 = never).
+        fallback_check_every: With ``compress="auto"``, exchanges between checks of the way not taken while the two
+            ways' times are close (up to 16x more as the gap grows).
+        find_unused_parameters: Of the ``DistributedDataParallel`` that TorchRec wraps the dense parameters in.
+        static_graph: Of that ``DistributedDataParallel``.
+        bucket_cap_mb: Of that ``DistributedDataParallel``.
+        overlap: Launch each payload exchange and wait for it (and decode) only when its result is needed, as
+            TorchRec's request / wait pair; ``False`` waits at once. ``None``: overlapped on NCCL, synchronous on gloo
+            (measured faster on CPU; docs/benchmarks.md).
+        pipeline: Train through a TorchRec train pipeline: ``"sparse_dist"`` (``TrainPipelineSparseDist``: each
+            batch's ids are sent to the ranks that own their tables during the step before, off the critical path;
+            same results; the model's forward must be traceable, see docs/strategy.md). ``None``: one batch at a
+            time, as Lightning calls ``training_step``.
+    """
+
+    strategy_name = "dlac"
+
+    def __init__(
+        self,
+        accelerator: Accelerator | None = None,
+        parallel_devices: list[torch.device] | None = None,
+        cluster_environment: ClusterEnvironment | None = None,
+        checkpoint_io: CheckpointIO | None = None,
+        precision_plugin: Precision | None = None,
+        process_group_backend: str | None = None,
+        timeout: timedelta | float | None = default_pg_timeout,
+        start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen",
+        sharding_types: Sequence[str] = ("table_wise",),
+        table_constraints: Mapping[str, Mapping[str, Any]] | None = None,
+        embedding_optimizer: str = "adagrad",
+        embedding_lr: float = 0.05,
+        adagrad_epsilon: float = 1e-8,
+        memory_budget_bytes: int | None = None,
+        compress: bool | str = True,
+        eps: float = 0.01,
+        backward_compression: str = "bf16",
+        backward_eps: float = 0.01,
+        codec_impl: str = "auto",
+        error_every: int = 10,
+        fallback_check_every: int = 64,
+        overlap: bool | None = None,
+        pipeline: str | None = None,
+        find_unused_parameters: bool = False,
+        static_graph: bool = False,
+        bucket_cap_mb: int = 25,
+    ) -> None:
+        require_torchrec()
+        if isinstance(timeout, (int, float)):
+            if timeout <= 0:
+                raise ValueError(f"timeout={timeout} must be a positive number of seconds.")
+            timeout = timedelta(seconds=timeout)
+        super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
+                         cluster_environment=cluster_environment, checkpoint_io=checkpoint_io,
+                         precision_plugin=precision_plugin, process_group_backend=process_group_backend,
+                         timeout=timeout, start_method=start_method)
+        self._forward_redirection = _DMPForwardRedirection()
+        self._sharding = ShardingOptions(
+            sharding_types=sharding_types,
+            table_constraints=table_constraints or {},
+            embedding_optimizer=embedding_optimizer,
+            embedding_lr=embedding_lr,
+            adagrad_epsilon=adagrad_epsilon,
+            memory_budget_bytes=memory_budget_bytes,
+            find_unused_parameters=bool(find_unused_parameters),
+            static_graph=bool(static_graph),
+            bucket_cap_mb=bucket_cap_mb,
+        )
+        if compress not in (True, False, "auto"):
+            raise ValueError(f"compress={compress!r} is not supported; choose true, false or 'auto'.")
+        self._compress = compress is not False
+        self._compression = CompressionConfig(
+            backward=parse_enum(BackwardCompression, backward_compression, "backward_compression"),
+            backward_eps=backward_eps,
+            error_every=error_every,
+            impl=codec_impl,
+            auto_fallback=compress == "auto",
+            fallback_check_every=fallback_check_every,
+            overlap=overlap,
+        )
+        self._error_bounds = ErrorBounds(default_eps=eps)
+        self._group: ExchangeGroup | None = None
+        self._dmp: DistributedModelParallel | None = None
+        self._static_graph_flushed = False
+        self._pipeline_kind = self._parse_pipeline(pipeline)
+        self._pipeline: SparseDistPipeline | None = None
+
+    @classmethod
+    @override
+    def register_strategies(cls, strategy_registry: Any) -> None:
+        registration.register(strategy_registry)  # the one registration of "dlac" (not DDPStrategy's names)
+
+    # ------------------------------------------------------------------ read-outs
+
+    @property
+    def sharding(self) -> ShardingOptions:
+        """Sharding and embedding-optimizer options."""
+        return self._sharding
+
+    @property
+    def sharding_types(self) -> list[str]:
+        """Sharding types the planner may choose from."""
+        return list(self._sharding.sharding_types)
+
+    @property
+    def embedding_optimizer(self) -> EmbeddingOptimizer:
+        """The fused optimizer that trains the embedding tables."""
+        return self._sharding.embedding_optimizer
+
+    @property
+    def compress(self) -> bool:
+        """Whether the pooled-embedding all-to-all is compressed (also with ``compress="auto"``)."""
+        return self._compress
+
+    @property
+    def compression(self) -> CompressionConfig:
+        """Compression settings of the all-to-all."""
+        return self._compression
+
+    @property
+    def error_bounds(self) -> ErrorBounds:
+        """The per-table bounds the compressed all-to-all reads at every call; the policy writes them."""
+        return self._error_bounds
+
+    @property
+    def exchange_group(self) -> ExchangeGroup | None:
+        """The installed compressed exchanges (``None`` before setup or with ``compress=False``)."""
+        return self._group
+
+    @property
+    def exchanges(self) -> list[Exchange]:
+        """The installed compressed all-to-all modules (empty before setup or with ``compress=False``)."""
+        return list(self._group or [])
+
+    @property
+    def compressed_tables(self) -> list[str]:
+        """Tables whose pooled embeddings this rank sends compressed."""
+        return self._group.compressed_tables if self._group else []
+
+    @property
+    def all_compressed_tables(self) -> list[str]:
+        """Every table whose pooled embeddings some rank sends compressed; the same sorted list on every rank."""
+        return self._group.all_compressed_tables if self._group else []
+
+    def total_comm_stats(self) -> CommStats:
+        """This rank's compression counters since setup (a snapshot; the counters only grow)."""
+        return self._group.stats() if self._group else CommStats()
+
+    @property
+    def distributed_model(self) -> DistributedModelParallel | None:
+        """TorchRec's ``DistributedModelParallel`` wrapping the LightningModule (``None`` before setup)."""
+        return self._dmp
+
+    @property
+    def sharding_plan(self) -> Any:
+        """TorchRec's ``ShardingPlan`` chosen at setup (``None`` before setup)."""
+        return None if self._dmp is None else self._dmp.plan
+
+    @property
+    def pipeline(self) -> Pipeline | None:
+        """The train pipeline option (``None``: unpipelined)."""
+        return self._pipeline_kind
+
+    @property
+    def train_pipeline(self) -> SparseDistPipeline | None:
+        """The pipeline training runs through (``None`` unpipelined, and outside ``fit``)."""
+        return self._pipeline
+
+    # ------------------------------------------------------------------ process group
+
+    @override
+    def setup_distributed(self) -> None:
+        """Lightning's process-group set-up, with one change under torchrun's restarts (``--max-restarts``): a
+        restarted group on one node keeps its rendezvous keys apart from the previous attempt's, which torchrun
+        leaves in the store the attempts share (:mod:`lightning_dlac.engine.elastic`; without it a restart can die in
+        ``Gloo connectFullMesh ... Connection refused``). On several nodes it warns where that remains possible."""
+        store = None if dist.is_initialized() else _elastic.restart_store(self._timeout)
+        if store is not None:
+            self.set_world_ranks()
+            backend = self._get_process_group_backend()
+            device = self.root_device if self.root_device.type != "cpu" else None
+            dist.init_process_group(backend, store=store, rank=self.global_rank, world_size=self.world_size,
+                                    timeout=self._timeout, device_id=device)  # fmt: skip
+            if backend == "nccl":
+                atexit.register(_destroy_dist_connection)  # as Lightning's own set-up does
+            rank_zero_info(f"{type(self).__name__}: torchrun restart {_elastic.attempt()}, process group on"
+                           f" {self.world_size} ranks under a fresh rendezvous prefix")  # fmt: skip
+        super().setup_distributed()  # seeds, ranks, backend; the process group now exists, so it is kept
+        warning = _elastic.shared_store_warning()
+        if warning is not None:
+            rank_zero_warn(warning)
+
+    # ------------------------------------------------------------------ setup and the DDP inside DMP
+
+    @override
+    def setup(self, trainer: pl.Trainer) -> None:
+        assert self.accelerator is not None and self.model is not None
+        pipelined = trainer.state.fn == TrainerFn.FITTING and self._pipeline_kind is not None
+        if pipelined:
+            self._check_pipelined_run(trainer)
+        self.accelerator.setup(trainer)
+        if trainer.state.fn == TrainerFn.FITTING and self._layer_sync:
+            # Trainer(sync_batchnorm=True): the dense part's BatchNorm layers become SyncBatchNorm, as under DDP
+            # (reverted at teardown by DDPStrategy's); the embedding tables have none.
+            self._check_layer_sync(self.model)
+            self.model = self._layer_sync.apply(self.model)
+        self.precision_plugin.convert_module(self.model)
+        self.model = self._shard(self.model)  # shard first, then move: whole tables never have to fit on a device
+        self.model_to_device()
+        if pipelined:
+            self._setup_pipeline()
+        if trainer.state.fn == TrainerFn.FITTING:
+            self.setup_optimizers(trainer)
+            self._check_optimizers_skip_fused_parameters()
+        self.setup_precision_plugin()
+        if trainer.state.fn == TrainerFn.FITTING:
+            _optimizers_to_device(self.optimizers, self.root_device)
+
+    def _check_layer_sync(self, module: nn.Module) -> None:
+        """torch's SyncBatchNorm synchronises only on accelerators (CUDA, XPU, HPU): on CPU processes its first
+        training forward would fail, so refuse ``sync_batchnorm=True`` there, before any work."""
+        devices = ("cuda", "xpu", "hpu", torch._C._get_privateuse1_backend_name())
+        batch_norms = [name for name, m in module.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+        if batch_norms and self.world_size > 1 and self.root_device.type not in devices:
+            raise ValueError(
+                f"Trainer(sync_batchnorm=True) would turn the BatchNorm layers of the model ({', '.join(batch_norms)})"
+                " into torch.nn.SyncBatchNorm, which synchronises batch statistics only on GPUs (CUDA, XPU, HPU);"
+                f" this run trains on {self.root_device.type} with {self.world_size} processes. Remove"
+                " sync_batchnorm=True (each rank then normalises over its own batch), or train on GPUs."
+            )
+
+    def _shard(self, module: nn.Module) -> nn.Module:
+        from lightning_dlac.codec._loader import resolve_impl
+        from lightning_dlac.comm import install_compressed_all_to_all
+
+        if self._dmp is not None and self._dmp.module is module:
+            return self._dmp  # fit, then validate/test with the same Trainer: already sharded, same plan
+        if dist.group.WORLD is None:
+            raise RuntimeError(f"{type(self).__name__}.setup() ran before the process group was initialized.")
+        try:
+            self._dmp = shard_model(module, self._sharding, self.root_device, local_world_size=self.num_processes)
+        except NoEmbeddingTablesError as err:
+            raise NoEmbeddingTablesError(f"{type(self).__name__} {err}") from None
+        if self._compress:
+            self._group = install_compressed_all_to_all(self._dmp, self._compression, self._error_bounds)
+            # Build (or load) the native codec now: a first run's JIT build belongs to set-up, not to the first
+            # step's encode time in the report; "native" that cannot build fails here, before any step.
+            resolve_impl(self._compression.impl)
+        plan = self._dmp.plan
+        rank_zero_info(f"{type(self).__name__}: sharded {table_count(plan)} embedding tables over"
+                       f" {self.world_size} rank(s): {plan_summary(plan)}")
+        return self._dmp
+
+    @property
+    def _dense_ddp(self) -> DistributedDataParallel | None:
+        inner = getattr(self._dmp, "_dmp_wrapped_module", None)
+        return inner if isinstance(inner, DistributedDataParallel) else None
+
+    @override
+    def pre_backward(self, closure_loss: torch.Tensor) -> None:
+        ddp = self._dense_ddp
+        if ddp is not None and not self.lightning_module.automatic_optimization:
+            prepare_for_backward(ddp, closure_loss)
+
+    @override
+    def post_backward(self, closure_loss: torch.Tensor) -> None:
+        # DDP's first-iteration static-graph flush, which manual optimization must trigger itself.
+        ddp = self._dense_ddp
+        if ddp is None or self.lightning_module.automatic_optimization or self._static_graph_flushed:
+            return
+        if getattr(ddp, "static_graph", False):
+            ddp.reducer._delay_all_reduce()
+            self._static_graph_flushed = True
+
+    def _check_optimizers_skip_fused_parameters(self) -> None:
+        """Embedding weights are updated by the fused optimizer inside backward; a second optimizer on them would
+        silently fight it (weight decay, momentum on stale state), so refuse that early."""
+        fused = {id(p) for p in fused_parameters(self.lightning_module)}
+        for opt in self.optimizers:
+            for group in opt.param_groups:
+                if any(id(p) in fused for p in group["params"]):
+                    raise ValueError(
+                        f"An optimizer from configure_optimizers() includes embedding-table parameters, which"
+                        f" {type(self).__name__} already trains with its fused {self.embedding_optimizer} optimizer."
+                        " Pass only the dense parameters: `torch.optim.Adam(lightning_dlac.dense_parameters(self))`."
+                    )
+
+    @override
+    def teardown(self) -> None:
+        self._teardown_pipeline()
+        if self._dmp is not None and self.lightning_module is not None:
+            self.model = self.lightning_module  # unwrap DMP; the module keeps its sharded tables
+        super().teardown()
+
+    # ------------------------------------------------------------------ the train pipeline (pipeline="sparse_dist")
+
+    @staticmethod
+    def _parse_pipeline(pipeline: str | None) -> Pipeline | None:
+        if pipeline is None:
+            return None
+        from lightning_dlac.engine.pipeline import Pipeline
+
+        return parse_enum(Pipeline, pipeline, "pipeline")
+
+    def _check_pipelined_run(self, trainer: pl.Trainer) -> None:
+        """Refuse, before any work, a run whose batches the pipeline cannot hand to ``training_step``."""
+        name, module = type(self).__name__, self.lightning_module
+        reason = None
+        if is_param_in_hook_signature(module.training_step, "dataloader_iter", explicit=True):
+            reason = (f"{type(module).__name__}.training_step takes a dataloader_iter: with the pipeline, the strategy"
+                      " reads the batches and hands training_step one at a time, so write training_step(self, batch,"
+                      " batch_idx)")
+        hooks = [f"{type(owner).__name__}.on_before_batch_transfer" for owner in (module, trainer.datamodule)
+                 if owner is not None and is_overridden("on_before_batch_transfer", owner)]
+        if hooks:
+            reason = (f"{hooks[0]} is overridden: the pipeline moves each batch to the device (with"
+                      " transfer_batch_to_device and on_after_batch_transfer) one step before Lightning would call"
+                      " on_before_batch_transfer on it; do that work in the dataloader or in on_after_batch_transfer")
+        if type(self.precision_plugin).convert_input is not Precision.convert_input:
+            reason = (f"the precision plugin {type(self.precision_plugin).__name__} converts every batch before it"
+                      " is moved, one step after the pipeline has sent its ids; use 32-bit or mixed precision"
+                      " (16-mixed, bf16-mixed), which leave the batch as it is")
+        if reason is not None:
+            raise ValueError(f"{name}(pipeline={str(self._pipeline_kind)!r}) cannot train this run: {reason}; or"
+                             " train without the pipeline (pipeline=None).")
+
+    def _setup_pipeline(self) -> None:
+        """Trace the sharded model into TorchRec's pipeline (a model it cannot trace is refused here)."""
+        from lightning_dlac.engine.pipeline import SparseDistPipeline
+
+        self._pipeline = SparseDistPipeline(self._dmp, self.root_device, self._move_batch)
+        rank_zero_info(f"{type(self).__name__}: training through TorchRec's sparse-dist pipeline; ids sent one step"
+                       f" ahead for {', '.join(self._pipeline.pipelined_modules)}")
+
+    def _move_batch(self, batch: Any) -> Any:
+        """Lightning's move of a training batch to the device (with the module's transfer hooks), done once per batch
+        by the pipeline."""
+        return super().batch_to_device(batch)
+
+    @override
+    def process_dataloader(self, dataloader: object) -> object:
+        dataloader = super().process_dataloader(dataloader)
+        if self._pipeline is not None and self.lightning_module.trainer.training:
+            return self._pipeline.loader(dataloader)  # read one batch ahead: the next batch's ids travel this step
+        return dataloader
+
+    @override
+    def batch_to_device(self, batch: Any, device: torch.device | None = None, dataloader_idx: int = 0) -> Any:
+        moved = self._pipeline.to_device(batch) if self._pipeline is not None else None
+        return moved if moved is not None else super().batch_to_device(batch, device, dataloader_idx)
+
+    @override
+    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        if self._pipeline is None:
+            return super().training_step(*args, **kwargs)
+        batch = args[0] if args else kwargs.get("batch")
+        last = self.lightning_module.trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+        with self._pipeline.step(batch, last=last):
+            return super().training_step(*args, **kwargs)
+
+    @override
+    def on_train_end(self) -> None:
+        super().on_train_end()
+        if self._pipeline is not None:
+            self._pipeline.drain()  # the ids read ahead for a step that will not come
+
+    def _teardown_pipeline(self) -> None:
+        if self._pipeline is not None:
+            self._pipeline.restore()  # the module's sharded modules get their own forwards back
+            self._pipeline = None
+
+    # ------------------------------------------------------------------ checkpoints
+
+    @property
+    @override
+    def restore_checkpoint_after_setup(self) -> bool:
+        return True  # sharded tables exist only after setup; a checkpoint is loaded into them, shard by shard
+
+    @override
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], filepath: str | Path, storage_options: Any | None = None
+    ) -> None:
+        """Save a checkpoint directory (:func:`lightning_dlac.engine.checkpoint.save_sharded`): every rank writes its
+        own
+        table shards and fused-optimizer state, rank 0 the rest. All ranks must call this (ModelCheckpoint does)."""
+        if storage_options is not None:
+            raise TypeError(f"{type(self).__name__}.save_checkpoint takes no storage_options, got {storage_options!r}.")
+        save_sharded(checkpoint, filepath, self._fused_optimizer_state(), self.is_global_zero, self.barrier)
+
+    @override
+    def load_checkpoint(self, checkpoint_path: str | Path, weights_only: bool | None = None) -> dict[str, Any]:
+        """Load a checkpoint directory into this rank's shards (:func:`lightning_dlac.engine.checkpoint.load_sharded`).
+        ``weights_only=None`` (Lightning's default) loads safely: plain data and tensors only."""
+        check_directory(checkpoint_path, type(self).__name__)  # before asking the module for its state
+        fused = self._fused_optimizer_state()  # loaded in place, shard by shard
+        checkpoint = load_sharded(checkpoint_path, self.lightning_module.state_dict(), fused,
+                                  weights_only=weights_only is not False, owner=type(self).__name__)
+        if self._dmp is not None:
+            self._dmp.fused_optimizer.load_state_dict(fused)
+        return checkpoint
+
+    @override
+    def remove_checkpoint(self, filepath: str | Path) -> None:
+        """Remove a checkpoint (rank 0): its name disappears at once, so no part of it is ever loaded."""
+        if self.is_global_zero:
+            remove_checkpoint(filepath)
+
+    def _fused_optimizer_state(self) -> dict[str, Any]:
+        return {} if self._dmp is None else self._dmp.fused_optimizer.state_dict()
+
+
+__all__ = ["DLACStrategy"]

@@ -1,0 +1,152 @@
+"""Run a function on N real CPU ranks (gloo), the way TorchRec's multi-process tests do.
+
+Rendezvous without a port race: the parent starts the TCPStore itself on port 0 (the kernel picks a free port and
+the store keeps it bound) and hands the port to the ranks, which join that store as clients
+(``TORCHELASTIC_USE_AGENT_STORE=True``, the way torchrun's agent hosts the store for its workers). So nothing binds,
+closes and re-binds a port. The ranks still see the usual MASTER_ADDR / MASTER_PORT / RANK / WORLD_SIZE /
+LOCAL_RANK, so both ``dist.init_process_group("gloo")`` and a Lightning Trainer built in each rank (which then
+treats the processes as externally launched) join the same group. One ``init_process_group`` per rank process: the
+store is not re-keyed between groups.
+
+Results are read while the ranks run, before joining: a result larger than the pipe buffer would otherwise block
+its rank in ``put`` while the parent waits in ``join``.
+
+Fail fast: the moment one rank reports an exception, or exits with a code the caller did not expect, the other ranks
+are killed and the call raises with that rank's traceback. A rank waiting for a dead or failed peer (asleep, or
+blocked in a collective until its timeout) would otherwise hold the test until ``timeout``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator, Mapping
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+class RanksFailed(AssertionError):
+    """A rank raised, exited with a code the caller did not expect, or did not finish in time (the message holds its
+    traceback); an AssertionError, so a test that launches ranks fails as its own assertion would."""
+
+
+def _entry(rank: int, world_size: int, port: int, fn: Callable[..., Any], args: tuple, queue: Any) -> None:
+    # Lightning sees LOCAL_RANK and treats the processes as externally launched, so each rank builds its own Trainer
+    # with devices=world_size and joins the same gloo group instead of re-launching the test.
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        WORLD_SIZE=str(world_size),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        NODE_RANK="0",
+        OMP_NUM_THREADS="1",
+        TORCHELASTIC_USE_AGENT_STORE="True",  # the parent hosts the store on MASTER_PORT; rank 0 must not
+    )
+    import torch
+
+    torch.set_num_threads(1)
+    try:
+        result = fn(rank, world_size, *args)
+    except BaseException:  # noqa: BLE001 - report every failure to the parent, which raises it
+        queue.put((rank, "error", traceback.format_exc()))
+        raise
+    queue.put((rank, "ok", result))
+    # The rank's work is done and reported. Skip interpreter teardown: gloo's C++ threads occasionally abort the
+    # process while being destroyed at exit ("terminate called without an active exception"), which would turn a
+    # passed test into a flaky failure that says nothing about the code under test.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def run_ranks(
+    fn: Callable[..., Any],
+    world_size: int = 2,
+    *args: Any,
+    timeout: float = 240.0,
+    expect_exit: Mapping[int, int] | None = None,
+) -> list[Any]:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned processes; return the results by rank.
+
+    Raises :class:`RanksFailed` (an AssertionError) with the failing rank's traceback as soon as a rank raises or
+    exits with an unexpected
+    code, after killing the others; the ranks in ``expect_exit`` ({rank: exit code}) must die with that code (their
+    result is ``None``) and the others carry on. Ranks still running after ``timeout`` seconds (or when the caller
+    is interrupted, e.g. by pytest-timeout) are killed. A fixture that runs several fits passes a ``timeout`` of its
+    own, sized for them, and its tests a matching ``pytest.mark.timeout``.
+    """
+    expect_exit = dict(expect_exit or {})
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout))
+    procs = [ctx.Process(target=_entry, args=(r, world_size, store.port, fn, args, queue)) for r in range(world_size)]
+    results: dict[int, Any] = {}
+    errors: list[str] = []
+
+    def drain() -> None:
+        while not queue.empty():
+            rank, status, payload = queue.get()
+            if status == "ok":
+                results[rank] = payload
+            else:
+                errors.append(f"rank {rank} failed:\n{payload}")
+
+    def unexpected_exits() -> list[str]:
+        return [f"rank {r} exited with code {p.exitcode} (expected {expect_exit.get(r, 0)})"
+                for r, p in enumerate(procs)
+                if p.exitcode is not None and p.exitcode != expect_exit.get(r, 0)]
+
+    stopped: list[int] = []
+    try:
+        for p in procs:
+            p.start()
+        deadline = time.monotonic() + timeout
+        while True:
+            drain()
+            if errors:
+                break  # a rank raised: its peers may wait for it forever, stop them now
+            if unexpected_exits():
+                drain()  # what it wrote before dying (a traceback) is still in the pipe
+                errors.extend(unexpected_exits())
+                break
+            if all(p.exitcode is not None for p in procs):
+                break
+            if time.monotonic() > deadline:
+                errors.append(f"a rank did not finish within {timeout}s")
+                break
+            time.sleep(0.05)
+        drain()  # what the last ranks wrote before exiting is still in the pipe
+    finally:
+        for r, p in enumerate(procs):
+            if p.is_alive():
+                p.kill()
+                stopped.append(r)
+        for p in procs:
+            p.join(10)
+        del store  # keep the store bound until every rank is gone
+    codes = [p.exitcode for p in procs]
+    expected = [expect_exit.get(r, 0) for r in range(world_size)]
+    note = f"; killed rank(s) {stopped} after the failure" if stopped and errors else ""
+    if errors or codes != expected:
+        raise RanksFailed(f"exit codes {codes}, expected {expected}{note}\n" + "\n".join(errors))
+    return [results.get(r) for r in range(world_size)]
+
+
+@contextlib.contextmanager
+def hosted_store(timeout: float = 600.0) -> Iterator[dist.TCPStore]:
+    """A TCPStore this process hosts on a port the kernel picks (port 0) and keeps bound until the block ends, for
+    processes started here to rendezvous through (as clients: ``TORCHELASTIC_USE_AGENT_STORE=True`` and
+    ``MASTER_PORT=store.port`` for a Lightning or torch.distributed launch, ``--rdzv-endpoint`` with
+    ``is_host=false`` for torchrun). One launch per store: its keys are not reset between launches."""
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout))
+    try:
+        yield store
+    finally:
+        del store

@@ -1,0 +1,172 @@
+"""The gradient sensitivity (mode="gradient", the default table-wise level): the statistic against the codec's real
+loss change, the policy, the exchange's gradient observer on 2 ranks, and the defaults that follow the run."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from lightning_dlac.adaptive import CalibrationStats, gradient_table_bounds
+from lightning_dlac.codec import decode, encode
+from lightning_dlac.testing import run_ranks
+from tests.conftest import native_expected
+
+NATIVE = "native" if native_expected() else "auto"
+
+
+def _chunk(rows: int, dim: int, seed: int) -> torch.Tensor:
+    """Pooled-embedding-like values: a bulk of small values and a few large ones that stretch the range."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, dim, generator=g) * 0.1
+    x[torch.randint(0, rows, (rows // 50,), generator=g)] *= 4.0
+    return x
+
+
+def _per_sample_loss(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """A logistic loss of a nonlinear readout of each row: the kind of function a DLRM's top computes."""
+    logit = (torch.tanh(x) * w).sum(dim=1) * 2.0
+    return torch.nn.functional.binary_cross_entropy_with_logits(logit, y, reduction="none")
+
+
+@pytest.mark.parametrize("eps", [0.01, 0.05])
+def test_gradient_sensitivity_predicts_the_rms_loss_change_the_codec_causes(eps: float) -> None:
+    """The statistic is computed from gradients alone; the oracle encodes the chunk with the real codec, decodes it
+    and measures every sample's loss change: their root mean square, over the mean loss, must agree."""
+    rows, dim = 4096, 16
+    x = _chunk(rows, dim, seed=0)
+    g = torch.Generator().manual_seed(1)
+    w, y = torch.randn(dim, generator=g), (torch.rand(rows, generator=g) < 0.3).float()
+    xg = x.clone().requires_grad_(True)
+    loss = _per_sample_loss(xg, w, y).mean()  # the batch loss, a mean over the rows as a training step's is
+    (grad,) = torch.autograd.grad(loss, xg)
+    stats = CalibrationStats([0.01, 0.05], index_eps=0.03, codec_impl=NATIVE)
+    value_range = float(x.max() - x.min())
+    stats.observe_gradient("t", value_range**2 * float(grad.square().sum()), rows)
+    stats.record_batch_loss(float(loss.detach()), ["t"])
+    predicted = stats.table("t").gradient_sensitivity()[eps]
+
+    x_hat = decode(encode(x, eps=eps, impl=NATIVE), impl=NATIVE)
+    assert float((x_hat - x).abs().max()) <= eps * value_range * (1 + 1e-6)  # the codec's own guarantee
+    change = _per_sample_loss(x_hat, w, y) - _per_sample_loss(x, w, y)
+    measured = float(change.square().mean().sqrt()) / float(loss.detach())
+    assert predicted == pytest.approx(measured, rel=0.1)  # first order: 2% apart at these bounds
+    assert predicted > 0
+
+
+def test_gradient_sensitivity_is_proportional_to_the_bound_and_summed_over_ranks_and_batches() -> None:
+    stats = CalibrationStats([0.01, 0.03, 0.05], index_eps=0.03)
+    for energy, rows, loss in ((2.0, 4, 0.5), (6.0, 8, 0.7)):  # two (batch, rank) observations
+        stats.observe_gradient("t", energy, rows)
+        stats.record_batch_loss(loss, ["t"])
+    s = stats.table("t")
+    # Per-sample squared gradient norms are rows**2 x the batch gradient's: (2 * 16 + 6 * 64) / 12 samples.
+    rms = math.sqrt((2.0 * 16 + 6.0 * 64) / 12 / 3)
+    expected = {eps: eps * rms / 0.6 for eps in (0.01, 0.03, 0.05)}
+    assert s.gradient_sensitivity() == pytest.approx(expected)
+    # Reduction over ranks sums the parts: a second rank's copy doubles every sum and leaves the statistic as is.
+    names = ["t"]
+    doubled = {k: v * 2 if k == "sum" else v for k, v in stats.to_tensors(names).items()}
+    other = CalibrationStats([0.01, 0.03, 0.05], index_eps=0.03)
+    other.load_tensors(names, doubled)
+    assert other.table("t").grad_rows == 24
+    assert other.table("t").gradient_sensitivity() == pytest.approx(expected)
+    assert CalibrationStats([0.01], index_eps=0.01).table("u").gradient_sensitivity() is None
+
+
+def test_gradient_policy_takes_the_largest_candidate_within_the_tolerance() -> None:
+    stats = CalibrationStats([0.01, 0.03, 0.05], index_eps=0.03)
+    for name, energy in (("quiet", 1e-4), ("middle", 3.0), ("loud", 1e4)):
+        stats.observe_gradient(name, energy, 1)
+        stats.record_batch_loss(1.0, [name])
+    stats.table("unseen")  # no gradient observed: left to the strategy's bound
+    tol = 0.04 * math.sqrt(3.0 / 3)  # middle: S(eps) = eps * 1.0, within at 0.03 and 0.01, not at 0.05
+    bounds = gradient_table_bounds(stats.tables, tol)
+    assert bounds == {"quiet": 0.05, "middle": 0.03, "loud": 0.01}
+    with pytest.raises(ValueError, match="gradient_tolerance=0 must be > 0"):
+        gradient_table_bounds(stats.tables, 0)
+
+
+def _observed_rank(rank: int, world_size: int) -> dict:
+    import torch.distributed as dist
+
+    from lightning_dlac.adaptive import ErrorBounds
+    from lightning_dlac.comm import CompressionConfig
+    from lightning_dlac.comm.all_to_all import CompressedPooledEmbeddingsAllToAll
+
+    dist.init_process_group("gloo")
+    dims = [[4, 8], [8]]
+    tables = [["a", "b"], ["a"]]  # table "a" is column-wise: a block on each rank, one energy for both
+    a2a = CompressedPooledEmbeddingsAllToAll(dist.group.WORLD, dims, tables, CompressionConfig(impl=NATIVE),
+                                             ErrorBounds(default_eps=0.01))
+    seen: list[tuple[str, float, int]] = []
+    a2a.recorder.gradient_observer = lambda t, e, r: seen.append((t, e, r))
+    g = torch.Generator().manual_seed(rank)
+    local = (torch.randn(6, sum(dims[rank]), generator=g) * (rank + 1)).requires_grad_(True)
+    out = a2a(local, [3, 3]).wait()
+    out.retain_grad()
+    (out.sin() * torch.arange(1.0, out.size(1) + 1)).sum().backward()
+    cols = [0, 4, 12, 20]  # output blocks: rank 0's a, b, then rank 1's a
+    expected: dict[str, float] = {}
+    for name, lo, hi in zip(["a", "b", "a"], cols[:-1], cols[1:]):
+        block = out.detach()[:, lo:hi]
+        energy = float(block.max() - block.min()) ** 2 * float(out.grad[:, lo:hi].square().sum())
+        expected[name] = expected.get(name, 0.0) + energy
+    with a2a.off_the_record(ErrorBounds(default_eps=0.01)):  # a probe's exchange reports nothing
+        a2a(local.detach().requires_grad_(True), [3, 3]).wait().sum().backward()
+    return {"seen": seen, "expected": expected}
+
+
+@pytest.mark.slow
+def test_exchange_reports_each_tables_gradient_energy_weighted_by_its_chunks_range() -> None:
+    for result in run_ranks(_observed_rank, 2):
+        assert sorted(t for t, _, _ in result["seen"]) == ["a", "b"]  # once per table and call on the record
+        for table, energy, rows in result["seen"]:
+            assert rows == 3
+            assert energy == pytest.approx(result["expected"][table], rel=1e-5)
+
+
+def _trainer(steps: float, accumulate: int = 1) -> SimpleNamespace:
+    return SimpleNamespace(estimated_stepping_batches=steps, accumulate_grad_batches=accumulate)
+
+
+@pytest.mark.parametrize(
+    ("steps", "accumulate", "start", "T"),
+    [(200, 1, 20, 20), (50_000, 1, 5000, 1000), (100, 4, 40, 40), (float("inf"), 1, 1000, 1000)],
+)
+def test_default_start_and_early_stage_follow_the_run(steps: float, accumulate: int, start: int, T: int) -> None:
+    from lightning_dlac import DLACCallback
+
+    dlac = DLACCallback()
+    dlac._fit_defaults_to_the_run(_trainer(steps, accumulate))
+    dlac.calibrator.begin()  # what on_train_start does
+    assert dlac.schedule.T == T
+    assert dlac.settings.start == start
+    assert dlac.calibrator.measuring(start) and not dlac.calibrator.measuring(start - 1)
+
+
+def test_given_start_and_T_are_kept_and_probes_run_only_where_they_choose() -> None:
+    from lightning_dlac import DLACCallback
+
+    dlac = DLACCallback(calibration_start=7, T=30)
+    dlac._fit_defaults_to_the_run(_trainer(10_000))
+    assert (dlac.settings.start, dlac.schedule.T) == (7, 30)
+    assert DLACCallback().settings.mode == "gradient" and DLACCallback().sensitivity_batches == 0
+    assert DLACCallback(mode="sensitivity").sensitivity_batches == 1
+
+
+def test_an_unknown_run_length_is_said_with_what_to_set(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from lightning_dlac import DLACCallback
+
+    with caplog.at_level(logging.INFO):
+        DLACCallback(T=50)._fit_defaults_to_the_run(_trainer(float("inf")))
+    assert "cannot tell the run's length" in caplog.text
+    assert "so calibration_start defaults to the paper's 1000 batches" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        DLACCallback()._fit_defaults_to_the_run(_trainer(2000))
+    assert "cannot tell" not in caplog.text

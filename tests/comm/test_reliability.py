@@ -1,0 +1,189 @@
+"""Failures between ranks during training: a rank that dies or raises mid-step makes the others fail with an error
+instead of hanging: at once when its process is gone, at the collective timeout when it stays alive.
+
+Nothing is timed. A survivor is given a collective timeout (600 s) far beyond the test's own limit, so a test that
+passes proves the failure was detected without waiting for it; where the timeout itself is under test, the error
+must name the timeout the strategy was given."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+
+from lightning_dlac import DLACStrategy
+from lightning_dlac.testing import run_ranks
+from tests.conftest import small_data, small_dlrm, trainer
+
+SURVIVOR_TIMEOUT_S = 600  # far beyond the tests' own limits: reaching it fails the test
+HUNG_PEER_TIMEOUT_S = 15  # the collective timeout under test: a live peer that stopped answering
+
+
+class _Fail(pl.Callback):
+    """On one rank, at one training batch, die (os._exit) or raise inside the exchange's encode."""
+
+    def __init__(self, rank: int, batch: int, how: str) -> None:
+        self.rank, self.batch, self.how = rank, batch, how
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:  # noqa: ANN001
+        if trainer.global_rank != self.rank or batch_idx != self.batch:
+            return
+        if self.how == "dies":
+            os._exit(7)  # the process vanishes mid-step, as a killed or crashed rank would
+        from lightning_dlac.comm import exchange
+
+        def failing_encode_grid(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            raise RuntimeError("injected encode failure on this rank")
+
+        exchange.encode_grid = failing_encode_grid
+
+
+def _in_step(workdir: Path, rank: int, world_size: int) -> None:
+    """A barrier outside torch.distributed (the process group does not exist yet): every rank leaves a marker and
+    waits for all of them; the test's timeout bounds the wait."""
+    (workdir / f"ready_{rank}").touch()
+    while not all((workdir / f"ready_{r}").exists() for r in range(world_size)):
+        time.sleep(0.01)
+
+
+def _train_until_failure(rank: int, world_size: int, how: str, timeout_s: float, workdir: str) -> dict:
+    """Fit until rank 1 fails at batch 2. With ``how="hangs"`` rank 1 raises and then stays alive, out of every
+    collective, until rank 0 is done (rank 0 leaves a marker): rank 0 waits in the exchange for a peer that never
+    comes."""
+    import torchrec.distributed.model_parallel  # noqa: F401 - imported before the fit, as below
+    import torchrec.distributed.planner  # noqa: F401
+
+    from lightning_dlac.codec import native_available
+
+    rank0_done = Path(workdir) / "rank0_done"
+    t = trainer(world_size, DLACStrategy(timeout=timeout_s), max_epochs=1,
+                callbacks=[_Fail(1, 2, "raises" if how == "hangs" else how)], limit_val_batches=0)
+    model, data = small_dlrm(), small_data(train_batches=6)
+    # The ranks enter the fit together, with the heavy imports and the native build behind them: a short timeout
+    # must only ever meet the hung peer, not a rank still starting up on a busy machine.
+    native_available()
+    _in_step(Path(workdir), rank, world_size)
+    try:
+        t.fit(model, datamodule=data)
+        error = None
+    except BaseException as err:  # noqa: BLE001 - report whatever surfaced
+        error = f"{type(err).__name__}: {err}"[:2000]
+    if rank == 0:
+        rank0_done.touch()
+    elif how == "hangs":
+        while not rank0_done.exists():  # alive and silent; the test's timeout bounds the wait
+            time.sleep(0.01)
+    return {"error": error}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("how", ["dies", "raises"])
+def test_a_failing_rank_makes_the_other_fail_instead_of_hanging(tmp_path: Path, how: str) -> None:
+    expect_exit = {1: 7} if how == "dies" else {}
+    survivor, failing = run_ranks(_train_until_failure, 2, how, SURVIVOR_TIMEOUT_S, str(tmp_path), timeout=170,
+                                  expect_exit=expect_exit)
+    if how == "raises":
+        assert "injected encode failure on this rank" in failing["error"]
+    assert survivor["error"] is not None, "rank 0 finished training without its peer"
+    # gloo names the broken link: the failing process is gone, so nothing waited for the collective timeout
+    # (SURVIVOR_TIMEOUT_S, far longer than this test may run).
+    assert re.search(r"Connection (reset|closed)", survivor["error"]), survivor
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_timeout_ends_a_collective_waiting_for_a_hung_peer(tmp_path: Path) -> None:
+    """DLACStrategy(timeout=...) is the collective timeout: rank 0 waits in the all-to-all for rank 1, which raised
+    and stays alive without answering; rank 0's error is gloo's timeout, naming the value the strategy was given
+    (with the default, 30 minutes, the test would run out of its own time instead)."""
+    survivor, failing = run_ranks(_train_until_failure, 2, "hangs", HUNG_PEER_TIMEOUT_S, str(tmp_path), timeout=170)
+    assert "injected encode failure on this rank" in failing["error"]
+    assert survivor["error"] is not None, "rank 0 finished training without its peer"
+    assert re.search(rf"Timed out waiting {HUNG_PEER_TIMEOUT_S * 1000}ms", survivor["error"]), survivor
+
+
+def _non_finite_gradients(rank: int, world_size: int) -> dict[str, list[int]]:
+    import torch
+    import torch.distributed as dist
+
+    from lightning_dlac.adaptive import ErrorBounds
+    from lightning_dlac.comm import CompressedPooledEmbeddingsAllToAll, CompressionConfig
+    from tests.comm.test_comm import BACKWARDS, _inputs, _tables
+
+    dist.init_process_group("gloo")
+    dims_per_rank = [[4, 4], [8]]
+    counts = {}
+    for mode in BACKWARDS:
+        a2a = CompressedPooledEmbeddingsAllToAll(
+            dist.group.WORLD, dims_per_rank, _tables(dims_per_rank), CompressionConfig(backward=mode, error_every=0),
+            ErrorBounds(),
+        )
+        x = _inputs(rank, 8, sum(dims_per_rank[rank]), compressible=True).requires_grad_()
+        out = a2a(x, [4, 4]).wait()
+        grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(rank))
+        grad[0, 1], grad[1, 5], grad[2, 12] = float("nan"), float("inf"), float("-inf")  # one per owner's columns
+        out.backward(grad)
+        local = torch.tensor([x.grad.isnan().sum(), x.grad.isposinf().sum(), x.grad.isneginf().sum()])
+        dist.all_reduce(local)
+        counts[mode] = local.tolist()
+    dist.barrier()
+    return counts
+
+
+@pytest.mark.slow
+def test_non_finite_gradients_arrive_as_sent_in_every_backward_mode() -> None:
+    counts, _ = run_ranks(_non_finite_gradients, 2)
+    # Each rank injected one NaN, one +Inf and one -Inf: all of them reach the table owners, in every mode (the
+    # casts keep them; the DLAC codec sends a chunk holding them raw).
+    assert counts == {mode: [2, 2, 2] for mode in counts}, counts
+
+
+def _no_lookups_for_some_features(rank: int, world_size: int) -> dict:
+    import copy
+
+    import torch
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    from tests.conftest import load_global_weights
+
+    model = small_dlrm()
+    reference = copy.deepcopy(model)
+    t = trainer(world_size, DLACStrategy(eps=0.01), limit_val_batches=1)
+    t.validate(model, datamodule=small_data(), verbose=False)
+    load_global_weights(model, reference.state_dict())
+    data = small_data(batch_size=32)
+    data.setup("validate")
+    kjt = next(iter(data.val_dataloader())).sparse_features
+    # cat_3 looks nothing up on rank 0 (all bags empty); cat_7 on both ranks; on rank 1 a whole batch of zero rows.
+    empty = {"cat_7"} | ({"cat_3"} if rank == 0 else set())
+    rows = 0 if rank == 1 else 32
+    lengths, values = [], []
+    for key, jt in zip(kjt.keys(), kjt.split([1] * len(kjt.keys()))):
+        n = jt.lengths()[:rows]
+        n = torch.zeros_like(n) if key in empty else n
+        lengths.append(n)
+        values.append(jt.values()[: int(n.sum())])
+    batch = KeyedJaggedTensor.from_lengths_sync(kjt.keys(), torch.cat(values), torch.cat(lengths))
+    with torch.no_grad():
+        sharded = model.embedding_bag_collection(batch).to_dict()
+        # TorchRec's unsharded EBC itself cannot take a batch of zero rows; the sharded one (ours) can.
+        unsharded = reference.embedding_bag_collection(batch).to_dict() if rows else {}
+    worst = max(
+        (float((sharded[k] - v).abs().max()) / (0.01 * float(v.max() - v.min()) + 1e-7) for k, v in unsharded.items()),
+        default=0.0,
+    )
+    zero = all(bool((sharded[k] == 0).all()) for k in empty)
+    return {"shape": list(sharded["cat_0"].shape), "worst": worst, "empty_is_zero": zero}
+
+
+@pytest.mark.slow
+def test_features_with_no_lookups_and_a_rank_with_no_rows() -> None:
+    r0, r1 = run_ranks(_no_lookups_for_some_features, 2)
+    assert r0["shape"] == [32, 16] and r1["shape"] == [0, 16]
+    assert r0["empty_is_zero"] and r1["empty_is_zero"]  # empty bags pool to exact zeros (a constant chunk)
+    assert r0["worst"] <= 1 + 1e-4 and r1["worst"] == 0.0

@@ -1,0 +1,85 @@
+"""Save and resume of a 2-rank sharded run: table shards, fused and dense optimizer state, loops, DLACCallback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from lightning_dlac import DLACCallback, DLACStrategy
+from lightning_dlac.testing import run_ranks
+from tests.conftest import bounds_recorder, loss_recorder, small_data, small_dlrm, trainer
+
+# Two ways the checkpoint (after batch 9 of 20; the linear schedule, T=15, runs across it) meets calibration:
+CASES = {
+    # calibrated on batches 0-2 (bounds from 3), recalibrated every 2 batches after that: 5-7 (from 8), 10-12 (from
+    # 13), 15-17 (from 18); the checkpoint falls between two measurements, the next one due at batch 10.
+    "between_calibrations": (dict(calibration_start=0, calibration_batches=3, recalibrate_every=2), [3, 8, 13, 18]),
+    # calibration_start=8: batches 8-11 measured (bounds from 12), the checkpoint in the middle of it; then 15-18
+    # (from 19).
+    "during_calibration": (dict(calibration_start=8, calibration_batches=4, recalibrate_every=3), [12, 19]),
+}
+
+
+def _run(rank: int, world_size: int, ckpt_dir: str, phase: str, case: str) -> dict:
+    torch.manual_seed(0)
+    model = small_dlrm()
+    recorder = loss_recorder()
+    dlac = DLACCallback(**CASES[case][0], sensitivity_batches=1, schedule="linear", T=15, log_every_n_steps=5)
+    bounds = bounds_recorder(dlac)
+    callbacks: list = [recorder, dlac, bounds]
+    if phase == "first":
+        callbacks.append(ModelCheckpoint(dirpath=ckpt_dir, every_n_epochs=1, save_top_k=-1))
+    t = trainer(
+        world_size, DLACStrategy(), max_epochs=1 if phase == "first" else 2, callbacks=callbacks,
+        enable_checkpointing=phase == "first",
+    )
+    ckpt_path = str(next(Path(ckpt_dir).iterdir())) if phase == "resume" else None
+    t.fit(model, datamodule=small_data(train_batches=10), ckpt_path=ckpt_path)
+    return {"losses": recorder.losses, "multipliers": bounds.multipliers, "effective": bounds.effective,
+            "table_bounds": dlac.table_bounds, "step": dlac.step, "calibrations": dlac.state_dict()["calibrations"],
+            "stats": {k: v.as_dict() for k, v in dlac.table_stats.items()}}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "case",
+    [
+        "between_calibrations",
+        "during_calibration",  # each rank's part of the measurement travels in the checkpoint
+    ],
+)
+def test_resumed_run_continues_exactly(tmp_path: Path, case: str) -> None:
+    uninterrupted = run_ranks(_run, 2, str(tmp_path), "uninterrupted", case)
+    run_ranks(_run, 2, str(tmp_path), "first", case)
+    (ckpt,) = list(tmp_path.iterdir())
+    assert ckpt.is_dir() and (ckpt / "meta.pt").is_file() and (ckpt / ".metadata").is_file()
+    resumed = run_ranks(_run, 2, str(tmp_path), "resume", case)
+    calibrated_at = CASES[case][1]
+    for rank in range(2):
+        u, r = uninterrupted[rank], resumed[rank]
+        # When calibration_start says: the strategy's eps (0.01 x m(t)) until the first calibration takes effect.
+        assert [c["at"] for c in u["calibrations"]] == calibrated_at
+        first = calibrated_at[0]
+        assert all(set(e.values()) == {0.01 * m} for e, m in zip(u["effective"][:first], u["multipliers"]))
+        last = u["effective"][calibrated_at[-1]:], u["multipliers"][calibrated_at[-1]:]
+        assert all(e == {t: b * m for t, b in u["table_bounds"].items()} for e, m in zip(*last))
+        assert len(r["losses"]) == 10
+        # Same seed, same data: the second epoch after a resume is the uninterrupted run's second epoch, exactly.
+        assert r["losses"] == u["losses"][10:]
+        # The callback continued its schedule and its calibrations at iteration 10, not from scratch.
+        assert r["step"] == u["step"] == 20
+        assert r["calibrations"] == u["calibrations"]
+        assert r["stats"] == u["stats"]  # the last calibration measured the same batches
+        assert r["table_bounds"] == u["table_bounds"]
+        assert r["multipliers"] == u["multipliers"][10:]
+        assert r["effective"] == u["effective"][10:]
+        assert u["multipliers"][10] > 1.0  # the resume happened inside the early stage
+
+
+def test_loading_a_single_file_checkpoint_names_the_problem(tmp_path: Path) -> None:
+    strategy = DLACStrategy()
+    with pytest.raises(FileNotFoundError, match="not a DLACStrategy checkpoint directory"):
+        strategy.load_checkpoint(tmp_path / "model.ckpt")

@@ -1,0 +1,128 @@
+"""The compression report against a baseline run (``dlac report LOG_DIR --baseline OTHER_LOG_DIR``): the baseline is
+read from its dlac_run.json or its CSVLogger metrics.csv, the headline states the final differences, and the loss /
+AUROC plot draws the baseline's curves beside the run's. In process, on hand-made run files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from lightning_dlac.commands.report import main
+from lightning_dlac.plugin.report import REPORT_FILE, RUN_FILE, headline, load_baseline, write_report
+
+
+def _run(final: dict[str, float], auc: list[float]) -> dict:
+    """A dlac_run.json as DLACCallback writes it, for a 30-batch run on 2 ranks with metrics every 10 batches."""
+    history = [{"batch": 10 * (i + 1), "step": 10 * (i + 1), "dlac/ratio": 20.0, "dlac/raw_bytes_per_step": 4e6,
+                "dlac/sent_bytes_per_step": 2e5, "train/loss": 0.6 - 0.05 * i, "val/auroc": a}
+               for i, a in enumerate(auc)]
+    return {
+        "mode": "homogenization", "schedule": {"kind": "step", "c": 2.0, "T": 15, "stages": 10},
+        "table_bounds": {"t_cat_0": 0.05}, "classes": {"t_cat_0": "loose"}, "calibrated_at": 8,
+        "calibrations": [{"at": 8, "tight": 0, "base": 0, "loose": 1}], "default_eps": 0.01, "max_eps": 0.5,
+        "final_effective_bounds": {"t_cat_0": 0.05}, "calibration": [], "non_finite_tables": [],
+        "summary": {"world_size": 2, "batches": 30, "raw_bytes": 120_000_000, "sent_bytes": 6_000_000,
+                    "table_raw_bytes": {"t_cat_0": 120_000_000}, "table_sent_bytes": {"t_cat_0": 6_000_000},
+                    "train_s": 10.0, "a2a_s": 2.0, "encode_ms": 1.0, "exchange_ms": 5.0, "decode_ms": 1.0,
+                    "backward_ms": 3.0},
+        "final_metrics": final, "history": history,
+    }
+
+
+@pytest.fixture
+def compressed(tmp_path: Path) -> Path:
+    d = tmp_path / "dlac"
+    d.mkdir()
+    (d / RUN_FILE).write_text(json.dumps(_run({"val/auroc": 0.7712, "val/loss": 0.4821, "train/loss": 0.45},
+                                              [0.70, 0.75, 0.7712])))
+    return d
+
+
+@pytest.fixture
+def uncompressed_csv(tmp_path: Path) -> Path:
+    """What an uncompressed run leaves with a CSVLogger: metrics.csv only (the callback does nothing there)."""
+    d = tmp_path / "fp32"
+    d.mkdir()
+    (d / "metrics.csv").write_text(
+        "epoch,step,train/loss,val/auroc,val/loss\n"
+        "0,9,0.61,,\n"
+        "0,9,,0.705,0.50\n"
+        "0,19,0.55,,\n"
+        "0,19,,0.76,0.49\n"
+        "0,29,0.449,,\n"
+        "0,29,,0.7730,0.4800\n"
+    )
+    return d
+
+
+def test_headline_states_the_final_differences_from_a_csv_baseline(compressed: Path, uncompressed_csv: Path) -> None:
+    base = load_baseline(uncompressed_csv)
+    assert base["final_metrics"] == {"train/loss": 0.449, "val/auroc": 0.773, "val/loss": 0.48}
+    assert [r["batch"] for r in base["history"]] == [9, 9, 19, 19, 29, 29]
+    run = json.loads((compressed / RUN_FILE).read_text())
+    lines = headline(run, base)
+    assert lines[:-1] == headline(run)  # the comparison is one more line, the rest unchanged
+    assert lines[-1] == (f"vs baseline {uncompressed_csv}: val/auroc 0.7712 vs 0.7730 (-0.0018),"
+                         " val/loss 0.4821 vs 0.4800 (+0.0021), train/loss 0.4500 vs 0.4490 (+0.0010)")
+
+
+def test_a_dlac_run_json_baseline_is_read_from_its_run_file(compressed: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / RUN_FILE).write_text(json.dumps(_run({"val/auroc": 0.7800}, [0.71, 0.76, 0.78])))
+    (other / "metrics.csv").write_text("epoch,step,val/auroc\n0,29,0.1\n")  # dlac_run.json takes precedence
+    base = load_baseline(other)
+    assert base["final_metrics"] == {"val/auroc": 0.78} and len(base["history"]) == 3
+    run = json.loads((compressed / RUN_FILE).read_text())
+    assert headline(run, base)[-1] == f"vs baseline {other}: val/auroc 0.7712 vs 0.7800 (-0.0088)"
+
+
+def test_report_overlays_the_baseline_curves(compressed: Path, uncompressed_csv: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    import matplotlib.axes
+
+    drawn: dict[str, list] = {}
+    plot = matplotlib.axes.Axes.plot
+
+    def recording_plot(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        drawn[kwargs.get("label", "")] = list(args[0]) if args else []
+        return plot(self, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", recording_plot)
+    path = write_report(compressed, baseline=uncompressed_csv)
+    report = path.read_text()
+    assert path == compressed / REPORT_FILE
+    assert f"- vs baseline {uncompressed_csv}: val/auroc 0.7712 vs 0.7730 (-0.0018)" in report
+    assert "![Loss and AUC](dlac_loss_auc.png)" in report
+    assert (compressed / "dlac_loss_auc.png").read_bytes()[:4] == b"\x89PNG"
+    # The run's curves at its metric writes, the baseline's at its logged steps.
+    assert drawn["train/loss"] == [10, 20, 30] and drawn["val/auroc"] == [10, 20, 30]
+    assert drawn["train/loss (baseline)"] == [9, 19, 29] and drawn["val/auroc (baseline)"] == [9, 19, 29]
+
+
+def test_report_without_baseline_has_no_comparison(compressed: Path) -> None:
+    report = write_report(compressed, plots=False).read_text()
+    assert "vs baseline" not in report and "final metrics:" in report
+
+
+def test_bad_baselines_are_named(compressed: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(FileNotFoundError, match="holds neither dlac_run.json nor metrics.csv"):
+        load_baseline(empty)
+    (empty / "metrics.csv").write_text("epoch,step,val/auroc\n")
+    with pytest.raises(ValueError, match="holds no metric rows"):
+        load_baseline(empty)
+    with pytest.raises(SystemExit):
+        main([str(compressed), "--baseline", str(tmp_path / "missing"), "--no-plots"])
+    assert "--baseline at the log directory of the reference run" in capsys.readouterr().err
+
+
+def test_no_common_metric_is_said(compressed: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "metrics.csv").write_text("epoch,step,lr\n0,1,0.1\n")
+    run = json.loads((compressed / RUN_FILE).read_text())
+    assert headline(run, load_baseline(other))[-1] == f"vs baseline {other}: no final metric in common to compare"
