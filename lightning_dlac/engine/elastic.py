@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import os
 from datetime import timedelta
+from typing import Any
 
 import torch.distributed as dist
 
-__all__ = ["attempt", "restart_store", "shared_store_warning"]
+__all__ = ["attempt", "init_restarted_process_group", "restart_store", "shared_store_warning"]
 
 
 def _agent_store() -> bool:
@@ -68,3 +69,23 @@ def shared_store_warning() -> str | None:
         " TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, which gives every attempt a fresh store (docs/multinode.md,"
         " 'Surviving failures')."
     )
+
+
+def init_restarted_process_group(backend: str, rank: int, world_size: int, timeout: timedelta,
+                                 device: Any = None) -> bool:
+    """Start the process group of a restarted one-node torchrun worker group on :func:`restart_store` (keys apart
+    from the dead attempt's); return False, starting nothing, where torch's own ``env://`` rendezvous is right (a
+    group already exists, the first attempt, no agent store, several nodes).
+
+    Args:
+        backend: ``"gloo"`` or ``"nccl"``.
+        rank: This process's global rank.
+        world_size: Ranks in the group.
+        timeout: Of the store and the process group.
+        device: The rank's accelerator (``device_id`` of :func:`torch.distributed.init_process_group`), or ``None``.
+    """
+    store = None if dist.is_initialized() else restart_store(timeout)
+    if store is None:
+        return False
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout, device_id=device)
+    return True

@@ -20,9 +20,7 @@ from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.strategies.ddp import _DDPForwardRedirection
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities.model_helpers import is_overridden
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
-from lightning.pytorch.utilities.signature_utils import is_param_in_hook_signature
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
@@ -34,16 +32,19 @@ from lightning_dlac.engine import elastic as _elastic
 from lightning_dlac.engine._torchrec import require_torchrec
 from lightning_dlac.engine.checkpoint import check_directory, load_sharded, remove_checkpoint, save_sharded
 from lightning_dlac.engine.sharding import (
-    EmbeddingOptimizer,
     NoEmbeddingTablesError,
     ShardingOptions,
-    fused_parameters,
     parse_enum,
     plan_summary,
     shard_model,
     table_count,
 )
 from lightning_dlac.plugin import registration
+from lightning_dlac.plugin._checks import (
+    refuse_optimizers_on_fused_parameters,
+    refuse_sync_batchnorm_on_cpu,
+    refuse_unpipelinable_run,
+)
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -219,16 +220,6 @@ class DLACStrategy(DDPStrategy):
         return self._sharding
 
     @property
-    def sharding_types(self) -> list[str]:
-        """Sharding types the planner may choose from."""
-        return list(self._sharding.sharding_types)
-
-    @property
-    def embedding_optimizer(self) -> EmbeddingOptimizer:
-        """The fused optimizer that trains the embedding tables."""
-        return self._sharding.embedding_optimizer
-
-    @property
     def compress(self) -> bool:
         """Whether the pooled-embedding all-to-all is compressed (also with ``compress="auto"``)."""
         return self._compress
@@ -252,11 +243,6 @@ class DLACStrategy(DDPStrategy):
     def exchanges(self) -> list[Exchange]:
         """The installed compressed all-to-all modules (empty before setup or with ``compress=False``)."""
         return list(self._group or [])
-
-    @property
-    def compressed_tables(self) -> list[str]:
-        """Tables whose pooled embeddings this rank sends compressed."""
-        return self._group.compressed_tables if self._group else []
 
     @property
     def all_compressed_tables(self) -> list[str]:
@@ -295,13 +281,10 @@ class DLACStrategy(DDPStrategy):
         restarted group on one node keeps its rendezvous keys apart from the previous attempt's, which torchrun
         leaves in the store the attempts share (:mod:`lightning_dlac.engine.elastic`; without it a restart can die in
         ``Gloo connectFullMesh ... Connection refused``). On several nodes it warns where that remains possible."""
-        store = None if dist.is_initialized() else _elastic.restart_store(self._timeout)
-        if store is not None:
-            self.set_world_ranks()
-            backend = self._get_process_group_backend()
-            device = self.root_device if self.root_device.type != "cpu" else None
-            dist.init_process_group(backend, store=store, rank=self.global_rank, world_size=self.world_size,
-                                    timeout=self._timeout, device_id=device)  # fmt: skip
+        self.set_world_ranks()
+        backend, device = self._get_process_group_backend(), self.root_device
+        if _elastic.init_restarted_process_group(backend, self.global_rank, self.world_size, self._timeout,
+                                                 device if device.type != "cpu" else None):
             if backend == "nccl":
                 atexit.register(_destroy_dist_connection)  # as Lightning's own set-up does
             rank_zero_info(f"{type(self).__name__}: torchrun restart {_elastic.attempt()}, process group on"
@@ -318,12 +301,13 @@ class DLACStrategy(DDPStrategy):
         assert self.accelerator is not None and self.model is not None
         pipelined = trainer.state.fn == TrainerFn.FITTING and self._pipeline_kind is not None
         if pipelined:
-            self._check_pipelined_run(trainer)
+            refuse_unpipelinable_run(type(self).__name__, str(self._pipeline_kind), trainer, self.lightning_module,
+                                     self.precision_plugin)
         self.accelerator.setup(trainer)
         if trainer.state.fn == TrainerFn.FITTING and self._layer_sync:
             # Trainer(sync_batchnorm=True): the dense part's BatchNorm layers become SyncBatchNorm, as under DDP
             # (reverted at teardown by DDPStrategy's); the embedding tables have none.
-            self._check_layer_sync(self.model)
+            refuse_sync_batchnorm_on_cpu(self.model, self.root_device, self.world_size)
             self.model = self._layer_sync.apply(self.model)
         self.precision_plugin.convert_module(self.model)
         self.model = self._shard(self.model)  # shard first, then move: whole tables never have to fit on a device
@@ -332,23 +316,11 @@ class DLACStrategy(DDPStrategy):
             self._setup_pipeline()
         if trainer.state.fn == TrainerFn.FITTING:
             self.setup_optimizers(trainer)
-            self._check_optimizers_skip_fused_parameters()
+            refuse_optimizers_on_fused_parameters(self.optimizers, self.lightning_module, type(self).__name__,
+                                                  str(self._sharding.embedding_optimizer))
         self.setup_precision_plugin()
         if trainer.state.fn == TrainerFn.FITTING:
             _optimizers_to_device(self.optimizers, self.root_device)
-
-    def _check_layer_sync(self, module: nn.Module) -> None:
-        """torch's SyncBatchNorm synchronises only on accelerators (CUDA, XPU, HPU): on CPU processes its first
-        training forward would fail, so refuse ``sync_batchnorm=True`` there, before any work."""
-        devices = ("cuda", "xpu", "hpu", torch._C._get_privateuse1_backend_name())
-        batch_norms = [name for name, m in module.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-        if batch_norms and self.world_size > 1 and self.root_device.type not in devices:
-            raise ValueError(
-                f"Trainer(sync_batchnorm=True) would turn the BatchNorm layers of the model ({', '.join(batch_norms)})"
-                " into torch.nn.SyncBatchNorm, which synchronises batch statistics only on GPUs (CUDA, XPU, HPU);"
-                f" this run trains on {self.root_device.type} with {self.world_size} processes. Remove"
-                " sync_batchnorm=True (each rank then normalises over its own batch), or train on GPUs."
-            )
 
     def _shard(self, module: nn.Module) -> nn.Module:
         from lightning_dlac.codec._loader import resolve_impl
@@ -393,22 +365,11 @@ class DLACStrategy(DDPStrategy):
             ddp.reducer._delay_all_reduce()
             self._static_graph_flushed = True
 
-    def _check_optimizers_skip_fused_parameters(self) -> None:
-        """Embedding weights are updated by the fused optimizer inside backward; a second optimizer on them would
-        silently fight it (weight decay, momentum on stale state), so refuse that early."""
-        fused = {id(p) for p in fused_parameters(self.lightning_module)}
-        for opt in self.optimizers:
-            for group in opt.param_groups:
-                if any(id(p) in fused for p in group["params"]):
-                    raise ValueError(
-                        f"An optimizer from configure_optimizers() includes embedding-table parameters, which"
-                        f" {type(self).__name__} already trains with its fused {self.embedding_optimizer} optimizer."
-                        " Pass only the dense parameters: `torch.optim.Adam(lightning_dlac.dense_parameters(self))`."
-                    )
-
     @override
     def teardown(self) -> None:
-        self._teardown_pipeline()
+        if self._pipeline is not None:
+            self._pipeline.restore()  # the module's sharded modules get their own forwards back
+            self._pipeline = None
         if self._dmp is not None and self.lightning_module is not None:
             self.model = self.lightning_module  # unwrap DMP; the module keeps its sharded tables
         super().teardown()
@@ -423,40 +384,14 @@ class DLACStrategy(DDPStrategy):
 
         return parse_enum(Pipeline, pipeline, "pipeline")
 
-    def _check_pipelined_run(self, trainer: pl.Trainer) -> None:
-        """Refuse, before any work, a run whose batches the pipeline cannot hand to ``training_step``."""
-        name, module = type(self).__name__, self.lightning_module
-        reason = None
-        if is_param_in_hook_signature(module.training_step, "dataloader_iter", explicit=True):
-            reason = (f"{type(module).__name__}.training_step takes a dataloader_iter: with the pipeline, the strategy"
-                      " reads the batches and hands training_step one at a time, so write training_step(self, batch,"
-                      " batch_idx)")
-        hooks = [f"{type(owner).__name__}.on_before_batch_transfer" for owner in (module, trainer.datamodule)
-                 if owner is not None and is_overridden("on_before_batch_transfer", owner)]
-        if hooks:
-            reason = (f"{hooks[0]} is overridden: the pipeline moves each batch to the device (with"
-                      " transfer_batch_to_device and on_after_batch_transfer) one step before Lightning would call"
-                      " on_before_batch_transfer on it; do that work in the dataloader or in on_after_batch_transfer")
-        if type(self.precision_plugin).convert_input is not Precision.convert_input:
-            reason = (f"the precision plugin {type(self.precision_plugin).__name__} converts every batch before it"
-                      " is moved, one step after the pipeline has sent its ids; use 32-bit or mixed precision"
-                      " (16-mixed, bf16-mixed), which leave the batch as it is")
-        if reason is not None:
-            raise ValueError(f"{name}(pipeline={str(self._pipeline_kind)!r}) cannot train this run: {reason}; or"
-                             " train without the pipeline (pipeline=None).")
-
     def _setup_pipeline(self) -> None:
-        """Trace the sharded model into TorchRec's pipeline (a model it cannot trace is refused here)."""
+        """Trace the sharded model into TorchRec's pipeline (a model it cannot trace is refused here); the pipeline
+        moves each training batch with Lightning's own move (the module's transfer hooks), once per batch."""
         from lightning_dlac.engine.pipeline import SparseDistPipeline
 
-        self._pipeline = SparseDistPipeline(self._dmp, self.root_device, self._move_batch)
+        self._pipeline = SparseDistPipeline(self._dmp, self.root_device, super().batch_to_device)
         rank_zero_info(f"{type(self).__name__}: training through TorchRec's sparse-dist pipeline; ids sent one step"
                        f" ahead for {', '.join(self._pipeline.pipelined_modules)}")
-
-    def _move_batch(self, batch: Any) -> Any:
-        """Lightning's move of a training batch to the device (with the module's transfer hooks), done once per batch
-        by the pipeline."""
-        return super().batch_to_device(batch)
 
     @override
     def process_dataloader(self, dataloader: object) -> object:
@@ -484,11 +419,6 @@ class DLACStrategy(DDPStrategy):
         super().on_train_end()
         if self._pipeline is not None:
             self._pipeline.drain()  # the ids read ahead for a step that will not come
-
-    def _teardown_pipeline(self) -> None:
-        if self._pipeline is not None:
-            self._pipeline.restore()  # the module's sharded modules get their own forwards back
-            self._pipeline = None
 
     # ------------------------------------------------------------------ checkpoints
 

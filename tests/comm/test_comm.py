@@ -514,7 +514,7 @@ def _lightning_runs(rank: int, world_size: int) -> dict:
         "raw_bytes": stats.raw_bytes,
         "sent_bytes": stats.sent_bytes,
         "max_error_ratio": max(stats.table_max_error_ratio.values(), default=float("nan")),
-        "compressed_tables": strategy.compressed_tables,
+        "compressed_tables": strategy.exchange_group.compressed_tables,
         "dlac_backward_calls": dlac_strategy.total_comm_stats().backward_calls,
         "dlac_backward_ratio": dlac_strategy.total_comm_stats().backward_raw_bytes
         / max(dlac_strategy.total_comm_stats().backward_sent_bytes, 1),

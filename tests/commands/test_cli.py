@@ -44,7 +44,7 @@ def _settings(cli) -> dict:  # noqa: ANN001
         "compress": strategy.compress,
         "backward": str(strategy.compression.backward),
         "eps": strategy.error_bounds.default_eps,
-        "sharding_types": strategy.sharding_types,
+        "sharding_types": list(strategy.sharding.sharding_types),
         "data": type(cli.datamodule).__name__,
         "tables": len(cli.model.hparams.num_embeddings_per_feature),
     }
@@ -116,7 +116,7 @@ def test_print_config_round_trips_into_the_same_run(tmp_path: Path, capsys: pyte
 def test_shipped_config_builds_strategy_model_and_data() -> None:
     cli = build_cli(["--config", str(CONFIG), "--trainer.logger=false"], run=False)
     assert isinstance(cli.trainer.strategy, DLACStrategy)
-    assert cli.trainer.strategy.sharding_types == ["table_wise"]
+    assert list(cli.trainer.strategy.sharding.sharding_types) == ["table_wise"]
     # The model is sized from the datamodule (linked arguments).
     assert list(cli.model.hparams.num_embeddings_per_feature) == cli.datamodule.num_embeddings_per_feature
 
