@@ -122,9 +122,12 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
         opt = torch.optim.Adagrad([p for p in model.parameters() if p.requires_grad], lr=0.01)
         from lightning_dlac.examples.base import make_batch
 
+        from lightning_dlac.criteo import FEATURE_NAMES
+
         gen = torch.Generator().manual_seed(0)
         ids = torch.cat([torch.randint(0, n, (b,), generator=gen) for n in sizes])
-        batch = make_batch(torch.rand(b, 13, generator=gen), ids, (torch.rand(b, generator=gen) < 0.25).float())
+        batch = make_batch(torch.rand(b, 13, generator=gen), ids, (torch.rand(b, generator=gen) < 0.25).float(),
+                           feature_names=FEATURE_NAMES)
         times = []
         for i in range(spec["steps"] + 3):
             t0 = time.perf_counter()

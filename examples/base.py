@@ -21,10 +21,13 @@ and passes the table layout to ``__init__``. The base does the rest, the same wa
   interrupted one had left, on every rank. Every source gets this from the base.
 - **Layout.** ``num_embeddings_per_feature``, ``feature_names`` and ``num_dense_features`` are attributes a model
   is sized from (the ``dlac`` CLI links them to the model's arguments).
+- **Checks.** Every batch a loader serves is checked against that layout (:func:`check_batch`): its feature names,
+  its dense width, ids and lengths that agree, ids inside their tables. A source that gets one wrong fails at the
+  batch with both numbers named, not steps later inside TorchRec.
 
 Batches are :class:`torchrec.datasets.utils.Batch` (dense ``[B, D]`` float32, a KeyedJaggedTensor of the
-categoricals, labels ``[B]`` float32); :func:`make_batch` assembles one. docs/data.md, "Adding your own data source",
-has a complete example.
+categoricals, labels ``[B]`` float32); :meth:`RankShardedDataModule.make_batch` assembles one with the source's own
+feature names. docs/data.md, "Adding your own data source", has a complete example.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ __all__ = [
     "RankBatches",
     "RankShardedDataModule",
     "ResumableDataLoader",
+    "check_batch",
     "make_batch",
     "stream_seed",
     "table_sizes",
@@ -94,9 +98,12 @@ def make_batch(
     ids: torch.Tensor,
     labels: torch.Tensor,
     lengths: torch.Tensor | None = None,
-    feature_names: Sequence[str] = FEATURE_NAMES,
+    *,
+    feature_names: Sequence[str],
 ) -> Batch:
-    """Assemble a :class:`~torchrec.datasets.utils.Batch`.
+    """Assemble a :class:`~torchrec.datasets.utils.Batch` (a DataModule calls its
+    :meth:`RankShardedDataModule.make_batch`,
+    which passes its own feature names).
 
     Args:
         dense: Dense features ``[B, D]`` float32.
@@ -110,6 +117,69 @@ def make_batch(
         lengths = torch.ones(len(feature_names) * dense.shape[0], dtype=torch.int32)
     sparse = KeyedJaggedTensor(keys=list(feature_names), values=ids, lengths=lengths)
     return Batch(dense_features=dense, sparse_features=sparse, labels=labels)
+
+
+def _some(names: Sequence[str], shown: int = 8) -> str:
+    return str(list(names[:shown]))[:-1] + (", ...]" if len(names) > shown else "]")
+
+
+def check_batch(
+    batch: Any, feature_names: Sequence[str], num_dense_features: int, num_embeddings_per_feature: Sequence[int],
+    where: str = "the batch",
+) -> None:
+    """Refuse a batch that does not match the layout its DataModule declares, naming what differs and both numbers.
+
+    Checks the keys, the dense width, the labels' length, ids against lengths (``F x B`` lengths that sum to the
+    number of ids), and every feature's ids against its table (``0 <= id < rows``). The cost is a pass over the
+    lengths and ids, small beside a training step.
+
+    Raises:
+        TypeError: Not a :class:`~torchrec.datasets.utils.Batch`.
+        ValueError: A part of the batch disagrees with the layout.
+    """
+    if not isinstance(batch, Batch):
+        raise TypeError(f"{where} is a {type(batch).__name__}, not a torchrec.datasets.utils.Batch: build it with"
+                        " self.make_batch(dense, ids, labels).")  # fmt: skip
+    names, kjt = list(feature_names), batch.sparse_features
+    if list(kjt.keys()) != names:
+        raise ValueError(
+            f"{where} has {len(kjt.keys())} categorical features {_some(list(kjt.keys()))} but the DataModule declares"
+            f" {len(names)}: {_some(names)}. Build batches with self.make_batch(...), which uses the DataModule's"
+            " feature_names, or pass feature_names= to RankShardedDataModule.__init__."
+        )
+    dense = batch.dense_features
+    if dense.dim() != 2 or dense.shape[1] != num_dense_features:
+        raise ValueError(
+            f"{where} has dense features of shape {list(dense.shape)} but the DataModule declares"
+            f" num_dense_features={num_dense_features}: pass num_dense_features={dense.shape[-1]} to"
+            " RankShardedDataModule.__init__ (or fix the dense block)."
+        )
+    samples = dense.shape[0]
+    if batch.labels.numel() != samples:
+        raise ValueError(f"{where} has {batch.labels.numel()} labels for {samples} samples (dense rows).")
+    lengths, values = kjt.lengths(), kjt.values()
+    if lengths.numel() != len(names) * samples:
+        raise ValueError(
+            f"{where} has {lengths.numel()} lengths for {len(names)} features x {samples} samples"
+            f" ({len(names) * samples} expected, one per sample and feature, feature by feature)."
+        )
+    total = int(lengths.sum())
+    if total != values.numel():
+        raise ValueError(
+            f"{where} has {values.numel()} ids but its lengths sum to {total}: with {len(names)} features x {samples}"
+            f" samples, one-hot ids number {len(names) * samples}. Give ids feature by feature (every sample's ids of"
+            " the first feature, then of the second, ...) and lengths for multi-hot features."
+        )
+    if values.numel() == 0:
+        return
+    per_feature = lengths.view(len(names), samples).sum(dim=1).tolist()
+    for name, rows, chunk in zip(names, num_embeddings_per_feature, torch.split(values, per_feature)):
+        if chunk.numel() and (int(chunk.min()) < 0 or int(chunk.max()) >= rows):
+            raise ValueError(
+                f"{where}: feature {name!r} has ids from {int(chunk.min())} to {int(chunk.max())}, outside its table"
+                f" of {rows} rows (ids must lie in [0, {rows})). Raise num_embeddings_per_feature for {name!r} or map"
+                " its ids into the table (e.g. modulo its size)."
+            )
 
 
 class RankBatches(IterableDataset):
@@ -235,8 +305,9 @@ class RankShardedDataModule(LightningDataModule):
         num_embeddings_per_feature: Rows of each categorical feature's table.
         batch_size: Samples per batch, per rank.
         num_workers: DataLoader worker processes.
-        feature_names: The categorical features, in KeyedJaggedTensor key order.
-        num_dense_features: Dense features per sample.
+        feature_names: The categorical features, in KeyedJaggedTensor key order (default ``cat_0``, ``cat_1``, ...,
+            one per table, as the example DLRM names them).
+        num_dense_features: Dense features per sample (default 13, Criteo's).
     """
 
     def __init__(
@@ -244,7 +315,7 @@ class RankShardedDataModule(LightningDataModule):
         num_embeddings_per_feature: Sequence[int],
         batch_size: int,
         num_workers: int = 0,
-        feature_names: Sequence[str] = FEATURE_NAMES,
+        feature_names: Sequence[str] | None = None,
         num_dense_features: int = DENSE_COLUMNS,
     ) -> None:
         super().__init__()
@@ -252,6 +323,8 @@ class RankShardedDataModule(LightningDataModule):
             raise ValueError(f"batch_size must be at least 1, got {batch_size}.")
         if num_workers < 0:
             raise ValueError(f"num_workers must be non-negative, got {num_workers}.")
+        if feature_names is None:
+            feature_names = [f"cat_{i}" for i in range(len(num_embeddings_per_feature))]
         if len(num_embeddings_per_feature) != len(feature_names):
             raise ValueError(
                 f"num_embeddings_per_feature has {len(num_embeddings_per_feature)} table sizes for"
@@ -280,6 +353,27 @@ class RankShardedDataModule(LightningDataModule):
             f"{type(self).__name__} must implement read_batch(split, index) -> Batch (global batch `index` of the"
             " split) to be a RankShardedDataModule."
         )
+
+    def make_batch(
+        self, dense: torch.Tensor, ids: torch.Tensor, labels: torch.Tensor, lengths: torch.Tensor | None = None
+    ) -> Batch:
+        """Assemble a batch with this DataModule's feature names (what ``read_batch`` returns).
+
+        Args:
+            dense: Dense features ``[B, num_dense_features]`` float32.
+            ids: Categorical ids feature by feature: every sample's ids of the first feature, then of the second, ...
+                (int64).
+            labels: ``[B]`` float32.
+            lengths: Ids per sample and feature, ``[F * B]`` int32, feature by feature; ``None``: one id each.
+        """
+        return make_batch(dense, ids, labels, lengths, feature_names=self.feature_names)
+
+    def checked_batch(self, split: str, index: int) -> Batch:
+        """:meth:`read_batch`, checked against the declared layout (:func:`check_batch`): what the loaders serve."""
+        batch = self.read_batch(split, index)
+        check_batch(batch, self.feature_names, self.num_dense_features, self.num_embeddings_per_feature,
+                    where=f"{type(self).__name__}.read_batch({split!r}, {index})")  # fmt: skip
+        return batch
 
     # --------------------------------------------------------------------------------------- ranks and sharding
 
@@ -321,7 +415,7 @@ class RankShardedDataModule(LightningDataModule):
             raise ValueError(f"split={split!r} is not one of {SPLITS}.")
         rank, world = self._rank_and_world()
         indices = [rank + world * j for j in range(self.num_batches(split) // world)]
-        return RankBatches(functools.partial(self.read_batch, split), indices)
+        return RankBatches(functools.partial(self.checked_batch, split), indices)
 
     def dataloader(self, split: str) -> ResumableDataLoader:
         """The DataLoader of ``split`` for this rank, resumable mid-epoch; every loader of the datamodule is made

@@ -182,7 +182,8 @@ class _BinaryBatches:
             # Feature-major, each feature's [B, P] ids sample by sample: the KJT's values with lengths P.
             ids = torch.from_numpy(np.concatenate([f.reshape(-1) for f in sparse]).astype(np.int64))
         dense = torch.from_numpy(np.array(dense, dtype=np.float32))
-        return make_batch(dense, ids, torch.from_numpy(labels.reshape(-1).astype(np.float32)), self.lengths)
+        labels = torch.from_numpy(labels.reshape(-1).astype(np.float32))
+        return make_batch(dense, ids, labels, self.lengths, feature_names=FEATURE_NAMES)
 
 
 class CriteoBinaryDataModule(RankShardedDataModule):

@@ -171,7 +171,7 @@ class PlantedSensitivityGenerator:
         dense = torch.log1p(torch.rand(batch_size, DENSE_COLUMNS, generator=gen) * 10)
         labels = (torch.rand(batch_size, generator=gen) < torch.sigmoid(logit)).float()
         lengths = torch.ones(len(ids) * batch_size, dtype=torch.int32)
-        return make_batch(dense, torch.cat(ids), labels, lengths)
+        return make_batch(dense, torch.cat(ids), labels, lengths, feature_names=FEATURE_NAMES)
 
     def pooled(self, batch: Batch) -> dict[str, torch.Tensor]:
         """The oracle's pooled embeddings of a batch drawn from this generator, one ``[B, dim]`` chunk per table

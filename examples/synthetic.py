@@ -18,7 +18,7 @@ import torch
 from torchrec.datasets.utils import Batch
 from typing_extensions import override
 
-from lightning_dlac.criteo.format import DENSE_COLUMNS, check_multi_hot_sizes
+from lightning_dlac.criteo.format import DENSE_COLUMNS, FEATURE_NAMES, check_multi_hot_sizes
 from lightning_dlac.criteo.multi_hot import multi_hot_from_one_hot
 
 from .base import DEFAULT_MAX_ROWS, RankShardedDataModule, make_batch, stream_seed, table_sizes
@@ -188,7 +188,7 @@ class SyntheticCriteoGenerator:
         dense, ids, lengths, effect = self._draw(batch_size, gen)
         logit = self._bias + effect + (dense - self._dense_center) @ self._dense_w
         labels = (torch.rand(batch_size, generator=gen) < torch.sigmoid(logit)).float()
-        return make_batch(dense, ids, labels, lengths)
+        return make_batch(dense, ids, labels, lengths, feature_names=FEATURE_NAMES)
 
     def logits(self, batch: Batch) -> torch.Tensor:
         """The true logit of each sample in a batch drawn from this model (for tests and oracle AUC)."""

@@ -18,7 +18,7 @@ from typing_extensions import override
 
 from lightning_dlac.criteo import dense_log1p, dense_torchrec, read_tsv
 
-from .base import DEFAULT_MAX_ROWS, RankShardedDataModule, make_batch, table_sizes
+from .base import DEFAULT_MAX_ROWS, RankShardedDataModule, table_sizes
 
 __all__ = ["TSV_SIZE_WARNING_BYTES", "CriteoTSVDataModule"]
 
@@ -190,4 +190,4 @@ class CriteoTSVDataModule(RankShardedDataModule):
         labels, dense, ids = self._splits[split]  # type: ignore[index]
         rows = slice(index * self.batch_size, (index + 1) * self.batch_size)
         # KJT values are key-major: all samples of cat_0, then cat_1, ...
-        return make_batch(dense[rows].contiguous(), ids[rows].t().contiguous().view(-1), labels[rows].contiguous())
+        return self.make_batch(dense[rows].contiguous(), ids[rows].t().contiguous().view(-1), labels[rows].contiguous())

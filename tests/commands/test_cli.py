@@ -173,11 +173,12 @@ SHORT_RUN = ["--trainer.max_steps=8", "--trainer.val_check_interval=4", "--train
              "--model.over_arch_layer_sizes=[16, 1]"]
 
 
-def _dlac(args: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
-    """Run the installed `dlac` console script as a user would: no launcher variables in its environment."""
+def _dlac(args: list[str], cwd: Path, timeout: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run the installed `dlac` console script as a user would: no launcher variables in its environment (``env``
+    adds to it)."""
     script = Path(sys.executable).with_name("dlac")
     command = [str(script)] if script.is_file() else [sys.executable, "-m", "lightning_dlac.commands.cli"]
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
+    env = {**{k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}, **(env or {})}
     return subprocess.run([*command, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -390,54 +391,113 @@ DATA_DOC = Path(__file__).resolve().parents[2] / "docs" / "data.md"
 CONFIG = Path(__file__).resolve().parents[2] / "examples" / "configs" / "dlrm_synthetic.yaml"
 
 
-def _documented_data_source() -> str:
+def _documented_blocks() -> tuple[str, str]:
+    """The Python and the shell block of docs/data.md, "Adding your own data source", as a user copies them."""
     section = DATA_DOC.read_text().split("## Adding your own data source\n", 1)[1].split("\n## ", 1)[0]
-    return section.split("```python\n", 1)[1].split("```", 1)[0]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    command = section.split("```bash\n", 1)[1].split("```", 1)[0]
+    return code, command.replace("\\\n", " ")
 
 
-def test_the_documented_data_source_shards_and_trains(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The example of docs/data.md, "Adding your own data source", as a user would use it: its batches hold the
-    file's rows, 2 ranks read disjoint interleaved shards, and `dlac` trains the example DLRM on it."""
+RATING_SIZES = [944, 1683, 19, 21]  # the documented command's table sizes (MovieLens-100k-like)
+
+
+def _write_ratings(path: Path, rows: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """Arrays in the documented file's layout: 4 tables, 1 dense feature, a label that depends on two of them."""
+    rng = np.random.default_rng(seed)
+    ids = np.stack([rng.integers(0, n, rows) for n in RATING_SIZES], axis=1)
+    dense = rng.random((rows, 1), dtype=np.float32)
+    logit = np.where(ids[:, 1] % 3 == 0, 1.5, -1.0) + np.where(ids[:, 2] < 5, 0.8, -0.4) + dense[:, 0]
+    labels = rng.random(rows) < 1 / (1 + np.exp(-logit))
+    np.savez(path, dense=dense, ids=ids, labels=labels)
+    return {"dense": dense, "ids": ids, "labels": labels}
+
+
+def test_the_documented_data_source_shards_and_checks_its_batches(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The class of docs/data.md as written: its batches hold the file's rows under its own feature names, 2 ranks
+    read disjoint interleaved shards, and a batch that disagrees with the declared layout fails at that batch."""
     import importlib
 
-    from lightning_dlac.commands.cli import build_cli
-
-    (tmp_path / "my_data.py").write_text(_documented_data_source())
+    (tmp_path / "my_data.py").write_text(_documented_blocks()[0])
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.chdir(tmp_path)  # whatever the run writes stays out of the checkout
     my_data = importlib.import_module("my_data")
-    rng = np.random.default_rng(0)
-    sizes, rows = [50 + t for t in range(26)], 1000
-    ids = np.stack([rng.integers(0, n, rows) for n in sizes], axis=1)
-    path = tmp_path / "clicks.npz"
-    np.savez(path, dense=rng.random((rows, 13), dtype=np.float32), ids=ids, labels=rng.random(rows) < 0.3)
+    names = ["user", "item", "genre", "occupation"]
+    arrays = _write_ratings(tmp_path / "ratings.npz", rows=1000)
 
-    single = my_data.NpzClicks(str(path), sizes, batch_size=100, val_rows=200)
-    single.setup("fit")
-    train, val = _batches(single), _batches(single, "val")
+    def source(**overrides: object) -> RankShardedDataModule:
+        kwargs = dict(path=str(tmp_path / "ratings.npz"), num_embeddings_per_feature=RATING_SIZES,
+                      feature_names=names, num_dense_features=1, batch_size=100, val_rows=200)  # fmt: skip
+        dm = my_data.NpzClicks(**{**kwargs, **overrides})
+        dm.setup("fit")
+        return dm
+
+    train, val = _batches(source()), _batches(source(), "val")
     assert len(train) == 8 and len(val) == 2
     for batch in train + val:
-        _assert_batch_layout(batch, 100, sizes)
-    assert torch.equal(train[1].sparse_features.values().view(26, 100).t(), torch.from_numpy(ids[100:200]))
+        assert batch.sparse_features.keys() == names and batch.dense_features.shape == (100, 1)
+    assert torch.equal(train[1].sparse_features.values().view(4, 100).t(), torch.from_numpy(arrays["ids"][100:200]))
     for rank in range(2):
-        dm = my_data.NpzClicks(str(path), sizes, batch_size=100, val_rows=200)
+        dm = source()
         dm.set_rank(rank, 2)
-        dm.setup("fit")
         shard = _batches(dm)
         assert len(shard) == 4
         for j, batch in enumerate(shard):
             _assert_batch_equal(batch, train[rank + 2 * j])
+    # Declared layouts that the file does not have fail at the first batch, naming both numbers.
+    with pytest.raises(ValueError, match=r"dense features of shape \[100, 1\] but the DataModule declares"
+                                         r" num_dense_features=13: pass num_dense_features=1"):
+        _batches(source(num_dense_features=13))
+    outside = r"read_batch\('train', 0\): feature 'item' has ids from \d+ to \d+, outside its table of 1000 rows"
+    with pytest.raises(ValueError, match=outside):
+        _batches(source(num_embeddings_per_feature=[944, 1000, 19, 21]))
 
-    cli = build_cli(["--config", str(CONFIG), "--trainer.logger=false", "--trainer.devices=1",
-                     "--data=my_data.NpzClicks", f"--data.path={path}", f"--data.num_embeddings_per_feature={sizes}",
-                     "--data.batch_size=100", "--data.val_rows=200",
-                     "--trainer.max_steps=2", "--trainer.val_check_interval=2", "--trainer.limit_val_batches=1",
-                     "--trainer.enable_progress_bar=false"],
-                    run=False)  # fmt: skip
-    assert type(cli.datamodule).__name__ == "NpzClicks"
-    assert list(cli.model.hparams.num_embeddings_per_feature) == sizes  # the model is sized from the data
-    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
-    assert cli.trainer.global_step == 2 and torch.isfinite(cli.trainer.callback_metrics["train/loss"])
+
+def test_a_batch_made_for_other_features_fails_in_the_datamodule_with_both_numbers() -> None:
+    """The trap docs/data.md's old recipe set: a batch assembled with the 26 Criteo names for a 4-table source used to
+    die at the first training step inside TorchRec ("Sum of lengths must equal the number of values")."""
+    from lightning_dlac.examples.base import check_batch, make_batch
+
+    from lightning_dlac.criteo import FEATURE_NAMES
+
+    dense, ids, labels = torch.rand(8, 1), torch.zeros(4 * 8, dtype=torch.int64), torch.zeros(8)
+    layout = (["user", "item", "genre", "occupation"], 1, RATING_SIZES)
+    with pytest.raises(ValueError, match=r"has 26 categorical features \['cat_0', .*, \.\.\.\] but the DataModule"
+                                         r" declares 4: \['user', 'item', 'genre', 'occupation'\]"):
+        check_batch(make_batch(dense, ids, labels, feature_names=FEATURE_NAMES), *layout)
+    lengths = torch.ones(4 * 8, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"has 33 ids but its lengths sum to 32: with 4 features x 8 samples"):
+        check_batch(make_batch(dense, torch.zeros(33, dtype=torch.int64), labels, lengths, feature_names=layout[0]),
+                    *layout)
+    with pytest.raises(ValueError, match=r"has 16 lengths for 4 features x 8 samples \(32 expected"):
+        check_batch(make_batch(dense, ids[:16], labels, lengths[:16], feature_names=layout[0]), *layout)
+    with pytest.raises(ValueError, match="feature 'user' has ids from -1 to 0, outside its table of 944 rows"):
+        check_batch(make_batch(dense, torch.cat([torch.tensor([-1]), ids[1:]]), labels, feature_names=layout[0]),
+                    *layout)
+    check_batch(make_batch(dense, ids, labels, feature_names=layout[0]), *layout)  # the right layout passes
+
+
+@pytest.mark.slow
+def test_dlac_fit_trains_the_documented_data_source_as_written(tmp_path: Path) -> None:
+    """The shell block of docs/data.md, run as a user would (2 CPU ranks from the config's defaults), shortened."""
+    import shlex
+
+    from tests.commands.test_cli import _dlac
+
+    code, command = _documented_blocks()
+    (tmp_path / "my_data.py").write_text(code)
+    _write_ratings(tmp_path / "ratings.npz", rows=6000)
+    args = shlex.split(command.replace("examples/configs/", f"{CONFIG.parent}/"))
+    assert args[0] == "dlac"
+    short = ["--trainer.max_steps=6", "--trainer.val_check_interval=3", "--trainer.limit_val_batches=2",
+             "--trainer.enable_progress_bar=false", "--trainer.logger=false", "--model.embedding_dim=16",
+             "--model.dense_arch_layer_sizes=[16, 16]", "--model.over_arch_layer_sizes=[16, 1]"]  # fmt: skip
+    env_path = {"PYTHONPATH": str(tmp_path)}
+    proc = _dlac([*args[1:], *short], cwd=tmp_path, timeout=300, env=env_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    assert re.search(r"sharded 4 embedding tables over 2 rank", out), out[-4000:]
+    assert re.search(r"dlac fit finished after 6 steps: .*val/auroc=0\.\d{4}", out), out[-4000:]
 
 
 class _Unfinished(RankShardedDataModule):
@@ -451,7 +511,7 @@ def test_the_base_names_what_a_subclass_must_write() -> None:
     with pytest.raises(NotImplementedError, match=r"read_batch\(split, index\) -> Batch"):
         dm.read_batch("train", 0)
     with pytest.raises(ValueError, match="one per feature"):
-        _Unfinished(num_embeddings_per_feature=[10] * 3, batch_size=8)
+        _Unfinished(num_embeddings_per_feature=[10] * 3, batch_size=8, feature_names=["a", "b"])
     with pytest.raises(ValueError, match="Need 0 <= rank < world_size"):
         dm.set_rank(2, 2)
 
