@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -60,6 +61,11 @@ __all__ = [
     "stream_seed",
     "table_sizes",
 ]
+
+# Lightning warns about every IterableDataset that defines __len__, since a dataset whose DataLoader workers each
+# yield everything would be counted wrongly. RankBatches splits its batches among the workers (each yields its own
+# share), so its length is exact: the warning would only hide the ones that matter.
+warnings.filterwarnings("ignore", message="Your `IterableDataset` has `__len__` defined")
 
 SPLITS = ("train", "val", "test", "predict")
 # Rows per table when none are given: 26 x 10k x dim 64 float32 is ~67 MB, comfortable on a CPU.

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -56,6 +57,34 @@ def _debug_requested(argv: list[str]) -> bool:
     return flagged or os.environ.get(ENV_DEBUG, "").strip().lower() in ("1", "true", "yes")
 
 
+def _stop(subcommand: str | None, message: str, rank: int = 0) -> None:
+    """End the command on a user error with one line on stderr and exit status 2. Rank 0 writes it; another rank
+    writes it (prefixed with its rank) only where rank 0 may not have the same error: under an external launcher
+    (torchrun, SLURM), or when rank 0, the process that Lightning's own launcher started it from, is still running
+    a while later."""
+    hint = f"(run with {DEBUG_FLAG} or {ENV_DEBUG}=1 to see the traceback)"
+    line = f"dlac{' ' + subcommand if subcommand else ''}: error: {message} {hint}"
+    if rank != 0:
+        if not _rank_zero_stopped_too():
+            print(f"[rank {rank}] {line}", file=sys.stderr, flush=True)
+        sys.exit(USER_ERROR_STATUS)
+    print(line, file=sys.stderr, flush=True)
+    sys.exit(USER_ERROR_STATUS)
+
+
+def _rank_zero_stopped_too(grace_s: float = 10.0) -> bool:
+    """Whether rank 0, this process's parent under Lightning's own launcher, exits within ``grace_s`` (it does when
+    the error is the same on every rank, having reported it)."""
+    if any(v in os.environ for v in ("TORCHELASTIC_RUN_ID", "SLURM_PROCID")):
+        return False  # ranks are siblings under an external launcher: each reports its own
+    parent, deadline = os.getppid(), time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if os.getppid() != parent:
+            return True
+        time.sleep(0.1)
+    return False
+
+
 def main(args: Sequence[str] | None = None) -> None:
     """Entry point of the ``dlac`` console script: dispatch the subcommand; a Trainer subcommand logs its final
     metrics on rank 0, or stops on a user error with its message and status 2."""
@@ -85,15 +114,22 @@ def main(args: Sequence[str] | None = None) -> None:
         return
     if from_sys:
         sys.argv[1:] = argv  # LightningCLI reads sys.argv itself (and warns when given both)
+    subcommand = next((a for a in argv if a in TRAINER_SUBCOMMANDS), None)
     try:
         cli = build_cli(None if from_sys else argv)
     except CLIUserError as error:
         if debug:
             raise
-        subcommand = next((a for a in argv if a in TRAINER_SUBCOMMANDS), None)
-        print(f"dlac{' ' + subcommand if subcommand else ''}: error: {error}", file=sys.stderr)
-        print(f"(run with {DEBUG_FLAG} or {ENV_DEBUG}=1 to see the traceback)", file=sys.stderr)
-        sys.exit(USER_ERROR_STATUS)
+        _stop(subcommand, str(error))
+    except Exception as error:
+        # An error of the run itself (a Lightning setting the data cannot meet, a malformed input file), raised on
+        # every rank: one line from rank 0, the ranks' tracebacks behind --debug.
+        from lightning_dlac.commands.trainer import run_error
+
+        user_error = None if debug else run_error(error, argv)
+        if user_error is None:
+            raise
+        _stop(subcommand, str(user_error), rank=user_error.rank)
     from lightning_dlac.commands.trainer import report_finished
 
     report_finished(cli)

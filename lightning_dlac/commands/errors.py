@@ -20,7 +20,10 @@ class CLIUserError(ValueError):
     Attributes:
         option: The option(s) that set it, as given on the command line (or the config key), if known.
         component: The class that rejected it (``DLACStrategy``, ``CriteoTSVDataModule``, ``Trainer``).
+        rank: The rank it was raised on (0 outside a process group); only rank 0 reports it.
     """
+
+    rank: int = 0
 
     def __init__(self, message: str, option: str | None, component: str) -> None:
         where = f"{option} ({component})" if option else component
@@ -53,8 +56,8 @@ def _options_given(argv: Sequence[str]) -> list[tuple[str, str]]:
 
 def name_option(argv: Sequence[str], key: str, params: Sequence[str], message: str) -> str | None:
     """Name the option behind an error: the component ``key``'s options on the command line whose parameter the
-    message names, else all its options on the command line, else the parameters the message names (set in a config
-    file or left at their defaults), spelled as an option; None if nothing points anywhere.
+    message names, else the parameter the message names first (set in a config file or left at its default), spelled
+    as an option, else all the component's options on the command line; None if nothing points anywhere.
 
     Args:
         argv: The command line.
@@ -64,13 +67,14 @@ def name_option(argv: Sequence[str], key: str, params: Sequence[str], message: s
     """
     short = ".".join(p for p in key.split(".") if p != "init_args")
     given = [(name[len(short) + 1 :], typed) for name, typed in _options_given(argv) if name.startswith(short + ".")]
-    named = [p for p in params if re.search(rf"(?<![\w.]){re.escape(p)}(?!\w)", message)]
+    found = {p: re.search(rf"(?<![\w.]){re.escape(p)}(?!\w)", message) for p in params}
+    named = sorted((p for p, m in found.items() if m), key=lambda p: found[p].start())  # in the message's order
     hits = [typed for param, typed in given if param in named]
     if hits:
         return ", ".join(hits)
-    if given:
-        return ", ".join(typed for _, typed in given)
     if named:
         spelled = key if key in _SHORT_KEYS else f"{key}.init_args"
-        return ", ".join(f"--{spelled}.{p}" for p in named)
+        return f"--{spelled}.{named[0]}"  # the one the message is about (it names it first)
+    if given:
+        return ", ".join(typed for _, typed in given)
     return None

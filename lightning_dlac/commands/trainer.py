@@ -8,6 +8,7 @@ callback, which ``dlac preprocess|report|estimate`` do not need.
 
 from __future__ import annotations
 
+import inspect
 import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -165,6 +166,37 @@ def build_cli(args: Sequence[str] | None = None, run: bool = True) -> DLACCLI:
         save_config_kwargs={"overwrite": True},
         **kwargs,
     )
+
+
+# What a run (not its construction) raises when its input or its settings are wrong: Lightning's refusals, a value a
+# component rejects once it sees the data (a malformed line, a batch off its declared layout), a missing file.
+# TypeError is left out: raised at run time it is more often a bug, whose traceback matters.
+_RUN_ERRORS = (ValueError, OSError)
+# Where an error names its option: the components of the config, innermost first in the traceback.
+_COMPONENTS = ((LightningDataModule, "data"), (LightningModule, "model"), (Trainer, "trainer"))
+
+
+def run_error(error: BaseException, argv: Sequence[str]) -> CLIUserError | None:
+    """The user error a Trainer subcommand's run raised, as a :class:`CLIUserError` naming the option behind it and
+    carrying the rank it was raised on (``rank``, 0 outside a process group); ``None`` when ``error`` is not one
+    (its traceback is then what the user needs)."""
+    import torch.distributed as dist
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    if not isinstance(error, (*_RUN_ERRORS, MisconfigurationException)) or isinstance(error, CLIUserError):
+        return None
+    key, component = None, type(error).__name__
+    tb = error.__traceback__
+    while tb is not None:  # the innermost frame whose `self` is a component of the config
+        owner = tb.tb_frame.f_locals.get("self")
+        found = next(((k, type(owner).__name__) for cls, k in _COMPONENTS if isinstance(owner, cls)), None)
+        key, component = found or (key, component)
+        tb = tb.tb_next
+    params = list(inspect.signature(Trainer.__init__).parameters) if key == "trainer" else []
+    option = name_option(argv, key, params, str(error)) if key is not None else None
+    user_error = CLIUserError(str(error).strip(), option=option, component=component)
+    user_error.rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    return user_error
 
 
 def report_finished(cli: DLACCLI) -> None:

@@ -210,9 +210,15 @@ def shard_model(
     """
     from torchrec.distributed.embedding import EmbeddingCollectionSharder, ShardedEmbeddingCollection
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder, ShardedEmbeddingBagCollection
-    from torchrec.distributed.model_parallel import DefaultDataParallelWrapper, DistributedModelParallel
-    from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
-    from torchrec.distributed.planner.types import ParameterConstraints, PlannerError
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.planner import EmbeddingShardingPlanner
+    from torchrec.distributed.planner.types import (
+        KernelConfig,
+        ParameterConstraints,
+        PlannerError,
+        TopologyFactory,
+        TrainerConfig,
+    )
     from torchrec.distributed.types import ShardingEnv
     from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
@@ -249,12 +255,14 @@ def shard_model(
                          device_type=device.type, known=[t.name for t in bag_tables])
     tables = bag_tables + sequence_tables
     budget = options.memory_budget_bytes
-    topology = Topology(
-        world_size=env.world_size,
-        local_world_size=local_world_size or env.world_size,
-        compute_device=device.type,
-        hbm_cap=budget if device.type == "cuda" else None,
-        ddr_cap=budget if device.type != "cuda" else None,
+    topology = TopologyFactory.create_topology(
+        TrainerConfig(
+            world_size=env.world_size,
+            local_world_size=local_world_size or env.world_size,
+            hbm_cap_bytes=budget if device.type == "cuda" else None,
+            ddr_cap_bytes=budget if device.type != "cuda" else None,
+        ),
+        kernel_config=KernelConfig(compute_device=device.type),
     )
     constraints = {
         t.name: ParameterConstraints(
@@ -262,7 +270,8 @@ def shard_model(
         )
         for t in tables
     }
-    planner = EmbeddingShardingPlanner(topology=topology, constraints=constraints, debug=False)
+    planner = EmbeddingShardingPlanner(topology=topology, constraints=constraints, debug=False,
+                                       storage_reservation=_storage_reservation(module, [*ebcs, *ecs]))
     try:
         plan = planner.collective_plan(module, [sharder, sequence_sharder], pg)
     except PlannerError as err:
@@ -276,7 +285,59 @@ def shard_model(
     ddp = {"find_unused_parameters": options.find_unused_parameters, "static_graph": options.static_graph,
            "bucket_cap_mb": options.bucket_cap_mb}
     return DistributedModelParallel(module, env=env, device=device, plan=plan, sharders=[sharder, sequence_sharder],
-                                    data_parallel_wrapper=DefaultDataParallelWrapper(**ddp))
+                                    data_parallel_wrapper=_dense_data_parallel(**ddp))
+
+
+# TorchRec's default share of every device kept free for what the planner does not model (its
+# heuristical_storage_reservation_percentage), and its weight on the dense parameters' size: parameter, optimizer
+# state (~2x), DDP buckets (~3x).
+_RESERVED_SHARE = 0.15
+_DENSE_MULTIPLIER = 6.0
+
+
+def _storage_reservation(module: nn.Module, embedding_modules: Sequence[nn.Module]) -> Any:
+    """TorchRec's default reservation (15% of each device plus the dense part's footprint), given the dense size
+    measured on the materialised model. TorchRec warns at construction that its own estimate over-counts in a dry
+    run, where tensors are not materialised; this one is measured on real tensors, so the warning is not ours."""
+    import warnings
+
+    from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
+
+    def size(m: nn.Module) -> float:
+        params = sum(p.numel() * p.element_size() for p in m.parameters())
+        return _DENSE_MULTIPLIER * params + sum(b.numel() * b.element_size() for b in m.buffers())
+
+    dense = round(size(module) - sum(size(m) for m in embedding_modules))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "HeuristicalStorageReservation is known to cause issues", FutureWarning)
+        return HeuristicalStorageReservation(_RESERVED_SHARE, _DENSE_MULTIPLIER, dense_tensor_estimate=max(dense, 1))
+
+
+def _dense_data_parallel(find_unused_parameters: bool, static_graph: bool, bucket_cap_mb: int) -> Any:
+    """TorchRec's wrapper of the dense parameters in a DDP, with torch's current buffer option
+    (``forward_sync_buffers=False``) where TorchRec 1.8 passes the deprecated ``broadcast_buffers=False``."""
+    from torchrec.distributed.model_parallel import DefaultDataParallelWrapper
+
+    class DenseDataParallel(DefaultDataParallelWrapper):
+        def _ddp_wrap(self, dmp: Any, env: Any, device: torch.device, ddp_ignore_param_names: set[str]) -> None:
+            from torch.nn.parallel import DistributedDataParallel
+
+            if env.process_group is None:
+                raise RuntimeError("Can only init DDP for ProcessGroup-based ShardingEnv")
+            if not set(dict(dmp.named_parameters())) - ddp_ignore_param_names:
+                return  # nothing dense to train data-parallel
+            DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
+                module=dmp._dmp_wrapped_module, params_and_buffers_to_ignore=ddp_ignore_param_names
+            )
+            dmp._dmp_wrapped_module = DistributedDataParallel(
+                module=dmp._dmp_wrapped_module.to(device), device_ids=None if device.type == "cpu" else [device],
+                process_group=env.process_group, gradient_as_bucket_view=True, forward_sync_buffers=False,
+                static_graph=self._static_graph, find_unused_parameters=self._find_unused_parameters,
+                bucket_cap_mb=self._bucket_cap_mb,
+            )  # fmt: skip
+
+    return DenseDataParallel(bucket_cap_mb=bucket_cap_mb, static_graph=static_graph,
+                             find_unused_parameters=find_unused_parameters)
 
 
 def plan_summary(plan: Any) -> str:

@@ -352,12 +352,17 @@ def test_name_option_prefers_what_the_message_names_in_the_users_spelling() -> N
         "--trainer.callbacks.init_args.mode"
     )
     assert name_option(["fit"], "data", ["train_path"], "Set `train_path` of X") == "--data.train_path"
+    # Several named: the one the message is about, named first (Lightning's run-time refusals suggest others after it).
+    assert name_option(["fit"], "trainer", ["limit_val_batches", "val_check_interval"],
+                       "`val_check_interval` (64) must be <= 48 ... set `limit_val_batches` to 0.0") == (
+        "--trainer.val_check_interval"
+    )
     assert name_option(["fit"], "trainer.strategy", ["eps"], "default_eps=2.0 is out of range") is None
 
 
 def _dlac_user_error(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
     work = tmp_path / "cwd"
-    work.mkdir(exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
     return _dlac(["fit", *args, "--trainer.logger=false"], cwd=work, timeout=300)
 
 
@@ -371,6 +376,25 @@ def test_dlac_fit_stops_on_a_user_error_with_its_message_and_status_2(case: str,
     lines = [line for line in proc.stderr.splitlines() if "error" in line]
     assert lines[0].startswith(f"dlac fit: error: {option} ({component}): {message}"), proc.stderr
     assert "--debug or DLAC_DEBUG=1" in proc.stderr
+
+
+@pytest.mark.slow  # a fresh `dlac fit` on 2 ranks
+def test_an_error_the_run_raises_on_every_rank_is_one_line_naming_the_option(tmp_path: Path) -> None:
+    """Lightning refuses the demo config with fewer training batches than its validation interval, on both ranks,
+    once training starts: one line from rank 0, naming the option, status 2; the ranks' tracebacks only with
+    --debug."""
+    config = str(CONFIGS / "dlrm_synthetic.yaml")
+    proc = _dlac_user_error(["--config", config, "--data.num_train_batches=48"], tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out[-4000:]
+    assert "Traceback" not in out and "[rank1]" not in proc.stderr.replace("[rank1]:W", "")
+    errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1, errors
+    assert errors[0].startswith("dlac fit: error: --trainer.val_check_interval (Trainer): `val_check_interval` (64)"
+                                " must be less than or equal to the number of the training batches (48)"), errors
+    assert errors[0].endswith("(run with --debug or DLAC_DEBUG=1 to see the traceback)")
+    debug = _dlac_user_error(["--config", config, "--data.num_train_batches=48", "--debug"], tmp_path / "debug")
+    assert debug.returncode != 2 and "Traceback" in debug.stderr and "val_check_interval" in debug.stderr
 
 
 @pytest.mark.slow  # a fresh `dlac fit`
