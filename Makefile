@@ -24,7 +24,7 @@ demo: venv
 	$(BIN)/dlac fit --config examples/configs/dlrm_synthetic.yaml
 
 test: venv
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q --durations=15 $(PYTEST_ARGS)
 
 test-fast: venv
 	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)

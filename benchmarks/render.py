@@ -631,6 +631,36 @@ def pipeline(results: Results) -> list[str]:
             " phases per step:", "", *pipeline_lines(alternate["results"])]
 
 
+def overlap_default(results: Results) -> list[str]:
+    """Why gloo's default is synchronous: the overlapped exchanges against the synchronous ones (the default) at each
+    rate, launch for launch, from the pipeline run (which launches both); the sentence follows the figures."""
+    from e2e_bandwidth import paired
+
+    data = results.get("e2e_pipeline.json")
+    rows, parts, faster = data["results"], [], []
+    for rate in dict.fromkeys(r["rate"] for r in rows):
+        found = paired(rows, rate, "dlac_dlac_overlap", "dlac_dlac")
+        if found is None:
+            continue
+        pooled, per = found
+        parts.append(f"at {rate} the overlapped exchanges ran at **{pooled:.2f}x** (per repeat {span(per)}) the speed"
+                     f" of the synchronous ones")
+        faster.append(pooled > 1 and sum(v > 1 for v in per) * 3 >= 2 * len(per))
+    if not parts:
+        return [source_line("e2e_pipeline.json", data, results.shown), "",
+                "This run launched no `dlac_dlac_overlap` beside `dlac_dlac`."]
+    if not any(faster):
+        verdict = ("so on gloo the synchronous exchange stays the default: here the loopback transfer is CPU work on"
+                   " the same cores, and launching it early makes it compete with the step's compute.")
+    elif all(faster):
+        verdict = ("so overlapping paid at every rate of this run: the gloo default (synchronous) should be"
+                   " revisited.")
+    else:
+        verdict = "so neither way wins at every rate of this run; the gloo default (synchronous) stands until one does."
+    return [source_line("e2e_pipeline.json", data, results.shown), "",
+            "DLAC both directions on 2 gloo ranks, unpipelined: " + "; ".join(parts) + ", " + verdict]
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # The registry
 
@@ -662,6 +692,7 @@ BLOCKS: dict[str, Block] = {
     "readme_dlrm_v2": Block(("codec_bench.json",), readme_dlrm_v2,
                             optional=("adaptive_accuracy_dlrm_v2.json", "e2e_dlrm_v2.json")),
     "pipeline": Block(("e2e_pipeline.json",), pipeline, optional=("e2e_pipeline_alternate.json",)),
+    "overlap_default": Block(("e2e_pipeline.json",), overlap_default),
 }
 
 

@@ -2,7 +2,7 @@
 to GPU
 clusters; prints the tables and writes JSON.
 
-    python benchmarks/scaling_model.py benchmarks/results/e2e_issue15_*.json
+    python benchmarks/scaling_model.py benchmarks/results/e2e_throttled.json [e2e_world3.json e2e_world4.json]
 
 Validation, per results file and world size (2, 3, 4 ranks; they share one loopback, so the link is ``shared``):
 the inputs come from the launches at the file's fastest rate (unthrottled, else 10 Gbit/s), the predictions are
