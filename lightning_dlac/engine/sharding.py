@@ -19,6 +19,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from lightning_dlac.engine.ids import install_id_checks
+
 if TYPE_CHECKING:
     from torchrec.distributed.model_parallel import DistributedModelParallel
 
@@ -199,7 +201,7 @@ def shard_model(
 ) -> DistributedModelParallel:
     """Plan a sharding of every ``EmbeddingBagCollection`` and ``EmbeddingCollection`` (sequence features) in
     ``module`` and wrap it in TorchRec's ``DistributedModelParallel``: tables sharded and trained by the fused
-    optimizer, dense parameters in DDP.
+    optimizer, dense parameters in DDP, the ids checked against their tables (:mod:`lightning_dlac.engine.ids`).
 
     Args:
         module: The model (not yet sharded).
@@ -284,8 +286,10 @@ def shard_model(
     log.debug(f"sharding plan\n{plan}")
     ddp = {"find_unused_parameters": options.find_unused_parameters, "static_graph": options.static_graph,
            "bucket_cap_mb": options.bucket_cap_mb}
-    return DistributedModelParallel(module, env=env, device=device, plan=plan, sharders=[sharder, sequence_sharder],
-                                    data_parallel_wrapper=_dense_data_parallel(**ddp))
+    dmp = DistributedModelParallel(module, env=env, device=device, plan=plan, sharders=[sharder, sequence_sharder],
+                                   data_parallel_wrapper=_dense_data_parallel(**ddp))
+    install_id_checks(dmp, device)  # an id outside its table fails at its batch, naming the feature
+    return dmp
 
 
 # TorchRec's default share of every device kept free for what the planner does not model (its
