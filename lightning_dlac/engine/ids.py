@@ -6,8 +6,7 @@ CPU read whatever lies past the table and on GPU may fault far from the cause. :
 ``input_dist`` of every sharded embedding module of a ``DistributedModelParallel`` (the entry both the plain forward
 and TorchRec's train pipeline go through), so every rank checks the ids it is about to send:
 
-- on CPU, every batch: one comparison of every id with its table's size, about a millisecond for 26 features x 4096
-  samples, small beside a step;
+- on CPU, every batch: one comparison of every id with its table's size, small beside a step;
 - on an accelerator, where reading the verdict waits for the device, the first ``first`` batches of a module and
   then every ``every``-th.
 
