@@ -60,7 +60,8 @@ cuda-check: $(CUDA_STAMP) $(CUDA_IMAGE_STAMP)
 # Rehearse benchmarks/gpu_session.sh without a GPU in an environment like the lent machine's image: .venv-cuda-image
 # plus its test packages (requirements/cuda-check-rehearsal.txt), no TorchRec. Every stage runs what it can (compile
 # check, test collection, benchmark and sanitizer workloads on the emulated pipeline) into benchmarks/results/
-# gpu_session/; docs/codec.md says what each stage does on the GPU and how long it takes.
+# gpu_session/, then the ways a real session must fail (a GPU torch cannot use, a parity fault, a sanitizer finding)
+# with stand-ins (tests/codec/test_gpu_session.py); docs/codec.md says what each stage does on the GPU.
 REHEARSAL_STAMP := $(CUDA_IMAGE_VENV)/.dlac-rehearsal-installed
 $(REHEARSAL_STAMP): $(CUDA_IMAGE_STAMP) requirements/cuda-check-rehearsal.txt
 	$(CUDA_IMAGE_VENV)/bin/python -m pip install --quiet -r requirements/cuda-check-rehearsal.txt
@@ -68,6 +69,7 @@ $(REHEARSAL_STAMP): $(CUDA_IMAGE_STAMP) requirements/cuda-check-rehearsal.txt
 
 gpu-rehearsal: $(REHEARSAL_STAMP)
 	PATH=$(abspath $(CUDA_IMAGE_VENV))/bin:$$PATH bash benchmarks/gpu_session.sh
+	PATH=$(abspath $(CUDA_IMAGE_VENV))/bin:$$PATH python -m pytest -q -p no:cacheprovider tests/codec/test_gpu_session.py
 
 # Every published figure from one command per depth (benchmarks/suite.py lists the steps; docs/benchmarks.md says
 # what each depth runs and how long it takes). Each writes benchmarks/results/*.json (tracked) and re-renders the

@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from common import REPO
+from common import REPO, start_run
 
 TABLES, DIM, DESTS = 26, 64, 8
 PAYLOADS = ("zipf", "criteo", "multihot", "gradient")
@@ -155,9 +155,9 @@ def int8_rowwise_decode(q: torch.Tensor, scale_bias: torch.Tensor) -> torch.Tens
 class Table:
     """Rows printed and flushed as they come, and the JSON rewritten after each."""
 
-    def __init__(self, json_out: Path, command: str, config: dict[str, Any]) -> None:
+    def __init__(self, json_out: Path, metadata: dict[str, Any], config: dict[str, Any]) -> None:
         self.rows: list[dict[str, Any]] = []
-        self.json_out, self.command, self.config = json_out, command, config
+        self.json_out, self.metadata, self.config = json_out, metadata, config
         self.memcpy_gbps: dict[str, float] = {}
         print("  ".join(c.ljust(w) for c, w in zip(COLUMNS, WIDTHS)), flush=True)
 
@@ -172,7 +172,7 @@ class Table:
             row[f"{key}_x_memcpy"] = gbps / base if gbps and base else None
         self.rows.append(row)
         print("  ".join(c.ljust(w) for c, w in zip(self.cells(row), WIDTHS)), flush=True)
-        write_results(self.json_out, self.command, self.config, self.rows)
+        write_results(self.json_out, dict(self.metadata), self.config, self.rows)
 
     @staticmethod
     def cells(row: dict[str, Any]) -> list[str]:
@@ -233,6 +233,8 @@ def bench_dlac(table: Table, be: Backend, name: str, x_cpu: torch.Tensor, x: tor
     out = ops.decode_grid(p, s, rs, cs)  # sizes on the device, as the exchange receives them
     want_out = torch.ops.dlac.decode_grid(want, want_sizes, rs, cs)
     same_bits = torch.equal(out.cpu().view(torch.int32), want_out.view(torch.int32))
+    if args.inject_parity_fault:  # the GPU session's rehearsal: a mismatch must fail the session
+        same_bits = False
     parity = "bytes+bits equal" if same_bytes and same_bits else \
         f"DIFFERS (payload {'ok' if same_bytes else 'differs'}, decoded {'ok' if same_bits else 'differs'})"
     row = {"payload": name, "codec": f"dlac eps={eps:g}", "ratio": x.numel() * 4 / p.numel(), "parity": parity,
@@ -292,7 +294,9 @@ def main() -> int:
                         help="no GPU: run the CUDA pipeline compiled for the host (a rehearsal, wall-clock times)")
     parser.add_argument("--json-out", type=Path, default=REPO / "benchmarks" / "results" / "cuda_codec_bench.json")
     parser.add_argument("--markdown-out", type=Path, default=None, help="update the '## Codec on GPU' section")
+    parser.add_argument("--inject-parity-fault", action="store_true", help=argparse.SUPPRESS)  # rehearsal only
     args = parser.parse_args()
+    metadata = start_run("benchmarks/cuda_codec_bench.py", vars(args))
     if not args.emulate and not torch.cuda.is_available():
         print(f"cuda_codec_bench: no device (torch {torch.__version__}, CUDA build {torch.version.cuda}, "
               "torch.cuda.is_available() is False): nothing measured (--emulate rehearses it on the host)", flush=True)
@@ -303,14 +307,20 @@ def main() -> int:
     device = be.name()
     print(f"{device}: payloads {' '.join(args.payloads)}, {TABLES} tables x {DESTS} destinations x {args.batch} rows,"
           f" dim {DIM}, eps {args.eps}; torch {torch.__version__}", flush=True)
-    command = " ".join(["python benchmarks/cuda_codec_bench.py", *sys.argv[1:]])
-    table = Table(args.json_out, command, {"device": device, "batch": args.batch, "eps": args.eps,
-                                           "payloads": args.payloads, "emulated": args.emulate})
+    command = metadata["command"]
+    table = Table(args.json_out, metadata, {"device": device, "batch": args.batch, "eps": args.eps,
+                                            "payloads": args.payloads, "emulated": args.emulate})
     status = 0
     try:
         run(args, be, table)
     except _loader.NativeUnavailable as e:
         print(f"cuda_codec_bench: the native kernels did not build or load:\n{e}", flush=True)
+        status = 1
+    wrong = [f"{r['payload']} {r['codec']}: {r['parity']}" for r in table.rows
+             if str(r.get("parity", "")).startswith(("DIFFERS", "ERROR"))]
+    if wrong:  # the reference is the specification: a kernel that disagrees with it is a failure, not a figure
+        print(f"cuda_codec_bench: {len(wrong)} row(s) disagree with the CPU kernels or raised: {'; '.join(wrong)}",
+              flush=True)
         status = 1
     if args.markdown_out is not None and table.rows and not args.emulate:
         from common import write_generated_block

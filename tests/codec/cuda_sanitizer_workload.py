@@ -2,14 +2,16 @@
 and every chunk mode, and decodes of damaged payloads, each held to the CPU kernels.
 
     python tests/codec/cuda_sanitizer_workload.py small                  # racecheck, synccheck, initcheck
-    python tests/codec/cuda_sanitizer_workload.py damaged --seconds 40   # memcheck: and damaged payloads
+    python tests/codec/cuda_sanitizer_workload.py damaged --count 100    # memcheck: and 100 damaged payloads
     python tests/codec/cuda_sanitizer_workload.py damaged --emulate      # no GPU: the same, emulated on the host
 
-``small``: three grids that hold every mode (CONST, RAW with NaN and Inf, PACK, HUFF, DEDUP, a chunk that keeps a
-later quantization step, empty and zero-width blocks), encoded on the device and decoded with host and device
-sizes. ``damaged``: that too, then damaged copies of the first payload (a bit flip; bytes
-overwritten behind a recomputed checksum, so the Huffman and PACK decoders see them; a chunk cut short with its
-size) until --seconds are spent, each decoded as a whole grid and the damaged chunk alone. For memcheck to see an
+``small``: grids that hold every mode (CONST, RAW with NaN and Inf, PACK, HUFF, DEDUP, a chunk that keeps a later
+quantization step, empty and zero-width blocks) and every grid case of the CUDA tests (tests/codec/grid_cases.py:
+dims 8 to 128, relative and absolute bounds, multi-hot, gradients, thousands of chunks), encoded on the device and
+decoded with host and device sizes. ``damaged``: that too, then ``--count`` damaged copies of the first payload (a
+bit flip; bytes overwritten behind a recomputed checksum, so the Huffman and PACK decoders see them; a chunk cut short
+with its size), each decoded as a whole grid and the damaged chunk alone: a count, not a time, so a slow run cannot
+pass on fewer. For memcheck to see an
 access past a buffer, each must be an allocation of its own size: run it with PYTORCH_NO_CUDA_MEMORY_CACHING=1
 (the session script does; the caching allocator hands out pieces of larger blocks), so a read past the damaged chunk
 is a read past its allocation. Every verdict must equal the CPU decoder's (the same message, or the same bits).
@@ -31,7 +33,7 @@ sys.path[:0] = [str(HERE), str(HERE.parents[1])]
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from conftest import bits, zipf_payload  # noqa: E402
-from grid_cases import damaged_payloads, empty_and_zero_width, verdict  # noqa: E402
+from grid_cases import CASES, damaged_payloads, empty_and_zero_width, verdict  # noqa: E402
 
 from lightning_dlac.codec import _loader  # noqa: E402
 
@@ -90,16 +92,14 @@ def grid_round_trip(check: Check, ops, device: str, name: str, grid) -> tuple[to
 
 
 def damaged(check: Check, ops, device: str, payload: torch.Tensor, sizes: torch.Tensor, rs: list[int],
-            cs: list[int], until: float, limit: int) -> tuple[int, int]:
-    """Damaged copies of the payload decoded on the device, whole and the damaged chunk alone, until the wall clock
-    reaches ``until`` (time.time()); (payloads, rejected)."""
+            cs: list[int], count: int) -> tuple[int, int]:
+    """``count`` damaged copies of the payload decoded on the device, whole and the damaged chunk alone; (payloads,
+    rejected)."""
     done, rejected = 0, 0
     offs = [0]
     for size in sizes.tolist():
         offs.append(offs[-1] + size)
-    for mutated, new_sizes, chunk in damaged_payloads(payload, sizes, limit, seed=13):
-        if time.time() > until:
-            break
+    for mutated, new_sizes, chunk in damaged_payloads(payload, sizes, count, seed=13):
         got, err = verdict(ops.decode_grid, own(mutated, device), new_sizes, rs, cs)
         want, want_err = verdict(torch.ops.dlac.decode_grid, mutated, new_sizes, rs, cs)
         same = err == want_err and (err is not None or torch.equal(bits(got.cpu()), bits(want)))
@@ -121,11 +121,7 @@ def damaged(check: Check, ops, device: str, payload: torch.Tensor, sizes: torch.
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("mode", choices=["small", "damaged"])
-    parser.add_argument("--seconds", type=float, default=40.0, help="time for damaged payloads (damaged mode)")
-    parser.add_argument("--until", type=float, default=None,
-                        help="or a wall-clock deadline for them (seconds since the epoch), whichever comes first: "
-                             "a sanitizer's start-up time is not known ahead")
-    parser.add_argument("--limit", type=int, default=3000, help="at most this many damaged payloads")
+    parser.add_argument("--count", type=int, default=100, help="damaged payloads to decode (damaged mode)")
     parser.add_argument("--emulate", action="store_true", help="no GPU: the CUDA pipeline compiled for the host")
     args = parser.parse_args()
     start = time.perf_counter()
@@ -146,11 +142,14 @@ def main() -> int:
     payload, sizes = grid_round_trip(check, ops, device, "all modes", grid)
     grid_round_trip(check, ops, device, "a later quantization step", later_step_grid())
     grid_round_trip(check, ops, device, "empty and zero-width blocks", empty_and_zero_width())
+    for name, case in sorted(CASES.items()):
+        grid_round_trip(check, ops, device, f"grid case {name}", case())
     line = f"sanitizer workload ({args.mode}): {check.calls} results"
     if args.mode == "damaged":
-        until = time.time() + args.seconds if args.until is None else min(args.until, time.time() + args.seconds)
-        n, rejected = damaged(check, ops, device, payload, sizes, grid[1], grid[2], until, args.limit)
+        n, rejected = damaged(check, ops, device, payload, sizes, grid[1], grid[2], args.count)
         line += f", {n} damaged payloads decoded whole and by chunk ({rejected} rejected)"
+        if n < args.count:
+            check.equal(f"damaged payloads: {n} of the {args.count} asked for", False)
     if device == "cuda":
         torch.cuda.synchronize()
     verdict_line = "all equal to the CPU kernels'" if not check.failures else f"{len(check.failures)} DIFFER"
