@@ -181,6 +181,10 @@ class Recorder:
         s.uncompressed_calls += int(uncompressed)
         s.raw_bytes += sum(table_raw)
         s.sent_bytes += int(sent)
+        if self._in_step:
+            s.in_step_calls += 1
+            s.in_step_raw_bytes += sum(table_raw)
+            s.in_step_sent_bytes += int(sent)
         for name, raw, table in zip(tables, table_raw, table_sent):
             s.table_raw_bytes[name] = s.table_raw_bytes.get(name, 0) + int(raw)
             s.table_sent_bytes[name] = s.table_sent_bytes.get(name, 0) + int(table)

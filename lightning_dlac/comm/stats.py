@@ -29,8 +29,9 @@ class CommStats:
     Byte counts are traffic to other ranks: the block a rank keeps for itself is neither encoded nor sent (it is
     passed on exactly), so it counts in neither the raw nor the sent bytes, and ratios are those of the codec on
     what crosses the network. Seconds are device time where the exchange runs on a GPU (CUDA events), wall time on
-    the CPU. ``in_step_s`` is the part of the four phase times (``a2a_s``) that fell within a step: the policy marks
-    its training steps, so validation exchanges count in the phases but not in it. ``table_max_error_ratio`` is a
+    the CPU. ``in_step_s`` is the part of the four phase times (``a2a_s``) that fell within a step, and ``in_step_*``
+    the forward traffic within one: the policy marks its training steps, so validation exchanges count in the totals
+    but not in them. ``table_max_error_ratio`` is a
     running maximum, not a counter: a difference of two snapshots keeps the later one's value.
     """
 
@@ -46,6 +47,9 @@ class CommStats:
     backward_sent_bytes: int = 0
     backward_s: float = 0.0
     in_step_s: float = 0.0  # of the seconds above, those timed within a step (ExchangeGroup.set_in_step)
+    in_step_calls: int = 0  # of the forward exchanges, those within a step: the rest is validation (or prediction)
+    in_step_raw_bytes: int = 0  # their raw bytes
+    in_step_sent_bytes: int = 0  # their sent bytes
     table_raw_bytes: dict[str, int] = _per_table()
     table_sent_bytes: dict[str, int] = _per_table()
     # Gradient payload bytes this rank sent per table (other ranks' tables: it sends their gradients; pooled only)

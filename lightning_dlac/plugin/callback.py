@@ -312,6 +312,11 @@ class DLACCallback(Callback):
                 self._write_metrics(trainer)  # the rest, e.g. the validation traffic after the last write
 
     @override
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._strategy is not None and not trainer.sanity_checking and trainer.state.fn == "fit":
+            self._monitor.validated(self._step, trainer.global_step, scalar_metrics(trainer, validation=True))
+
+    @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._strategy is None or not self.report or not trainer.is_global_zero:
             return
@@ -418,7 +423,7 @@ class DLACCallback(Callback):
         metrics = self._monitor.write(self._strategy.exchange_group, trainer.world_size, bounds.effective,
                                       bounds.multiplier)
         self._monitor.history.append({"batch": self._step, "step": trainer.global_step, **metrics,
-                                      **scalar_metrics(trainer)})
+                                      **scalar_metrics(trainer, validation=False)})
         if trainer.is_global_zero:
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=trainer.global_step)

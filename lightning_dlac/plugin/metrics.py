@@ -23,8 +23,8 @@ from lightning_dlac.adaptive.calibrator import AllReduce
 from lightning_dlac.comm import CommStats, ExchangeGroup
 
 # Figures that only make sense per training batch: left out of a write that followed no training batch.
-_PER_STEP = ("raw_bytes_per_step", "sent_bytes_per_step", "encode_ms", "exchange_ms", "decode_ms", "backward_ms",
-             "a2a_share")
+_PER_STEP = ("ratio", "raw_bytes_per_step", "sent_bytes_per_step", "encode_ms", "exchange_ms", "decode_ms",
+             "backward_ms", "a2a_share")
 
 
 class CompressionMonitor:
@@ -91,14 +91,17 @@ class CompressionMonitor:
 
         bad = sorted(interval.non_finite_tables)
         self._warn_non_finite(bad)
-        self.last_ratio = interval.ratio
+        # The training steps' traffic, apart from the validation exchanges that fell between them.
+        step_raw, step_sent = interval.in_step_raw_bytes, interval.in_step_sent_bytes
+        step_ratio = step_raw / step_sent if step_sent else 1.0
+        self.last_ratio = step_ratio
         per_step = 1.0 / max(batches, 1)
         ms = 1000.0 * per_step / world_size  # seconds summed over ranks -> ms per step and rank
         errors = interval.table_max_error_ratio
         metrics = {
-            "dlac/ratio": interval.ratio,
-            "dlac/raw_bytes_per_step": interval.raw_bytes * per_step,
-            "dlac/sent_bytes_per_step": interval.sent_bytes * per_step,
+            "dlac/ratio": step_ratio,
+            "dlac/raw_bytes_per_step": step_raw * per_step,
+            "dlac/sent_bytes_per_step": step_sent * per_step,
             "dlac/bytes_saved": float(self.totals.raw_bytes - self.totals.sent_bytes),  # cumulative
             "dlac/backward_ratio": interval.backward_ratio,
             "dlac/multiplier": multiplier,
@@ -111,6 +114,9 @@ class CompressionMonitor:
             "dlac/non_finite_tables": float(len(bad)),
             "dlac/uncompressed_share": interval.uncompressed_calls / interval.calls if interval.calls else 0.0,
         }
+        if interval.calls > interval.in_step_calls:  # validation exchanges in this interval
+            metrics["dlac/val_raw_bytes"] = float(interval.raw_bytes - step_raw)
+            metrics["dlac/val_sent_bytes"] = float(interval.sent_bytes - step_sent)
         if not batches:  # only validation traffic since the last write (the flush at the end of training)
             for key in _PER_STEP:
                 metrics.pop(f"dlac/{key}")
@@ -134,6 +140,12 @@ class CompressionMonitor:
             )
 
     # ------------------------------------------------------------------ the report's figures and checkpoints
+
+    def validated(self, batch: int, step: int, metrics: Mapping[str, float]) -> None:
+        """A validation loop ended after ``batch`` training batches: its metrics join the history at that batch only
+        (the plots draw them where they were measured)."""
+        if metrics:
+            self.history.append({"batch": batch, "step": step, "validation": True, **metrics})
 
     def summary(self, world_size: int) -> dict[str, Any]:
         """The whole run's traffic and time (the ``summary`` of ``dlac_run.json``)."""
@@ -170,11 +182,12 @@ class CompressionMonitor:
         self.non_finite_reported = set(state.get("non_finite_tables", []))
 
 
-def scalar_metrics(trainer: pl.Trainer) -> dict[str, float]:
-    """The trainer's scalar metrics other than the ``dlac/*`` ones."""
+def scalar_metrics(trainer: pl.Trainer, validation: bool | None = None) -> dict[str, float]:
+    """The trainer's scalar metrics other than the ``dlac/*`` ones: all of them, or (``validation``) only those a
+    validation loop logs (``val/...``, ``val_...``), or only the others."""
     out = {}
     for key, value in trainer.callback_metrics.items():
-        if key.startswith("dlac/"):
+        if key.startswith("dlac/") or (validation is not None and key.startswith("val") != validation):
             continue
         if isinstance(value, torch.Tensor) and value.numel() == 1:
             out[key] = float(value)

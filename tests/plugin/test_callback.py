@@ -67,15 +67,18 @@ def test_two_rank_calibration_schedule_and_logged_metrics(tmp_path: Path) -> Non
         base = r0["bounds"] if t >= 3 else dict.fromkeys(TABLES, 0.01)
         assert effective == pytest.approx({n: base[n] * schedule(t) for n in TABLES}), t
 
-    rows = [r for r in _read_csv(tmp_path / "run" / "version_0" / "metrics.csv") if r.get("dlac/ratio")]
-    # Every 4 batches of 20, and once at the end of training (the validation traffic after the last batch).
+    rows = [r for r in _read_csv(tmp_path / "run" / "version_0" / "metrics.csv") if r.get("dlac/bytes_saved")]
+    # Every 4 batches of 20, and once at the end of training: the validation traffic after the last batch, counted
+    # apart from the training steps' (no per-step figure, no training ratio in it).
     assert len(rows) == 6
     assert float(rows[-1]["dlac/bytes_saved"]) == r0["saved_total"] + r1["saved_total"]
+    assert float(rows[-1]["dlac/val_sent_bytes"]) > 0 and not rows[-1].get("dlac/ratio")
     rows = rows[:5]
     # The same writes reached a logger that is neither CSV nor TensorBoard (only rank 0 writes).
     dlac_writes = [keys for _, keys in r0["memory_logger"] if keys]
     assert len(dlac_writes) == 6 and not [k for _, k in r1["memory_logger"] if k]
-    assert all("dlac/ratio" in keys and "dlac/eps/t_cat_0" in keys for keys in dlac_writes)
+    assert all("dlac/ratio" in keys and "dlac/eps/t_cat_0" in keys for keys in dlac_writes[:5])
+    assert "dlac/ratio" not in dlac_writes[5] and "dlac/val_sent_bytes" in dlac_writes[5]
     for key in ("dlac/ratio", "dlac/sent_bytes_per_step", "dlac/raw_bytes_per_step", "dlac/bytes_saved",
                 "dlac/encode_ms", "dlac/exchange_ms", "dlac/decode_ms", "dlac/backward_ms", "dlac/a2a_share",
                 "dlac/multiplier", "dlac/max_err_over_bound"):
@@ -268,13 +271,16 @@ def test_per_batch_bookkeeping_reads_no_exchange_time_and_writes_read_it_once() 
     for _ in range(4):
         monitor.batch_started(group)
         group.now = group.now + CommStats(calls=1, raw_bytes=400, sent_bytes=40, encode_s=0.5, in_step_s=0.5,
+                                          in_step_calls=1, in_step_raw_bytes=400, in_step_sent_bytes=40,
                                           table_raw_bytes={"t": 400}, table_sent_bytes={"t": 40})
         monitor.batch_ended(group)
     group.now = group.now + CommStats(calls=1, raw_bytes=400, sent_bytes=40, decode_s=2.0)  # validation, say
     assert group.reads == 0 and group.marks == [True, False] * 4
     metrics = monitor.write(group, world_size=1, effective_bound=lambda t: 0.01, multiplier=1.0)
     assert group.reads == 1
-    assert metrics["dlac/ratio"] == 10.0 and metrics["dlac/raw_bytes_per_step"] == 500.0
+    # Per step: the training batches' traffic; the validation exchange is counted apart.
+    assert metrics["dlac/ratio"] == 10.0 and metrics["dlac/raw_bytes_per_step"] == 400.0
+    assert metrics["dlac/val_raw_bytes"] == 400.0 and metrics["dlac/val_sent_bytes"] == 40.0
     assert metrics["dlac/encode_ms"] == 500.0 and metrics["dlac/decode_ms"] == 500.0  # all exchanges' phases
     assert monitor.a2a_s == 2.0  # but the share counts the training batches' exchanges only
     assert metrics["dlac/a2a_share"] == pytest.approx(2.0 / monitor.train_s)

@@ -126,3 +126,46 @@ def test_no_common_metric_is_said(compressed: Path, tmp_path: Path) -> None:
     (other / "metrics.csv").write_text("epoch,step,lr\n0,1,0.1\n")
     run = json.loads((compressed / RUN_FILE).read_text())
     assert headline(run, load_baseline(other))[-1] == f"vs baseline {other}: no final metric in common to compare"
+
+
+def _fit_with_validation_between_writes(rank: int, world_size: int, log_dir: str) -> None:
+    """12 training batches, metrics every 2, validation after batches 5 and 10 (inside metric intervals), a CSVLogger:
+    the run files and the logger's metrics.csv of one real 2-rank run."""
+    from lightning.pytorch.loggers import CSVLogger
+
+    from lightning_dlac import DLACCallback
+    from tests.conftest import small_data, small_dlrm, trainer
+
+    dlac = DLACCallback(mode="off", c=1.0, log_every_n_steps=2, prog_bar=False)
+    logger = CSVLogger(log_dir, name="run", version=0)
+    trainer(world_size, callbacks=[dlac], logger=logger, max_steps=12, val_check_interval=5, limit_val_batches=3,
+            num_sanity_val_steps=0, log_every_n_steps=2).fit(small_dlrm(), datamodule=small_data(train_batches=12))
+
+
+@pytest.mark.slow
+def test_plots_draw_each_series_where_it_was_measured(tmp_path: Path) -> None:
+    """Validation traffic stays out of the bytes-per-step series (it used to jump where a validation fell into a
+    metrics interval), and validation AUROC is a point at each validation only (it used to repeat the last value at
+    every metrics write); both series equal what the logger's metrics.csv holds."""
+    import csv
+
+    from lightning_dlac.plugin.report import _series
+    from lightning_dlac.testing import run_ranks
+
+    run_ranks(_fit_with_validation_between_writes, 2, str(tmp_path), timeout=200)
+    run_dir = tmp_path / "run" / "version_0"
+    history = json.loads((run_dir / RUN_FILE).read_text())["history"]
+    rows = list(csv.DictReader((run_dir / "metrics.csv").open()))
+
+    def logged(key: str) -> list[tuple[int, float]]:
+        return [(int(r["step"]), float(r[key])) for r in rows if r.get(key)]
+
+    batches, auc = _series(history, "val/auroc")
+    assert batches == [5, 10], history  # after the 5th and the 10th training batch, nowhere else
+    assert [round(v, 6) for v in auc] == [round(v, 6) for _, v in logged("val/auroc")]
+    steps, sent = _series(history, "dlac/sent_bytes_per_step")
+    assert [round(v) for v in sent] == [round(v) for _, v in logged("dlac/sent_bytes_per_step")]
+    # Constant bounds and same-sized batches: the per-step bytes vary with the data only, not by whole validations.
+    assert max(sent) < 1.3 * min(sent), list(zip(steps, sent))
+    val_bytes = [row["dlac/val_sent_bytes"] for row in history if "dlac/val_sent_bytes" in row]
+    assert len(val_bytes) == 2 and min(val_bytes) > 0.5 * max(sent), history  # counted apart, not lost
