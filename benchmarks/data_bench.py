@@ -207,7 +207,7 @@ def _fmt_rate(x: float) -> str:
 
 
 def _tables(pre: list[dict[str, Any]], loader: list[dict[str, Any]], step: dict[str, Any] | None) -> list[str]:
-    out = ["| converter | rows | seconds (best; all runs) | rows/s | vs TorchRec | peak RSS (MiB) |",
+    out = ["| converter | rows | seconds (median; all runs) | rows/s | vs TorchRec | peak RSS (MiB) |",
            "|---|---|---|---|---|---|"]
     for r in pre:
         runs = ", ".join(f"{t:.2f}" for t in r["all_seconds"])
@@ -240,7 +240,7 @@ def main() -> None:
     parser.add_argument("--loader-rows", type=int, default=20_000_000, help="rows of the generated binary set")
     parser.add_argument("--batch-size", type=int, default=2048, help="loader and train-step batch size per rank")
     parser.add_argument("--max-rows", type=int, default=100_000, help="table cap (dlrm_criteo_binary.yaml's)")
-    parser.add_argument("--repeat", type=int, default=3, help="runs of each native conversion (the best is reported)")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each conversion (the median is reported)")
     parser.add_argument("--skip-loader", action="store_true", help="only the preprocessing part")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/dlac_data_bench"))
     parser.add_argument("--keep", action="store_true", help="keep the generated files")
@@ -284,10 +284,10 @@ def main() -> None:
         ]  # fmt: skip
         for name, spec in runs:
             Path(spec["output"]).mkdir(parents=True, exist_ok=True)
-            # Our native conversions are repeated (the machine is shared: the best run is the least disturbed);
-            # TorchRec's and the Python parser's runs are long enough to average the noise out once.
-            tries = [_run_child(spec, args.timeout) for _ in range(args.repeat if spec.get("impl") == "native" else 1)]
-            r = min(tries, key=lambda t: t["seconds"])
+            # Every converter runs the same number of times and is reported by the same statistic, the median run
+            # (the machine is shared: one disturbed run moves neither side).
+            tries = sorted((_run_child(spec, args.timeout) for _ in range(args.repeat)), key=lambda t: t["seconds"])
+            r = dict(tries[(len(tries) - 1) // 2])
             r.update(name=name, rate=r["rows"] / r["seconds"], all_seconds=[t["seconds"] for t in tries],
                      maxrss_mib=max(t["maxrss_mib"] for t in tries))  # fmt: skip
             pre.append(r)

@@ -175,3 +175,43 @@ def test_the_pipeline_block_sets_each_pipelined_variant_beside_its_twin_and_judg
     # The alternating variants need both kinds of block among the timed steps.
     assert alternate_problem(4, 16) is None and alternate_problem(0, 12) is None
     assert "hold only one kind" in alternate_problem(8, 4) and "hold only one kind" in alternate_problem(0, 8)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# A rendered conclusion follows the figures: rendered from made-up results on both sides of the claim
+
+
+def _results_with(tmp_path: Path, name: str, edit) -> render.Results:  # noqa: ANN001 - a function of the rows
+    import json
+
+    data = json.loads((BENCHMARKS / "results" / name).read_text())
+    edit(data["results"])
+    (tmp_path / name).write_text(json.dumps(data))
+    return render.Results(tmp_path)
+
+
+@pytest.mark.parametrize(("overlap_ms", "says"), [
+    (0.8, "overlapping paid at every rate of this run"),
+    (1.2, "on gloo the synchronous exchange stays the default"),
+])
+def test_the_overlap_sentence_follows_the_figures(tmp_path: Path, overlap_ms: float, says: str) -> None:
+    def edit(rows: list[dict]) -> None:
+        sync = {r["rate"]: r for r in rows if r["variant"] == "dlac_dlac"}
+        for r in rows:
+            if r["variant"] == "dlac_dlac_overlap":
+                base = sync[r["rate"]]
+                r["median_step_ms"] = base["median_step_ms"] * overlap_ms
+                r["launch_median_ms"] = [m * overlap_ms for m in base["launch_median_ms"]]
+
+    text = "\n".join(render.overlap_default(_results_with(tmp_path, "e2e_pipeline.json", edit)))
+    assert says in text, text
+
+
+@pytest.mark.parametrize(("a2a_ms", "speedup", "says"), [
+    (200.0, 1.02, "the DCN's compute the rest, so the bytes saved barely show"),
+    (1200.0, 1.02, "so the codec's own time is what holds it back"),
+    (1200.0, 1.5, "and the bytes saved show"),
+])
+def test_the_dlrm_v2_reading_follows_the_figures(a2a_ms: float, speedup: float, says: str) -> None:
+    row = {"median_step_ms": 1600.0, "fwd_a2a_ms": a2a_ms / 2, "bwd_a2a_ms": a2a_ms / 2, "speedup_vs_fp32": speedup}
+    assert says in render._dlrm_v2_reading(row)
