@@ -402,6 +402,19 @@ def adaptive_dlrm_v2(results: Results) -> list[str]:
             *adaptive_accuracy._table(rows)]
 
 
+def suite_duration(results: Results) -> list[str]:
+    """How long the last ``make bench-quick`` took, step by step, from its own record."""
+    d = results.get("suite_quick.json")
+    record = d.get("results", d)  # files from before the suite wrote metadata keep the record at the top
+    steps = record["steps"]
+    slowest = sorted(steps, key=lambda st: -st["seconds"])[:3]
+    failed = [st["output"] for st in steps if st["returncode"]]
+    return [source_line("suite_quick.json", d, results.shown), "",
+            f"The last `make bench-quick` took **{record['seconds'] / 60:.1f} minutes** for {len(steps)} steps"
+            + (f" ({len(failed)} failed: {', '.join(failed)})" if failed else "") + "; the longest: "
+            + ", ".join(f"`{st['output']}` {st['seconds'] / 60:.1f} min" for st in slowest) + "."]
+
+
 def data(results: Results) -> list[str]:
     import data_bench
 
@@ -712,6 +725,7 @@ BLOCKS: dict[str, Block] = {
                             optional=("adaptive_accuracy_dlrm_v2.json", "e2e_dlrm_v2.json")),
     "pipeline": Block(("e2e_pipeline.json",), pipeline, optional=("e2e_pipeline_alternate.json",)),
     "overlap_default": Block(("e2e_pipeline.json",), overlap_default),
+    "suite_duration": Block(("suite_quick.json",), suite_duration),
 }
 
 

@@ -26,7 +26,6 @@ duration estimate of the next run). With ``--render`` it then runs benchmarks/re
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -35,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common import CRITEO_SAMPLE as CRITEO
-from common import HERE, REPO, RESULTS
+from common import HERE, REPO, RESULTS, start_run, write_results
 
 DEPTHS = ("smoke", "quick", "full")
 
@@ -161,8 +160,11 @@ STEPS: tuple[Step, ...] = (
 
 
 def depth_writing(output: str) -> str | None:
-    """The shallowest depth (``quick`` or ``full``) whose run writes results file ``output``; None if none does."""
+    """The shallowest depth (``quick`` or ``full``) whose run writes results file ``output``; None if none does. A run
+    at a depth also writes its own record, ``suite_<depth>.json``."""
     for depth in ("quick", "full"):
+        if output == f"suite_{depth}.json":
+            return depth
         if any(s.output == output and depth in s.args for s in STEPS):
             return depth
     return None
@@ -210,6 +212,7 @@ def main() -> None:
         return
 
     results.mkdir(parents=True, exist_ok=True)
+    metadata = start_run("benchmarks/suite.py", vars(args))
     env = dict(os.environ, DLAC_BENCH_DEPTH=args.depth)
     log = []
     start = time.perf_counter()
@@ -223,8 +226,8 @@ def main() -> None:
                         loadavg_before=load, loadavg_after=os.getloadavg()[0]))
         print(f"=== {step.output}: {'done' if rc == 0 else f'FAILED (exit {rc})'} in {log[-1]['seconds']:.0f} s",
               flush=True)
-        (results / f"suite_{args.depth}.json").write_text(json.dumps(dict(
-            depth=args.depth, seconds=round(time.perf_counter() - start, 1), steps=log), indent=1) + "\n")
+        write_results(results / f"suite_{args.depth}.json", dict(metadata), {"depth": args.depth},
+                      {"seconds": round(time.perf_counter() - start, 1), "steps": log})
     failed = [s["output"] for s in log if s["returncode"]]
     print(f"\nsuite ({args.depth}): {len(log) - len(failed)} of {len(log)} steps done in"
           f" {(time.perf_counter() - start) / 60:.1f} min" + (f"; failed: {failed}" if failed else ""))
