@@ -28,7 +28,8 @@ from typing import Any
 
 from common import HERE, REPO, RULE, judge, load_results, span, verdict_text
 
-DOCS = ("README.md", "docs/benchmarks.md", "docs/adaptive.md", "docs/strategy.md", "docs/multinode.md")
+DOCS = ("README.md", "docs/benchmarks.md", "docs/adaptive.md", "docs/strategy.md", "docs/multinode.md",
+        "docs/data.md", "docs/codec.md")
 BLOCK = re.compile(r"<!-- BEGIN render:(?P<name>[\w-]+) -->\n(?P<body>.*?)<!-- END render:(?P=name) -->", re.S)
 
 
@@ -429,6 +430,40 @@ def data(results: Results) -> list[str]:
             " written.", "", *data_bench.tables(d["results"])]
 
 
+# Rows of the full data sets the data path is projected to (docs/data.md): Criteo Kaggle's train.txt and one day of
+# the Criteo 1TB click logs (about 180M rows a day: 4.37 billion over 24 days).
+KAGGLE_ROWS, ONE_TB_DAY_ROWS = 45_840_617, 180_000_000
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min" if seconds < 7200 \
+        else f"{seconds / 3600:.1f} h"
+
+
+def data_projection(results: Results) -> list[str]:
+    """What the measured data-path rates mean for the full data sets, from the same results file."""
+    d = results.get("data_bench.json")
+    pre = {r["name"]: r for r in d["results"] if "name" in r}
+    loaders = [r for r in d["results"] if "batches_per_second" in r and not r["mmap_mode"]]
+    step = next((r["step_seconds"] for r in d["results"] if "step_seconds" in r), None)
+    lines = [source_line("data_bench.json", d, results.shown), "",
+             "| what | measured | so for a full data set |", "|---|---|---|"]
+    for name, r in pre.items():
+        lines.append(f"| {name} | {r['rate'] / 1e3:,.0f}k rows/s, {r['vs_torchrec']:.1f}x TorchRec's converter in the"
+                     f" same run; peak RSS {r['maxrss_mib']:.0f} MiB | Kaggle's {KAGGLE_ROWS / 1e6:.1f}M rows in"
+                     f" {_duration(KAGGLE_ROWS / r['rate'])}; a 1TB day ({ONE_TB_DAY_ROWS / 1e6:.0f}M rows) in"
+                     f" {_duration(ONE_TB_DAY_ROWS / r['rate'])} |")
+    if loaders:
+        rates = [r["batches_per_second"] for r in loaders]
+        batch = d["config"]["batch_size"]
+        vs = f" ({min(rates) * step:.0f}-{max(rates) * step:.0f}x the demo model's training step)" if step else ""
+        lines.append(f"| `CriteoBinaryDataModule`, per rank, batch {batch}, one thread | {min(rates):,.0f}-"
+                     f"{max(rates):,.0f} batches/s{vs} |"
+                     + (" reading keeps ahead of a training step |" if step and min(rates) * step > 1 else
+                        " reading is slower than a training step here: more DataLoader workers |"))
+    return lines
+
+
 def checkpoint(results: Results) -> list[str]:
     import checkpoint_bench
 
@@ -485,6 +520,30 @@ def readme_codec(results: Results) -> list[str]:
         text += (f". Native single-thread speed (median call, Zipf and Criteo payloads): {_range(enc, '.1f')} GB/s to"
                  f" compress and {_range(dec, '.1f')} GB/s to decompress (targets 1 / 1.5 GB/s)")
     return [text + ".", "", source_line("codec_bench.json", d, results.shown)]
+
+
+CODEC_PAYLOADS = {"zipf": "Zipf lookups, one 4096x64 chunk", "criteo": "Criteo DLRM pooled embeddings, 26 chunks",
+                  "gradient": "their gradients (the backward payload), 26 chunks"}
+
+
+def codec_summary(results: Results) -> list[str]:
+    """The native codec per payload, one thread: the modes it chose, the ratio at each eps and its speed."""
+    d = results.get("codec_bench.json")
+    lines = [source_line("codec_bench.json", d, results.shown), "",
+             "| payload | eps | modes | ratio | native encode GB/s | native decode GB/s |", "|---|---|---|---|---|---|"]
+    for payload, label in CODEC_PAYLOADS.items():
+        rows = sorted((r for r in _codec_rows(d, payload).values() if r["method"] == "DLAC (native)"),
+                      key=lambda r: r["eps"])
+        if not rows:
+            continue
+        modes = ", ".join(sorted({m for r in rows for m in r.get("modes", {})}))
+        enc = [r["enc_gbps_1t"] for r in rows if r.get("enc_gbps_1t")]
+        dec = [r["dec_gbps_1t"] for r in rows if r.get("dec_gbps_1t")]
+        eps = " / ".join(format(r["eps"], "g") for r in rows)
+        ratios = " / ".join(format(r["ratio"], ".1f") for r in rows)
+        lines.append(f"| {label} | {eps} | {modes} | {ratios} | {_range(enc, '.1f') if enc else '-'} |"
+                     f" {_range(dec, '.1f') if dec else '-'} |")
+    return lines
 
 
 def _pick(rows: list[dict[str, Any]], rate: str, variant: str) -> dict[str, Any] | None:
@@ -726,6 +785,8 @@ BLOCKS: dict[str, Block] = {
     "pipeline": Block(("e2e_pipeline.json",), pipeline, optional=("e2e_pipeline_alternate.json",)),
     "overlap_default": Block(("e2e_pipeline.json",), overlap_default),
     "suite_duration": Block(("suite_quick.json",), suite_duration),
+    "data_projection": Block(("data_bench.json",), data_projection),
+    "codec_summary": Block(("codec_bench.json",), codec_summary),
 }
 
 
