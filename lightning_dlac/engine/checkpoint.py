@@ -167,6 +167,8 @@ def save_sharded(checkpoint: Mapping[str, Any], path: str | Path, fused_optimize
     path = Path(path)
     rank = _rank_and_world()[0]
     staging = staging_path(path, _broadcast(_directory.token() if is_global_zero else None))
+    if is_global_zero:
+        path.parent.mkdir(parents=True, exist_ok=True)
     with _directory.held(_directory.lock_path(staging)) if is_global_zero else contextlib.nullcontext():
         if is_global_zero:
             _directory.sweep(path.parent)  # what dead or failed saves left; never a live save's (it holds its lock)

@@ -58,7 +58,7 @@ def _flip_a_bit(file: Path) -> None:
 def test_the_manifest_lists_every_file_dcp_names_with_its_size_checksum_and_writer(tmp_path: Path) -> None:
     from torch.distributed.checkpoint import FileSystemReader
 
-    path = tmp_path / "step=1.ckpt"
+    path = tmp_path / "checkpoints" / "step=1.ckpt"  # its directory made by the first save
     _save(path, 1)
     manifest = json.loads((path / MANIFEST_FILE).read_text())
     named = {info.relative_path for info in FileSystemReader(str(path)).read_metadata().storage_data.values()}
