@@ -321,8 +321,8 @@ def multinode_lines(results: list[dict[str, Any]]) -> list[str]:
     measured = [s for s in scales if s["save_plain_s"] is not None]
     if measured:
         lines += ["", "The checksums (`verify_checkpoints=True`, the default) add "
-                  + ", ".join(f"{s['save_s'] - s['save_plain_s']:+.2f} s to a save and"
-                              f" {s['load_s'] - s['load_plain_s']:+.2f} s to a load per rank for the"
+                  + ", ".join(f"{s['save_s'] - s['save_plain_s']:.2f} s to a save and"
+                              f" {s['load_s'] - s['load_plain_s']:.2f} s to a load per rank for the"
                               f" {s['total_bytes'] / 2**20:.0f} MiB checkpoint" for s in measured)
                   + " (differences of medians on this machine; the CRC32 alone runs at "
                   + " and ".join(f"{s['checksum_bytes'] / 2**20 / s['checksum_s']:,.0f} MiB/s" for s in measured)
