@@ -124,10 +124,15 @@ def file_checksum(path: str | Path) -> str:
 
 
 def _entry(path: Path, rank: int, verify: bool) -> dict[str, Any]:
-    """A manifest entry of a file this rank wrote: size, checksum (``verify``) and writer."""
-    entry: dict[str, Any] = {"bytes": path.stat().st_size, "rank": rank}
-    if verify:
-        entry["crc32"] = file_checksum(path)
+    """A manifest entry of a file this rank wrote: size, checksum (``verify``) and writer; ``"error"`` where the
+    writer cannot read it back (reported to rank 0 like the rest, which then fails the save on every rank)."""
+    entry: dict[str, Any] = {"bytes": -1, "rank": rank}
+    try:
+        entry["bytes"] = path.stat().st_size
+        if verify:
+            entry["crc32"] = file_checksum(path)
+    except OSError as err:
+        entry["error"] = f"{type(err).__name__}: {err}"
     return entry
 
 
@@ -190,15 +195,14 @@ def save_sharded(checkpoint: Mapping[str, Any], path: str | Path, fused_optimize
                 failure = err
         # The other ranks wait here for rank 0's verdict, and fail with it (else they would train on, and wait for
         # rank 0 in their next collective until the timeout).
-        verdict = _broadcast(None if failure is None else (isinstance(failure, IncompleteCheckpointError),
-                                                            f"{type(failure).__name__}: {failure}"))  # fmt: skip
+        verdict = _broadcast(None if failure is None else (type(failure).__name__, str(failure)))
         if failure is not None:
             raise failure
         if verdict is not None:
-            incomplete, message = verdict
-            if incomplete:
-                raise IncompleteCheckpointError(message.split(": ", 1)[1])
-            raise RuntimeError(f"Rank 0 failed to save the checkpoint {path}: {message}")
+            kind, message = verdict
+            if kind == IncompleteCheckpointError.__name__:
+                raise IncompleteCheckpointError(message)
+            raise RuntimeError(f"Rank 0 failed to save the checkpoint {path} ({kind}: {message}).")
 
 
 def _finish(checkpoint: Mapping[str, Any], path: Path, staging: Path, metadata: Any,
@@ -232,6 +236,9 @@ def _check_complete(path: Path, staging: Path, metadata: Any, files: dict[str, d
     for name in sorted(needed.keys() - files.keys()):
         problems.append(f"{name} is named by {DCP_METADATA_FILE} but no rank wrote it")
     for name, entry in sorted(files.items()):
+        if "error" in entry:
+            problems.append(f"{name}: rank {entry['rank']}, which wrote it, cannot read it back ({entry['error']})")
+            continue
         if entry["bytes"] < needed.get(name, 0):
             problems.append(f"{name} has {entry['bytes']} bytes on rank {entry['rank']}, where"
                             f" {DCP_METADATA_FILE} needs {needed[name]}")  # fmt: skip
