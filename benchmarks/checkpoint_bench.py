@@ -5,7 +5,10 @@ Save and load, per rank: the demo model (examples/configs/dlrm_synthetic.yaml's 
 ``trainer.save_checkpoint`` (Lightning's dump + DLACStrategy's atomic sharded save: every rank's shards, ``meta.pt``,
 ``manifest.json``, the switch) and ``strategy.load_checkpoint`` (the checks, then every rank's shards and fused
 optimizer state read in place), each ``--repeats`` times; every rank times its own calls (they are collective, so
-the ranks' times agree to the barrier). Size: the checkpoint directory, and the largest rank's shard file.
+the ranks' times agree to the barrier). Size: the checkpoint directory, and the largest rank's shard file. Each model
+twice: with ``DLACStrategy(verify_checkpoints=True)`` (the default: every rank checksums the files it wrote at save,
+and its share of all files at load) and ``False`` (sizes only); the difference is what the checksums cost, and
+``checksum_s`` times the CRC32 of each rank's own files alone (page cache warm, as in the save).
 
 Restart: ``torchrun --standalone --nproc-per-node 2 --max-restarts 1 dlac fit --config
 examples/configs/dlrm_elastic.yaml --ckpt_path=last`` (checkpoints every 40 steps), one worker killed with SIGKILL
@@ -60,6 +63,7 @@ def _save_load(spec: dict[str, Any]) -> None:
 
     from lightning_dlac import DLACStrategy
     from lightning_dlac.criteo.format import capped_cardinalities
+    from lightning_dlac.engine.checkpoint import file_checksum
 
     torch.set_num_threads(1)
     sizes = [spec["scale"] * n for n in capped_cardinalities(10_000)]
@@ -86,25 +90,34 @@ def _save_load(spec: dict[str, Any]) -> None:
                 loads.append(time.perf_counter() - t)
             files = {p.name: p.stat().st_size for p in path.iterdir()}
             rank = trainer.global_rank
+            # What this rank checksums at a save: the files it wrote (rank 0 also DCP's .metadata and meta.pt).
+            own = [name for name in files if name.startswith(f"__{rank}_")
+                   or (rank == 0 and name in (".metadata", "meta.pt"))]  # fmt: skip
+            t = time.perf_counter()
+            for name in own:
+                file_checksum(path / name)
+            checksum_s = time.perf_counter() - t
             result = dict(rank=rank, save_s=saves, load_s=loads, total_bytes=sum(files.values()),
-                          rank_shard_bytes=files.get(f"__{rank}_0.distcp", 0), table_rows=sum(sizes))  # fmt: skip
+                          rank_shard_bytes=files.get(f"__{rank}_0.distcp", 0), table_rows=sum(sizes),
+                          checksum_s=checksum_s, checksum_bytes=sum(files[n] for n in own))  # fmt: skip
             Path(f"{spec['out']}.rank{rank}.json").write_text(json.dumps(result))
 
-    trainer = pl.Trainer(accelerator="cpu", devices=2, strategy=DLACStrategy(embedding_optimizer="adagrad"),
+    strategy = DLACStrategy(embedding_optimizer="adagrad", verify_checkpoints=spec["verify"])
+    trainer = pl.Trainer(accelerator="cpu", devices=2, strategy=strategy,
                          max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, num_sanity_val_steps=0, callbacks=[Timer()])  # fmt: skip
     trainer.fit(model, datamodule=data)
 
 
-def _run_save_load(scale: int, repeats: int, workdir: Path, timeout: float) -> list[dict[str, Any]]:
+def _run_save_load(scale: int, verify: bool, repeats: int, workdir: Path, timeout: float) -> list[dict[str, Any]]:
     directory = Path(tempfile.mkdtemp(prefix=f"save_load_x{scale}_", dir=workdir))
-    spec = dict(scale=scale, repeats=repeats, dir=str(directory), out=str(directory / "result"))
+    spec = dict(scale=scale, verify=verify, repeats=repeats, dir=str(directory), out=str(directory / "result"))
     env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
     env["OMP_NUM_THREADS"] = "1"
     done = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], env=env, cwd=directory,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)  # fmt: skip
     if done.returncode != 0:
-        raise RuntimeError(f"save/load run x{scale} failed:\n{done.stdout[-4000:]}")
+        raise RuntimeError(f"save/load run x{scale} (verify={verify}) failed:\n{done.stdout[-4000:]}")
     return [json.loads(Path(f"{spec['out']}.rank{r}.json").read_text()) for r in range(2)]
 
 
@@ -228,22 +241,36 @@ def _run_restart(kill_step: int, kill_rank: int, workdir: Path, timeout: float) 
 
 
 def _per_scale(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One summary per table scale: the slowest rank's median save and load, the sizes."""
+    """One summary per table scale: the slowest rank's median save and load with checksums (the default) and
+    without, the slowest rank's CRC32 of its own files, the sizes."""
+    def slowest(ranks: list[dict[str, Any]], key: str) -> float:
+        return max(statistics.median(r[key]) for r in ranks)
+
+    rows = {(row["scale"], row.get("verify", True)): row["ranks"] for row in results if row["kind"] == "save_load"}
     out = []
-    for row in results:
-        if row["kind"] != "save_load":
+    for (scale, verify), ranks in rows.items():
+        if not verify:
             continue
-        ranks = row["ranks"]
-        out.append(dict(scale=row["scale"], table_rows=ranks[0]["table_rows"], total_bytes=ranks[0]["total_bytes"],
+        plain = rows.get((scale, False))
+        out.append(dict(scale=scale, table_rows=ranks[0]["table_rows"], total_bytes=ranks[0]["total_bytes"],
                         shard_bytes=max(r["rank_shard_bytes"] for r in ranks),
-                        save_s=max(statistics.median(r["save_s"]) for r in ranks),
-                        load_s=max(statistics.median(r["load_s"]) for r in ranks),
+                        save_s=slowest(ranks, "save_s"), load_s=slowest(ranks, "load_s"),
+                        save_plain_s=slowest(plain, "save_s") if plain else None,
+                        load_plain_s=slowest(plain, "load_s") if plain else None,
+                        checksum_s=max(r.get("checksum_s", float("nan")) for r in ranks),
+                        checksum_bytes=max(r.get("checksum_bytes", 0) for r in ranks),
                         repeats=len(ranks[0]["save_s"])))  # fmt: skip
     return out
 
 
 def _restarts(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in results if r["kind"] == "restart"]
+
+
+def _checksum(s: dict[str, Any]) -> str:
+    """The slowest rank's CRC32 of its own files: time, size, rate."""
+    mib = s["checksum_bytes"] / 2**20
+    return f"{s['checksum_s']:.2f} s ({mib:.0f} MiB, {mib / s['checksum_s']:,.0f} MiB/s)"
 
 
 def _name(scale: int) -> str:
@@ -253,10 +280,14 @@ def _name(scale: int) -> str:
 def tables(results: list[dict[str, Any]]) -> list[str]:
     """The markdown tables of a results file's rows (docs/benchmarks.md's ``render:checkpoint`` block)."""
     lines = ["| model | table rows | checkpoint | largest rank's shards | save per rank (median) | load per rank"
-             " (median) |", "|---|---|---|---|---|---|"]
+             " (median) | the same with `verify_checkpoints=False`: save / load | CRC32 of a rank's own files |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for s in _per_scale(results):
+        plain = (f"{s['save_plain_s']:.2f} s / {s['load_plain_s']:.2f} s" if s["save_plain_s"] is not None
+                 else "not measured")  # fmt: skip
         lines.append(f"| {_name(s['scale'])} | {s['table_rows']:,} | {s['total_bytes'] / 2**20:.0f} MiB |"
-                     f" {s['shard_bytes'] / 2**20:.0f} MiB | {s['save_s']:.2f} s | {s['load_s']:.2f} s |")
+                     f" {s['shard_bytes'] / 2**20:.0f} MiB | {s['save_s']:.2f} s | {s['load_s']:.2f} s | {plain} |"
+                     f" {_checksum(s)} |")
     restarts = _restarts(results)
     if restarts:
         lines += ["", "| run | killed after step | resumed from | kill to first resumed step | of which: respawn |"
@@ -277,11 +308,25 @@ def multinode_lines(results: list[dict[str, Any]]) -> list[str]:
     restarts = _restarts(results)
     head = " | ".join(f"{_name(s['scale'])}: {s['total_bytes'] / 2**20:.0f} MiB checkpoint" for s in scales)
     lines = [f"| what | {head} |", "|---|" + "---|" * len(scales),
-             f"| save, per rank (`trainer.save_checkpoint`: shards, `meta.pt`, fsync, switch; median of"
-             f" {scales[0]['repeats']}, the slower rank) | " + " | ".join(f"{s['save_s']:.2f} s" for s in scales)
-             + " |",
-             "| load, per rank (checks + shards + fused optimizer state; page cache warm) | "
-             + " | ".join(f"{s['load_s']:.2f} s" for s in scales) + " |"]
+             f"| save, per rank (`trainer.save_checkpoint`: shards, checksums, `meta.pt`, fsync, checks, switch;"
+             f" median of {scales[0]['repeats']}, the slower rank) | "
+             + " | ".join(f"{s['save_s']:.2f} s" for s in scales) + " |",
+             "| load, per rank (checks + checksums + shards + fused optimizer state; page cache warm) | "
+             + " | ".join(f"{s['load_s']:.2f} s" for s in scales) + " |",
+             "| the same without checksums (`verify_checkpoints=False`): save / load | "
+             + " | ".join(f"{s['save_plain_s']:.2f} s / {s['load_plain_s']:.2f} s" if s["save_plain_s"] is not None
+                          else "not measured" for s in scales) + " |",
+             "| CRC32 of one rank's own files (what each rank adds to a save) | "
+             + " | ".join(_checksum(s) for s in scales) + " |"]  # fmt: skip
+    measured = [s for s in scales if s["save_plain_s"] is not None]
+    if measured:
+        lines += ["", "The checksums (`verify_checkpoints=True`, the default) add "
+                  + ", ".join(f"{s['save_s'] - s['save_plain_s']:.2f} s to a save and"
+                              f" {s['load_s'] - s['load_plain_s']:.2f} s to a load per rank for the"
+                              f" {s['total_bytes'] / 2**20:.0f} MiB checkpoint" for s in measured)
+                  + " (differences of medians on this machine; the CRC32 alone runs at "
+                  + " and ".join(f"{s['checksum_bytes'] / 2**20 / s['checksum_s']:,.0f} MiB/s" for s in measured)
+                  + " from the page cache)."]  # fmt: skip
     if not restarts:
         return lines + ["", "(This run measured no restart: `--restarts 0`.)"]
     first = restarts[0]
@@ -310,6 +355,8 @@ def main() -> None:
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--scales", default="1,10", help="table-size multipliers of the demo model to save and load")
     parser.add_argument("--repeats", type=int, default=3, help="saves and loads per model")
+    parser.add_argument("--no-unverified", action="store_true",
+                        help="skip the runs with verify_checkpoints=False (the checksums' cost is then not measured)")
     parser.add_argument("--restarts", type=int, default=2, help="killed-and-restarted runs (0: none)")
     parser.add_argument("--kill-step", type=int, default=50, help="kill a worker after this step (attempt 0)")
     parser.add_argument("--kill-rank", type=int, default=1, help="the rank to kill")
@@ -325,16 +372,17 @@ def main() -> None:
     metadata = start_run("benchmarks/checkpoint_bench.py", vars(args))
     workdir = Path(tempfile.mkdtemp(prefix="dlac_checkpoint_bench_", dir=args.workdir))
     try:
-        save_load = {int(s): _run_save_load(int(s), args.repeats, workdir, args.timeout)
-                     for s in args.scales.split(",")}  # fmt: skip
+        save_load = {(int(s), verify): _run_save_load(int(s), verify, args.repeats, workdir, args.timeout)
+                     for s in args.scales.split(",") for verify in (True, False)[:1 if args.no_unverified else 2]}
         restarts = [_run_restart(args.kill_step, args.kill_rank, workdir, args.timeout) for _ in range(args.restarts)]
     finally:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)  # the x10 checkpoint alone is 0.6 GB
-    rows = [dict(kind="save_load", scale=s, ranks=r) for s, r in save_load.items()]
+    rows = [dict(kind="save_load", scale=s, verify=v, ranks=r) for (s, v), r in save_load.items()]
     rows += [dict(kind="restart", **r) for r in restarts]
     print("\n".join(tables(rows)))
     config = dict(scales=[int(s) for s in args.scales.split(",")], repeats=args.repeats, restarts=args.restarts,
+                  verify=[True] if args.no_unverified else [True, False],
                   kill_step=args.kill_step, kill_rank=args.kill_rank, storage="local disk, page cache warm")
     write_results(args.json_out, metadata, config, rows)
     print(f"wrote {args.json_out}")

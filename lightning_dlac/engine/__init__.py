@@ -4,7 +4,8 @@
 |---|---|
 | ``sharding`` | :func:`shard_model`: planner options, their validation, the plan and its summary,
 ``dense_parameters`` |
-| ``checkpoint`` | sharded checkpoint directories (torch.distributed.checkpoint), atomic saves, safe loads |
+| ``checkpoint`` | sharded checkpoint directories (torch.distributed.checkpoint), atomic verified saves, safe loads |
+| ``rng`` | every rank's random number state, carried in a checkpoint |
 | ``pipeline`` | :class:`SparseDistPipeline`: TorchRec's sparse-dist train pipeline, one step at a time |
 | ``elastic`` | process-group rendezvous that survives torchrun's restarts |
 
@@ -26,6 +27,8 @@ _EXPORTS = {
     "fused_parameters": "sharding",
     "plan_summary": "sharding",
     "shard_model": "sharding",
+    "Checkpointer": "checkpoint",
+    "IncompleteCheckpointError": "checkpoint",
     "check_directory": "checkpoint",
     "load_sharded": "checkpoint",
     "remove_checkpoint": "checkpoint",
@@ -36,7 +39,9 @@ _EXPORTS = {
     "require_torchrec": "_torchrec",
 }
 __all__ = [
+    "Checkpointer",
     "EmbeddingOptimizer",
+    "IncompleteCheckpointError",
     "NoEmbeddingTablesError",
     "Pipeline",
     "PipelineError",
@@ -56,7 +61,14 @@ __all__ = [
 
 if TYPE_CHECKING:
     from lightning_dlac.engine._torchrec import require_torchrec
-    from lightning_dlac.engine.checkpoint import check_directory, load_sharded, remove_checkpoint, save_sharded
+    from lightning_dlac.engine.checkpoint import (
+        Checkpointer,
+        IncompleteCheckpointError,
+        check_directory,
+        load_sharded,
+        remove_checkpoint,
+        save_sharded,
+    )
     from lightning_dlac.engine.pipeline import Pipeline, PipelineError, SparseDistPipeline
     from lightning_dlac.engine.sharding import (
         SHARDING_TYPES,

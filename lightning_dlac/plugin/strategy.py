@@ -30,7 +30,7 @@ from lightning_dlac.comm.config import BackwardCompression, CompressionConfig
 from lightning_dlac.comm.stats import CommStats
 from lightning_dlac.engine import elastic as _elastic
 from lightning_dlac.engine._torchrec import require_torchrec
-from lightning_dlac.engine.checkpoint import check_directory, load_sharded, remove_checkpoint, save_sharded
+from lightning_dlac.engine.checkpoint import Checkpointer, check_directory, remove_checkpoint
 from lightning_dlac.engine.sharding import (
     NoEmbeddingTablesError,
     ShardingOptions,
@@ -134,6 +134,9 @@ class DLACStrategy(DDPStrategy):
             batch's ids are sent to the ranks that own their tables during the step before, off the critical path;
             same results; the model's forward must be traceable, see docs/strategy.md). ``None``: one batch at a
             time, as Lightning calls ``training_step``.
+        verify_checkpoints: Checksum (CRC32) every file of a checkpoint when it is saved, by the rank that wrote it,
+            and verify them when it is loaded, shared out over the ranks. ``False``: sizes only, for checkpoints too
+            large to read back (docs/multinode.md, "Surviving failures").
     """
 
     strategy_name = "dlac"
@@ -166,6 +169,7 @@ class DLACStrategy(DDPStrategy):
         find_unused_parameters: bool = False,
         static_graph: bool = False,
         bucket_cap_mb: int = 25,
+        verify_checkpoints: bool = True,
     ) -> None:
         require_torchrec()
         if isinstance(timeout, (int, float)):
@@ -206,6 +210,7 @@ class DLACStrategy(DDPStrategy):
         self._static_graph_flushed = False
         self._pipeline_kind = self._parse_pipeline(pipeline)
         self._pipeline: SparseDistPipeline | None = None
+        self._checkpoints = Checkpointer(verify=verify_checkpoints, owner=type(self).__name__)
 
     @classmethod
     @override
@@ -428,27 +433,28 @@ class DLACStrategy(DDPStrategy):
         return True  # sharded tables exist only after setup; a checkpoint is loaded into them, shard by shard
 
     @override
-    def save_checkpoint(
-        self, checkpoint: dict[str, Any], filepath: str | Path, storage_options: Any | None = None
-    ) -> None:
-        """Save a checkpoint directory (:func:`lightning_dlac.engine.checkpoint.save_sharded`): every rank writes its
-        own
-        table shards and fused-optimizer state, rank 0 the rest. All ranks must call this (ModelCheckpoint does)."""
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: str | Path, storage_options: Any | None = None
+                        ) -> None:  # fmt: skip
+        """Save a checkpoint directory (:class:`lightning_dlac.engine.checkpoint.Checkpointer`): every rank writes its
+        own table shards and fused-optimizer state and reports them, rank 0 the rest (with every rank's random
+        state), checks that every file is there, and commits. All ranks must call this (ModelCheckpoint does)."""
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__}.save_checkpoint takes no storage_options, got {storage_options!r}.")
-        save_sharded(checkpoint, filepath, self._fused_optimizer_state(), self.is_global_zero, self.barrier)
+        self._checkpoints.save(checkpoint, filepath, self._dmp, self.is_global_zero, self.barrier)
 
     @override
     def load_checkpoint(self, checkpoint_path: str | Path, weights_only: bool | None = None) -> dict[str, Any]:
-        """Load a checkpoint directory into this rank's shards (:func:`lightning_dlac.engine.checkpoint.load_sharded`).
-        ``weights_only=None`` (Lightning's default) loads safely: plain data and tensors only."""
+        """Load a checkpoint directory into this rank's shards and restore this rank's random state
+        (:class:`lightning_dlac.engine.checkpoint.Checkpointer`). ``weights_only=None`` (Lightning's default) loads
+        safely: plain data and tensors only."""
         check_directory(checkpoint_path, type(self).__name__)  # before asking the module for its state
-        fused = self._fused_optimizer_state()  # loaded in place, shard by shard
-        checkpoint = load_sharded(checkpoint_path, self.lightning_module.state_dict(), fused,
-                                  weights_only=weights_only is not False, owner=type(self).__name__)
-        if self._dmp is not None:
-            self._dmp.fused_optimizer.load_state_dict(fused)
-        return checkpoint
+        return self._checkpoints.load(checkpoint_path, self.lightning_module.state_dict(), self._dmp,
+                                      weights_only=weights_only is not False)  # fmt: skip
+
+    @override
+    def on_train_start(self) -> None:
+        super().on_train_start()
+        self._checkpoints.on_train_start(resumed_mid_epoch=_resumed_mid_epoch(self.lightning_module.trainer))
 
     @override
     def remove_checkpoint(self, filepath: str | Path) -> None:
@@ -456,8 +462,13 @@ class DLACStrategy(DDPStrategy):
         if self.is_global_zero:
             remove_checkpoint(filepath)
 
-    def _fused_optimizer_state(self) -> dict[str, Any]:
-        return {} if self._dmp is None else self._dmp.fused_optimizer.state_dict()
+
+def _resumed_mid_epoch(trainer: pl.Trainer) -> bool:
+    """Whether this fit resumed in the middle of an epoch: Lightning then made the training loader's iterator again
+    (which draws from torch's generator) where the interrupted run had made it before the checkpoint. From the last
+    batch of an epoch it resumes into the next epoch, whose iterator the interrupted run made after the checkpoint."""
+    loop = trainer.fit_loop
+    return loop.restarted_mid_epoch and not loop.epoch_loop.batch_progress.is_last_batch
 
 
 __all__ = ["DLACStrategy"]

@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -150,3 +152,61 @@ def hosted_store(timeout: float = 600.0) -> Iterator[dist.TCPStore]:
         yield store
     finally:
         del store
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every living process descended from ``pid`` (from /proc), children before their children."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue  # gone meanwhile
+            children.setdefault(parent, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(0), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def kill_session(pid: int) -> None:
+    """SIGKILL a process started in a session of its own (``start_new_session=True``), its process group, and every
+    process descended from it, also those that made sessions of their own (torchrun starts each worker in one), so
+    that none is left running. Never signals this process's own group."""
+    own = os.getpgrp()
+    for target in [pid, *_descendants(pid)]:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            group = os.getpgid(target)
+            if group != own:
+                os.killpg(group, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(target, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if pid != own:
+            os.killpg(pid, signal.SIGKILL)  # what is left of its group after it exited
+
+
+def run_session(command: Sequence[str], *, timeout: float, **popen: Any) -> subprocess.CompletedProcess:
+    """:func:`subprocess.run` of ``command`` in a session of its own: at ``timeout``, or when the caller is
+    interrupted (pytest-timeout, Ctrl-C), the command and every process it started are killed
+    (:func:`kill_session`), not the command alone, and so is anything it left running when it exits.
+    ``popen`` goes to :class:`subprocess.Popen` (``cwd``, ``env``, ``stdout``, ``text``, ...).
+
+    Raises:
+        subprocess.TimeoutExpired: ``timeout`` passed (with the output so far).
+    """
+    proc = subprocess.Popen(command, start_new_session=True, **popen)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except BaseException as interrupted:
+        kill_session(proc.pid)
+        out, err = proc.communicate()
+        if isinstance(interrupted, subprocess.TimeoutExpired):
+            raise subprocess.TimeoutExpired(proc.args, timeout, out, err) from None
+        raise
+    kill_session(proc.pid)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)

@@ -15,6 +15,7 @@ import pytest
 from lightning_dlac import DLACCallback, DLACStrategy
 from lightning_dlac.commands.cli import CLIUserError, build_cli, main
 from lightning_dlac.commands.errors import name_option
+from lightning_dlac.testing import hosted_store, run_session
 from tests.conftest import write_criteo_tsv
 
 CONFIGS = Path(__file__).resolve().parents[2] / "examples" / "configs"
@@ -174,12 +175,18 @@ SHORT_RUN = ["--trainer.max_steps=8", "--trainer.val_check_interval=4", "--train
 
 
 def _dlac(args: list[str], cwd: Path, timeout: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """Run the installed `dlac` console script as a user would: no launcher variables in its environment (``env``
-    adds to it)."""
+    """Run the installed `dlac` console script as a user would, Lightning's launcher starting the other ranks, with
+    one difference: the rendezvous port is one this test holds (a store hosted here, which the ranks join as
+    clients), where Lightning would pick a free port, close it and hand it on (another process could take it in
+    between). No other launcher variable is set (``env`` adds to them). The command runs in a session of its own,
+    killed with the ranks it started if it outlives ``timeout``."""
     script = Path(sys.executable).with_name("dlac")
     command = [str(script)] if script.is_file() else [sys.executable, "-m", "lightning_dlac.commands.cli"]
-    env = {**{k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}, **(env or {})}
-    return subprocess.run([*command, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    with hosted_store() as store:
+        env = {**{k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}, "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(store.port), "TORCHELASTIC_USE_AGENT_STORE": "True", **(env or {})}
+        return run_session([*command, *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True, timeout=timeout)  # fmt: skip
 
 
 def _number(pattern: str, text: str) -> list[float]:

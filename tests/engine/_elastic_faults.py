@@ -1,15 +1,17 @@
-"""Faults the elastic tests inject into a `dlac fit` worker under torchrun (named in the run's YAML config).
+"""Faults the elastic tests inject into a `dlac fit` worker under torchrun, and the loss curve they compare (both
+named in the run's YAML config).
 
 :class:`Faults` kills its own process with SIGKILL, as ``kill -9`` would, where a plan says: per torchrun attempt
 (``TORCHELASTIC_RESTART_COUNT``), which rank dies and when: at the end of a training step, or during the attempt's
 first checkpoint save, once every rank's table shards are written and before rank 0 marks the checkpoint complete
-(the widest window a kill can hit in a save).
+(the widest window a kill can hit in a save). :class:`LossCurve` writes every training step's loss, exactly.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
 from typing import Any
 
 from lightning.pytorch import Callback
@@ -56,3 +58,31 @@ class Faults(Callback):
     def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
         if self._mine(trainer) and trainer.global_step == self.fault.get("step"):
             _die(trainer.global_rank, f"after step {trainer.global_step}")
+
+
+class LossCurve(Callback):
+    """Append every training step's loss on this rank, exactly (``float.hex``), to ``<directory>/loss_rank<r>.txt``:
+    one line ``<global step> <loss>`` per step trained, the steps an attempt replays after a restart included. Listed
+    before :class:`Faults`, so a step a kill ends is written first.
+
+    Args:
+        directory: Where the files go (the run's directory).
+    """
+
+    def __init__(self, directory: str) -> None:
+        self.directory = Path(directory)
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        with open(self.directory / f"loss_rank{trainer.global_rank}.txt", "a") as f:
+            f.write(f"{trainer.global_step} {float(loss).hex()}\n")
+
+
+def loss_curve(directory: Path, rank: int) -> dict[int, list[str]]:
+    """{global step: every loss :class:`LossCurve` wrote for it on ``rank``, in order} (a step trained again after a
+    restart has several)."""
+    curve: dict[int, list[str]] = {}
+    for line in (directory / f"loss_rank{rank}.txt").read_text().splitlines():
+        step, loss = line.split()
+        curve.setdefault(int(step), []).append(loss)
+    return curve

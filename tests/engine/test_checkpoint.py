@@ -1,16 +1,18 @@
-"""Save and resume of a 2-rank sharded run: table shards, fused and dense optimizer state, loops, DLACCallback."""
+"""Save and resume of a 2-rank sharded run: table shards, fused and dense optimizer state, loops, DLACCallback, and
+every rank's random state (the model's training step draws from torch, NumPy and Python's generators:
+tests/engine/_random_dlrm.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_dlac import DLACCallback, DLACStrategy
 from lightning_dlac.testing import run_ranks
-from tests.conftest import bounds_recorder, loss_recorder, small_data, small_dlrm, trainer
+from tests.conftest import FEATURES, ROWS, bounds_recorder, loss_recorder, small_data, trainer
+from tests.engine._random_dlrm import RandomDLRM
 
 # Two ways the checkpoint (after batch 9 of 20; the linear schedule, T=15, runs across it) meets calibration:
 CASES = {
@@ -24,8 +26,11 @@ CASES = {
 
 
 def _run(rank: int, world_size: int, ckpt_dir: str, phase: str, case: str) -> dict:
-    torch.manual_seed(0)
-    model = small_dlrm()
+    from lightning.fabric.utilities.seed import seed_everything
+
+    seed_everything(0, verbose=False)  # every generator the model draws from, alike in every run
+    model = RandomDLRM(num_embeddings_per_feature=ROWS, feature_names=FEATURES, embedding_dim=16,
+                       dense_arch_layer_sizes=[32, 16], over_arch_layer_sizes=[32, 1])  # fmt: skip
     recorder = loss_recorder()
     dlac = DLACCallback(**CASES[case][0], sensitivity_batches=1, schedule="linear", T=15, log_every_n_steps=5)
     bounds = bounds_recorder(dlac)
@@ -67,7 +72,8 @@ def test_resumed_run_continues_exactly(tmp_path: Path, case: str) -> None:
         last = u["effective"][calibrated_at[-1]:], u["multipliers"][calibrated_at[-1]:]
         assert all(e == {t: b * m for t, b in u["table_bounds"].items()} for e, m in zip(*last))
         assert len(r["losses"]) == 10
-        # Same seed, same data: the second epoch after a resume is the uninterrupted run's second epoch, exactly.
+        # Same seed, same data, the random state carried: the second epoch after a resume is the uninterrupted run's
+        # second epoch, exactly (dropout and sampled negatives included).
         assert r["losses"] == u["losses"][10:]
         # The callback continued its schedule and its calibrations at iteration 10, not from scratch.
         assert r["step"] == u["step"] == 20

@@ -1,8 +1,10 @@
 """A checkpoint written by 2 ranks resumes on 3 ranks and on 1 (torch.distributed.checkpoint reshards): identical
-embedding tables and fused optimizer state, DLACCallback state carried; a checkpoint for other tables is refused
-naming the table."""
+embedding tables and fused optimizer state, DLACCallback state carried, and rank 0 warns that the random state
+cannot continue exactly (rank 2 of 3 derives its own); a checkpoint for other tables is refused naming the table."""
 
 from __future__ import annotations
+
+import warnings
 
 import numpy as np
 import pytest
@@ -52,9 +54,13 @@ def _run(rank: int, world_size: int, ckpt: str, phase: str) -> dict:
             return {"error": str(err)}
         return {"error": None}
     else:  # resume: the loop restores global step STEPS = max_steps, so nothing trains after loading
-        t.fit(small_dlrm(seed=1), datamodule=small_data(train_batches=STEPS), ckpt_path=ckpt)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            t.fit(small_dlrm(seed=1), datamodule=small_data(train_batches=STEPS), ckpt_path=ckpt)
+        random_state = [str(w.message) for w in caught if "random" in str(w.message).lower()]
     return {"state": _local_state(t), "bounds": dlac.table_bounds, "step": dlac.step,
-            "calibrations": dlac.calibrator.calibrations, "global_step": t.global_step}
+            "calibrations": dlac.calibrator.calibrations, "global_step": t.global_step,
+            "random_state_warnings": random_state if phase == "resume" else []}
 
 
 def _union(results: list[dict]) -> dict[str, np.ndarray]:
@@ -85,6 +91,8 @@ def test_a_two_rank_checkpoint_resumes_on_three_ranks_and_on_one(saved: tuple[st
         for key, value in expected.items():
             # A different initialisation (seed=1) before loading: equality means every shard came from the file.
             assert np.array_equal(got[key], value), (world, key)
+        assert [len(r["random_state_warnings"]) for r in resumed] == [1] + [0] * (world - 1)  # rank 0 says it
+        assert f"written by 2 rank(s) and resumes on {world}" in resumed[0]["random_state_warnings"][0]
         for r in resumed:
             assert r["global_step"] == STEPS and r["step"] == saved[0]["step"] == STEPS
             assert r["bounds"] == saved[0]["bounds"] and r["calibrations"] == saved[0]["calibrations"]

@@ -96,3 +96,38 @@ def _alive(pid: int) -> bool:
             return f.read().split(") ", 1)[1][0] != "Z"  # a zombie has exited, its parent has not reaped it yet
     except (FileNotFoundError, IndexError):
         return False
+
+
+LAUNCHER = """
+import subprocess, sys, time
+# A worker in a session of its own, as torchrun starts its workers: killing the launcher's group alone misses it.
+worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+print(worker.pid, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_a_command_past_its_timeout_is_killed_with_every_process_it_started() -> None:
+    import subprocess
+    import sys
+
+    from lightning_dlac.testing import run_session
+
+    with pytest.raises(subprocess.TimeoutExpired) as timed_out:
+        run_session([sys.executable, "-c", LAUNCHER], timeout=5, stdout=subprocess.PIPE, text=True)
+    worker = int(timed_out.value.output.split()[0])
+    deadline = time.monotonic() + 10
+    while _alive(worker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(worker), "the launcher's worker outlived it"
+
+
+def _alive(pid: int) -> bool:
+    """Running (not a zombie waiting for a parent that is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
