@@ -484,6 +484,33 @@ def multinode_restart(results: Results) -> list[str]:
             *checkpoint_bench.multinode_lines(d["results"])]
 
 
+# An example job's mean time between failures of the whole job, for the checkpoint interval (an assumption, stated as
+# one: a rank lost every 4 hours).
+EXAMPLE_MTBF_S = 4 * 3600
+
+
+def restart_interval(results: Results) -> list[str]:
+    """Young's checkpoint interval for an example job, with the save and restart times measured here."""
+    import checkpoint_bench
+
+    d = results.get("checkpoint_bench.json")
+    scales = checkpoint_bench._per_scale(d["results"])
+    restarts = checkpoint_bench._restarts(d["results"])
+    if not scales or not restarts:
+        return [source_line("checkpoint_bench.json", d, results.shown), "", "(This run measured no save or restart.)"]
+    big = max(scales, key=lambda sc: sc["scale"])
+    c = big["save_s"]
+    r = statistics.median(x["kill_to_first_step_s"] for x in restarts)
+    m = EXAMPLE_MTBF_S
+    t = (2 * c * m) ** 0.5
+    return [source_line("checkpoint_bench.json", d, results.shown), "",
+            f"For example, with the save measured here for the {checkpoint_bench._name(big['scale'])} model,"
+            f" `C = {c:.2f} s`, and the restart measured here (kill to the first resumed step), `R = {r:.1f} s`, on a"
+            f" job that loses a rank every {m / 3600:.0f} hours (`M = {m:,} s`, an assumption): `T = {t:.0f} s`,"
+            f" costing {c / t:.2%} of the time in saves and {t / 2 / m:.2%} in replayed steps, plus `R / M`"
+            f" ({r / m:.2%}) for restarts."]
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # README.md
 
@@ -787,6 +814,7 @@ BLOCKS: dict[str, Block] = {
     "suite_duration": Block(("suite_quick.json",), suite_duration),
     "data_projection": Block(("data_bench.json",), data_projection),
     "codec_summary": Block(("codec_bench.json",), codec_summary),
+    "restart_interval": Block(("checkpoint_bench.json",), restart_interval),
 }
 
 
