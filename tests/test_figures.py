@@ -215,3 +215,70 @@ def test_the_overlap_sentence_follows_the_figures(tmp_path: Path, overlap_ms: fl
 def test_the_dlrm_v2_reading_follows_the_figures(a2a_ms: float, speedup: float, says: str) -> None:
     row = {"median_step_ms": 1600.0, "fwd_a2a_ms": a2a_ms / 2, "bwd_a2a_ms": a2a_ms / 2, "speedup_vs_fp32": speedup}
     assert says in render._dlrm_v2_reading(row)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# No figure outside a rendered block: a hand-written measurement would drift from the data
+
+
+NUMBER = r"[-+]?\d[\d,]*(?:\.\d+)?"
+# A measured figure, as the docs write them: a ratio (31x), a share (15%), a rate (GB/s, rows/s), a time (ms, s), a
+# size in MiB, a signed AUROC difference (-0.0025); ranges of them too (2.7-3.5 GB/s).
+FIGURE = re.compile(rf"(?<![\w.`/=])(?:{NUMBER}(?:\s?-\s?{NUMBER})?)(?:x\b|\s?%|\s?GB/s|\s?rows/s|\s?ms\b|\s?s\b"
+                    rf"|\s?MiB\b)|(?<![\w.])[-+]0\.\d{{3,4}}\b")
+# Figures that are not measurements: constants of the code, defaults, targets and paper values, each with its
+# reason. Keep this short; a measurement belongs in a results file and a rendered block.
+ALLOWED = {
+    "100 GB/s": "the GPU codec's throughput target (issue 17), not a measurement",
+    "300 s": "a constant: pytest-timeout's default (pyproject.toml) and the GPU session's budget (gpu_session.sh)",
+    "150 s": "the GPU session's allowance for a cold machine start, an assumption stated as one",
+    "900 s": "the device tool's 15-minute budget",
+    "600 s": "a constant of tests/comm/test_reliability.py (the survivor's collective timeout)",
+    "60 s": "a constant of the test launcher (pytest-timeout per CUDA test)",
+    "15 s": "a constant of tests/comm/test_reliability.py (the hung peer's timeout)",
+    "4 s": "a constant of tests/comm/test_comm.py (the collective timeout under test)",
+    "15%": "a target (the scaling model's |error|) or a default (gradient_tolerance=0.15)",
+    "10%": "a tolerance of tests/adaptive/test_gradient_calibration.py, or a default share of the run",
+    "0.1%": "a default (sensitivity_tolerance=1e-3)",
+    "5%": "a constant: the benchmark error threshold of a launch faster than its ceiling (CEILING_TOLERANCE)",
+    "90%": "a target (ratio within 90% of dedup + order-0 entropy)",
+    "2x": "FP16's ratio, a format's constant",
+    "16x": "a constant of the uncompressed fallback (its longest check interval)",
+    "1.1x": "a target (issue 29: pipelined >= 1.1x unpipelined)",
+    "1.15x": "a target (issue 34: >= 1.15x the fastest qcomm variant)",
+    "1.5 GB/s": "a target (one-thread gradient codec speed)",
+    "1.8x": "a target (issue 14)",
+    "0.97x": "a target (issue 25: compress=\"auto\" unthrottled)",
+}
+
+
+def _figures(doc: str) -> list[tuple[int, str]]:
+    text = (REPO / doc).read_text()
+    blank = lambda m: "\n" * m.group(0).count("\n")  # noqa: E731 - keep line numbers
+    text = re.sub(r"<!-- BEGIN render:([\w-]+) -->.*?<!-- END render:\1 -->", blank, text, flags=re.S)
+    text = re.sub(r"```.*?```", blank, text, flags=re.S)  # commands and examples
+    found = []
+    for number, line in enumerate(text.split("\n"), 1):
+        line = re.sub(r"`[^`\n]*`", "``", line)  # inline code: option values, commands
+        found += [(number, m.group(0).strip()) for m in FIGURE.finditer(line)]
+    return found
+
+
+DOC_FILES = ["README.md", *sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").glob("*.md"))]
+
+
+@pytest.mark.parametrize("doc", DOC_FILES)
+def test_no_figure_outside_a_rendered_block(doc: str) -> None:
+    """Every measured figure of README.md and docs/ is rendered from a results file (benchmarks/render.py); what is
+    left outside the blocks is a constant on the commented list above."""
+    stray = [f"{doc}:{line}: {fig}" for line, fig in _figures(doc) if fig not in ALLOWED]
+    assert not stray, "figures outside a rendered block (render them from a results file, or remove them):\n" + \
+        "\n".join(stray)
+
+
+def test_the_figure_scan_finds_a_hand_written_figure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    (tmp_path / "doc.md").write_text("Intro.\n\nThe codec runs at 2.7-3.5 GB/s and saves 29.2x; AUROC -0.0025.\n"
+                                     "<!-- BEGIN render:x -->\n31x\n<!-- END render:x -->\n`--rate 4x`\n"
+                                     "```\n10 ms\n```\n")
+    assert [fig for _, fig in _figures("doc.md")] == ["2.7-3.5 GB/s", "29.2x", "-0.0025"]

@@ -198,8 +198,9 @@ def _number(pattern: str, text: str) -> list[float]:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_dlac_fit_and_validate_as_a_user_runs_them(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """`dlac fit` in a subprocess: Lightning launches the second rank itself (devices=2; only the port is handed to it, a port the test holds), the run
-    prints its final metrics and the compression headline, and the report's numbers are those of dlac_run.json.
+    """`dlac fit` in a subprocess: Lightning launches the second rank itself (devices=2; only the port, one the test
+    holds, is handed to it), the run prints its final metrics and the compression headline, and the report's numbers
+    are those of dlac_run.json.
     Then `dlac validate` without a logger."""
     work = tmp_path / "cwd"
     work.mkdir()
