@@ -252,7 +252,12 @@ def scaling_projection(results: Results) -> list[str]:
     import scaling_model
 
     data = results.get("scaling_model.json")
+    cfg = data["config"]
+    codecs = " or ".join(f"{g:g} GB/s" for g in cfg["gpu_codec_gbps"])
     return [source_line("scaling_model.json", data, results.shown), "",
+            f"The inputs no measurement here supports, stated as assumptions: **{cfg['gpu_compute_ms']:g} ms of compute"
+            f" per step on one GPU**, **TorchRec's INT8/FP16 casts at {cfg['gpu_cast_gbps']:g} GB/s**, and the **GPU"
+            f" DLAC codec at {codecs}** (encode = decode, gradients alike).", "",
             *scaling_model._projection_table(data["results"]["projection"])]
 
 
