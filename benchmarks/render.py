@@ -660,6 +660,102 @@ def readme_adaptive(results: Results) -> list[str]:
     return [text, "", source_line(name, results.get(name), results.shown)]
 
 
+BENCH = "docs/benchmarks.md"
+
+
+def _verdict(t: dict[str, Any] | None) -> str:
+    if t is None:
+        return "-"
+    return f"{t['target']}: **{'met' if t['met'] else 'not met'}** ({t['pooled']:.2f})"
+
+
+def _fastest_qcomm(rows: list[dict[str, Any]], rate: str) -> dict[str, Any] | None:
+    """The strongest TorchRec baseline of a run: its fastest qcomm variant that finished at this rate."""
+    qcomm = [r for r in rows if r["rate"] == rate and r["variant"].startswith("qcomm")
+             and r.get("speedup_vs_fp32") is not None]
+    return max(qcomm, key=lambda r: r["speedup_vs_fp32"], default=None)
+
+
+def _e2e_headline(rows: list[dict[str, Any]], targets: list[dict[str, Any]], rate: str, what: str,
+                  source: str, link: str) -> list[str]:
+    both, qcomm = _pick(rows, rate, "dlac_dlac"), _fastest_qcomm(rows, rate)
+    if both is None or both.get("speedup_vs_fp32") is None:
+        return []
+    base = "-" if qcomm is None else f"{qcomm['label']}: {qcomm['speedup_vs_fp32']:.2f}x"
+    judged = "; ".join(_verdict(t) for t in targets if t["rate"] == rate) or "-"
+    return [f"| [{what}]({link}) | {both['speedup_vs_fp32']:.2f}x FP32's speed (per repeat"
+            f" {_range(both['speedup_vs_fp32_per_repeat'])}) | {base} | {judged} | `{source}` |"]
+
+
+def readme_headline(results: Results) -> list[str]:
+    """The README's headline: one row per claim with DLAC's figure, the strongest baseline measured in the same
+    run, the targets judged by the rule, and the results file; each row links to the section of docs/benchmarks.md
+    (or docs/adaptive.md) that holds the command, commit and machine."""
+    import adaptive_accuracy
+
+    lines = ["| what | DLAC | strongest baseline, same run | target | results file |", "|---|---|---|---|---|"]
+    used = []
+    codec = results.get("codec_bench.json")
+    crit = _codec_rows(codec, "criteo") if codec else {}
+    dlac = crit.get(("DLAC (native)", 0.01)) or next((r for (m, e), r in crit.items()
+                                                       if m.startswith("DLAC") and e == 0.01), None)
+    if dlac is not None:
+        bounded = [r for (m, e), r in crit.items() if not m.startswith(("DLAC", "dedup", "memcpy"))
+                   and e in (None, 0.01)]
+        best = max(bounded, key=lambda r: r["ratio"], default=None)
+        lines.append(f"| [Compression of Criteo pooled embeddings, eps 0.01]({BENCH}#codec) | {dlac['ratio']:.0f}x,"
+                     f" bound {'held' if dlac['max_err_over_eb'] <= 1 else '**not held**'} |"
+                     + (f" {best['method']}: {best['ratio']:.1f}x |" if best else " - |")
+                     + " - | `codec_bench.json` |")
+        used.append("codec_bench.json")
+    rows, targets, _, sources = _e2e_rows(results, "e2e_throttled.json", "e2e_unthrottled.json")
+    link = f"{BENCH}#end-to-end-training-under-a-throttled-interconnect"
+    for rate, what in (("1gbit", "Training step, 2 ranks at 1 Gbit/s, DLAC both ways"),
+                       ("10gbit", "Training step, 2 ranks at 10 Gbit/s, DLAC both ways")):
+        lines += _e2e_headline(rows, targets, rate, what, "e2e_throttled.json", link)
+    auto = _pick(rows, "unthrottled", "dlac_auto")
+    if auto is not None and auto.get("speedup_vs_fp32") is not None:
+        qcomm = _fastest_qcomm(rows, "unthrottled")
+        judged = "; ".join(_verdict(t) for t in targets if t["rate"] == "unthrottled") or "-"
+        lines.append(f"| [Unthrottled link, `compress=\"auto\"`]({link}) | {auto['speedup_vs_fp32']:.2f}x FP32's speed,"
+                     f" {auto.get('uncompressed_share', 0):.0%} of steps uncompressed |"
+                     + (f" {qcomm['label']}: {qcomm['speedup_vs_fp32']:.2f}x |" if qcomm else " - |")
+                     + f" {judged} | `e2e_unthrottled.json` |")
+    used += sources
+    v2 = results.get("e2e_dlrm_v2.json")
+    if v2 is not None:
+        lines += _e2e_headline(v2["results"], v2.get("targets", []), "1gbit",
+                               "DLRM v2 (DCNv2) training step at 1 Gbit/s, DLAC both ways", "e2e_dlrm_v2.json",
+                               f"{BENCH}#dlrm-v2-end-to-end-under-a-throttled-interconnect")
+        used.append("e2e_dlrm_v2.json")
+    name = "adaptive_accuracy_criteo_1epoch.json"
+    if results.get(name) is not None:
+        acc_rows = [r for r in adaptive_accuracy.load_rows([results.directory / name])[0] if r["dataset"] == "criteo"]
+        summary = {x["variant"]: x for x in adaptive_accuracy._over_seeds(acc_rows)}
+        default, qcomm = summary.get("DLAC default"), summary.get("qcomm INT8/FP16")
+        if default is not None:
+            base = {r.get("seed", 0): r["val_auroc"] for r in acc_rows if r["variant"] == "uncompressed"}
+            deltas = [r["val_auroc"] - base[r.get("seed", 0)] for r in acc_rows
+                      if r["variant"] == "DLAC default" and r.get("seed", 0) in base]
+            t = judge("AUROC within 0.002 of uncompressed", statistics.median(deltas), deltas, -0.002)
+            lines.append(
+                f"| [AUROC vs uncompressed, Criteo sample, `DLACCallback()`]({BENCH}#adaptive-error-bounds-"
+                f"accuracy-and-traffic) | {default['delta_mean']:+.4f} at {default['fwd_ratio_mean']:.1f}x fewer"
+                " forward bytes |"
+                + (f" TorchRec INT8/FP16: {qcomm['delta_mean']:+.4f} at {qcomm['fwd_ratio_mean']:.1f}x |" if qcomm
+                   else " - |")
+                + f" {t['target']}: **{'met' if t['met'] else 'not met'}** ({t['pooled']:+.4f}) | `{name}` |")
+            used.append(name)
+    runs = []
+    for n in dict.fromkeys(used):
+        m = results.get(n)["metadata"]
+        load = (f", load {m['loadavg_before'][0]:.1f} to {m['loadavg_after'][0]:.1f}"
+                if m.get("loadavg_before") and m.get("loadavg_after") else "")
+        runs.append(f"`{n}` commit {_short(m.get('git_commit'))}, {str(m.get('date'))[:10]}{load}")
+    return [*lines, "", f"Runs ({results.shown}/; command, machine and versions in the linked sections): "
+            + "; ".join(runs) + "."]
+
+
 def _dlrm_v2_reading(both: dict[str, Any]) -> str:
     """What the DLRM v2 end-to-end figures say, chosen by them: the exchanges' share of a DLAC step (its measured
     phases) and the speed against FP32."""
@@ -853,14 +949,17 @@ BLOCKS: dict[str, Block] = {
     "data": Block(("data_bench.json",), data),
     "checkpoint": Block(("checkpoint_bench.json",), checkpoint),
     "multinode_restart": Block(("checkpoint_bench.json",), multinode_restart),
-    "readme_codec": Block(("codec_bench.json",), readme_codec),
-    "readme_e2e": Block(("e2e_throttled.json",), readme_e2e, optional=("e2e_unthrottled.json",)),
-    "readme_adaptive": Block(("adaptive_accuracy_criteo_1epoch.json",), readme_adaptive),
+    "codec_headline": Block(("codec_bench.json",), readme_codec),
+    "e2e_summary": Block(("e2e_throttled.json",), readme_e2e, optional=("e2e_unthrottled.json",)),
+    "readme_headline": Block(("codec_bench.json", "e2e_throttled.json"), readme_headline,
+                             optional=("e2e_unthrottled.json", "e2e_dlrm_v2.json",
+                                       "adaptive_accuracy_criteo_1epoch.json")),
+    "adaptive_summary": Block(("adaptive_accuracy_criteo_1epoch.json",), readme_adaptive),
     "calibration_modes": Block(("calibration_bench.json",), calibration_modes,
                                optional=("calibration_bench_quick.json",)),
-    "readme_calibration": Block(("calibration_bench.json",), readme_calibration),
+    "calibration_summary": Block(("calibration_bench.json",), readme_calibration),
     "calibration_trace": Block(("calibration_trace.json",), calibration_trace),
-    "readme_dlrm_v2": Block(("codec_bench.json",), readme_dlrm_v2,
+    "dlrm_v2_summary": Block(("codec_bench.json",), readme_dlrm_v2,
                             optional=("adaptive_accuracy_dlrm_v2.json", "e2e_dlrm_v2.json")),
     "pipeline": Block(("e2e_pipeline.json",), pipeline, optional=("e2e_pipeline_alternate.json",)),
     "overlap_default": Block(("e2e_pipeline.json",), overlap_default),

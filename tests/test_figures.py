@@ -65,11 +65,11 @@ def test_a_stale_figure_is_caught(committed: render.Results) -> None:
 
 def test_missing_results_are_awaited_not_presented(tmp_path: Path) -> None:
     empty = render.Results(tmp_path)
-    body = render.render_block("readme_e2e", empty)
+    body = render.render_block("readme_headline", empty)
     assert body.startswith("*Awaiting `make bench-quick`") and "e2e_throttled.json" in body
     assert not re.search(r"\d", re.sub(r"`[^`]*`", "", body))  # no figure in it
     assert "`make bench` (`benchmarks/results/adaptive_accuracy_dlrm_v2.json`)" in render.render_block(
-        "readme_dlrm_v2", empty)
+        "dlrm_v2_summary", empty)
 
 
 @pytest.mark.parametrize(("pooled", "per_repeat", "met"), [
