@@ -191,7 +191,7 @@ def _train_rank(rank: int, world_size: int, variant_name: str, cfg: dict[str, An
         # The library's sharding defaults but for the model's optimizer settings (static_graph=False since issue 25;
         # the runs before it used True).
         options = ShardingOptions(sharding_types=["table_wise"], embedding_optimizer="adagrad",
-                                  embedding_lr=EMBEDDING_LR, adagrad_epsilon=1e-8, qcommcodecs_registry=registry)
+                                  embedding_lr=EMBEDDING_LR, adagrad_epsilon=1e-8, qcomm_codecs_registry=registry)
         dims = {t.name: t.embedding_dim for t in dlrm.embedding_bag_collection.embedding_bag_configs()}
         model = shard_model(module_to_shard(dlrm, variant.pipeline), options, torch.device("cpu"))
         plan = model.plan

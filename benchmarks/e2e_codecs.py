@@ -90,14 +90,14 @@ class CountingCodec:
 
 
 def codecs_registry(variant: Any) -> tuple[dict[str, Any] | None, CountingCodec | None, CountingCodec | None]:
-    """The qcommcodecs_registry for the sharder of an e2e_bandwidth ``Variant`` (its ``kind``, ``forward`` and
+    """The qcomm_codecs_registry for the sharder of an e2e_bandwidth ``Variant`` (its ``kind``, ``forward`` and
     ``backward``), and the counting wrappers of the pooled all-to-all codecs."""
-    from torchrec.distributed.fbgemm_qcomm_codec import CommType, QCommsConfig, get_qcommcodecs_registry
+    from torchrec.distributed.fbgemm_qcomm_codec import CommType, QCommsConfig, get_qcomm_codecs_registry
     from torchrec.distributed.types import CommOp, NoOpQuantizedCommCodec, QuantizedCommCodecs
 
     if variant.kind == "qcomm":
         precision = {"fp16": CommType.FP16, "int8": CommType.INT8, "bf16": CommType.BF16, "fp32": CommType.FP32}
-        registry = get_qcommcodecs_registry(
+        registry = get_qcomm_codecs_registry(
             QCommsConfig(forward_precision=precision[variant.forward], backward_precision=precision[variant.backward])
         )
     elif variant.kind == "zero":
