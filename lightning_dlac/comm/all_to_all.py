@@ -259,7 +259,9 @@ class CompressedPooledEmbeddingsAllToAll(RecordedExchange):
             out = exchange.finish_backward(call.backward, call.batch_size_per_rank, self.layout, self.backward_impl)
         call.backward = None
         if comm_ops.get_gradient_division():
-            out = out / self.layout.world  # TorchRec scales embedding gradients like DDP averages dense ones
+            # TorchRec scales embedding gradients like DDP averages dense ones; in place: out is the exchange's own
+            # new tensor (the float32 cast's receive buffer, or the decoded gradient).
+            out.div_(self.layout.world)
         return out
 
     # ------------------------------------------------------------------ helpers

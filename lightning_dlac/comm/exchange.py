@@ -11,7 +11,8 @@ calls the same function with the same layout.
   them) to its destination, in one small int64 all-to-all;
 - :func:`start_payload` / :meth:`InFlight.wait`: the payloads, one variable-split ``all_to_all_single``;
 - :func:`start_cast`: rows sent as float32, bf16 or fp16 instead (TorchRec's fixed-size exchanges);
-- :func:`decode_chunks`: the received chunks back into one tensor.
+- :func:`decode_chunks`: the received chunks back into one tensor, or into a block of the caller's output
+  (:func:`decode_around`: the blocks on either side of a rank's own, so that nothing is concatenated).
 
 Where a wire function takes ``impl``, it is the DLAC codec implementation (``"auto"``, ``"native"``, ``"ref"``) or a
 :class:`ChunkCodec` that stands in for the codec and nothing else: the benchmarks' null codec
@@ -148,16 +149,33 @@ def encode_chunks(block: torch.Tensor, row_splits: Sequence[int], col_splits: Se
 
 
 def decode_chunks(received: torch.Tensor, sizes: torch.Tensor, row_splits: Sequence[int], col_splits: Sequence[int],
-                  impl: Impl, device: torch.device) -> torch.Tensor:
+                  impl: Impl, device: torch.device, out: torch.Tensor | None = None) -> torch.Tensor:
     """The float32 [row_splits[-1], col_splits[-1]] tensor on ``device`` that :func:`encode_chunks` chunks (their
     ``sizes``, concatenated in ``received``) were made from; empty when there is no chunk (a rank that receives
-    nothing). Raises :class:`~lightning_dlac.codec.CodecError` on a bad payload."""
+    nothing). With ``out`` (that shape, on ``device``, columns contiguous: a block of the caller's output), the
+    chunks are decoded into it and ``out`` is returned. Raises :class:`~lightning_dlac.codec.CodecError` on a bad
+    payload."""
     if not _has_chunks(row_splits, col_splits):
         rows, cols = (row_splits[-1] if row_splits else 0), (col_splits[-1] if col_splits else 0)
-        return torch.zeros(rows, cols, device=device)
+        return torch.zeros(rows, cols, device=device) if out is None else out
     if not isinstance(impl, str):
-        return impl.decode(received, sizes, list(row_splits), list(col_splits), device)
+        decoded = impl.decode(received, sizes, list(row_splits), list(col_splits), device)
+        return decoded if out is None else out.copy_(decoded)
+    if out is not None:
+        return decode_grid(received, sizes, list(row_splits), list(col_splits), impl=impl, out=out)
     return decode_grid(received, sizes, list(row_splits), list(col_splits), impl=impl).to(device)
+
+
+def decode_around(received: torch.Tensor, sizes: torch.Tensor, split: int, before: tuple[list[int], list[int]],
+                  after: tuple[list[int], list[int]], impl: Impl, out_before: torch.Tensor,
+                  out_after: torch.Tensor) -> None:
+    """Decode the chunks of the ranks before this one (the first ``split`` of ``sizes``, with their ``before``
+    row and column splits) into ``out_before`` and the rest (``after``) into ``out_after``: the blocks of the output
+    on either side of this rank's own, which the caller copies in between. Reads the payload's split point from
+    ``sizes``; raises :class:`~lightning_dlac.codec.CodecError` on a bad payload."""
+    nbytes = int(sizes[:split].sum()) if split else 0  # a wrong split fails the decode's own size check
+    decode_chunks(received[:nbytes], sizes[:split], *before, impl, out_before.device, out=out_before)
+    decode_chunks(received[nbytes:], sizes[split:], *after, impl, out_after.device, out=out_after)
 
 
 def with_own(sizes: torch.Tensor, at: int, n_own: int) -> torch.Tensor:
@@ -336,15 +354,20 @@ def decode_from_others(
     """This rank's pooled embeddings [local batch, total dim]: the decoded columns of every other rank around
     ``own``, the exact block this rank kept."""
     me, rows = layout.rank, own.size(0)
-    cols = offsets([d for s in range(layout.world) if s != me for d in layout.dims_per_rank[s]])
     mine = offsets(layout.chunk_counts)
     keep = torch.cat([recv_sizes[: mine[me]], recv_sizes[mine[me + 1] :]])
+    first, last = sum(layout.dim_sums[:me]), sum(layout.dim_sums[: me + 1])  # this rank's columns in the output
+    # Decoded straight into the output's column blocks on either side of this rank's own (no concatenation).
+    out = torch.empty(rows, sum(layout.dim_sums), device=own.device)
+    before = offsets([d for s in range(me) for d in layout.dims_per_rank[s]])
+    after = offsets([d for s in range(me + 1, layout.world) for d in layout.dims_per_rank[s]])
     try:
-        decoded = decode_chunks(received, keep, [0, rows], cols, impl, own.device)
+        decode_around(received, keep, mine[me], ([0, rows], before), ([0, rows], after), impl, out[:, :first],
+                      out[:, last:])
     except CodecError as err:
         raise locate_decode_error(received, recv_sizes, layout, rows, impl) from err
-    first = sum(layout.dim_sums[:me])  # this rank's columns in the output
-    return torch.cat([decoded[:, :first], own, decoded[:, first:]], dim=1)
+    out[:, first:last].copy_(own)
+    return out
 
 
 def start_forward_uncompressed(x: torch.Tensor, batch_size_per_rank: list[int], layout: Layout, pg) -> InFlight:
@@ -404,6 +427,17 @@ class BackwardInFlight(NamedTuple):
     sizes: torch.Tensor | None = None  # DLAC: bytes of each (owner rank, table) chunk sent, 0 for own; casts: None
 
 
+def gather_owner_blocks(grad: torch.Tensor, owners: Sequence[int], wire_dtype: torch.dtype) -> torch.Tensor:
+    """The column block ``owners[r]:owners[r + 1]`` of ``grad`` for each owner rank ``r``, flattened in rank order
+    (TorchRec's backward all-to-all layout) as ``wire_dtype``: gathered and cast in one pass (``copy_`` rounds as
+    ``.to()`` does), the bits of ``torch.cat([grad[:, a:b].reshape(-1), ...]).to(wire_dtype)``."""
+    rows = grad.size(0)
+    send = torch.empty(rows * owners[-1], dtype=wire_dtype, device=grad.device)
+    for a, b in itertools.pairwise(owners):
+        send[rows * a : rows * b].view(rows, b - a).copy_(grad[:, a:b])
+    return send
+
+
 def start_backward_cast(grad: torch.Tensor, batch_size_per_rank: list[int], layout: Layout,
                         wire_dtype: torch.dtype, pg) -> BackwardInFlight:
     """Launch the gradient exchange of ``grad`` ([local batch, total dim]) to the column owners as ``wire_dtype``
@@ -411,8 +445,7 @@ def start_backward_cast(grad: torch.Tensor, batch_size_per_rank: list[int], layo
     me = layout.rank
     d_me, b_me = layout.dim_sums[me], grad.size(0)
     owners = offsets(layout.dim_sums)
-    # Column block of each owner rank, flattened in rank order: TorchRec's backward all-to-all layout.
-    send = torch.cat([grad[:, a:b].reshape(-1) for a, b in itertools.pairwise(owners)])
+    send = gather_owner_blocks(grad, owners, wire_dtype)
     flight = start_cast(send, [b_me * d for d in layout.dim_sums], [b * d_me for b in batch_size_per_rank],
                         wire_dtype, pg)
     sent = b_me * (grad.size(1) - d_me) * flight.received.element_size()  # this rank's own block is a local copy
@@ -449,19 +482,23 @@ def finish_backward(pending: BackwardInFlight, batch_size_per_rank: list[int], l
     received, own = pending.flight.wait(), pending.own
     d_me = own.size(1)
     if pending.recv_sizes is None:  # a cast: every source rank's rows, in rank order, this rank's own among them
-        recv_numel = [b * d_me for b in batch_size_per_rank]
-        blocks = [blk.view(b, d_me) for blk, b in zip(received.split(recv_numel), batch_size_per_rank)]
-        return torch.cat(blocks, dim=0).float()
+        # Already the result's layout: one cast (none for float32, whose receive buffer is the result).
+        return received.view(sum(batch_size_per_rank), d_me).float()
     n_local = len(layout.local_tables)
-    others = [b for r, b in enumerate(batch_size_per_rank) if r != me]
     recv_sizes = pending.recv_sizes
     keep = torch.cat([recv_sizes[: me * n_local], recv_sizes[(me + 1) * n_local :]])
+    first = sum(batch_size_per_rank[:me])  # the rows of this rank's own batch in the result
+    last = first + batch_size_per_rank[me]
+    # Decoded straight into the result's row blocks on either side of this rank's own (no concatenation).
+    out = torch.empty(sum(batch_size_per_rank), d_me, device=own.device)
+    cols = layout.local_cols
     try:
-        decoded = decode_chunks(received, keep, offsets(others), layout.local_cols, impl, own.device)
+        decode_around(received, keep, me * n_local, (offsets(batch_size_per_rank[:me]), cols),
+                      (offsets(batch_size_per_rank[me + 1 :]), cols), impl, out[:first], out[last:])
     except CodecError as err:
         raise CompressedExchangeError(
             f"rank {me}: embedding gradients received for tables {list(layout.local_tables)} failed to decode"
             f" ({err})."
         ) from err
-    first = sum(batch_size_per_rank[:me])  # the rows of this rank's own batch in the result
-    return torch.cat([decoded[:first], own, decoded[first:]], dim=0)
+    out[first:last].copy_(own)
+    return out
