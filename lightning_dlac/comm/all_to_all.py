@@ -30,7 +30,7 @@ from lightning_dlac.adaptive.bounds import BoundSource
 from lightning_dlac.comm import exchange
 from lightning_dlac.comm.collectives import all_reduce
 from lightning_dlac.comm.config import BackwardCompression, CompressionConfig
-from lightning_dlac.comm.exchange import BackwardInFlight, Impl, Layout, offsets
+from lightning_dlac.comm.exchange import BackwardInFlight, Impl, Layout, ResultBuffers, offsets
 from lightning_dlac.comm.fallback import FallbackCall, UncompressedFallback
 from lightning_dlac.comm.recorder import Ready, RecordedExchange
 from lightning_dlac.comm.timing import PhaseTimer
@@ -113,6 +113,9 @@ class CompressedPooledEmbeddingsAllToAll(RecordedExchange):
         self._timed: FallbackCall | None = None  # the fallback's timed call whose time is being summed
         self.forward_impl: Impl = config.impl
         self.backward_impl: Impl = config.impl
+        # The memory of the previous output and gradient, reused once nothing holds them (the CPU's page faults).
+        self._forward_buffers = ResultBuffers()
+        self._backward_buffers = ResultBuffers()
 
     @property
     def overlapped(self) -> bool:
@@ -193,7 +196,8 @@ class CompressedPooledEmbeddingsAllToAll(RecordedExchange):
                 with timer.phase("exchange_s", "dlac exchange"):
                     received = flight.wait()
                 with timer.phase("decode_s", "dlac decode"):
-                    return exchange.decode_from_others(received, recv_sizes, own, layout, self.forward_impl)
+                    return exchange.decode_from_others(received, recv_sizes, own, layout, self.forward_impl,
+                                                       self._forward_buffers)
 
         call.finish = finish
 
@@ -256,7 +260,8 @@ class CompressedPooledEmbeddingsAllToAll(RecordedExchange):
         assert call.backward is not None, "a gradient exchange is waited on before it was launched"
         mode = self._backward_mode(call)
         with call.timer.phase("backward_s", f"dlac backward ({mode})"):
-            out = exchange.finish_backward(call.backward, call.batch_size_per_rank, self.layout, self.backward_impl)
+            out = exchange.finish_backward(call.backward, call.batch_size_per_rank, self.layout, self.backward_impl,
+                                           self._backward_buffers)
         call.backward = None
         if comm_ops.get_gradient_division():
             # TorchRec scales embedding gradients like DDP averages dense ones; in place: out is the exchange's own

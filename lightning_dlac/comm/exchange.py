@@ -224,6 +224,40 @@ def start_cast(values: torch.Tensor, send_numel: list[int], recv_numel: list[int
     return InFlight(received, work)
 
 
+# ---------------------------------------------------------------------- result buffers
+
+
+# How many references an untyped storage has (tensors and views on it, storage objects); None where torch lacks it.
+_storage_use_count = getattr(torch._C, "_storage_Use_Count", None)
+
+
+class ResultBuffers:
+    """New float32 result tensors whose memory is reused from one call to the next where nothing holds it any more.
+
+    An exchange's result is as large as the step's pooled embeddings (or their gradient), and a large new tensor on
+    the CPU costs the first code that writes it a page fault per page whenever the allocator hands it fresh
+    memory (glibc maps large blocks anew, and unmaps them when freed, until its threshold adapts). :meth:`empty`
+    returns a new tensor (its own, with no autograd history) on the memory of the previous result when no tensor or
+    view of that result is alive any more, which the storage's reference count says exactly; otherwise, and on other
+    devices (whose caching allocators keep memory already, and whose kernels may still read it on another stream),
+    fresh memory. One instance per kind of result: a forward output and a gradient are alive together."""
+
+    def __init__(self) -> None:
+        self._held: torch.UntypedStorage | None = None
+        self._idle = 0  # the held storage's reference count when only this object holds it
+
+    def empty(self, rows: int, cols: int, device: torch.device) -> torch.Tensor:
+        """A float32 [rows, cols] tensor of unspecified contents on ``device``."""
+        nbytes = rows * cols * 4
+        if device.type != "cpu" or _storage_use_count is None or nbytes == 0:
+            return torch.empty(rows, cols, device=device)
+        held = self._held
+        if held is None or held.nbytes() != nbytes or _storage_use_count(held._cdata) != self._idle:
+            held = torch.empty(rows * cols).untyped_storage()  # the temporary tensor is gone at once
+            self._held, self._idle = held, _storage_use_count(held._cdata)
+        return torch.empty(0).set_(held, 0, (rows, cols))
+
+
 # ---------------------------------------------------------------------- the pooled layout
 
 
@@ -349,16 +383,17 @@ def start_forward(encoded: Encoded, layout: Layout, pg) -> tuple[InFlight, torch
 
 
 def decode_from_others(
-    received: torch.Tensor, recv_sizes: torch.Tensor, own: torch.Tensor, layout: Layout, impl: Impl
+    received: torch.Tensor, recv_sizes: torch.Tensor, own: torch.Tensor, layout: Layout, impl: Impl,
+    buffers: ResultBuffers | None = None,
 ) -> torch.Tensor:
     """This rank's pooled embeddings [local batch, total dim]: the decoded columns of every other rank around
-    ``own``, the exact block this rank kept."""
+    ``own``, the exact block this rank kept (in a tensor from ``buffers`` where given)."""
     me, rows = layout.rank, own.size(0)
     mine = offsets(layout.chunk_counts)
     keep = torch.cat([recv_sizes[: mine[me]], recv_sizes[mine[me + 1] :]])
     first, last = sum(layout.dim_sums[:me]), sum(layout.dim_sums[: me + 1])  # this rank's columns in the output
     # Decoded straight into the output's column blocks on either side of this rank's own (no concatenation).
-    out = torch.empty(rows, sum(layout.dim_sums), device=own.device)
+    out = (buffers or ResultBuffers()).empty(rows, sum(layout.dim_sums), own.device)
     before = offsets([d for s in range(me) for d in layout.dims_per_rank[s]])
     after = offsets([d for s in range(me + 1, layout.world) for d in layout.dims_per_rank[s]])
     try:
@@ -475,22 +510,26 @@ def start_backward_dlac(grad: torch.Tensor, batch_size_per_rank: list[int], layo
 
 
 def finish_backward(pending: BackwardInFlight, batch_size_per_rank: list[int], layout: Layout,
-                    impl: Impl) -> torch.Tensor:
+                    impl: Impl, buffers: ResultBuffers | None = None) -> torch.Tensor:
     """Wait for a gradient exchange that :func:`start_backward_cast` or :func:`start_backward_dlac` launched; return
-    this rank's gradient of ``local_embs`` ([sum of batch sizes, local dim sum], float32)."""
+    this rank's gradient of ``local_embs`` ([sum of batch sizes, local dim sum], float32; a bf16 / fp16 cast or a
+    DLAC decode in a tensor from ``buffers`` where given)."""
     me = layout.rank
     received, own = pending.flight.wait(), pending.own
     d_me = own.size(1)
     if pending.recv_sizes is None:  # a cast: every source rank's rows, in rank order, this rank's own among them
         # Already the result's layout: one cast (none for float32, whose receive buffer is the result).
-        return received.view(sum(batch_size_per_rank), d_me).float()
+        rows = received.view(sum(batch_size_per_rank), d_me)
+        if rows.dtype == torch.float32:
+            return rows
+        return (buffers or ResultBuffers()).empty(rows.size(0), d_me, rows.device).copy_(rows)
     n_local = len(layout.local_tables)
     recv_sizes = pending.recv_sizes
     keep = torch.cat([recv_sizes[: me * n_local], recv_sizes[(me + 1) * n_local :]])
     first = sum(batch_size_per_rank[:me])  # the rows of this rank's own batch in the result
     last = first + batch_size_per_rank[me]
     # Decoded straight into the result's row blocks on either side of this rank's own (no concatenation).
-    out = torch.empty(sum(batch_size_per_rank), d_me, device=own.device)
+    out = (buffers or ResultBuffers()).empty(sum(batch_size_per_rank), d_me, own.device)
     cols = layout.local_cols
     try:
         decode_around(received, keep, me * n_local, (offsets(batch_size_per_rank[:me]), cols),

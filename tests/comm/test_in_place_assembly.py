@@ -125,3 +125,44 @@ def test_a_corrupt_chunk_on_either_side_of_the_own_block_is_a_codec_error(impl: 
         with pytest.raises(Exception) as info:
             decode_from_others(bad, recv_sizes, own, layout, impl)
         assert isinstance(info.value.__cause__, CodecError)
+
+
+def test_result_buffers_reuse_memory_only_once_nothing_holds_it() -> None:
+    from lightning_dlac.comm.exchange import ResultBuffers
+
+    cpu = torch.device("cpu")
+    buffers = ResultBuffers()
+    first = buffers.empty(6, 4, cpu)
+    first.fill_(1.0)
+    second = buffers.empty(6, 4, cpu)  # the first is alive: fresh memory
+    assert second.data_ptr() != first.data_ptr()
+    view = second[:, 1:3]
+    address = second.data_ptr()
+    del second
+    third = buffers.empty(6, 4, cpu)  # a view of the second is alive: fresh memory again
+    assert third.data_ptr() != address and bool((first == 1.0).all())
+    address = third.data_ptr()
+    del view, third
+    fourth = buffers.empty(6, 4, cpu)  # nothing holds the third's memory: reused, as a tensor of its own
+    assert fourth.data_ptr() == address and fourth.grad_fn is None and not fourth.requires_grad
+    assert buffers.empty(3, 4, cpu).shape == (3, 4)  # another size: fresh memory of that size
+
+
+def test_an_output_the_caller_still_holds_is_never_overwritten_by_the_next_call(impl: str) -> None:
+    from lightning_dlac.comm.exchange import ResultBuffers
+
+    layout, rows = _layout(1), 8
+    g = torch.Generator().manual_seed(9)
+    buffers = ResultBuffers()
+    outs, copies = [], []
+    for _ in range(3):
+        grids = {s: encode_chunks(torch.randn(rows, layout.dim_sums[s], generator=g), [0, rows], offsets(DIMS[s]),
+                                  0.02, impl) for s in layout.other_ranks}
+        received = torch.cat([grids[s].payload for s in layout.other_ranks])
+        recv_sizes = with_own(torch.cat([grids[s].sizes for s in layout.other_ranks]), 2, 1)
+        out = decode_from_others(received, recv_sizes, torch.randn(rows, layout.dim_sums[1], generator=g), layout,
+                                 impl, buffers)
+        outs.append(out)
+        copies.append(out.clone())
+    assert len({o.data_ptr() for o in outs}) == 3
+    assert all(torch.equal(o, c) for o, c in zip(outs, copies))
