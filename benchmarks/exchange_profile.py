@@ -23,6 +23,10 @@ Python. Phases, per direction and step (median over steps, the slower rank):
 - ``gather, cast``: the backward's gathering of the owners' columns and the cast to the wire dtype;
 - ``module``: the rest, as above.
 
+Each phase also counts this thread's minor page faults: a large new tensor is mapped fresh (glibc serves big
+allocations with ``mmap`` until its threshold adapts, and returns them), so the first code that writes it pays for
+zeroed pages, whichever phase that is; ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_`` change that.
+
 Then, one rank at a time, the codec's native kernels (``torch.ops.dlac.encode_grid`` / ``decode_grid``) are called
 directly on the arguments of the last step's codec calls (same block, splits, bounds and payload), and for the
 bf16 / fp16 backward the cast of the same elements there and back: the kernel's own time for the same bytes. The
@@ -42,6 +46,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
+import resource
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -79,15 +85,21 @@ COPY_OPS = ("aten::cat", "aten::copy_", "aten::_to_copy", "aten::index", "aten::
 ALLOC_OPS = ("aten::empty", "aten::empty_strided", "aten::zeros", "aten::new_zeros", "aten::zero_")
 
 
+def _now() -> tuple[float, float, float]:
+    """Wall seconds, this thread's CPU seconds, and this thread's minor page faults so far (first touches of newly
+    mapped memory: what a large new tensor costs the first code that writes it)."""
+    return time.perf_counter(), time.thread_time(), float(resource.getrusage(resource.RUSAGE_THREAD).ru_minflt)
+
+
 class PhaseClock:
     """Exclusive wall and thread-CPU seconds of the wrapped calls, per direction and phase, and the arguments of
     every call, for the step being timed (the kernel reference replays the last step's codec calls)."""
 
     def __init__(self) -> None:
         self.direction = "forward"
-        self._stack: list[list[float]] = []  # per open call: [wrapped children's wall, their cpu]
-        self.step: dict[tuple[str, str], list[float]] = {}  # (direction, phase) -> [wall, cpu] exclusive
-        self.top: dict[str, list[float]] = {}  # direction -> [wall, cpu] of the outermost wrapped calls
+        self._stack: list[list[float]] = []  # per open call: its wrapped children's [wall, cpu, faults]
+        self.step: dict[tuple[str, str], list[float]] = {}  # (direction, phase) -> [wall, cpu, faults] exclusive
+        self.top: dict[str, list[float]] = {}  # direction -> [wall, cpu, faults] of the outermost wrapped calls
         self.calls: dict[str, dict[str, list[tuple]]] = {}  # direction -> function -> this step's (args, kwargs)
 
     def reset(self) -> None:
@@ -95,23 +107,19 @@ class PhaseClock:
 
     @contextlib.contextmanager
     def timed(self, phase: str) -> Iterator[None]:
-        self._stack.append([0.0, 0.0])
-        w0, c0 = time.perf_counter(), time.thread_time()
+        self._stack.append([0.0, 0.0, 0.0])
+        start = _now()
         try:
             yield
         finally:
-            wall, cpu = time.perf_counter() - w0, time.thread_time() - c0
-            child_wall, child_cpu = self._stack.pop()
-            acc = self.step.setdefault((self.direction, phase), [0.0, 0.0])
-            acc[0] += wall - child_wall
-            acc[1] += cpu - child_cpu
-            if self._stack:
-                self._stack[-1][0] += wall
-                self._stack[-1][1] += cpu
-            else:
-                top = self.top.setdefault(self.direction, [0.0, 0.0])
-                top[0] += wall
-                top[1] += cpu
+            spent = [b - a for a, b in zip(start, _now())]
+            children = self._stack.pop()
+            acc = self.step.setdefault((self.direction, phase), [0.0, 0.0, 0.0])
+            for i in range(3):
+                acc[i] += spent[i] - children[i]
+            outer = self._stack[-1] if self._stack else self.top.setdefault(self.direction, [0.0, 0.0, 0.0])
+            for i in range(3):
+                outer[i] += spent[i]
 
     def wrap(self, name: str, fn: Callable[..., Any], phase: str) -> Callable[..., Any]:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -241,24 +249,26 @@ def _profile_rank(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
                 inp = x.clone().requires_grad_(True)
                 dist.barrier()
                 clock.direction = "forward"
-                w0, c0 = time.perf_counter(), time.thread_time()
+                start = _now()
                 out = a2a(inp).wait()
-                fwd = (time.perf_counter() - w0, time.thread_time() - c0)
+                fwd = [b - a for a, b in zip(start, _now())]
                 dist.barrier()
                 clock.direction = "backward"
-                w0, c0 = time.perf_counter(), time.thread_time()
+                start = _now()
                 out.backward(upstream)
-                bwd = (time.perf_counter() - w0, time.thread_time() - c0)
+                bwd = [b - a for a, b in zip(start, _now())]
                 if step < cfg["warmup"]:
+                    del out, inp  # as a training step does: nothing of it is held into the next one
                     continue
                 record: dict[str, Any] = {}
-                for direction, (wall, cpu) in (("forward", fwd), ("backward", bwd)):
+                for direction, (wall, cpu, faults) in (("forward", fwd), ("backward", bwd)):
                     phases = {p: list(v) for (d, p), v in clock.step.items() if d == direction}
-                    top = clock.top.get(direction, [0.0, 0.0])
-                    phases[MODULE] = [wall - top[0], cpu - top[1]]
-                    record[direction] = dict(wall_s=wall, cpu_s=cpu, phases=phases)
+                    top = clock.top.get(direction, [0.0, 0.0, 0.0])
+                    phases[MODULE] = [wall - top[0], cpu - top[1], faults - top[2]]
+                    record[direction] = dict(wall_s=wall, cpu_s=cpu, faults=faults, phases=phases)
                 steps.append(record)
                 digest = [float(out.detach().double().sum()), float(inp.grad.double().sum())]
+                del out, inp
             kernels = {}
             for r in range(world):  # one rank at a time: the kernels alone, not sharing the cores with the other
                 if r == rank:
@@ -333,10 +343,11 @@ def summarize(per_rank: list[dict[str, Any]], backward: str) -> dict[str, Any]:
         step_cpu = [max(r["steps"][i][direction]["cpu_s"] for r in runs) for i in range(n)]
         phases = {}
         for phase in PHASES:
-            wall = [max(r["steps"][i][direction]["phases"].get(phase, [0.0, 0.0])[0] for r in runs) for i in range(n)]
-            cpu = [max(r["steps"][i][direction]["phases"].get(phase, [0.0, 0.0])[1] for r in runs) for i in range(n)]
+            wall, cpu, faults = ([max(r["steps"][i][direction]["phases"].get(phase, [0.0, 0.0, 0.0])[k] for r in runs)
+                                  for i in range(n)] for k in range(3))
             if any(wall) or any(cpu):
-                phases[phase] = dict(wall_ms=statistics.median(wall) * 1e3, cpu_ms=statistics.median(cpu) * 1e3)
+                phases[phase] = dict(wall_ms=statistics.median(wall) * 1e3, cpu_ms=statistics.median(cpu) * 1e3,
+                                     page_faults=statistics.median(faults))
         kernels = {}
         for op in ("encode", "decode", "cast"):
             found = [r["kernels"][direction][op] for r in runs if op in r["kernels"][direction]]
@@ -376,9 +387,9 @@ def table(summary: dict[str, dict[str, Any]]) -> list[str]:
             lines.append(f"  {direction}: {d['wall_ms']:.1f} ms wall, {d['cpu_ms']:.1f} ms CPU per step (kernels"
                          f" alone {d['kernel_ms']:.1f} ms wall, {d['kernel_cpu_ms']:.1f} ms CPU; transfer"
                          f" {d['transfer_ms']:.1f} ms)")
-            lines.append(f"    {'phase':<24}{'wall ms':>9}{'CPU ms':>9}")
+            lines.append(f"    {'phase':<24}{'wall ms':>9}{'CPU ms':>9}{'faults':>9}")
             for phase, v in d["phases"].items():
-                lines.append(f"    {phase:<24}{v['wall_ms']:>9.2f}{v['cpu_ms']:>9.2f}")
+                lines.append(f"    {phase:<24}{v['wall_ms']:>9.2f}{v['cpu_ms']:>9.2f}{v['page_faults']:>9.0f}")
             for op, k in d["kernels"].items():
                 lines.append(f"    kernel {op:<17}{k['ms']:>9.2f}{k['cpu_ms']:>9.2f}"
                              f"  ({k['raw_bytes'] / 1e6:.1f} MB raw, {k['wire_bytes'] / 1e6:.2f} MB wire)")
@@ -400,12 +411,15 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps before them")
     parser.add_argument("--kernel-repeat", type=int, default=7, help="timed calls of each kernel (median)")
     parser.add_argument("--profiler-steps", type=int, default=0, help="steps under torch.profiler (0: none)")
+    parser.add_argument("--label", default=None,
+                        help="what exchange code ran, kept in the config (e.g. an older package on PYTHONPATH)")
     parser.add_argument("--json-out", type=Path, default=REPO / "benchmarks" / "results" / "exchange_profile.json")
     args = parser.parse_args()
     metadata = start_run("benchmarks/exchange_profile.py", vars(args))
     cfg = dict(batch_size=args.batch_size, max_rows=args.max_rows, backward=args.backward.split(","), eps=args.eps,
                steps=args.steps, warmup=args.warmup, kernel_repeat=args.kernel_repeat,
-               profiler_steps=args.profiler_steps, world_size=2, threads_per_rank=1, tables=TABLES, dim=DIM)
+               profiler_steps=args.profiler_steps, world_size=2, threads_per_rank=1, tables=TABLES, dim=DIM,
+               label=args.label, package=str(Path(importlib.util.find_spec("lightning_dlac").origin).parent))
     per_rank = run_ranks(_profile_rank, 2, cfg)
     summary = {b: summarize(per_rank, b) for b in cfg["backward"]}
     print("\n".join(table(summary)))
