@@ -192,8 +192,9 @@ def _train_rank(rank: int, world_size: int, variant_name: str, cfg: dict[str, An
     from lightning_dlac.engine.sharding import ShardingOptions, dense_parameters, shard_model
 
     variant = VARIANTS[variant_name]
-    if cfg.get("cpu_starved"):  # every rank, and the threads it starts (gloo's), on one core
-        os.sched_setaffinity(0, {cfg["cpu_starved_core"]})
+    if cfg.get("cpu_starved"):  # every rank, the threads it has and those it starts (gloo's), on one core
+        for tid in os.listdir("/proc/self/task"):
+            os.sched_setaffinity(int(tid), {cfg["cpu_starved_core"]})
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     try:
         batch_size, steps, warmup = cfg["batch_size"], cfg["steps"], cfg["warmup"]
