@@ -118,12 +118,12 @@ STEPS: tuple[Step, ...] = (
     }),
     Step("e2e_qcomm_race.json", "benchmarks/e2e_bandwidth.py", {
         "smoke": _e2e("1gbit", "fp32,qcomm_fp8,qcomm_mx4,dlac_dlac", 256, 2, 1, 2),
-        "quick": _e2e("1gbit", E2E_QCOMM_RACE, 4096, 4, 1, 2),
+        "quick": _e2e("1gbit", E2E_QCOMM_RACE, 4096, 4, 1, 4),
         "full": _e2e("1gbit,10gbit", E2E_QCOMM_RACE, 4096, 6, 2, 4),
     }),
     Step("e2e_qcomm_race_starved.json", "benchmarks/e2e_bandwidth.py", {
         "smoke": _e2e("1gbit", "fp32,dlac_dlac", 256, 2, 1, 2, "--cpu-starved"),
-        "quick": _e2e("1gbit", E2E_QCOMM_STARVED, 4096, 4, 1, 2, "--cpu-starved"),
+        "quick": _e2e("1gbit", E2E_QCOMM_STARVED, 4096, 4, 1, 4, "--cpu-starved"),
         "full": _e2e("1gbit", E2E_QCOMM_STARVED, 4096, 6, 2, 4, "--cpu-starved"),
     }),
     Step("e2e_world3.json", "benchmarks/e2e_bandwidth.py", {
