@@ -116,6 +116,7 @@ class CompressedPooledEmbeddingsAllToAll(RecordedExchange):
         # The memory of the previous output and gradient, reused once nothing holds them (the CPU's page faults).
         self._forward_buffers = ResultBuffers()
         self._backward_buffers = ResultBuffers()
+        self._cast_scratch = ResultBuffers()  # the gradient cast whole before its owners' blocks are gathered
 
     @property
     def overlapped(self) -> bool:
@@ -234,7 +235,7 @@ class CompressedPooledEmbeddingsAllToAll(RecordedExchange):
                                                              self._config.backward_eps, self.backward_impl, self._pg)
             else:
                 call.backward = exchange.start_backward_cast(grad, call.batch_size_per_rank, self.layout,
-                                                             mode.wire_dtype, self._pg)
+                                                             mode.wire_dtype, self._pg, self._cast_scratch)
         if call.on_record:
             raw = grad.size(0) * (grad.size(1) - self.layout.dim_sums[self.layout.rank]) * 4
             table_sent = self._backward_table_sent(call.backward, grad.size(0))

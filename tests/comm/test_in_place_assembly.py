@@ -15,6 +15,7 @@ from lightning_dlac.comm.exchange import (
     BackwardInFlight,
     InFlight,
     Layout,
+    ResultBuffers,
     decode_chunks,
     decode_from_others,
     encode_chunks,
@@ -97,9 +98,14 @@ def test_cast_gradient_gathers_and_casts_in_one_pass_and_keeps_the_received_layo
     g = torch.Generator().manual_seed(3)
     grad = torch.randn(9, 44, generator=g) * torch.logspace(-6, 2, 44)  # values that round differently per dtype
     owners = offsets([8, 0, 16, 20])  # an owner without columns too
-    send = gather_owner_blocks(grad, owners, wire)
     expected = torch.cat([grad[:, a:b].reshape(-1) for a, b in itertools.pairwise(owners)]).to(wire)
-    assert send.dtype == wire and torch.equal(send.view(torch.uint8), expected.view(torch.uint8))
+    scratch = ResultBuffers()
+    wide = torch.randn(9, 60, generator=g)
+    wide[:, :44] = grad
+    # Cast whole through a scratch tensor (twice: the second reuses it), and straight from a strided view.
+    for source in (grad, grad, wide[:, :44]):
+        send = gather_owner_blocks(source, owners, wire, scratch)
+        assert send.dtype == wire and torch.equal(send.view(torch.uint8), expected.view(torch.uint8))
 
     me, batch = 1, [5, 7, 3]
     layout = _layout(me)
