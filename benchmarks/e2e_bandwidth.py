@@ -618,7 +618,7 @@ def main() -> None:
     cfg = dict(batch_size=args.batch_size, steps=args.steps, warmup=args.warmup, max_rows=args.max_rows,
                world_size=args.world_size, model=args.model, fallback_check_every=args.fallback_check_every,
                timeout=args.timeout, repeats=args.repeats, variants=variants, order="ABBA (reversed every other"
-               " repeat), each ceiling right after the launch whose bytes it sends",
+               " repeat; each ceiling right after the launch whose bytes it sends)",
                ceiling_tolerance=CEILING_TOLERANCE, cpu_starved=args.cpu_starved,
                cpu_starved_core=min(os.sched_getaffinity(0)) if args.cpu_starved else None)
 
