@@ -117,6 +117,7 @@ class CompressedPooledEmbeddingsAllToAll(RecordedExchange):
         self._forward_buffers = ResultBuffers()
         self._backward_buffers = ResultBuffers()
         self._cast_scratch = ResultBuffers()  # the gradient cast whole before its owners' blocks are gathered
+        self._cast_sends = ResultBuffers()  # and the blocks gathered, until the exchange has sent them
 
     @property
     def overlapped(self) -> bool:
@@ -235,7 +236,8 @@ class CompressedPooledEmbeddingsAllToAll(RecordedExchange):
                                                              self._config.backward_eps, self.backward_impl, self._pg)
             else:
                 call.backward = exchange.start_backward_cast(grad, call.batch_size_per_rank, self.layout,
-                                                             mode.wire_dtype, self._pg, self._cast_scratch)
+                                                             mode.wire_dtype, self._pg, self._cast_scratch,
+                                                             self._cast_sends)
         if call.on_record:
             raw = grad.size(0) * (grad.size(1) - self.layout.dim_sums[self.layout.rank]) * 4
             table_sent = self._backward_table_sent(call.backward, grad.size(0))

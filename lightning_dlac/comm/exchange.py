@@ -463,14 +463,15 @@ class BackwardInFlight(NamedTuple):
 
 
 def gather_owner_blocks(grad: torch.Tensor, owners: Sequence[int], wire_dtype: torch.dtype,
-                        scratch: ResultBuffers | None = None) -> torch.Tensor:
+                        scratch: ResultBuffers | None = None, sends: ResultBuffers | None = None) -> torch.Tensor:
     """The column block ``owners[r]:owners[r + 1]`` of ``grad`` for each owner rank ``r``, flattened in rank order
     (TorchRec's backward all-to-all layout) as ``wire_dtype``: the bits of
     ``torch.cat([grad[:, a:b].reshape(-1), ...]).to(wire_dtype)`` (``copy_`` rounds as ``.to()`` does). A narrower
     wire dtype is cast first, whole and contiguous, into a tensor from ``scratch`` (a contiguous cast is several
-    times faster than one from strided column blocks), and the blocks are gathered from there."""
+    times faster than one from strided column blocks), and the blocks are gathered from there into a tensor from
+    ``sends`` (reused once the exchange that sent it holds it no more)."""
     rows = grad.size(0)
-    send = torch.empty(rows * owners[-1], dtype=wire_dtype, device=grad.device)
+    send = (sends or ResultBuffers()).empty(rows, owners[-1], grad.device, wire_dtype).view(-1)
     source = grad
     if wire_dtype != grad.dtype and len(owners) > 2 and grad.is_contiguous():
         source = (scratch or ResultBuffers()).empty(rows, owners[-1], grad.device, wire_dtype).copy_(grad)
@@ -480,13 +481,14 @@ def gather_owner_blocks(grad: torch.Tensor, owners: Sequence[int], wire_dtype: t
 
 
 def start_backward_cast(grad: torch.Tensor, batch_size_per_rank: list[int], layout: Layout,
-                        wire_dtype: torch.dtype, pg, scratch: ResultBuffers | None = None) -> BackwardInFlight:
+                        wire_dtype: torch.dtype, pg, scratch: ResultBuffers | None = None,
+                        sends: ResultBuffers | None = None) -> BackwardInFlight:
     """Launch the gradient exchange of ``grad`` ([local batch, total dim]) to the column owners as ``wire_dtype``
     (float32, bf16, fp16)."""
     me = layout.rank
     d_me, b_me = layout.dim_sums[me], grad.size(0)
     owners = offsets(layout.dim_sums)
-    send = gather_owner_blocks(grad, owners, wire_dtype, scratch)
+    send = gather_owner_blocks(grad, owners, wire_dtype, scratch, sends)
     flight = start_cast(send, [b_me * d for d in layout.dim_sums], [b * d_me for b in batch_size_per_rank],
                         wire_dtype, pg)
     sent = b_me * (grad.size(1) - d_me) * flight.received.element_size()  # this rank's own block is a local copy

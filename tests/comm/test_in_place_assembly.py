@@ -99,13 +99,16 @@ def test_cast_gradient_gathers_and_casts_in_one_pass_and_keeps_the_received_layo
     grad = torch.randn(9, 44, generator=g) * torch.logspace(-6, 2, 44)  # values that round differently per dtype
     owners = offsets([8, 0, 16, 20])  # an owner without columns too
     expected = torch.cat([grad[:, a:b].reshape(-1) for a, b in itertools.pairwise(owners)]).to(wire)
-    scratch = ResultBuffers()
+    scratch, sends = ResultBuffers(), ResultBuffers()
     wide = torch.randn(9, 60, generator=g)
     wide[:, :44] = grad
     # Cast whole through a scratch tensor (twice: the second reuses it), and straight from a strided view.
+    held = []
     for source in (grad, grad, wide[:, :44]):
-        send = gather_owner_blocks(source, owners, wire, scratch)
+        send = gather_owner_blocks(source, owners, wire, scratch, sends)
         assert send.dtype == wire and torch.equal(send.view(torch.uint8), expected.view(torch.uint8))
+        held.append(send)  # a send still held (an exchange in flight) is never reused
+    assert len({s.data_ptr() for s in held}) == 3
 
     me, batch = 1, [5, 7, 3]
     layout = _layout(me)
