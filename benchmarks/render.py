@@ -1003,6 +1003,18 @@ def qcomm_race(results: Results) -> list[str]:
             found = paired(rows, rate, variant, reference) if reference else None
             if found:
                 targets.append(judge(name, found[0], found[1], threshold, rate=rate))
+    fast = results.get("e2e_qcomm_race_10gbit.json")
+    if fast is not None:
+        lines += ["", "At 10 Gbit/s, against the fastest qcomm variant of the race above:", ""]
+        lines += _e2e_body(results, ("e2e_qcomm_race_10gbit.json",))
+        frows = fast["results"]
+        for rate in sorted({r["rate"] for r in frows}):
+            ran = [q for q in QCOMM_RACE if _pick(frows, rate, q)]
+            for variant in ("dlac_dlac", "dlac_bf16"):
+                for q in ran:
+                    found = paired(frows, rate, variant, q)
+                    if found:
+                        targets.append(judge(f"{variant} no slower than {q}", found[0], found[1], 1.0, rate=rate))
     starved = results.get("e2e_qcomm_race_starved.json")
     if starved is not None:
         lines += ["", "With `--cpu-starved` (every rank's threads on one core):", ""]
@@ -1031,7 +1043,8 @@ def qcomm_race(results: Results) -> list[str]:
 BLOCKS.update({
     "exchange_profile": Block(("exchange_profile.json",), exchange_profile),
     "qcomm_race": Block(("e2e_qcomm_race.json",), qcomm_race,
-                        optional=("e2e_qcomm_race_starved.json", "codec_bench_qcomm.json")),
+                        optional=("e2e_qcomm_race_10gbit.json", "e2e_qcomm_race_starved.json",
+                                  "codec_bench_qcomm.json")),
 })
 
 
