@@ -467,9 +467,9 @@ def gather_owner_blocks(grad: torch.Tensor, owners: Sequence[int], wire_dtype: t
     """The column block ``owners[r]:owners[r + 1]`` of ``grad`` for each owner rank ``r``, flattened in rank order
     (TorchRec's backward all-to-all layout) as ``wire_dtype``: the bits of
     ``torch.cat([grad[:, a:b].reshape(-1), ...]).to(wire_dtype)`` (``copy_`` rounds as ``.to()`` does). A narrower
-    wire dtype is cast first, whole and contiguous, into a tensor from ``scratch`` (a contiguous cast is several
-    times faster than one from strided column blocks), and the blocks are gathered from there into a tensor from
-    ``sends`` (reused once the exchange that sent it holds it no more)."""
+    wire dtype is cast first, whole and contiguous, into a tensor from ``scratch`` (on this CPU the contiguous cast
+    and the narrower gather took about 0.6 of a cast from strided column blocks), and the blocks are gathered from
+    there into a tensor from ``sends`` (reused once the exchange that sent it holds it no more)."""
     rows = grad.size(0)
     send = (sends or ResultBuffers()).empty(rows, owners[-1], grad.device, wire_dtype).view(-1)
     source = grad
