@@ -157,7 +157,7 @@ def _install_qcomm():
 
     class QCommSharder(base):  # noqa: D101 - a one-argument default
         def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
-            kwargs.setdefault("qcommcodecs_registry", registry)
+            kwargs.setdefault("qcomm_codecs_registry", registry)
             super().__init__(*args, **kwargs)
 
     ebc.EmbeddingBagCollectionSharder = QCommSharder

@@ -1,4 +1,5 @@
-"""Codec benchmark: DLAC against FP16, fbgemm INT8 row-wise, SZ3, ZFP and the entropy reference figures.
+"""Codec benchmark: DLAC against FP16, fbgemm INT8 row-wise, SZ3, ZFP and the entropy reference figures (and with
+``--qcomm fp8 mx4`` TorchRec's qcomm FP8 and MX4 codecs).
 
 Payloads: (a) 4096x64 float32 rows looked up from an embedding table with Zipf id frequencies; (b) the pooled
 embeddings (26 tables x dim 64) of 2,048 Criteo rows, captured from the example DLRM after it trained ~3 epochs on
@@ -313,6 +314,31 @@ def bench_int8(ctx: Ctx) -> dict:
                 **ctx.timed(enc, lambda: dec_op(q)))
 
 
+# TorchRec's qcomm codecs that the e2e race runs besides INT8 (issue 34): their forward codec as TorchRec builds it
+# for the CPU, applied to the whole send buffer as its pooled all-to-all does.
+QCOMM_CODECS = {"fp8": "TorchRec qcomm FP8", "mx4": "TorchRec qcomm MX4"}
+
+
+def bench_qcomm(ctx: Ctx, precision: str) -> dict:
+    """TorchRec's qcomm codec of ``precision`` (``fp8``, ``mx4``) on the payload: ratio, max error over each table
+    chunk's range, GB/s."""
+    from torchrec.distributed.fbgemm_qcomm_codec import CommType, QCommsConfig, get_qcomm_codecs_registry
+    from torchrec.distributed.types import CommOp
+
+    registry = get_qcomm_codecs_registry(
+        QCommsConfig(forward_precision=CommType(precision), backward_precision=CommType.FP32),
+        device=torch.device("cpu"))
+    codec = registry[CommOp.POOLED_EMBEDDINGS_ALL_TO_ALL.name].forward
+    qctx = codec.create_context()
+    enc = lambda: codec.encode(ctx.x, qctx)  # noqa: E731
+    q = enc()
+    y = codec.decode(q, qctx).reshape(-1)[: ctx.x.numel()].reshape(ctx.x.shape).float()
+    nbytes = q.numel() * q.element_size()
+    return dict(method=QCOMM_CODECS[precision], eps=None, ratio=ctx.raw_bytes / nbytes, compressed_bytes=nbytes,
+                max_err_over_eb=None, max_err_over_range=_err_over_range(ctx.chunks, _chunks(y, ctx.cs)),
+                **ctx.timed(enc, lambda: codec.decode(q, qctx)))
+
+
 def bench_sz3(ctx: Ctx, eps: float, time_it: bool) -> dict:
     import pysz
 
@@ -492,6 +518,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smoke run: small payloads, 1 epoch, short timings")
     parser.add_argument("--dlrm-v2-steps", type=int, default=32,
                         help="training steps of the DLRM v2 (DCN, multi-hot) model before capturing its payloads")
+    parser.add_argument("--qcomm", nargs="*", default=[], choices=sorted(QCOMM_CODECS),
+                        help="also TorchRec's qcomm codecs of these precisions (fbgemm's FP8 and MX4 kernels)")
     parser.add_argument("--no-dlrm-v2", action="store_true", help="skip the dlrm_v2 / dlrm_v2_iid payloads")
     args = parser.parse_args()
     metadata = start_run("benchmarks/codec_bench.py", vars(args))
@@ -543,6 +571,7 @@ def main() -> None:
         rows_out = [bench_memcpy(ctx), bench_fp16(ctx)]
         if have_int8:
             rows_out.append(bench_int8(ctx))
+            rows_out += [bench_qcomm(ctx, precision) for precision in args.qcomm]
         for eps in args.eps:
             rows_out.append(bench_dlac(ctx, eps, impl, time_dlac))
             sizes = dlac_forced_sizes(ctx, eps)

@@ -14,13 +14,20 @@ DLRM v2, DLRM_DCN with dim 128 and multi-hot ids with MLPerf's pooling factors) 
 DistributedModelParallel, table-wise sharding, fused Adagrad for the tables, dense Adagrad.
 
 Every variant runs on the library's defaults unless its name says otherwise (``..._sync``, ``..._overlap``,
-``..._auto``, ``..._classes``). Each is launched ``--repeats`` times, in ABBA order (the variant list reversed every
-other repeat); a variant's steps are pooled (median step, slower rank per step) and every ratio is reported as the
-pooled medians' ratio with the per-repeat range (launches of the same repeat paired). ``ceiling_dlac_dlac`` is
-DLAC both directions' like-for-like ceiling: the same exchange module with the null codec
-(lightning_dlac/comm/null_codec.py), sending the latest ``dlac_dlac`` launch's bytes per table and direction, with
-no encode or decode; a DLAC launch more than 5% faster than the ceiling launch of its repeat is recorded as a
-benchmark error. The issue-25 targets (``TARGETS``) are judged by the rule of benchmarks/common.py.
+``..._auto``, ``..._classes``). Each is launched ``--repeats`` times (4 by default: an even number, so every
+variant runs as often early as late), in ABBA order (the variant list reversed every other repeat); a variant's steps
+are pooled (median step, slower rank per step) and every ratio is reported as the pooled medians' ratio with the
+per-repeat range (launches of the same repeat paired). ``ceiling_dlac_dlac`` is DLAC both directions' like-for-like
+ceiling: the same exchange module with the null codec (lightning_dlac/comm/null_codec.py), launched right after the
+``dlac_dlac`` launch of its repeat and sending that launch's bytes per table and direction, with no encode or decode;
+a DLAC launch more than 5% faster than the ceiling launch of its repeat is recorded as a benchmark error. The
+issue-25 targets (``TARGETS``) are judged by the rule of benchmarks/common.py.
+
+TorchRec's codecs run as TorchRec chooses them for the CPU (``get_qcomm_codecs_registry(..., device=cpu)``, its
+fallbacks included: a BF16 backward is sent FP16 on gloo; each row records the precisions that ran). A qcomm variant
+TorchRec cannot run here (FP8 raises inside TorchRec's all-to-all on CPU) is recorded under ``failed`` in the
+results file with its error, and not launched again. ``--cpu-starved`` pins every rank and its threads to one core,
+so the codecs' CPU time weighs twice as much: the benchmark of a slower machine, on any machine.
 
 The pipelined variants (``..._pipelined``: every step through TorchRec's sparse-dist pipeline, as
 ``DLACStrategy(pipeline="sparse_dist")`` drives it; ``..._alternate``: blocks of unpipelined and pipelined steps in
@@ -51,7 +58,7 @@ from typing import Any
 
 import torch
 from common import REPO, judge, run_ranks, start_run, write_results
-from e2e_codecs import codecs_registry
+from e2e_codecs import codec_precision, codecs_registry
 from e2e_pipeline import (
     Stepper,
     alternate_problem,
@@ -91,6 +98,12 @@ VARIANTS: dict[str, Variant] = {
         Variant("fp32", "FP32 (TorchRec, uncompressed)", "fp32"),
         Variant("qcomm_fp16_fp16", "qcomm FP16/FP16", "qcomm", "fp16", "fp16"),
         Variant("qcomm_int8_fp16", "qcomm INT8/FP16", "qcomm", "int8", "fp16"),
+        # TorchRec's other codecs (issue 34): FP8 and MX4 (4.25 bits per value) both ways, MX4 forward with a BF16
+        # backward (on gloo TorchRec sends that FP16). Where TorchRec cannot run one on this platform, its launch's
+        # error is recorded in the results file ("failed") instead of a time.
+        Variant("qcomm_fp8", "qcomm FP8/FP8", "qcomm", "fp8", "fp8"),
+        Variant("qcomm_mx4", "qcomm MX4/MX4", "qcomm", "mx4", "mx4"),
+        Variant("qcomm_mx4_bf16", "qcomm MX4/BF16 (FP16 on gloo)", "qcomm", "mx4", "bf16"),
         Variant("dlac_bf16", "DLAC fwd + BF16 bwd", "dlac", "dlac", "bf16"),
         Variant("dlac_fp16", "DLAC fwd + FP16 bwd", "dlac", "dlac", "fp16"),
         Variant("dlac_dlac", "DLAC both directions", "dlac", "dlac", "dlac"),
@@ -179,6 +192,9 @@ def _train_rank(rank: int, world_size: int, variant_name: str, cfg: dict[str, An
     from lightning_dlac.engine.sharding import ShardingOptions, dense_parameters, shard_model
 
     variant = VARIANTS[variant_name]
+    if cfg.get("cpu_starved"):  # every rank, the threads it has and those it starts (gloo's), on one core
+        for tid in os.listdir("/proc/self/task"):
+            os.sched_setaffinity(int(tid), {cfg["cpu_starved_core"]})
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     try:
         batch_size, steps, warmup = cfg["batch_size"], cfg["steps"], cfg["warmup"]
@@ -191,7 +207,7 @@ def _train_rank(rank: int, world_size: int, variant_name: str, cfg: dict[str, An
         # The library's sharding defaults but for the model's optimizer settings (static_graph=False since issue 25;
         # the runs before it used True).
         options = ShardingOptions(sharding_types=["table_wise"], embedding_optimizer="adagrad",
-                                  embedding_lr=EMBEDDING_LR, adagrad_epsilon=1e-8, qcommcodecs_registry=registry)
+                                  embedding_lr=EMBEDDING_LR, adagrad_epsilon=1e-8, qcomm_codecs_registry=registry)
         dims = {t.name: t.embedding_dim for t in dlrm.embedding_bag_collection.embedding_bag_configs()}
         model = shard_model(module_to_shard(dlrm, variant.pipeline), options, torch.device("cpu"))
         plan = model.plan
@@ -268,6 +284,7 @@ def _train_rank(rank: int, world_size: int, variant_name: str, cfg: dict[str, An
                 fwd_raw_bytes=int(fwd_codec.raw_bytes * remote), fwd_sent_bytes=int(fwd_codec.sent_bytes * remote),
                 bwd_raw_bytes=int(bwd_codec.raw_bytes * remote), bwd_sent_bytes=int(bwd_codec.sent_bytes * remote),
                 fwd_codec_s=fwd_codec.codec_s, bwd_codec_s=bwd_codec.codec_s, fwd_calls=fwd_codec.calls,
+                fwd_precision=codec_precision(fwd_codec), bwd_precision=codec_precision(bwd_codec),
             )
         else:
             out.update(fwd_raw_bytes=raw_fwd, fwd_sent_bytes=raw_fwd, bwd_raw_bytes=raw_fwd, bwd_sent_bytes=raw_fwd,
@@ -314,6 +331,8 @@ def _summarize(variant: Variant, rate: str, per_rank: list[dict[str, Any]], cfg:
         max_error_over_bound=max((r.get("max_error_over_bound") or 0.0 for r in per_rank), default=None)
         if variant.kind == "dlac" else None,
         local_dim_per_rank=[r["local_dim"] for r in per_rank],
+        precisions=[per_rank[0].get("fwd_precision"), per_rank[0].get("bwd_precision")]
+        if variant.kind == "qcomm" else None,  # what TorchRec's codecs sent, its fallbacks applied
         **pipeline_summary(variant.pipeline, per_rank, step_s, cfg["steps"]),
     )
     row["fwd_ratio"] = row["fwd_raw_bytes_per_step"] / row["fwd_sent_bytes_per_step"]
@@ -342,6 +361,24 @@ def launch_order(variants: list[str], repeat: int) -> list[str]:
     return list(variants) if repeat % 2 == 0 else list(reversed(variants))
 
 
+def ceilings_after_sources(order: list[str]) -> list[str]:
+    """``order`` with every ceiling moved right after the variant whose bytes it sends (in a reversed repeat it would
+    come before it): each ceiling launch sends the bytes of the launch of its own repeat, its pair (issue 35)."""
+    out = [name for name in order if VARIANTS[name].ceiling_of not in order]
+    for name in order:
+        source = VARIANTS[name].ceiling_of
+        if source in order:
+            out.insert(out.index(source) + 1, name)
+    return out
+
+
+def _last_error_line(text: str) -> str:
+    """The exception line of a rank's traceback (the last line that names an error), else the text's last line."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    named = [line for line in lines if re.match(r"^[\w.]+(Error|Exception|Failed)\b", line)]
+    return (named or lines or [""])[-1][:500]
+
+
 def _launch_median_ms(per_rank: list[dict[str, Any]]) -> float:
     steps = len(per_rank[0]["times"])
     return statistics.median(max(r["times"][i] for r in per_rank) for i in range(steps)) * 1e3
@@ -357,6 +394,7 @@ def _sent_per_step(per_rank: list[dict[str, Any]], cfg: dict[str, Any]) -> dict[
 
 
 def _inside_namespace(rate: str, variants: list[str], cfg: dict[str, Any], out: Path) -> None:
+    from lightning_dlac.testing import RanksFailed
 
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
     if rate != "unthrottled":
@@ -367,8 +405,11 @@ def _inside_namespace(rate: str, variants: list[str], cfg: dict[str, Any], out: 
     # Launches drift on a shared machine (+-20% between otherwise identical launches), so each variant is launched
     # `repeats` times, in ABBA order over the repeats, and its steps are pooled.
     launches: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
+    failed: dict[str, dict[str, Any]] = {}
     for rep in range(cfg["repeats"]):
-        for position, name in enumerate(launch_order(variants, rep)):
+        for position, name in enumerate(ceilings_after_sources(launch_order(variants, rep))):
+            if name in failed or (VARIANTS[name].ceiling_of in failed):
+                continue  # its first launch failed (the error is the platform's, not the launch's)
             t0 = time.perf_counter()
             launch_cfg = cfg
             source = VARIANTS[name].ceiling_of
@@ -376,7 +417,15 @@ def _inside_namespace(rate: str, variants: list[str], cfg: dict[str, Any], out: 
                 latest = launches[source][-1]
                 launch_cfg = dict(cfg, null_bytes=[r["bytes_per_call"] for r in latest["per_rank"]])
             load = os.getloadavg()[0]
-            per_rank = run_ranks(_train_rank, cfg["world_size"], name, launch_cfg, timeout=cfg["timeout"])
+            try:
+                per_rank = run_ranks(_train_rank, cfg["world_size"], name, launch_cfg, timeout=cfg["timeout"])
+            except RanksFailed as err:
+                if VARIANTS[name].kind != "qcomm":  # only TorchRec's codecs may be unable to run here
+                    raise
+                failed[name] = dict(rate=rate, variant=name, label=VARIANTS[name].label, repeat=rep,
+                                    error=_last_error_line(str(err)), traceback_tail=str(err)[-3000:])
+                print(f"  [{rate}] {name} FAILED: {failed[name]['error']}", flush=True)
+                continue
             launches[name].append(dict(repeat=rep, position=position, loadavg_1m=load,
                                        bytes_from=None if source is None else dict(variant=source,
                                                                                   repeat=latest["repeat"]),
@@ -384,8 +433,8 @@ def _inside_namespace(rate: str, variants: list[str], cfg: dict[str, Any], out: 
                                        per_rank=per_rank))
             print(f"  [{rate}] {name} (repeat {rep + 1}/{cfg['repeats']}): {launches[name][-1]['median_ms']:.0f}"
                   f" ms/step ({time.perf_counter() - t0:.0f} s)", flush=True)
-    rows = []
-    for name in variants:
+    rows = list(failed.values())
+    for name in [v for v in variants if launches[v]]:
         row = _summarize(VARIANTS[name], rate, _pool([launch["per_rank"] for launch in launches[name]]), cfg)
         row["launch_median_ms"] = [launch["median_ms"] for launch in launches[name]]
         row["launch_loadavg_1m"] = [launch["loadavg_1m"] for launch in launches[name]]
@@ -517,8 +566,12 @@ def main() -> None:
                         help="comma-separated tc rates (e.g. 1gbit, 500mbit) or 'unthrottled'")
     parser.add_argument("--steps", type=int, default=8, help="timed steps per variant")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps before them")
-    parser.add_argument("--repeats", type=int, default=3,
-                        help="launches per variant, in ABBA order over the repeats; their steps are pooled")
+    parser.add_argument("--repeats", type=int, default=4,
+                        help="launches per variant, in ABBA order over the repeats (an even number: every variant as"
+                        " often early as late); their steps are pooled")
+    parser.add_argument("--cpu-starved", action="store_true",
+                        help="pin every rank (and its threads) to one core: codec time weighs twice, as on a slower"
+                        " machine")
     parser.add_argument("--batch-size", type=int, default=4096, help="samples per rank per step")
     parser.add_argument("--world-size", type=int, default=2,
                         help="ranks per launch (they share the throttled loopback: its rate is for all of them)")
@@ -544,6 +597,8 @@ def main() -> None:
         parser.error("--steps and --batch-size must be >= 1, --warmup >= 0")
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")
+    if args.repeats % 2 and args.repeats > 1:
+        print(f"note: {args.repeats} repeats is odd: the first order runs once more than the reversed one")
     for name in [v for v in variants if VARIANTS[v].ceiling_of]:  # launched right after what it stands for
         source = VARIANTS[name].ceiling_of
         if source not in variants:
@@ -563,7 +618,9 @@ def main() -> None:
     cfg = dict(batch_size=args.batch_size, steps=args.steps, warmup=args.warmup, max_rows=args.max_rows,
                world_size=args.world_size, model=args.model, fallback_check_every=args.fallback_check_every,
                timeout=args.timeout, repeats=args.repeats, variants=variants, order="ABBA (reversed every other"
-               " repeat)", ceiling_tolerance=CEILING_TOLERANCE)
+               " repeat; each ceiling right after the launch whose bytes it sends)",
+               ceiling_tolerance=CEILING_TOLERANCE, cpu_starved=args.cpu_starved,
+               cpu_starved_core=min(os.sched_getaffinity(0)) if args.cpu_starved else None)
 
     if args._inside is not None:
         _inside_namespace(args._inside, variants, cfg, args._rows_out)
@@ -595,6 +652,8 @@ def main() -> None:
             if proc.returncode != 0:
                 sys.exit(f"rate {rate} failed (exit code {proc.returncode}); see the output above.")
 
+    failed = [r for r in rows if "error" in r]  # variants TorchRec could not run here: their errors, no figures
+    rows = [r for r in rows if "error" not in r]
     speedups(rows)
     pipelined = pipeline_lines(rows)  # also records each pipelined row's speed against its twin
     errors = ceiling_checks(rows)
@@ -609,7 +668,9 @@ def main() -> None:
               f" per repeat {reps}")
     for e in errors:
         print(f"BENCHMARK ERROR {e['message']}")
-    write_results(args.json_out, metadata, cfg, rows, targets=targets, errors=errors)
+    for f in failed:
+        print(f"FAILED {f['rate']}: {f['label']}: {f['error']}")
+    write_results(args.json_out, metadata, cfg, rows, targets=targets, errors=errors, failed=failed)
     print(f"\nwrote {args.json_out}")
 
 

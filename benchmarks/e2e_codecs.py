@@ -89,16 +89,24 @@ class CountingCodec:
         return self.inner.padded_size(input_tensor, dim_per_rank, my_rank, qcomm_ctx)
 
 
+def codec_precision(codec: CountingCodec | None) -> str | None:
+    """The precision a counted qcomm codec sends (``fp16``, ``mx4``, ...; ``None`` for another codec)."""
+    precision = getattr(getattr(codec, "inner", None), "_comm_precision", None)
+    return None if precision is None else str(getattr(precision, "value", precision))
+
+
 def codecs_registry(variant: Any) -> tuple[dict[str, Any] | None, CountingCodec | None, CountingCodec | None]:
-    """The qcommcodecs_registry for the sharder of an e2e_bandwidth ``Variant`` (its ``kind``, ``forward`` and
+    """The qcomm_codecs_registry for the sharder of an e2e_bandwidth ``Variant`` (its ``kind``, ``forward`` and
     ``backward``), and the counting wrappers of the pooled all-to-all codecs."""
-    from torchrec.distributed.fbgemm_qcomm_codec import CommType, QCommsConfig, get_qcommcodecs_registry
+    from torchrec.distributed.fbgemm_qcomm_codec import CommType, QCommsConfig, get_qcomm_codecs_registry
     from torchrec.distributed.types import CommOp, NoOpQuantizedCommCodec, QuantizedCommCodecs
 
     if variant.kind == "qcomm":
-        precision = {"fp16": CommType.FP16, "int8": CommType.INT8, "bf16": CommType.BF16, "fp32": CommType.FP32}
-        registry = get_qcommcodecs_registry(
-            QCommsConfig(forward_precision=precision[variant.forward], backward_precision=precision[variant.backward])
+        # TorchRec's own choices for the device the run is on (the CPU), its fallbacks included: on gloo a BF16
+        # backward becomes FP16 (the codec's precision that ran is recorded with each launch).
+        registry = get_qcomm_codecs_registry(
+            QCommsConfig(forward_precision=CommType(variant.forward), backward_precision=CommType(variant.backward)),
+            device=torch.device("cpu"),
         )
     elif variant.kind == "zero":
         backward = ZeroCost8xCodec() if variant.backward == "zero8" else NoOpQuantizedCommCodec()

@@ -1043,5 +1043,109 @@ def main() -> None:
         sys.exit(3)
 
 
+
+# =====================================================================================================================
+# Issue 34: the exchange phase by phase (exchange_profile.json), every TorchRec codec in the race
+# (e2e_qcomm_race.json, e2e_qcomm_race_starved.json) and their codec rows (codec_bench_qcomm.json)
+
+QCOMM_RACE = ("qcomm_int8_fp16", "qcomm_fp8", "qcomm_mx4", "qcomm_mx4_bf16")
+
+
+def exchange_profile(results: Results) -> list[str]:
+    """Per backward encoding and direction: each phase's wall and CPU time and page faults, the kernels' own time for
+    the same bytes and the phase / kernel ratios."""
+    data = results.get("exchange_profile.json")
+    lines = [source_line("exchange_profile.json", data, results.shown), ""]
+    for backward, s in data["results"].items():
+        b = s["bytes"]
+        lines += [f"DLAC forward + {backward} backward, per call and rank: forward"
+                  f" {b['forward_raw_bytes'] / 2**20:.1f} -> {b['forward_sent_bytes'] / 2**20:.2f} MiB, backward"
+                  f" {b['backward_raw_bytes'] / 2**20:.1f} -> {b['backward_sent_bytes'] / 2**20:.2f} MiB.", "",
+                  "| direction | phase | wall ms | CPU ms | page faults |", "|---|---|---:|---:|---:|"]
+        for direction in ("forward", "backward"):
+            d = s[direction]
+            for phase, v in d["phases"].items():
+                lines.append(f"| {direction} | {phase} | {v['wall_ms']:.2f} | {v['cpu_ms']:.2f} |"
+                             f" {v['page_faults']:.0f} |")
+            for op, k in d["kernels"].items():
+                lines.append(f"| {direction} | *{op} kernel alone* | {k['ms']:.2f} | {k['cpu_ms']:.2f} | - |")
+            lines.append(f"| {direction} | **step** | {d['wall_ms']:.2f} | {d['cpu_ms']:.2f} | - |")
+        lines.append("")
+        for direction in ("forward", "backward"):
+            ratios = s[direction]["phase_over_kernel"]["cpu"]
+            text = ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items() if v is not None)
+            lines.append(f"- {direction}, CPU time over the kernels' own: {text}.")
+        lines.append("")
+    return lines
+
+
+def qcomm_race(results: Results) -> list[str]:
+    """The race of every TorchRec codec against DLAC, its starved twin, the codecs' own rows and issue 34's targets
+    judged by the rule."""
+    from e2e_bandwidth import paired
+
+    lines = _e2e_body(results, ("e2e_qcomm_race.json",))
+    failed = results.get("e2e_qcomm_race.json").get("failed", [])
+    if failed:
+        lines += ["", "Could not run here (TorchRec's error):", ""]
+        lines += [f"- {f['rate']}: {f['label']}: `{f['error']}`" for f in failed]
+    rows = results.get("e2e_qcomm_race.json")["results"]
+    targets = []
+    for rate in sorted({r["rate"] for r in rows}):
+        ran = [q for q in QCOMM_RACE if _pick(rows, rate, q)]
+        fastest = min(ran, key=lambda q: _pick(rows, rate, q)["median_step_ms"]) if ran else None
+        for variant, reference, threshold, name in (
+            ("dlac_dlac", "ceiling_dlac_dlac", 0.95, "DLAC both directions >= 0.95 of its ceiling"),
+            ("dlac_dlac", fastest, 1.15, f"DLAC both directions >= 1.15x the fastest qcomm variant ({fastest})"),
+            ("dlac_bf16", "qcomm_int8_fp16", 1.0, "DLAC fwd + BF16 bwd ahead of qcomm INT8/FP16"),
+        ):
+            found = paired(rows, rate, variant, reference) if reference else None
+            if found:
+                targets.append(judge(name, found[0], found[1], threshold, rate=rate))
+    fast = results.get("e2e_qcomm_race_10gbit.json")
+    if fast is not None:
+        lines += ["", "At 10 Gbit/s, against the fastest qcomm variant of the race above:", ""]
+        lines += _e2e_body(results, ("e2e_qcomm_race_10gbit.json",))
+        frows = fast["results"]
+        for rate in sorted({r["rate"] for r in frows}):
+            ran = [q for q in QCOMM_RACE if _pick(frows, rate, q)]
+            for variant in ("dlac_dlac", "dlac_bf16"):
+                for q in ran:
+                    found = paired(frows, rate, variant, q)
+                    if found:
+                        targets.append(judge(f"{variant} no slower than {q}", found[0], found[1], 1.0, rate=rate))
+    starved = results.get("e2e_qcomm_race_starved.json")
+    if starved is not None:
+        lines += ["", "With `--cpu-starved` (every rank's threads on one core):", ""]
+        lines += _e2e_body(results, ("e2e_qcomm_race_starved.json",))
+        srows = starved["results"]
+        for rate in sorted({r["rate"] for r in srows}):
+            for q in [q for q in QCOMM_RACE if _pick(srows, rate, q)]:
+                found = paired(srows, rate, "dlac_dlac", q)
+                targets.append(judge(f"CPU-starved: DLAC both directions ahead of {q}", found[0], found[1], 1.0,
+                                     rate=rate))
+    lines += ["", "Issue 34's targets (the rule above):", ""]
+    lines += [f"- {t['rate']}: {t['target']}: {verdict_text(t)}" for t in targets]
+    codecs = results.get("codec_bench_qcomm.json")
+    if codecs is not None:
+        lines += ["", source_line("codec_bench_qcomm.json", codecs, results.shown), "",
+                  "| payload | method | eps | ratio | max error / chunk range | enc GB/s (1 thread) |"
+                  " dec GB/s (1 thread) |", "|---|---|---:|---:|---:|---:|---:|"]
+        for r in codecs["results"]:
+            if r["method"].startswith(("TorchRec", "fbgemm", "DLAC", "FP16")):
+                eps = "-" if r["eps"] is None else f"{r['eps']:g}"
+                lines.append(f"| {r['payload']} | {r['method']} | {eps} | {r['ratio']:.2f} |"
+                             f" {r['max_err_over_range']:.2e} | {r['enc_gbps_1t']:.2f} | {r['dec_gbps_1t']:.2f} |")
+    return lines
+
+
+BLOCKS.update({
+    "exchange_profile": Block(("exchange_profile.json",), exchange_profile),
+    "qcomm_race": Block(("e2e_qcomm_race.json",), qcomm_race,
+                        optional=("e2e_qcomm_race_10gbit.json", "e2e_qcomm_race_starved.json",
+                                  "codec_bench_qcomm.json")),
+})
+
+
 if __name__ == "__main__":
     main()

@@ -64,11 +64,11 @@ def cast_gb_s(batch: int, repeats: int = 5) -> float:
     """TorchRec's qcomm INT8 forward + FP16 backward codecs, encode and decode of one batch's buffer each, on this
     CPU with one thread: GB/s of float32 per codec pass (the model's ``cast_gb_s``)."""
     import torch
-    from torchrec.distributed.fbgemm_qcomm_codec import CommType, QCommsConfig, get_qcommcodecs_registry
+    from torchrec.distributed.fbgemm_qcomm_codec import CommType, QCommsConfig, get_qcomm_codecs_registry
     from torchrec.distributed.types import CommOp
 
     torch.set_num_threads(1)
-    codecs = get_qcommcodecs_registry(QCommsConfig(forward_precision=CommType.INT8,
+    codecs = get_qcomm_codecs_registry(QCommsConfig(forward_precision=CommType.INT8,
                                                     backward_precision=CommType.FP16))
     pair = codecs[CommOp.POOLED_EMBEDDINGS_ALL_TO_ALL.name]
     x = torch.randn(batch, sum(DIMS))

@@ -11,7 +11,9 @@ Depths:
 - ``quick``: the figures a release is judged on: the codec (every payload), end to end at 1 and 10 Gbit/s with the
   like-for-like ceiling and unthrottled with ``compress="auto"`` (3 repeats each), the sparse-dist pipeline against
   unpipelined training at 1 and 10 Gbit/s (separate launches, and within one launch), DLRM v2 end to end, the scaling
-  model's validation at 2 ranks, adaptive accuracy on the Criteo sample (3 seeds) and the data path at reduced size;
+  model's validation at 2 ranks, adaptive accuracy on the Criteo sample (3 seeds), the data path at reduced size,
+  and issue 34's: the exchange profile, TorchRec's FP8 and MX4 codec rows, every TorchRec codec against DLAC at
+  1 Gbit/s and the same race with every rank on one core (``--cpu-starved``);
 - ``full``: all of ``quick`` at more repeats and full size, plus the scaling model at 3 and 4 ranks, every adaptive
   accuracy dataset (planted, synthetic for 200 and 2,000 steps, Criteo for 2 epochs, DLRM v2) and checkpoints
   (save and load per rank of the demo model and of 10x larger tables, the restart after a killed worker).
@@ -45,6 +47,12 @@ E2E_MODEL = "fp32,qcomm_int8_fp16,dlac_bf16,dlac_dlac"
 # one launch (blocks of steps both ways in turn, ABBA: 4 warm-up steps, then 16 timed).
 E2E_PIPELINE = "fp32,fp32_pipelined,dlac_dlac,dlac_dlac_pipelined,dlac_dlac_overlap,dlac_dlac_overlap_pipelined"
 E2E_PIPELINE_ALTERNATE = "fp32_alternate,dlac_dlac_alternate,dlac_dlac_overlap_alternate"
+# Issue 34: every TorchRec codec against DLAC, and the same with every rank on one core (FP8 cannot run on CPU).
+E2E_QCOMM_RACE = "fp32,qcomm_int8_fp16,qcomm_fp8,qcomm_mx4,qcomm_mx4_bf16,dlac_bf16,dlac_dlac,ceiling_dlac_dlac"
+E2E_QCOMM_STARVED = "fp32,qcomm_int8_fp16,qcomm_mx4,dlac_bf16,dlac_dlac,ceiling_dlac_dlac"
+# At 10 Gbit/s against the fastest qcomm variant of the 1 Gbit/s race (MX4's CPU kernels are slower than the wire
+# there already; the full depth also runs the whole race at both rates).
+E2E_QCOMM_FAST_LINK = "fp32,qcomm_int8_fp16,dlac_bf16,dlac_dlac,ceiling_dlac_dlac"
 # The default policy against uncompressed, a constant 0.01, all-loose (0.05) and TorchRec's practical baseline.
 ADAPTIVE_QUICK = "uncompressed,constant 0.01,constant 0.05,DLAC default,qcomm INT8/FP16"
 
@@ -100,6 +108,31 @@ STEPS: tuple[Step, ...] = (
         "smoke": _e2e("1gbit", "dlac_dlac_alternate", 256, 8, 4, 1),
         "quick": _e2e("1gbit,10gbit", E2E_PIPELINE_ALTERNATE, 4096, 16, 4, 2),
         "full": _e2e("1gbit,10gbit", E2E_PIPELINE_ALTERNATE, 4096, 16, 4, 3),
+    }),
+    Step("exchange_profile.json", "benchmarks/exchange_profile.py", {
+        "smoke": ["--batch-size", "512", "--steps", "2", "--warmup", "1", "--kernel-repeat", "2"],
+        "quick": [],
+        "full": ["--steps", "24", "--kernel-repeat", "15"],
+    }),
+    Step("codec_bench_qcomm.json", "benchmarks/codec_bench.py", {
+        "smoke": ["--quick", "--qcomm", "fp8", "mx4", "--no-dlrm-v2"],
+        "quick": ["--qcomm", "fp8", "mx4", "--no-dlrm-v2", "--eps", "0.01", "0.05"],
+        "full": ["--qcomm", "fp8", "mx4", "--no-dlrm-v2", "--eps", "0.01", "0.05", "--repeat", "15"],
+    }),
+    Step("e2e_qcomm_race.json", "benchmarks/e2e_bandwidth.py", {
+        "smoke": _e2e("1gbit", "fp32,qcomm_fp8,qcomm_mx4,dlac_dlac", 256, 2, 1, 2),
+        "quick": _e2e("1gbit", E2E_QCOMM_RACE, 4096, 4, 1, 4),
+        "full": _e2e("1gbit,10gbit", E2E_QCOMM_RACE, 4096, 6, 2, 4),
+    }),
+    Step("e2e_qcomm_race_10gbit.json", "benchmarks/e2e_bandwidth.py", {
+        "smoke": _e2e("10gbit", "fp32,dlac_dlac", 256, 2, 1, 2),
+        "quick": _e2e("10gbit", E2E_QCOMM_FAST_LINK, 4096, 4, 1, 4),
+        "full": _e2e("10gbit", E2E_QCOMM_FAST_LINK, 4096, 6, 2, 4),
+    }),
+    Step("e2e_qcomm_race_starved.json", "benchmarks/e2e_bandwidth.py", {
+        "smoke": _e2e("1gbit", "fp32,dlac_dlac", 256, 2, 1, 2, "--cpu-starved"),
+        "quick": _e2e("1gbit", E2E_QCOMM_STARVED, 4096, 4, 1, 4, "--cpu-starved"),
+        "full": _e2e("1gbit", E2E_QCOMM_STARVED, 4096, 6, 2, 4, "--cpu-starved"),
     }),
     Step("e2e_world3.json", "benchmarks/e2e_bandwidth.py", {
         "full": _e2e("1gbit,unthrottled", E2E_MODEL, 4096, 4, 2, 3, "--world-size", "3"),

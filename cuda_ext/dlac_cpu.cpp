@@ -1,7 +1,8 @@
 // CPU kernels of the DLAC codec and the op schemas (TORCH_LIBRARY(dlac, m)).
 //
 // dlac::encode_grid / dlac::decode_grid encode or decode every (row block, column block) chunk of a 2-D float32
-// tensor in row-block-major order, in parallel over chunks. A single chunk is the 1x1 grid.
+// tensor in row-block-major order, in parallel over chunks. A single chunk is the 1x1 grid. dlac::decode_grid_into
+// is decode_grid writing into a given tensor (a view of the caller's output) instead of a new one.
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 #include <torch/types.h>
@@ -65,8 +66,9 @@ std::tuple<at::Tensor, at::Tensor> encode_grid_cpu(const at::Tensor& x_in, c10::
   return {payload, sizes};
 }
 
-at::Tensor decode_grid_cpu(const at::Tensor& payload_in, const at::Tensor& sizes_in, c10::IntArrayRef row_splits,
-                           c10::IntArrayRef col_splits) {
+// Decodes every chunk into op (row stride ld): chunk (r, c) at op + row_splits[r] * ld + col_splits[c].
+void decode_grid_to(const at::Tensor& payload_in, const at::Tensor& sizes_in, c10::IntArrayRef row_splits,
+                    c10::IntArrayRef col_splits, float* op, int64_t ld) {
   TORCH_CHECK(payload_in.device().is_cpu() && payload_in.scalar_type() == at::kByte && payload_in.dim() == 1,
               "payload must be a 1-D uint8 CPU tensor");
   TORCH_CHECK(sizes_in.device().is_cpu() && sizes_in.scalar_type() == at::kLong && sizes_in.dim() == 1,
@@ -90,9 +92,6 @@ at::Tensor decode_grid_cpu(const at::Tensor& payload_in, const at::Tensor& sizes
   // bad arguments above and device errors.
   TORCH_CHECK_VALUE(offsets[nchunks] == payload.numel(), "chunk sizes sum to ", offsets[nchunks],
                     " bytes but the payload holds ", payload.numel(), " (truncated payload?)");
-  at::Tensor out = at::empty({row_splits.back(), col_splits.back()}, at::kFloat);
-  float* op = out.data_ptr<float>();
-  const int64_t ld = col_splits.back();
   const uint8_t* pp = payload.data_ptr<uint8_t>();
   std::vector<std::string> errors(nchunks);
   at::parallel_for(0, nchunks, 1, [&](int64_t begin, int64_t end) {
@@ -109,7 +108,30 @@ at::Tensor decode_grid_cpu(const at::Tensor& payload_in, const at::Tensor& sizes
     }
   });
   for (int64_t i = 0; i < nchunks; ++i) TORCH_CHECK_VALUE(errors[i].empty(), errors[i]);
+}
+
+at::Tensor decode_grid_cpu(const at::Tensor& payload, const at::Tensor& sizes, c10::IntArrayRef row_splits,
+                           c10::IntArrayRef col_splits) {
+  TORCH_CHECK(row_splits.size() >= 2 && col_splits.size() >= 2, "row_splits and col_splits need >= 2 points");
+  at::Tensor out = at::empty({row_splits.back(), col_splits.back()}, at::kFloat);
+  decode_grid_to(payload, sizes, row_splits, col_splits, out.data_ptr<float>(), col_splits.back());
   return out;
+}
+
+// decode_grid writing into out: a float32 [row_splits[-1], col_splits[-1]] CPU tensor whose columns are contiguous
+// (any row stride: a block of columns or rows of a larger tensor), so the exchange decodes straight into its output.
+// Elements of out outside the grid's chunks are not written; after an error, out's contents are unspecified.
+void decode_grid_into_cpu(const at::Tensor& payload, const at::Tensor& sizes, c10::IntArrayRef row_splits,
+                          c10::IntArrayRef col_splits, const at::Tensor& out) {
+  TORCH_CHECK(row_splits.size() >= 2 && col_splits.size() >= 2, "row_splits and col_splits need >= 2 points");
+  TORCH_CHECK(out.device().is_cpu() && out.scalar_type() == at::kFloat && out.dim() == 2,
+              "out must be a 2-D float32 CPU tensor");
+  TORCH_CHECK(out.size(0) == row_splits.back() && out.size(1) == col_splits.back(), "out must be [",
+              row_splits.back(), ", ", col_splits.back(), "], got [", out.size(0), ", ", out.size(1), "]");
+  TORCH_CHECK(out.size(1) <= 1 || out.stride(1) == 1, "out's columns must be contiguous (column stride 1)");
+  TORCH_CHECK(out.size(0) <= 1 || out.stride(0) >= out.size(1), "out's rows must not overlap");
+  decode_grid_to(payload, sizes, row_splits, col_splits, out.data_ptr<float>(),
+                 out.size(0) <= 1 ? out.size(1) : out.stride(0));
 }
 
 }  // namespace
@@ -117,9 +139,11 @@ at::Tensor decode_grid_cpu(const at::Tensor& payload_in, const at::Tensor& sizes
 TORCH_LIBRARY(dlac, m) {
   m.def("encode_grid(Tensor x, int[] row_splits, int[] col_splits, Tensor bounds, bool relative) -> (Tensor, Tensor)");
   m.def("decode_grid(Tensor payload, Tensor sizes, int[] row_splits, int[] col_splits) -> Tensor");
+  m.def("decode_grid_into(Tensor payload, Tensor sizes, int[] row_splits, int[] col_splits, Tensor(a!) out) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(dlac, CPU, m) {
   m.impl("encode_grid", &encode_grid_cpu);
   m.impl("decode_grid", &decode_grid_cpu);
+  m.impl("decode_grid_into", &decode_grid_into_cpu);
 }

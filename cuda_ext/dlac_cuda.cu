@@ -1,4 +1,4 @@
-// CUDA kernels of the DLAC codec: dlac::encode_grid / dlac::decode_grid for tensors on a GPU.
+// CUDA kernels of the DLAC codec: dlac::encode_grid / dlac::decode_grid (and decode_grid_into) for tensors on a GPU.
 //
 // The pipeline is cuda_ext/dlac_grid.h and the dlac_grid_*.h headers it includes, compiled here with kernel
 // launches (the tests compile the same files for the host and check them bit for bit against the reference).
@@ -31,9 +31,24 @@ at::Tensor decode_grid_cuda(const at::Tensor& payload, const at::Tensor& sizes, 
   return dlac::grid::decode_grid_op(payload, sizes, row_splits, col_splits);
 }
 
+// decode_grid into out (the CPU op's contract). The device decoder writes a new tensor, copied into out here: the
+// same values, not yet the saving the CPU op makes (decoding into a strided destination on the device is left to do).
+void decode_grid_into_cuda(const at::Tensor& payload, const at::Tensor& sizes, c10::IntArrayRef row_splits,
+                           c10::IntArrayRef col_splits, const at::Tensor& out) {
+  TORCH_CHECK(payload.is_cuda(), "dlac::decode_grid_into (CUDA): payload must be a CUDA tensor");
+  TORCH_CHECK(out.device() == payload.device() && out.scalar_type() == at::kFloat && out.dim() == 2,
+              "out must be a 2-D float32 tensor on the payload's device");
+  TORCH_CHECK(row_splits.size() >= 2 && col_splits.size() >= 2, "row_splits and col_splits need >= 2 points");
+  TORCH_CHECK(out.size(0) == row_splits.back() && out.size(1) == col_splits.back(), "out must be [",
+              row_splits.back(), ", ", col_splits.back(), "], got [", out.size(0), ", ", out.size(1), "]");
+  const c10::cuda::CUDAGuard guard(payload.device());
+  out.copy_(dlac::grid::decode_grid_op(payload, sizes, row_splits, col_splits));
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(dlac, CUDA, m) {
   m.impl("encode_grid", &encode_grid_cuda);
   m.impl("decode_grid", &decode_grid_cuda);
+  m.impl("decode_grid_into", &decode_grid_into_cuda);
 }

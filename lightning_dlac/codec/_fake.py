@@ -16,3 +16,8 @@ def _encode_grid_fake(x, row_splits, col_splits, bounds, relative):
 @torch.library.register_fake("dlac::decode_grid")
 def _decode_grid_fake(payload, sizes, row_splits, col_splits):
     return payload.new_empty((row_splits[-1], col_splits[-1]), dtype=torch.float32)
+
+
+@torch.library.register_fake("dlac::decode_grid_into")
+def _decode_grid_into_fake(payload, sizes, row_splits, col_splits, out):
+    return None

@@ -127,12 +127,15 @@ def encode_grid(
 
 def decode_grid(
     payload: torch.Tensor, sizes: torch.Tensor | Sequence[int], row_splits: Splits, col_splits: Splits,
-    impl: str = "auto",
+    impl: str = "auto", out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Decode an :func:`encode_grid` payload into a float32 [row_splits[-1], col_splits[-1]] tensor.
 
     The result is on the payload's device with the native kernels (CUDA payloads decode on the GPU), else on the
-    CPU.
+    CPU. With ``out`` (a float32 tensor of that shape whose columns are contiguous, any row stride: e.g. a block of
+    columns of a larger tensor), the chunks are decoded into it and ``out`` is returned: the same values, without a
+    tensor to copy from (the native CPU kernel writes there directly; the reference, and a device without kernels,
+    decode and copy). After an error ``out``'s contents are unspecified.
 
     Raises:
         CodecError: if the sizes do not add up to the payload, a chunk's shape does not match its block, or a chunk
@@ -151,11 +154,29 @@ def decode_grid(
         raise CodecError(
             f"chunk sizes sum to {int(sz.sum())} bytes but the payload holds {payload.numel()} (truncated payload?)"
         )
+    if out is not None:
+        _check_out(out, rs[-1], cs[-1])
     _count(impl, "decode")
     with record_function("## dlac decode ##"):
         if impl == "native":
-            return _native_decode(payload, sz, rs, cs)
-        return ref.decode_grid(payload, sz.tolist(), rs, cs)
+            if out is None:
+                return _native_decode(payload, sz, rs, cs)
+            if out.device == payload.device:
+                _native_decode(payload, sz, rs, cs, out)
+            else:  # a payload placed on the host (a device without kernels): decode there, then copy
+                out.copy_(_native_decode(payload, sz, rs, cs))
+            return out
+        if out is None or out.device.type == "cpu":
+            return ref.decode_grid(payload, sz.tolist(), rs, cs, out)
+        return out.copy_(ref.decode_grid(payload, sz.tolist(), rs, cs))
+
+
+def _check_out(out: torch.Tensor, rows: int, cols: int) -> None:
+    if not isinstance(out, torch.Tensor) or out.dtype != torch.float32 or tuple(out.shape) != (rows, cols):
+        what = f"{out.dtype} tensor of shape {tuple(out.shape)}" if isinstance(out, torch.Tensor) else type(out)
+        raise ValueError(f"out must be a float32 [{rows}, {cols}] tensor, got {what}")
+    if cols > 1 and out.stride(1) != 1:
+        raise ValueError("out's columns must be contiguous (column stride 1)")
 
 
 def _last(splits: Splits) -> int:
@@ -193,11 +214,14 @@ def _as_buffer(buf: torch.Tensor | bytes, name: str, impl: str = "ref") -> torch
     return _placed(buf, impl).contiguous()
 
 
-def _native_decode(payload: torch.Tensor, sizes: torch.Tensor, rs: list[int], cs: list[int]) -> torch.Tensor:
-    """The native decoder; its verdict on the bytes (a ValueError naming the chunk) becomes a CodecError. Anything
-    else, a CUDA fault above all (torch.AcceleratorError, naming the kernels), is raised as it is: it says nothing
-    about the payload."""
+def _native_decode(payload: torch.Tensor, sizes: torch.Tensor, rs: list[int], cs: list[int],
+                   out: torch.Tensor | None = None) -> torch.Tensor | None:
+    """The native decoder (into ``out`` where given); its verdict on the bytes (a ValueError naming the chunk)
+    becomes a CodecError. Anything else, a CUDA fault above all (torch.AcceleratorError, naming the kernels), is
+    raised as it is: it says nothing about the payload."""
     try:
+        if out is not None:
+            return torch.ops.dlac.decode_grid_into(payload, sizes, rs, cs, out)
         return torch.ops.dlac.decode_grid(payload, sizes, rs, cs)
     except ValueError as e:
         msg = str(e).split("\nException raised from")[0]

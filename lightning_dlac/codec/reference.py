@@ -600,10 +600,13 @@ def encode_grid(
 
 
 def decode_grid(
-    payload: torch.Tensor, sizes: list[int], row_splits: list[int], col_splits: list[int]
+    payload: torch.Tensor, sizes: list[int], row_splits: list[int], col_splits: list[int],
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Decode a grid payload into a [row_splits[-1], col_splits[-1]] float32 tensor; inputs already validated."""
-    out = torch.empty((row_splits[-1], col_splits[-1]), dtype=_F32)
+    """Decode a grid payload into a [row_splits[-1], col_splits[-1]] float32 tensor (``out`` where given: written
+    chunk by chunk, as the native ``decode_grid_into``); inputs already validated."""
+    if out is None:
+        out = torch.empty((row_splits[-1], col_splits[-1]), dtype=_F32)
     data = _as_bytes(payload)
     off = 0
     ncols = len(col_splits) - 1

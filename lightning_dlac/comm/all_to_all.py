@@ -30,7 +30,7 @@ from lightning_dlac.adaptive.bounds import BoundSource
 from lightning_dlac.comm import exchange
 from lightning_dlac.comm.collectives import all_reduce
 from lightning_dlac.comm.config import BackwardCompression, CompressionConfig
-from lightning_dlac.comm.exchange import BackwardInFlight, Impl, Layout, offsets
+from lightning_dlac.comm.exchange import BackwardInFlight, Impl, Layout, ResultBuffers, offsets
 from lightning_dlac.comm.fallback import FallbackCall, UncompressedFallback
 from lightning_dlac.comm.recorder import Ready, RecordedExchange
 from lightning_dlac.comm.timing import PhaseTimer
@@ -113,6 +113,11 @@ class CompressedPooledEmbeddingsAllToAll(RecordedExchange):
         self._timed: FallbackCall | None = None  # the fallback's timed call whose time is being summed
         self.forward_impl: Impl = config.impl
         self.backward_impl: Impl = config.impl
+        # The memory of the previous output and gradient, reused once nothing holds them (the CPU's page faults).
+        self._forward_buffers = ResultBuffers()
+        self._backward_buffers = ResultBuffers()
+        self._cast_scratch = ResultBuffers()  # the gradient cast whole before its owners' blocks are gathered
+        self._cast_sends = ResultBuffers()  # and the blocks gathered, until the exchange has sent them
 
     @property
     def overlapped(self) -> bool:
@@ -193,7 +198,8 @@ class CompressedPooledEmbeddingsAllToAll(RecordedExchange):
                 with timer.phase("exchange_s", "dlac exchange"):
                     received = flight.wait()
                 with timer.phase("decode_s", "dlac decode"):
-                    return exchange.decode_from_others(received, recv_sizes, own, layout, self.forward_impl)
+                    return exchange.decode_from_others(received, recv_sizes, own, layout, self.forward_impl,
+                                                       self._forward_buffers)
 
         call.finish = finish
 
@@ -230,7 +236,8 @@ class CompressedPooledEmbeddingsAllToAll(RecordedExchange):
                                                              self._config.backward_eps, self.backward_impl, self._pg)
             else:
                 call.backward = exchange.start_backward_cast(grad, call.batch_size_per_rank, self.layout,
-                                                             mode.wire_dtype, self._pg)
+                                                             mode.wire_dtype, self._pg, self._cast_scratch,
+                                                             self._cast_sends)
         if call.on_record:
             raw = grad.size(0) * (grad.size(1) - self.layout.dim_sums[self.layout.rank]) * 4
             table_sent = self._backward_table_sent(call.backward, grad.size(0))
@@ -256,10 +263,13 @@ class CompressedPooledEmbeddingsAllToAll(RecordedExchange):
         assert call.backward is not None, "a gradient exchange is waited on before it was launched"
         mode = self._backward_mode(call)
         with call.timer.phase("backward_s", f"dlac backward ({mode})"):
-            out = exchange.finish_backward(call.backward, call.batch_size_per_rank, self.layout, self.backward_impl)
+            out = exchange.finish_backward(call.backward, call.batch_size_per_rank, self.layout, self.backward_impl,
+                                           self._backward_buffers)
         call.backward = None
         if comm_ops.get_gradient_division():
-            out = out / self.layout.world  # TorchRec scales embedding gradients like DDP averages dense ones
+            # TorchRec scales embedding gradients like DDP averages dense ones; in place: out is the exchange's own
+            # new tensor (the float32 cast's receive buffer, or the decoded gradient).
+            out.div_(self.layout.world)
         return out
 
     # ------------------------------------------------------------------ helpers

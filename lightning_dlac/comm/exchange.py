@@ -11,7 +11,8 @@ calls the same function with the same layout.
   them) to its destination, in one small int64 all-to-all;
 - :func:`start_payload` / :meth:`InFlight.wait`: the payloads, one variable-split ``all_to_all_single``;
 - :func:`start_cast`: rows sent as float32, bf16 or fp16 instead (TorchRec's fixed-size exchanges);
-- :func:`decode_chunks`: the received chunks back into one tensor.
+- :func:`decode_chunks`: the received chunks back into one tensor, or into a block of the caller's output
+  (:func:`decode_around`: the blocks on either side of a rank's own, so that nothing is concatenated).
 
 Where a wire function takes ``impl``, it is the DLAC codec implementation (``"auto"``, ``"native"``, ``"ref"``) or a
 :class:`ChunkCodec` that stands in for the codec and nothing else: the benchmarks' null codec
@@ -148,16 +149,33 @@ def encode_chunks(block: torch.Tensor, row_splits: Sequence[int], col_splits: Se
 
 
 def decode_chunks(received: torch.Tensor, sizes: torch.Tensor, row_splits: Sequence[int], col_splits: Sequence[int],
-                  impl: Impl, device: torch.device) -> torch.Tensor:
+                  impl: Impl, device: torch.device, out: torch.Tensor | None = None) -> torch.Tensor:
     """The float32 [row_splits[-1], col_splits[-1]] tensor on ``device`` that :func:`encode_chunks` chunks (their
     ``sizes``, concatenated in ``received``) were made from; empty when there is no chunk (a rank that receives
-    nothing). Raises :class:`~lightning_dlac.codec.CodecError` on a bad payload."""
+    nothing). With ``out`` (that shape, on ``device``, columns contiguous: a block of the caller's output), the
+    chunks are decoded into it and ``out`` is returned. Raises :class:`~lightning_dlac.codec.CodecError` on a bad
+    payload."""
     if not _has_chunks(row_splits, col_splits):
         rows, cols = (row_splits[-1] if row_splits else 0), (col_splits[-1] if col_splits else 0)
-        return torch.zeros(rows, cols, device=device)
+        return torch.zeros(rows, cols, device=device) if out is None else out
     if not isinstance(impl, str):
-        return impl.decode(received, sizes, list(row_splits), list(col_splits), device)
+        decoded = impl.decode(received, sizes, list(row_splits), list(col_splits), device)
+        return decoded if out is None else out.copy_(decoded)
+    if out is not None:
+        return decode_grid(received, sizes, list(row_splits), list(col_splits), impl=impl, out=out)
     return decode_grid(received, sizes, list(row_splits), list(col_splits), impl=impl).to(device)
+
+
+def decode_around(received: torch.Tensor, sizes: torch.Tensor, split: int, before: tuple[list[int], list[int]],
+                  after: tuple[list[int], list[int]], impl: Impl, out_before: torch.Tensor,
+                  out_after: torch.Tensor) -> None:
+    """Decode the chunks of the ranks before this one (the first ``split`` of ``sizes``, with their ``before``
+    row and column splits) into ``out_before`` and the rest (``after``) into ``out_after``: the blocks of the output
+    on either side of this rank's own, which the caller copies in between. Reads the payload's split point from
+    ``sizes``; raises :class:`~lightning_dlac.codec.CodecError` on a bad payload."""
+    nbytes = int(sizes[:split].sum()) if split else 0  # a wrong split fails the decode's own size check
+    decode_chunks(received[:nbytes], sizes[:split], *before, impl, out_before.device, out=out_before)
+    decode_chunks(received[nbytes:], sizes[split:], *after, impl, out_after.device, out=out_after)
 
 
 def with_own(sizes: torch.Tensor, at: int, n_own: int) -> torch.Tensor:
@@ -204,6 +222,40 @@ def start_cast(values: torch.Tensor, send_numel: list[int], recv_numel: list[int
     work = _all_to_all(received.view(torch.uint8), wire.view(torch.uint8), [n * size for n in recv_numel],
                        [n * size for n in send_numel], pg, async_op=True)
     return InFlight(received, work)
+
+
+# ---------------------------------------------------------------------- result buffers
+
+
+# How many references an untyped storage has (tensors and views on it, storage objects); None where torch lacks it.
+_storage_use_count = getattr(torch._C, "_storage_Use_Count", None)
+
+
+class ResultBuffers:
+    """New result tensors whose memory is reused from one call to the next where nothing holds it any more.
+
+    An exchange's result is as large as the step's pooled embeddings (or their gradient), and a large new tensor on
+    the CPU costs the first code that writes it a page fault per page whenever the allocator hands it fresh
+    memory (glibc maps large blocks anew, and unmaps them when freed, until its threshold adapts). :meth:`empty`
+    returns a new tensor (its own, with no autograd history) on the memory of the previous result when no tensor or
+    view of that result is alive any more, which the storage's reference count says exactly; otherwise, and on other
+    devices (whose caching allocators keep memory already, and whose kernels may still read it on another stream),
+    fresh memory. One instance per kind of result: a forward output and a gradient are alive together."""
+
+    def __init__(self) -> None:
+        self._held: torch.UntypedStorage | None = None
+        self._idle = 0  # the held storage's reference count when only this object holds it
+
+    def empty(self, rows: int, cols: int, device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """A [rows, cols] tensor of ``dtype`` and unspecified contents on ``device``."""
+        nbytes = rows * cols * dtype.itemsize
+        if device.type != "cpu" or _storage_use_count is None or nbytes == 0:
+            return torch.empty(rows, cols, device=device, dtype=dtype)
+        held = self._held
+        if held is None or held.nbytes() != nbytes or _storage_use_count(held._cdata) != self._idle:
+            held = torch.empty(nbytes, dtype=torch.uint8).untyped_storage()  # the temporary tensor is gone at once
+            self._held, self._idle = held, _storage_use_count(held._cdata)
+        return torch.empty(0, dtype=dtype).set_(held, 0, (rows, cols))
 
 
 # ---------------------------------------------------------------------- the pooled layout
@@ -331,20 +383,26 @@ def start_forward(encoded: Encoded, layout: Layout, pg) -> tuple[InFlight, torch
 
 
 def decode_from_others(
-    received: torch.Tensor, recv_sizes: torch.Tensor, own: torch.Tensor, layout: Layout, impl: Impl
+    received: torch.Tensor, recv_sizes: torch.Tensor, own: torch.Tensor, layout: Layout, impl: Impl,
+    buffers: ResultBuffers | None = None,
 ) -> torch.Tensor:
     """This rank's pooled embeddings [local batch, total dim]: the decoded columns of every other rank around
-    ``own``, the exact block this rank kept."""
+    ``own``, the exact block this rank kept (in a tensor from ``buffers`` where given)."""
     me, rows = layout.rank, own.size(0)
-    cols = offsets([d for s in range(layout.world) if s != me for d in layout.dims_per_rank[s]])
     mine = offsets(layout.chunk_counts)
     keep = torch.cat([recv_sizes[: mine[me]], recv_sizes[mine[me + 1] :]])
+    first, last = sum(layout.dim_sums[:me]), sum(layout.dim_sums[: me + 1])  # this rank's columns in the output
+    # Decoded straight into the output's column blocks on either side of this rank's own (no concatenation).
+    out = (buffers or ResultBuffers()).empty(rows, sum(layout.dim_sums), own.device)
+    before = offsets([d for s in range(me) for d in layout.dims_per_rank[s]])
+    after = offsets([d for s in range(me + 1, layout.world) for d in layout.dims_per_rank[s]])
     try:
-        decoded = decode_chunks(received, keep, [0, rows], cols, impl, own.device)
+        decode_around(received, keep, mine[me], ([0, rows], before), ([0, rows], after), impl, out[:, :first],
+                      out[:, last:])
     except CodecError as err:
         raise locate_decode_error(received, recv_sizes, layout, rows, impl) from err
-    first = sum(layout.dim_sums[:me])  # this rank's columns in the output
-    return torch.cat([decoded[:, :first], own, decoded[:, first:]], dim=1)
+    out[:, first:last].copy_(own)
+    return out
 
 
 def start_forward_uncompressed(x: torch.Tensor, batch_size_per_rank: list[int], layout: Layout, pg) -> InFlight:
@@ -404,15 +462,33 @@ class BackwardInFlight(NamedTuple):
     sizes: torch.Tensor | None = None  # DLAC: bytes of each (owner rank, table) chunk sent, 0 for own; casts: None
 
 
+def gather_owner_blocks(grad: torch.Tensor, owners: Sequence[int], wire_dtype: torch.dtype,
+                        scratch: ResultBuffers | None = None, sends: ResultBuffers | None = None) -> torch.Tensor:
+    """The column block ``owners[r]:owners[r + 1]`` of ``grad`` for each owner rank ``r``, flattened in rank order
+    (TorchRec's backward all-to-all layout) as ``wire_dtype``: the bits of
+    ``torch.cat([grad[:, a:b].reshape(-1), ...]).to(wire_dtype)`` (``copy_`` rounds as ``.to()`` does). A narrower
+    wire dtype is cast first, whole and contiguous, into a tensor from ``scratch`` (on this CPU the contiguous cast
+    and the narrower gather took about 0.6 of a cast from strided column blocks), and the blocks are gathered from
+    there into a tensor from ``sends`` (reused once the exchange that sent it holds it no more)."""
+    rows = grad.size(0)
+    send = (sends or ResultBuffers()).empty(rows, owners[-1], grad.device, wire_dtype).view(-1)
+    source = grad
+    if wire_dtype != grad.dtype and len(owners) > 2 and grad.is_contiguous():
+        source = (scratch or ResultBuffers()).empty(rows, owners[-1], grad.device, wire_dtype).copy_(grad)
+    for a, b in itertools.pairwise(owners):
+        send[rows * a : rows * b].view(rows, b - a).copy_(source[:, a:b])
+    return send
+
+
 def start_backward_cast(grad: torch.Tensor, batch_size_per_rank: list[int], layout: Layout,
-                        wire_dtype: torch.dtype, pg) -> BackwardInFlight:
+                        wire_dtype: torch.dtype, pg, scratch: ResultBuffers | None = None,
+                        sends: ResultBuffers | None = None) -> BackwardInFlight:
     """Launch the gradient exchange of ``grad`` ([local batch, total dim]) to the column owners as ``wire_dtype``
     (float32, bf16, fp16)."""
     me = layout.rank
     d_me, b_me = layout.dim_sums[me], grad.size(0)
     owners = offsets(layout.dim_sums)
-    # Column block of each owner rank, flattened in rank order: TorchRec's backward all-to-all layout.
-    send = torch.cat([grad[:, a:b].reshape(-1) for a, b in itertools.pairwise(owners)])
+    send = gather_owner_blocks(grad, owners, wire_dtype, scratch, sends)
     flight = start_cast(send, [b_me * d for d in layout.dim_sums], [b * d_me for b in batch_size_per_rank],
                         wire_dtype, pg)
     sent = b_me * (grad.size(1) - d_me) * flight.received.element_size()  # this rank's own block is a local copy
@@ -442,26 +518,34 @@ def start_backward_dlac(grad: torch.Tensor, batch_size_per_rank: list[int], layo
 
 
 def finish_backward(pending: BackwardInFlight, batch_size_per_rank: list[int], layout: Layout,
-                    impl: Impl) -> torch.Tensor:
+                    impl: Impl, buffers: ResultBuffers | None = None) -> torch.Tensor:
     """Wait for a gradient exchange that :func:`start_backward_cast` or :func:`start_backward_dlac` launched; return
-    this rank's gradient of ``local_embs`` ([sum of batch sizes, local dim sum], float32)."""
+    this rank's gradient of ``local_embs`` ([sum of batch sizes, local dim sum], float32; a bf16 / fp16 cast or a
+    DLAC decode in a tensor from ``buffers`` where given)."""
     me = layout.rank
     received, own = pending.flight.wait(), pending.own
     d_me = own.size(1)
     if pending.recv_sizes is None:  # a cast: every source rank's rows, in rank order, this rank's own among them
-        recv_numel = [b * d_me for b in batch_size_per_rank]
-        blocks = [blk.view(b, d_me) for blk, b in zip(received.split(recv_numel), batch_size_per_rank)]
-        return torch.cat(blocks, dim=0).float()
+        # Already the result's layout: one cast (none for float32, whose receive buffer is the result).
+        rows = received.view(sum(batch_size_per_rank), d_me)
+        if rows.dtype == torch.float32:
+            return rows
+        return (buffers or ResultBuffers()).empty(rows.size(0), d_me, rows.device).copy_(rows)
     n_local = len(layout.local_tables)
-    others = [b for r, b in enumerate(batch_size_per_rank) if r != me]
     recv_sizes = pending.recv_sizes
     keep = torch.cat([recv_sizes[: me * n_local], recv_sizes[(me + 1) * n_local :]])
+    first = sum(batch_size_per_rank[:me])  # the rows of this rank's own batch in the result
+    last = first + batch_size_per_rank[me]
+    # Decoded straight into the result's row blocks on either side of this rank's own (no concatenation).
+    out = (buffers or ResultBuffers()).empty(sum(batch_size_per_rank), d_me, own.device)
+    cols = layout.local_cols
     try:
-        decoded = decode_chunks(received, keep, offsets(others), layout.local_cols, impl, own.device)
+        decode_around(received, keep, me * n_local, (offsets(batch_size_per_rank[:me]), cols),
+                      (offsets(batch_size_per_rank[me + 1 :]), cols), impl, out[:first], out[last:])
     except CodecError as err:
         raise CompressedExchangeError(
             f"rank {me}: embedding gradients received for tables {list(layout.local_tables)} failed to decode"
             f" ({err})."
         ) from err
-    first = sum(batch_size_per_rank[:me])  # the rows of this rank's own batch in the result
-    return torch.cat([decoded[:first], own, decoded[first:]], dim=0)
+    out[first:last].copy_(own)
+    return out

@@ -80,6 +80,42 @@ def test_grid_accepts_tensor_splits_and_strided_input(impl):
     assert_bound(x, decode_grid(payload, sizes, rs, cs, impl=impl), 0.02 * float(x.max() - x.min()))
 
 
+def test_decode_grid_into_a_view_writes_the_same_bits_and_nothing_around_them(impl):
+    # The exchange decodes straight into its output: a block of columns (row stride wider than the grid) or of rows
+    # of a larger tensor. Every chunk's bits are decode_grid's, and the rest of the larger tensor is not touched.
+    x, rs, cs = _grid_input()
+    payload, sizes = encode_grid(x, rs, cs, eps=[0.01, 0.05, 0.03], impl=impl)
+    expected = decode_grid(payload, sizes, rs, cs, impl=impl)
+    columns = torch.full((40, 50), 7.0)
+    rows = torch.full((60, 30), 7.0)
+    for larger, view in ((columns, columns[:, 12:42]), (rows, rows[15:55])):
+        untouched = torch.ones_like(larger, dtype=torch.bool)  # the same layout: the view's strides select its part
+        untouched.as_strided(view.shape, view.stride(), view.storage_offset()).fill_(False)
+        assert decode_grid(payload, sizes, rs, cs, impl=impl, out=view) is view
+        assert torch.equal(bits(view), bits(expected))
+        assert bool((larger[untouched] == 7.0).all())
+
+
+def test_decode_grid_into_native_equals_reference(native):
+    x, rs, cs = _grid_input()
+    payload, sizes = encode_grid(x, rs, cs, eps=0.02, impl="ref")
+    a, b = torch.zeros(40, 64), torch.zeros(40, 64)
+    decode_grid(payload, sizes, rs, cs, impl="ref", out=a[:, 30:60])
+    decode_grid(payload, sizes, rs, cs, impl="native", out=b[:, 30:60])
+    assert torch.equal(bits(a), bits(b))
+
+
+def test_decode_grid_into_checks_out(impl):
+    x, rs, cs = _grid_input()
+    payload, sizes = encode_grid(x, rs, cs, eps=0.01, impl=impl)
+    with pytest.raises(ValueError, match=r"float32 \[40, 30\]"):
+        decode_grid(payload, sizes, rs, cs, impl=impl, out=torch.zeros(40, 31))
+    with pytest.raises(ValueError, match=r"float32 \[40, 30\]"):
+        decode_grid(payload, sizes, rs, cs, impl=impl, out=torch.zeros(40, 30, dtype=torch.float64))
+    with pytest.raises(ValueError, match="column stride 1"):
+        decode_grid(payload, sizes, rs, cs, impl=impl, out=torch.zeros(30, 40).t())
+
+
 def test_decode_grid_errors_name_the_chunk(impl):
     x, rs, cs = _grid_input()
     payload, sizes = encode_grid(x, rs, cs, eps=0.01, impl=impl)

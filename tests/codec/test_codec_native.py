@@ -22,6 +22,15 @@ def test_opcheck_decode_grid(native):
     torch.library.opcheck(torch.ops.dlac.decode_grid.default, (payload, sizes, rs, cs))
 
 
+def test_opcheck_decode_grid_into(native):
+    x, rs, cs, b = _args()
+    payload, sizes = torch.ops.dlac.encode_grid(x, rs, cs, b, True)
+    out = torch.zeros(64, 40)[:, 8:32]  # a block of columns: the row stride is not the grid's width
+    torch.library.opcheck(torch.ops.dlac.decode_grid_into.default, (payload, sizes, rs, cs, out))
+    torch.ops.dlac.decode_grid_into(payload, sizes, rs, cs, out)  # opcheck ran on copies of the arguments
+    assert torch.equal(bits(out), bits(torch.ops.dlac.decode_grid(payload, sizes, rs, cs)))
+
+
 def test_opcheck_encode_grid(native):
     # The payload size depends on the data, so the fake kernel returns an unbacked size: the AOT-dispatch check
     # (which needs a concrete output shape) does not apply.

@@ -1,0 +1,431 @@
+"""Where the compressed pooled exchange spends its time, phase by phase, next to the codec's own time for the same
+bytes (issue 34): what of an exchange is codec work and what is not.
+
+On 2 gloo CPU ranks (one thread each, as in e2e_bandwidth.py), each rank runs :class:`~lightning_dlac.comm.
+CompressedPooledEmbeddingsAllToAll` forward (``wait()``) and backward on a realistic pooled payload: 26 tables of
+dim 64 (13 per rank) looked up one-hot with the example's synthetic Criteo ids (Zipf, ``--max-rows`` rows per
+table, TorchRec's default uniform init), ``--batch-size`` samples per rank, the gradient of a random upstream
+loss. Every backward encoding in ``--backward`` is profiled (DLAC forward with each).
+
+While the timed steps run, the exchange's public functions (``lightning_dlac.comm.exchange``: the encode and decode
+wrappers, the codec calls ``encode_grid`` / ``decode_grid`` they make, the size exchange, the payload launch and
+wait, the casts) are wrapped with timers that read wall time and this thread's CPU time, inclusive and exclusive of
+the wrapped calls they make. A direction's time not inside any wrapped call is the module's own: autograd, the
+float casts of the input and the gradient, the statistics and the error sampling (every ``error_every`` calls),
+Python. Phases, per direction and step (median over steps, the slower rank):
+
+- ``encode`` / ``decode``: the codec calls as the exchange makes them (validation included);
+- ``encode: joins`` / ``decode: concatenation``: the rest of the encode / decode functions (slicing, joins,
+  concatenations, the own block);
+- ``size exchange``, ``payload launch``, ``payload wait``: the collectives (the wait's wall time is the transfer
+  the launch did not finish; its CPU time is this thread's). The size exchange is the first point where the ranks
+  meet after encoding: its wall time includes waiting for the slower rank's encode;
+- ``gather, cast``: the backward's gathering of the owners' columns and the cast to the wire dtype;
+- ``module``: the rest, as above.
+
+Each phase also counts this thread's minor page faults: a large new tensor is mapped fresh (glibc serves big
+allocations with ``mmap`` until its threshold adapts, and returns them), so the first code that writes it pays for
+zeroed pages, whichever phase that is; ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_`` change that.
+
+Then, one rank at a time, the codec's native kernels (``torch.ops.dlac.encode_grid`` / ``decode_grid``) are called
+directly on the arguments of the last step's codec calls (same block, splits, bounds and payload), and for the
+bf16 / fp16 backward the cast of the same elements there and back: the kernel's own time for the same bytes. The
+issue-34 target is each phase within 1.5x of it (``phase / kernel``, on wall and on CPU time; on a shared machine
+the CPU time is the steadier figure: wall time counts the slices other processes took). With ``--profiler-steps``,
+a ``torch.profiler`` pass over that many more steps adds the self CPU time of the copies (``aten::cat``,
+``aten::copy_``, ``aten::_to_copy``, ...) and allocations (``aten::empty*``, ``aten::zeros``) per direction; its
+figures include the profiler's own overhead (they ran well above the timed phases here) and are off by default.
+
+    python benchmarks/exchange_profile.py                  # ~1-2 min on 2 cores
+    python benchmarks/exchange_profile.py --steps 4 --json-out /tmp/p.json   # a smoke run
+
+Prints the table and writes benchmarks/results/exchange_profile.json (metadata as every results file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import resource
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from common import REPO, run_ranks, start_run, write_results
+
+TABLES, DIM = 26, 64
+# The wrapped public functions of lightning_dlac.comm.exchange: attribute -> phase. Calls nest (start_forward runs
+# exchange_sizes and start_payload; encode_for_others runs encode_chunks, which runs encode_grid): a function's
+# exclusive time is its own, less the wrapped calls inside it.
+WRAPPED = {
+    "encode_for_others": "encode: joins",
+    "encode_chunks": "encode: joins",
+    "encode_grid": "encode",
+    "start_forward": "payload launch",
+    "exchange_sizes": "size exchange",
+    "start_payload": "payload launch",
+    "start_cast": "payload launch",
+    "decode_from_others": "decode: concatenation",
+    "decode_chunks": "decode: concatenation",
+    "decode_grid": "decode",
+    "start_backward_dlac": "gather, cast",
+    "start_backward_cast": "gather, cast",
+    "finish_backward": "decode: concatenation",
+}
+WAIT = "payload wait"  # InFlight.wait
+MODULE = "module"
+PHASES = ("encode", "encode: joins", "gather, cast", "size exchange", "payload launch", WAIT, "decode",
+          "decode: concatenation", MODULE)
+# The profiler's ops that are copies and allocations.
+COPY_OPS = ("aten::cat", "aten::copy_", "aten::_to_copy", "aten::index", "aten::slice_scatter")
+ALLOC_OPS = ("aten::empty", "aten::empty_strided", "aten::zeros", "aten::new_zeros", "aten::zero_")
+
+
+def _now() -> tuple[float, float, float]:
+    """Wall seconds, this thread's CPU seconds, and this thread's minor page faults so far (first touches of newly
+    mapped memory: what a large new tensor costs the first code that writes it)."""
+    return time.perf_counter(), time.thread_time(), float(resource.getrusage(resource.RUSAGE_THREAD).ru_minflt)
+
+
+class PhaseClock:
+    """Exclusive wall and thread-CPU seconds of the wrapped calls, per direction and phase, and the arguments of
+    every call, for the step being timed (the kernel reference replays the last step's codec calls)."""
+
+    def __init__(self) -> None:
+        self.direction = "forward"
+        self._stack: list[list[float]] = []  # per open call: its wrapped children's [wall, cpu, faults]
+        self.step: dict[tuple[str, str], list[float]] = {}  # (direction, phase) -> [wall, cpu, faults] exclusive
+        self.top: dict[str, list[float]] = {}  # direction -> [wall, cpu, faults] of the outermost wrapped calls
+        self.calls: dict[str, dict[str, list[tuple]]] = {}  # direction -> function -> this step's (args, kwargs)
+
+    def reset(self) -> None:
+        self.step, self.top, self.calls = {}, {}, {}
+
+    @contextlib.contextmanager
+    def timed(self, phase: str) -> Iterator[None]:
+        self._stack.append([0.0, 0.0, 0.0])
+        start = _now()
+        try:
+            yield
+        finally:
+            spent = [b - a for a, b in zip(start, _now())]
+            children = self._stack.pop()
+            acc = self.step.setdefault((self.direction, phase), [0.0, 0.0, 0.0])
+            for i in range(3):
+                acc[i] += spent[i] - children[i]
+            outer = self._stack[-1] if self._stack else self.top.setdefault(self.direction, [0.0, 0.0, 0.0])
+            for i in range(3):
+                outer[i] += spent[i]
+
+    def wrap(self, name: str, fn: Callable[..., Any], phase: str) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            self.calls.setdefault(self.direction, {}).setdefault(name, []).append((args, kwargs))
+            with self.timed(phase):
+                return fn(*args, **kwargs)
+
+        return wrapper
+
+
+def _install(clock: PhaseClock) -> None:
+    """Wrap the exchange's public functions (this rank process only)."""
+    from lightning_dlac.comm import exchange
+
+    for name, phase in WRAPPED.items():
+        setattr(exchange, name, clock.wrap(name, getattr(exchange, name), phase))
+    wait = exchange.InFlight.wait
+
+    def timed_wait(flight: Any) -> torch.Tensor:
+        with clock.timed(WAIT):
+            return wait(flight)
+
+    exchange.InFlight.wait = timed_wait
+
+
+def pooled_payload(rank: int, world: int, batch_size: int, max_rows: int, seed: int = 0) -> torch.Tensor:
+    """This rank's ``local_embs`` [world x batch_size, 13 x 64]: its tables' pooled (one-hot) embeddings of every
+    rank's samples, rows grouped by destination rank, looked up with the synthetic Criteo ids."""
+    from lightning_dlac.examples.synthetic import SyntheticCriteoDataModule
+
+    data = SyntheticCriteoDataModule(max_rows=max_rows, batch_size=batch_size, seed=seed)
+    sizes = data.num_embeddings_per_feature
+    mine = range(rank * TABLES // world, (rank + 1) * TABLES // world)
+    g = torch.Generator().manual_seed(seed + 1)
+    weights = {t: (torch.rand(sizes[t], DIM, generator=g) * 2 - 1) * (1.0 / sizes[t]) ** 0.5 for t in range(TABLES)}
+    blocks = []
+    for dst in range(world):
+        ids = data.generator.batch(dst, batch_size=batch_size).sparse_features.values().view(TABLES, batch_size)
+        blocks.append(torch.cat([weights[t][ids[t]] for t in mine], dim=1))
+    return torch.cat(blocks).contiguous()
+
+
+def _median_s(repeat: int, fn: Callable[..., Any], *args: Any) -> tuple[float, float]:
+    """Median wall and thread-CPU seconds of ``repeat`` calls of ``fn(*args)``."""
+    wall, cpu = [], []
+    for _ in range(repeat):
+        w0, c0 = time.perf_counter(), time.thread_time()
+        fn(*args)
+        wall.append(time.perf_counter() - w0)
+        cpu.append(time.thread_time() - c0)
+    return statistics.median(wall), statistics.median(cpu)
+
+
+def _add(total: list[float], seconds: tuple[float, float]) -> None:
+    total[0] += seconds[0]
+    total[1] += seconds[1]
+
+
+def _kernel_times(clock: PhaseClock, direction: str, repeat: int) -> dict[str, Any]:
+    """The native kernels on the arguments of ``direction``'s last codec calls, called directly: wall and CPU seconds
+    per step (every call of the step), and the bytes they read and wrote."""
+    from lightning_dlac.codec.reference import check_grid_bounds
+
+    out: dict[str, Any] = {}
+    calls = clock.calls.get(direction, {})
+    for name, op in (("encode_grid", "encode"), ("decode_grid", "decode")):
+        total, raw, wire = [0.0, 0.0], 0, 0
+        for args, kwargs in calls.get(name, []):
+            if op == "encode":
+                x, rs, cs = args[0], list(args[1]), list(args[2])
+                bounds, relative = check_grid_bounds(kwargs.get("eps"), kwargs.get("abs_eb"), len(cs) - 1)
+                payload, _ = torch.ops.dlac.encode_grid(x, rs, cs, bounds, relative)
+                _add(total, _median_s(repeat, torch.ops.dlac.encode_grid, x, rs, cs, bounds, relative))
+                raw += x.numel() * 4
+                wire += payload.numel()
+            else:
+                payload, sizes, rs, cs = args[0], args[1], list(args[2]), list(args[3])
+                sizes = torch.as_tensor(sizes, dtype=torch.int64)
+                _add(total, _median_s(repeat, torch.ops.dlac.decode_grid, payload, sizes, rs, cs))
+                raw += rs[-1] * cs[-1] * 4
+                wire += payload.numel()
+        if calls.get(name):
+            out[op] = dict(seconds=total[0], cpu_seconds=total[1], raw_bytes=raw, wire_bytes=wire)
+    for args, _ in calls.get("start_cast", []):
+        values, wire_dtype = args[0], args[3]
+        if wire_dtype == torch.float32:
+            continue
+        wire = values.to(wire_dtype)
+        total = [0.0, 0.0]
+        _add(total, _median_s(repeat, values.to, wire_dtype))
+        _add(total, _median_s(repeat, wire.float))
+        out["cast"] = dict(seconds=total[0], cpu_seconds=total[1], raw_bytes=values.numel() * 4,
+                           wire_bytes=wire.numel() * wire.element_size())
+    return out
+
+
+def _profile_rank(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    from lightning_dlac.adaptive import ErrorBounds
+    from lightning_dlac.codec import native_available
+    from lightning_dlac.comm import CompressionConfig
+    from lightning_dlac.comm.all_to_all import CompressedPooledEmbeddingsAllToAll
+
+    torch.set_num_threads(1)
+    if not native_available():
+        raise RuntimeError("the native codec did not build: the profile compares the exchange with its kernels")
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        clock = PhaseClock()
+        _install(clock)
+        x = pooled_payload(rank, world, cfg["batch_size"], cfg["max_rows"])
+        per_rank_tables = [[f"t{t}" for t in range(r * TABLES // world, (r + 1) * TABLES // world)]
+                           for r in range(world)]
+        dims = [[DIM] * len(t) for t in per_rank_tables]
+        g = torch.Generator().manual_seed(100 + rank)
+        upstream = torch.randn(cfg["batch_size"], TABLES * DIM, generator=g) * 1e-3
+        results: dict[str, Any] = {}
+        for backward in cfg["backward"]:
+            a2a = CompressedPooledEmbeddingsAllToAll(
+                dist.group.WORLD, dims, per_rank_tables, CompressionConfig(backward=backward, impl="native"),
+                ErrorBounds(cfg["eps"]))
+            steps: list[dict[str, Any]] = []
+            digest = None
+            for step in range(cfg["warmup"] + cfg["steps"]):
+                clock.reset()
+                inp = x.clone().requires_grad_(True)
+                dist.barrier()
+                clock.direction = "forward"
+                start = _now()
+                out = a2a(inp).wait()
+                fwd = [b - a for a, b in zip(start, _now())]
+                dist.barrier()
+                clock.direction = "backward"
+                start = _now()
+                out.backward(upstream)
+                bwd = [b - a for a, b in zip(start, _now())]
+                if step < cfg["warmup"]:
+                    del out, inp  # as a training step does: nothing of it is held into the next one
+                    continue
+                record: dict[str, Any] = {}
+                for direction, (wall, cpu, faults) in (("forward", fwd), ("backward", bwd)):
+                    phases = {p: list(v) for (d, p), v in clock.step.items() if d == direction}
+                    top = clock.top.get(direction, [0.0, 0.0, 0.0])
+                    phases[MODULE] = [wall - top[0], cpu - top[1], faults - top[2]]
+                    record[direction] = dict(wall_s=wall, cpu_s=cpu, faults=faults, phases=phases)
+                steps.append(record)
+                digest = [float(out.detach().double().sum()), float(inp.grad.double().sum())]
+                del out, inp
+            kernels = {}
+            for r in range(world):  # one rank at a time: the kernels alone, not sharing the cores with the other
+                if r == rank:
+                    kernels = {d: _kernel_times(clock, d, cfg["kernel_repeat"]) for d in ("forward", "backward")}
+                dist.barrier()
+            ops = _profiled_ops(a2a, x, upstream, cfg["profiler_steps"])
+            stats = a2a.stats
+            results[backward] = dict(steps=steps, kernels=kernels, ops=ops, digest=digest,
+                                     forward_raw_bytes=stats.raw_bytes / stats.calls,
+                                     forward_sent_bytes=stats.sent_bytes / stats.calls,
+                                     backward_raw_bytes=stats.backward_raw_bytes / max(stats.backward_calls, 1),
+                                     backward_sent_bytes=stats.backward_sent_bytes / max(stats.backward_calls, 1))
+        return results
+    finally:
+        dist.destroy_process_group()
+
+
+def _profiled_ops(a2a: Any, x: torch.Tensor, upstream: torch.Tensor, steps: int) -> dict[str, dict[str, float]]:
+    """Self CPU seconds per step of the copy and allocation ops, per direction, from ``torch.profiler``."""
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    if steps < 1:
+        return {}
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            inp = x.clone().requires_grad_(True)
+            dist.barrier()
+            with record_function("profile forward"):
+                out = a2a(inp).wait()
+            dist.barrier()
+            with record_function("profile backward"):
+                out.backward(upstream)
+    totals = {"forward": {"copies": 0.0, "allocation": 0.0}, "backward": {"copies": 0.0, "allocation": 0.0}}
+    for event in prof.events():
+        kind = "copies" if event.name in COPY_OPS else "allocation" if event.name in ALLOC_OPS else None
+        parent = event.cpu_parent
+        while kind is not None and parent is not None:  # the direction whose span it ran in
+            if parent.name in ("profile forward", "profile backward"):
+                totals[parent.name.split()[1]][kind] += event.self_cpu_time_total / 1e6 / steps
+                break
+            parent = parent.cpu_parent
+    return totals
+
+
+def _ratios(phases: dict[str, Any], kernels: dict[str, Any], clock: str) -> dict[str, float]:
+    """Each codec phase (the codec call and the rest of its function) over the kernel's own time, on ``clock``
+    ("wall" or "cpu")."""
+    key, kkey = f"{clock}_ms", "ms" if clock == "wall" else "cpu_ms"
+
+    def ms(phase: str) -> float:
+        return phases.get(phase, {}).get(key, 0.0)
+
+    out = {}
+    if "encode" in kernels and "encode" in phases:
+        out["encode"] = (ms("encode") + ms("encode: joins")) / kernels["encode"][kkey]
+    if "decode" in kernels and "decode" in phases:
+        out["decode"] = (ms("decode") + ms("decode: concatenation")) / kernels["decode"][kkey]
+    if "cast" in kernels:  # the backward's gather and cast, and the received gradient's cast and concatenation
+        out["cast"] = (ms("gather, cast") + ms("decode: concatenation")) / kernels["cast"][kkey]
+    return out
+
+
+def summarize(per_rank: list[dict[str, Any]], backward: str) -> dict[str, Any]:
+    """Per direction: the median step of the slower rank, each phase's median wall and CPU seconds (of that rank
+    pair's slower value per step), the kernels' own seconds and the ratios the target reads."""
+    runs = [r[backward] for r in per_rank]
+    n = len(runs[0]["steps"])
+    out: dict[str, Any] = {}
+    for direction in ("forward", "backward"):
+        step_wall = [max(r["steps"][i][direction]["wall_s"] for r in runs) for i in range(n)]
+        step_cpu = [max(r["steps"][i][direction]["cpu_s"] for r in runs) for i in range(n)]
+        phases = {}
+        for phase in PHASES:
+            wall, cpu, faults = ([max(r["steps"][i][direction]["phases"].get(phase, [0.0, 0.0, 0.0])[k] for r in runs)
+                                  for i in range(n)] for k in range(3))
+            if any(wall) or any(cpu):
+                phases[phase] = dict(wall_ms=statistics.median(wall) * 1e3, cpu_ms=statistics.median(cpu) * 1e3,
+                                     page_faults=statistics.median(faults))
+        kernels = {}
+        for op in ("encode", "decode", "cast"):
+            found = [r["kernels"][direction][op] for r in runs if op in r["kernels"][direction]]
+            if found:
+                kernels[op] = dict(ms=max(k["seconds"] for k in found) * 1e3,
+                                   cpu_ms=max(k["cpu_seconds"] for k in found) * 1e3,
+                                   raw_bytes=max(k["raw_bytes"] for k in found),
+                                   wire_bytes=max(k["wire_bytes"] for k in found))
+        codec_ms = sum(k["ms"] for k in kernels.values())
+        ops = {kind: max(r["ops"].get(direction, {}).get(kind, 0.0) for r in runs) * 1e3
+               for kind in ("copies", "allocation")} if runs[0]["ops"] else {}
+        wall_ms = statistics.median(step_wall) * 1e3
+        ratios = {clock: _ratios(phases, kernels, clock) for clock in ("wall", "cpu")}
+        transfer = sum(phases.get(p, {}).get("wall_ms", 0.0) for p in ("size exchange", "payload launch", WAIT))
+        cpu_ms = statistics.median(step_cpu) * 1e3
+        codec_cpu_ms = sum(k["cpu_ms"] for k in kernels.values())
+        # The whole direction's CPU time over its kernels' CPU time: what the target reads when every phase is in.
+        ratios["cpu"]["direction"] = cpu_ms / codec_cpu_ms if codec_cpu_ms else None
+        out[direction] = dict(wall_ms=wall_ms, cpu_ms=cpu_ms, phases=phases, kernels=kernels, kernel_ms=codec_ms,
+                              kernel_cpu_ms=codec_cpu_ms, transfer_ms=transfer, profiler_ms=ops,
+                              phase_over_kernel=ratios)
+    out["bytes"] = {k: runs[0][k] for k in ("forward_raw_bytes", "forward_sent_bytes", "backward_raw_bytes",
+                                            "backward_sent_bytes")}
+    out["digest"] = [r["digest"] for r in runs]
+    return out
+
+
+def table(summary: dict[str, dict[str, Any]]) -> list[str]:
+    lines = []
+    for backward, s in summary.items():
+        b = s["bytes"]
+        lines.append(f"DLAC forward + {backward} backward: forward {b['forward_raw_bytes'] / 1e6:.1f} MB ->"
+                     f" {b['forward_sent_bytes'] / 1e6:.2f} MB, backward {b['backward_raw_bytes'] / 1e6:.1f} MB ->"
+                     f" {b['backward_sent_bytes'] / 1e6:.2f} MB per call and rank")
+        for direction in ("forward", "backward"):
+            d = s[direction]
+            lines.append(f"  {direction}: {d['wall_ms']:.1f} ms wall, {d['cpu_ms']:.1f} ms CPU per step (kernels"
+                         f" alone {d['kernel_ms']:.1f} ms wall, {d['kernel_cpu_ms']:.1f} ms CPU; transfer"
+                         f" {d['transfer_ms']:.1f} ms)")
+            lines.append(f"    {'phase':<24}{'wall ms':>9}{'CPU ms':>9}{'faults':>9}")
+            for phase, v in d["phases"].items():
+                lines.append(f"    {phase:<24}{v['wall_ms']:>9.2f}{v['cpu_ms']:>9.2f}{v['page_faults']:>9.0f}")
+            for op, k in d["kernels"].items():
+                lines.append(f"    kernel {op:<17}{k['ms']:>9.2f}{k['cpu_ms']:>9.2f}"
+                             f"  ({k['raw_bytes'] / 1e6:.1f} MB raw, {k['wire_bytes'] / 1e6:.2f} MB wire)")
+            for kind, ms in d["profiler_ms"].items():
+                lines.append(f"    profiler: {kind:<14}{'':>9}{ms:>9.2f}")
+            for clock, ratios in d["phase_over_kernel"].items():
+                text = ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items() if v is not None)
+                lines.append(f"    phase / kernel ({clock}): {text}")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch-size", type=int, default=4096, help="samples per rank")
+    parser.add_argument("--max-rows", type=int, default=10_000, help="cap on every table's rows (as e2e_bandwidth)")
+    parser.add_argument("--backward", default="bf16,dlac", help="backward encodings to profile, comma-separated")
+    parser.add_argument("--eps", type=float, default=0.01, help="forward relative bound of every table")
+    parser.add_argument("--steps", type=int, default=12, help="timed steps per backward encoding")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps before them")
+    parser.add_argument("--kernel-repeat", type=int, default=7, help="timed calls of each kernel (median)")
+    parser.add_argument("--profiler-steps", type=int, default=0, help="steps under torch.profiler (0: none)")
+    parser.add_argument("--label", default=None,
+                        help="what exchange code ran, kept in the config (e.g. an older package on PYTHONPATH)")
+    parser.add_argument("--json-out", type=Path, default=REPO / "benchmarks" / "results" / "exchange_profile.json")
+    args = parser.parse_args()
+    metadata = start_run("benchmarks/exchange_profile.py", vars(args))
+    cfg = dict(batch_size=args.batch_size, max_rows=args.max_rows, backward=args.backward.split(","), eps=args.eps,
+               steps=args.steps, warmup=args.warmup, kernel_repeat=args.kernel_repeat,
+               profiler_steps=args.profiler_steps, world_size=2, threads_per_rank=1, tables=TABLES, dim=DIM,
+               label=args.label, package=str(Path(importlib.util.find_spec("lightning_dlac").origin).parent))
+    per_rank = run_ranks(_profile_rank, 2, cfg)
+    summary = {b: summarize(per_rank, b) for b in cfg["backward"]}
+    print("\n".join(table(summary)))
+    write_results(args.json_out, metadata, cfg, summary)
+    print(f"wrote {args.json_out}")
+
+
+if __name__ == "__main__":
+    main()
