@@ -26,6 +26,7 @@ exactly) and must not count as traffic: the driver runs them off the record.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -83,6 +84,7 @@ class CalibrationSettings:
     sensitivity_batches: int = 1  # of the measured batches, how many also run the sensitivity probe
     recalibrate_every: int = 0  # calibrate again this many batches after each calibration takes effect (0: never)
     codec_impl: str = "auto"  # codec that measures compressed sizes
+    before_training: bool = False  # the first calibration measures given batches before training (forwards only)
 
     def __post_init__(self) -> None:
         if self.index not in INDEX_KINDS:
@@ -110,6 +112,21 @@ class CalibrationSettings:
             )
         if self.mode == "sensitivity" and self.sensitivity_batches == 0:
             raise ValueError("mode='sensitivity' chooses bounds from the probe: set sensitivity_batches >= 1.")
+        if self.before_training and self.start:
+            raise ValueError(
+                "calibration_start applies to calibration on training batches; with a calibration_dataloader"
+                " calibration runs before training. Set one of them."
+            )
+        if self.before_training and self.mode == "gradient":
+            # Batches measured before training only run forwards: no loss gradient comes back through the exchange,
+            # so the gradient mode would see nothing and keep every table at the strategy's eps. A backward pass of
+            # its own would not do either: the fused embedding optimizer updates the tables inside it.
+            raise ValueError(
+                "mode='gradient' (the default) measures the loss gradient that training's backward pass sends back"
+                " through the exchange, and a calibration_dataloader is only run forward (before training): it would"
+                " see no gradient. Calibrate on training batches (drop calibration_dataloader; calibration_start"
+                " sets when), or use mode='sensitivity' or mode='homogenization' with the calibration_dataloader."
+            )
 
 
 class Calibrator:
@@ -137,6 +154,7 @@ class Calibrator:
         self._seen = 0
         self._probed = 0
         self._grad_tables: set[str] = set()  # tables whose gradient the batch being measured has shown
+        self._gradient_scale = 1.0  # the loss scale of the gradients observed now (a GradScaler's), divided out
 
     # ------------------------------------------------------------------ read-outs
 
@@ -169,6 +187,37 @@ class Calibrator:
     def table_stats(self) -> dict[str, TableStats]:
         """The cross-rank statistics of the latest calibration."""
         return dict(self._table_stats)
+
+    @property
+    def next_measurement(self) -> int | None:
+        """Training batch from which the next (or the ongoing) measurement measures; ``None`` when none is due."""
+        return self._measure_from if self._stats is not None else None
+
+    @property
+    def measured_batches(self) -> int:
+        """Batches the measurement in progress has measured so far (0 between measurements)."""
+        return self._seen if self._stats is not None else 0
+
+    def status(self, batches_run: int) -> dict[str, Any]:
+        """Which bounds the tables use and why, after ``batches_run`` training batches: ``{"state": s, ...}`` with
+        ``s`` one of ``"constant"`` (``mode="off"``: every table keeps the strategy's eps), ``"calibrated"`` (with
+        ``"at"``, the first batch of the latest calibration's bounds, and ``"calibrations"``) or
+        ``"never_calibrated"`` (with ``"due"``, the batch the first measurement was to start at, ``"measured"``,
+        the batches it got, ``"needed"`` and ``"batches_run"``: every table kept the strategy's eps)."""
+        if self.settings.mode == "off":
+            return {"state": "constant"}
+        if self._calibrated:
+            return {"state": "calibrated", "at": self._calibrated_at, "calibrations": len(self._calibrations)}
+        return {"state": "never_calibrated", "due": self._measure_from, "measured": self.measured_batches,
+                "needed": self.settings.batches, "batches_run": int(batches_run)}
+
+    def set_gradient_scale(self, scale: float) -> None:
+        """The factor the loss was multiplied by before the backward pass whose gradients are observed next (a
+        GradScaler's scale under mixed precision; 1 otherwise): the gradient energy is divided by its square, so
+        the statistic is that of the loss itself."""
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
+            raise ValueError(f"gradient scale {scale!r} must be a positive finite number (a loss scale).")
+        self._gradient_scale = float(scale)
 
     def report(self) -> list[dict[str, Any]]:
         """One row per table: class, bound, homogenization index (per column, and the paper's whole-vector one),
@@ -230,9 +279,10 @@ class Calibrator:
 
     def observe_gradient(self, table: str, energy: float, rows: int) -> None:
         """Add one table's loss gradient of the batch being measured (the exchange's gradient observer: see
-        :meth:`CalibrationStats.observe_gradient`)."""
+        :meth:`CalibrationStats.observe_gradient`), divided by the square of the loss scale in force
+        (:meth:`set_gradient_scale`): the gradient of a scaled loss is the scale times the loss's."""
         assert self._stats is not None, "observe_gradient() outside a measurement"
-        self._stats.observe_gradient(table, energy, rows)
+        self._stats.observe_gradient(table, energy / self._gradient_scale**2, rows)
         self._grad_tables.add(table)
 
     def observe_loss(self, loss: float) -> None:

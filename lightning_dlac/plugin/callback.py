@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
@@ -28,24 +27,18 @@ from lightning_dlac.adaptive.bounds import check_count
 from lightning_dlac.adaptive.calibrator import GRADIENT_TOLERANCE
 from lightning_dlac.comm.collectives import all_gather_object, all_reduce, rank_and_world
 from lightning_dlac.plugin._forward import loss_of, loss_or_none, side_forward
+from lightning_dlac.plugin._run import (  # noqa: F401 - run_training_batches: importable from here too
+    DEFAULT_RUN_SHARE,
+    PAPER_T,
+    loss_scale,
+    run_training_batches,
+    warn_if_past_the_end,
+    warn_never_calibrated,
+)
 from lightning_dlac.plugin.metrics import CompressionMonitor, run_directory, scalar_metrics
 from lightning_dlac.plugin.strategy import DLACStrategy
 
 _STATE_VERSION = 1
-PAPER_T = 1000  # the paper's early stage, in iterations: the default T's cap, and T where the run length is unknown
-DEFAULT_RUN_SHARE = 0.1  # the default calibration_start and T, as a share of the run's training batches
-
-
-def run_training_batches(trainer: pl.Trainer) -> int | None:
-    """Training batches the run will take (optimizer steps x gradient accumulation), or ``None`` if the Trainer
-    cannot tell (no ``max_steps`` and an epoch of unknown length, or no limit)."""
-    try:
-        steps = trainer.estimated_stepping_batches
-    except Exception:  # noqa: BLE001 - e.g. a dataloader without __len__: the length is unknown, nothing more
-        return None
-    if not isinstance(steps, (int, float)) or not math.isfinite(steps) or steps <= 0:
-        return None
-    return int(steps) * max(1, int(trainer.accumulate_grad_batches))
 
 
 class DLACCallback(Callback):
@@ -110,7 +103,8 @@ class DLACCallback(Callback):
         recalibrate_every: Calibrate again this many training batches after each calibration takes effect (0:
             never); each calibration measures ``calibration_batches`` batches with the current bounds in force.
         calibration_dataloader: Batches to calibrate on before training (default: the first training batches).
-            Every rank must provide its own batches; the smallest count across ranks is used.
+            Every rank must provide its own batches; the smallest count across ranks is used. They only run
+            forward, so ``mode="gradient"`` (which needs the backward pass's gradients) refuses them.
         schedule: ``"step"``, ``"linear"``, ``"log"`` or ``"constant"``.
         c: Initial multiplier m(0) (>= 1; 1 turns the iteration-wise level off).
         T: Length of the early stage, in training batches (default ``None``: a tenth of the run's training batches
@@ -136,18 +130,13 @@ class DLACCallback(Callback):
         self.class_bounds = ClassBounds(tight_eps, base_eps, loose_eps)
         if sensitivity_batches is None:
             sensitivity_batches = 1 if mode == "sensitivity" else 0
-        if calibration_dataloader is not None and calibration_start:
-            raise ValueError(
-                "calibration_start applies to calibration on training batches; with a calibration_dataloader"
-                " calibration runs before training. Set one of them."
-            )
         self.settings = CalibrationSettings(
             mode=mode, class_bounds=self.class_bounds, thresholds=HomogenizationThresholds(tight_below, loose_from),
             index_eps=base_eps if index_eps is None else index_eps, index=index,
             candidates=self.class_bounds.candidates() if candidates is None else tuple(candidates),
             sensitivity_tolerance=sensitivity_tolerance, gradient_tolerance=gradient_tolerance,
             batches=calibration_batches, start=calibration_start or 0, sensitivity_batches=sensitivity_batches,
-            recalibrate_every=recalibrate_every,
+            recalibrate_every=recalibrate_every, before_training=calibration_dataloader is not None,
         )
         self.mode, self.calibration_batches, self.gradient_tolerance = mode, calibration_batches, gradient_tolerance
         self.calibration_start, self.sensitivity_batches = calibration_start, sensitivity_batches
@@ -228,13 +217,13 @@ class DLACCallback(Callback):
 
     def _fit_defaults_to_the_run(self, trainer: pl.Trainer) -> None:
         """Resolve ``T=None`` and ``calibration_start=None`` from the run's length in training batches, when the
-        Trainer knows it (a tenth of it; the early stage at most the paper's 1000)."""
+        Trainer knows it (a tenth of it; the early stage at most the paper's 1000), and warn when the first
+        calibration on training batches cannot complete within that length."""
         schedule, c, T, stages = self._schedule_args
-        if T is not None and (self.calibration_start is not None or self.calibration_dataloader is not None):
-            return
         batches = run_training_batches(trainer)
         share = max(1, round(batches * DEFAULT_RUN_SHARE)) if batches is not None else PAPER_T
-        if batches is None:
+        default_start = self.calibration_start is None and self.calibration_dataloader is None
+        if batches is None and (T is None or default_start):
             unset = [name for name, value in (("calibration_start", self.calibration_start), ("T", T))
                      if value is None and not (name == "calibration_start" and self.calibration_dataloader)]
             rank_zero_info(f"DLACCallback: the Trainer cannot tell the run's length (no max_steps, and a training"
@@ -243,9 +232,11 @@ class DLACCallback(Callback):
                            f" batches; set them (or max_steps) for a shorter run.")
         if T is None:
             self.schedule = DecaySchedule(schedule, c, min(share, PAPER_T), stages)
-        if self.calibration_start is None and self.calibration_dataloader is None:
+        if default_start:
             self._calibrator.settings = self.settings = replace(self.settings, start=share)
             self._calibrator.reschedule(share)
+        if self.mode != "off" and self.calibration_dataloader is None:
+            warn_if_past_the_end(self.settings.start, self.calibration_batches, batches)
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -277,6 +268,7 @@ class DLACCallback(Callback):
         self._probed_s += self._probe_s
         if self._calibrator.measuring(self._step):
             group = self._strategy.exchange_group
+            self._calibrator.set_gradient_scale(loss_scale(trainer))  # a GradScaler's gradients are scaled
             group.set_observer(self._timed(self._calibrator.observe))
             group.set_gradient_observer(self._timed(self._calibrator.observe_gradient))
 
@@ -310,6 +302,7 @@ class DLACCallback(Callback):
             self._strategy.exchange_group.set_gradient_observer(None)
             if self._monitor.pending(self._strategy.exchange_group):
                 self._write_metrics(trainer)  # the rest, e.g. the validation traffic after the last write
+            warn_never_calibrated(self._calibrator.status(self._step), self._strategy.error_bounds.default_eps)
 
     @override
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -337,7 +330,8 @@ class DLACCallback(Callback):
         return {
             "mode": self.mode, "schedule": self.schedule.as_dict(), "table_bounds": cal.table_bounds,
             "classes": {k: str(v) for k, v in cal.classes.items()}, "calibrated_at": cal.calibrated_at,
-            "calibrations": cal.calibrations, "default_eps": bounds.default_eps if bounds else None,
+            "calibrations": cal.calibrations, "bounds_status": cal.status(self._step),
+            "default_eps": bounds.default_eps if bounds else None,
             "max_eps": bounds.max_eps if bounds else None,
             "final_effective_bounds": {n: bounds.effective(n) for n in self._monitor.totals.table_raw_bytes}
             if bounds else {},
