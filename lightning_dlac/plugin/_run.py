@@ -28,6 +28,16 @@ def run_training_batches(trainer: pl.Trainer) -> int | None:
     return int(steps) * max(1, int(trainer.accumulate_grad_batches))
 
 
+def max_steps_batches(trainer: pl.Trainer) -> int | None:
+    """Training batches ``Trainer(max_steps=...)`` allows (``None`` without it): the run's length read without
+    :func:`run_training_batches`, whose ``estimated_stepping_batches`` sets the training loader up early (which a
+    run resumed from a checkpoint must not see happen where the uninterrupted run did not)."""
+    steps = getattr(trainer, "max_steps", -1)
+    if not isinstance(steps, int) or steps < 0:
+        return None
+    return steps * max(1, int(getattr(trainer, "accumulate_grad_batches", 1)))
+
+
 def loss_scale(trainer: pl.Trainer) -> float:
     """The factor the loss of the coming backward pass is multiplied by: the GradScaler's current scale under
     ``precision="16-mixed"`` (the gradients the exchange carries back are that many times the loss's), else 1. The

@@ -31,6 +31,7 @@ from lightning_dlac.plugin._run import (  # noqa: F401 - run_training_batches: i
     DEFAULT_RUN_SHARE,
     PAPER_T,
     loss_scale,
+    max_steps_batches,
     run_training_batches,
     warn_if_past_the_end,
     warn_never_calibrated,
@@ -220,9 +221,10 @@ class DLACCallback(Callback):
         Trainer knows it (a tenth of it; the early stage at most the paper's 1000), and warn when the first
         calibration on training batches cannot complete within that length."""
         schedule, c, T, stages = self._schedule_args
-        batches = run_training_batches(trainer)
-        share = max(1, round(batches * DEFAULT_RUN_SHARE)) if batches is not None else PAPER_T
         default_start = self.calibration_start is None and self.calibration_dataloader is None
+        # With T and the start given only max_steps is read (estimated_stepping_batches sets the loader up early).
+        batches = run_training_batches(trainer) if T is None or default_start else max_steps_batches(trainer)
+        share = max(1, round(batches * DEFAULT_RUN_SHARE)) if batches is not None else PAPER_T
         if batches is None and (T is None or default_start):
             unset = [name for name, value in (("calibration_start", self.calibration_start), ("T", T))
                      if value is None and not (name == "calibration_start" and self.calibration_dataloader)]

@@ -239,6 +239,13 @@ def test_a_calibration_past_the_runs_known_end_is_said_at_set_up(start: int | No
     assert bool(said) == warns, said
     if warns:
         assert f"but the run takes {run}" in said[0] and "calibration_start" in said[0]
+    # With T and calibration_start both set, nothing needs the run's length: only max_steps is read, which does not
+    # set the training loader up before the run does (a resumed run must not see it happen earlier).
+    fixed = DLACCallback(calibration_start=start or 0, calibration_batches=batches, T=5)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fixed._fit_defaults_to_the_run(SimpleNamespace(max_steps=run, accumulate_grad_batches=1))
+    assert bool([w for w in caught if "never calibrate" in str(w.message)]) == (warns and start is not None)
     with warnings.catch_warnings(record=True) as caught:  # mode="off" calibrates nothing: nothing to say
         warnings.simplefilter("always")
         DLACCallback(mode="off", calibration_start=start)._fit_defaults_to_the_run(_trainer(run))
