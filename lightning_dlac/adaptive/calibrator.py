@@ -49,13 +49,25 @@ from lightning_dlac.adaptive.policy import (
     class_table_bounds,
     classify,
     gradient_table_bounds,
+    noise_table_bounds,
     sensitivity_classes,
     sensitivity_table_bounds,
 )
 
 # The default gradient_tolerance: see docs/adaptive.md for the evidence it was chosen on.
 GRADIENT_TOLERANCE = 0.15
-MODES = ("gradient", "homogenization", "sensitivity", "off")
+# The default noise_budget: the codec may add this share of the loss's minibatch variance, all tables together. A
+# reasoned value (a tenth of the noise the optimizer already lives with), not yet fitted on development worlds.
+NOISE_BUDGET = 0.1
+# The noise mode's default candidates: finer than the paper's three class bounds, tighter and looser than 0.01 / 0.05.
+NOISE_CANDIDATES = (0.002, 0.005, 0.01, 0.02, 0.05)
+MODES = ("gradient", "homogenization", "sensitivity", "noise", "off")
+
+
+def default_candidates(mode: str, class_bounds: ClassBounds) -> tuple[float, ...]:
+    """The candidate bounds of ``mode`` when none are given: the class bounds, or :data:`NOISE_CANDIDATES` for the
+    noise mode, which chooses per table rather than per class."""
+    return NOISE_CANDIDATES if mode == "noise" else class_bounds.candidates()
 
 # all_reduce(tensor, op) with op one of "sum", "min", "max": every rank gets the combined tensor.
 AllReduce = Callable[[torch.Tensor, str], torch.Tensor]
@@ -79,6 +91,7 @@ class CalibrationSettings:
     candidates: tuple[float, ...] = (0.01, 0.03, 0.05)  # bounds whose ratio and sensitivity are measured
     sensitivity_tolerance: float = 1e-3  # largest relative loss change a bound may cause (sensitivity mode)
     gradient_tolerance: float = GRADIENT_TOLERANCE  # largest expected RMS change of a sample's loss (gradient mode)
+    noise_budget: float = NOISE_BUDGET  # share of the loss's minibatch variance the codec may add (noise mode)
     batches: int = 8  # batches one calibration measures
     start: int = 0  # training batch from which the first calibration measures
     sensitivity_batches: int = 1  # of the measured batches, how many also run the sensitivity probe
@@ -99,6 +112,7 @@ class CalibrationSettings:
         object.__setattr__(self, "candidates", tuple(checked))
         check_tolerance(self.sensitivity_tolerance)
         check_tolerance(self.gradient_tolerance, "gradient_tolerance")
+        check_tolerance(self.noise_budget, "noise_budget")
         check_count(self.batches, "calibration_batches", 1)
         check_count(self.start, "calibration_start", 0)
         check_count(self.sensitivity_batches, "sensitivity_batches", 0)
@@ -117,12 +131,12 @@ class CalibrationSettings:
                 "calibration_start applies to calibration on training batches; with a calibration_dataloader"
                 " calibration runs before training. Set one of them."
             )
-        if self.before_training and self.mode == "gradient":
+        if self.before_training and self.mode in ("gradient", "noise"):
             # Batches measured before training only run forwards: no loss gradient comes back through the exchange,
             # so the gradient mode would see nothing and keep every table at the strategy's eps. A backward pass of
             # its own would not do either: the fused embedding optimizer updates the tables inside it.
             raise ValueError(
-                "mode='gradient' (the default) measures the loss gradient that training's backward pass sends back"
+                f"mode={self.mode!r} measures the loss gradient that training's backward pass sends back"
                 " through the exchange, and a calibration_dataloader is only run forward (before training): it would"
                 " see no gradient. Calibrate on training batches (drop calibration_dataloader; calibration_start"
                 " sets when), or use mode='sensitivity' or mode='homogenization' with the calibration_dataloader."
@@ -226,7 +240,7 @@ class Calibrator:
         rows = []
         for name in sorted(self._table_stats):
             s = self._table_stats[name]
-            sens, grad = s.sensitivity(), s.gradient_sensitivity()
+            sens, grad, noise = s.sensitivity(), s.gradient_sensitivity(), s.noise_share()
             rows.append(
                 {
                     "table": name,
@@ -239,6 +253,7 @@ class Calibrator:
                     "ratio": {str(k): v for k, v in s.ratios().items()},
                     "loss_change": None if sens is None else {str(k): v for k, v in sens.items()},
                     "gradient_loss_change": None if grad is None else {str(k): v for k, v in grad.items()},
+                    "noise_share": None if noise is None else {str(k): v for k, v in noise.items()},
                 }
             )
         return rows
@@ -330,6 +345,9 @@ class Calibrator:
             self._table_bounds = class_table_bounds(self._classes, s.class_bounds)
         elif s.mode == "gradient":
             self._table_bounds = gradient_table_bounds(self._table_stats, s.gradient_tolerance)
+            self._classes = sensitivity_classes(self._table_bounds, s.class_bounds)
+        elif s.mode == "noise":
+            self._table_bounds = noise_table_bounds(self._table_stats, s.noise_budget)
             self._classes = sensitivity_classes(self._table_bounds, s.class_bounds)
         else:
             self._table_bounds = sensitivity_table_bounds(self._table_stats, s.sensitivity_tolerance)

@@ -24,7 +24,7 @@ from lightning_dlac.adaptive import (
     TableStats,
 )
 from lightning_dlac.adaptive.bounds import check_count
-from lightning_dlac.adaptive.calibrator import GRADIENT_TOLERANCE
+from lightning_dlac.adaptive.calibrator import GRADIENT_TOLERANCE, NOISE_BUDGET, default_candidates
 from lightning_dlac.comm.collectives import all_gather_object, all_reduce, rank_and_world
 from lightning_dlac.plugin._forward import loss_of, loss_or_none, side_forward
 from lightning_dlac.plugin._run import (  # noqa: F401 - run_training_batches: importable from here too
@@ -56,19 +56,18 @@ class DLACCallback(Callback):
     all-reduced, so every rank picks the same bound per table: ``mode="gradient"`` (the default) takes the largest
     candidate whose gradient sensitivity is within ``gradient_tolerance``; ``mode="homogenization"`` (the paper) puts
     index ``< tight_below`` *tight*, index ``>= loose_from`` *loose*, the rest *base*; ``mode="sensitivity"`` takes
-    the largest candidate whose probed RMS loss change is within ``sensitivity_tolerance``; ``mode="off"`` keeps the
-    strategy's ``eps``. Until calibration ends, tables use the strategy's ``eps``. By default calibration starts a
-    tenth into the run (when the Trainer knows its length; else after 1000 batches), once the tables have trained:
-    docs/adaptive.md has the evidence behind the default mode, tolerance and start.
+    the largest candidate whose probed RMS loss change is within ``sensitivity_tolerance``; ``mode="noise"`` keeps
+    the loss variance the codec adds within ``noise_budget`` of the minibatch noise; ``mode="off"`` keeps ``eps``,
+    as every table does until calibration ends. By default calibration starts a tenth into the run (when the Trainer
+    knows its length; else after 1000 batches), once the tables have trained: docs/adaptive.md has the evidence.
 
     **Iteration-wise level.** Every bound is multiplied by ``m(t)`` (:class:`~lightning_dlac.adaptive.DecaySchedule`)
     which decays from ``c`` to 1 over the first ``T`` training batches (by default a tenth of the run, at most the
     paper's 1000: the early stage ends when the default calibration starts).
 
-    **Metrics** (:class:`~lightning_dlac.plugin.metrics.CompressionMonitor`), every ``log_every_n_steps`` batches, to
-    every
-    logger under ``dlac/``: ratio overall and per table, bound per table, observed max error / bound, bytes sent and
-    saved, encode / exchange / decode / backward time per step, the all-to-all share of the step time.
+    **Metrics** (:class:`~lightning_dlac.plugin.metrics.CompressionMonitor`), every ``log_every_n_steps`` batches,
+    to every logger under ``dlac/``: ratio overall and per table, bound per table, observed max error / bound, bytes
+    sent and saved, encode / exchange / decode / backward time per step, the all-to-all share of the step time.
 
     **Checkpoints.** Its state (calibrated bounds, classes, statistics, schedule position, byte totals, and every
     rank's part of a calibration in progress) is saved with the checkpoint; a resumed run continues the same schedule
@@ -79,7 +78,7 @@ class DLACCallback(Callback):
     ``training_step`` must return the loss (a tensor or a dict with ``"loss"``) and have no other side effects.
 
     Args:
-        mode: ``"gradient"``, ``"homogenization"``, ``"sensitivity"`` or ``"off"`` (no table-wise level).
+        mode: ``"gradient"``, ``"noise"``, ``"homogenization"``, ``"sensitivity"`` or ``"off"`` (no table-wise level).
         tight_eps: Relative bound of tight tables.
         base_eps: Relative bound of base tables.
         loose_eps: Relative bound of loose tables.
@@ -89,10 +88,13 @@ class DLACCallback(Callback):
         index: Which homogenization index classifies: ``"vector"`` (the paper's: distinct quantized / distinct raw
             vectors) or ``"value"`` (the same per coordinate, which also sees tables whose vectors all stay distinct;
             more tables come out tight). See docs/adaptive.md for when each can be trusted.
-        candidates: Bounds whose ratio and sensitivity are measured (default the three class bounds).
+        candidates: Bounds whose ratio and sensitivity are measured (default the three class bounds; finer in noise
+            mode).
         sensitivity_tolerance: Largest relative change of the loss a table's bound may cause in sensitivity mode.
         gradient_tolerance: Largest expected RMS change of a sample's loss, relative to the mean loss, a table's
             bound may cause in gradient mode.
+        noise_budget: In noise mode, the share of the loss's minibatch variance the codec may add, all tables
+            together (candidates default to 0.002, 0.005, 0.01, 0.02, 0.05 there; docs/adaptive.md).
         calibration_batches: Number of batches calibration measures.
         calibration_start: Training batch at which calibration begins (default ``None``: a tenth of the run's
             training batches when the Trainer knows them from ``max_steps`` / ``max_epochs``, else 1000). Freshly
@@ -122,7 +124,7 @@ class DLACCallback(Callback):
                  loose_eps: float = 0.05, tight_below: float = 0.9, loose_from: float = 0.99,
                  index_eps: float | None = None, index: str = "vector", candidates: Sequence[float] | None = None,
                  sensitivity_tolerance: float = 1e-3, gradient_tolerance: float = GRADIENT_TOLERANCE,
-                 calibration_batches: int = 8, calibration_start: int | None = None,
+                 noise_budget: float = NOISE_BUDGET, calibration_batches: int = 8, calibration_start: int | None = None,
                  sensitivity_batches: int | None = None, recalibrate_every: int = 0,
                  calibration_dataloader: Iterable[Any] | None = None, schedule: str = "step", c: float = 2.0,
                  T: int | None = None, stages: int = 10, log_every_n_steps: int = 50, per_table_metrics: bool = True,
@@ -134,9 +136,10 @@ class DLACCallback(Callback):
         self.settings = CalibrationSettings(
             mode=mode, class_bounds=self.class_bounds, thresholds=HomogenizationThresholds(tight_below, loose_from),
             index_eps=base_eps if index_eps is None else index_eps, index=index,
-            candidates=self.class_bounds.candidates() if candidates is None else tuple(candidates),
+            candidates=default_candidates(mode, self.class_bounds) if candidates is None else tuple(candidates),
             sensitivity_tolerance=sensitivity_tolerance, gradient_tolerance=gradient_tolerance,
-            batches=calibration_batches, start=calibration_start or 0, sensitivity_batches=sensitivity_batches,
+            noise_budget=noise_budget, batches=calibration_batches, start=calibration_start or 0,
+            sensitivity_batches=sensitivity_batches,
             recalibrate_every=recalibrate_every, before_training=calibration_dataloader is not None,
         )
         self.mode, self.calibration_batches, self.gradient_tolerance = mode, calibration_batches, gradient_tolerance
