@@ -35,6 +35,9 @@ its bound is below the loose bound (0.05); recall and precision are of flagged a
 pooled over worlds; bytes are the median over worlds of the variant's forward bytes over all-tight's; "worse than
 all-loose" counts worlds where the variant's AUROC is more than WORLD_NOISE below all-loose's.
 
+``--worlds dev --fit`` runs only the noise mode on development worlds and fits its budget (:func:`fit_noise_budget`,
+the p90 rule); the fitted value is what ``NOISE_BUDGET`` in lightning_dlac/adaptive/calibrator.py holds.
+
 ``--trace`` runs only the gradient mode, calibrating from a tenth of the run and again every fifth (``c=1``), and
 records every table's gradient sensitivity at each calibration: how the statistic of each role moves as the model
 trains, the evidence the default tolerance and start were chosen on.
@@ -48,6 +51,7 @@ every launch's figures (``results``).
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import time
 from pathlib import Path
@@ -272,8 +276,32 @@ def _run_world(rank: int, world_size: int, variant: str, cfg: dict[str, Any]) ->
            "raw_bytes": meter.raw, "roles": dm.table_roles}
     if dlac is not None:
         out.update(table_bounds=dlac.table_bounds, calibrated_at=dlac.calibrator.calibrated_at,
-                   calibration_s=dlac.calibration_seconds)
+                   calibration_s=dlac.calibration_seconds,
+                   noise_share={r["table"]: r["noise_share"] for r in dlac.calibration_report()})
     return out
+
+
+FIT_QUANTILE = 0.9  # the p90 rule of fit_noise_budget
+
+
+def fit_noise_budget(runs: list[dict[str, Any]], eps: str = "0.05") -> dict[str, Any]:
+    """The noise budget from development worlds' noise-mode runs (the p90 rule): per world, the summed noise share
+    at the loose bound ``eps`` of the tables whose label effect is not sensitive (robust and irrelevant); the budget
+    is the FIT_QUANTILE quantile (nearest rank) of those sums over worlds, so that on that share of development
+    worlds every such table fits loose in it, and a sensitive table's larger share does not."""
+    per_world = []
+    for r in runs:
+        shares = {t: s[eps] for t, s in (r.get("noise_share") or {}).items() if s}
+        by_role: dict[str, list[float]] = {}
+        for t, v in shares.items():
+            by_role.setdefault(r["roles"][t], []).append(v)
+        per_world.append({"world": r["world"], "others_loose": sum(v for t, v in shares.items()
+                                                                   if r["roles"][t] != "sensitive"),
+                          "by_role": {k: sorted(v) for k, v in by_role.items()}})
+    sums = sorted(w["others_loose"] for w in per_world)
+    rank = max(0, min(len(sums) - 1, math.ceil(FIT_QUANTILE * len(sums)) - 1))
+    return {"noise_budget": sums[rank] if sums else None, "quantile": FIT_QUANTILE, "at_eps": float(eps),
+            "worlds": [r["world"] for r in runs], "per_world": per_world}
 
 
 def judge_world(runs: dict[str, dict[str, Any]], variant: str) -> dict[str, Any]:
@@ -310,6 +338,19 @@ def main_worlds(args: argparse.Namespace, metadata: dict[str, Any]) -> None:
     seeds = QUICK_EVAL_WORLDS if args.quick and args.worlds == "eval" else seeds[: args.count]
     cfg = dict(worlds=args.worlds, seeds=list(seeds), steps=args.steps or (400 if args.quick else 1000),
                val_batches=args.val_batches, lr=args.lr, variants=list(WORLD_VARIANTS))
+    if args.fit:
+        if args.worlds != "dev":
+            raise SystemExit("--fit fits on development worlds only: use --worlds dev")
+        runs = []
+        for seed in seeds:
+            runs.append(run_ranks(_run_world, 2, "noise", dict(cfg, world=seed, variants=["noise"]),
+                                  timeout=args.timeout)[0])
+            print(f"world {seed}: {runs[-1]['seconds']:.0f} s", flush=True)
+        fit = fit_noise_budget(runs)
+        print(f"\nfitted noise_budget (p{FIT_QUANTILE * 100:.0f} rule): {fit['noise_budget']}")
+        write_results(args.json_out, metadata, dict(cfg, variants=["noise"]), runs, fit=fit)
+        print(f"\nwrote {args.json_out}")
+        return
     per_world, runs = [], []
     for seed in seeds:
         print(f"world {seed}: {draw_world(seed).summary()}", flush=True)
@@ -349,6 +390,8 @@ def main() -> None:
     parser.add_argument("--worlds", choices=("dev", "eval"), default=None,
                         help="judge on the family of worlds (development or evaluation seeds) instead of the one set")
     parser.add_argument("--count", type=int, default=20, help="with --worlds: how many worlds of the split")
+    parser.add_argument("--fit", action="store_true",
+                        help="with --worlds dev: run the noise mode only and fit its budget (fit_noise_budget)")
     parser.add_argument("--json-out", type=Path, default=REPO / "benchmarks/results/calibration_bench.json")
     args = parser.parse_args()
     metadata = start_run("benchmarks/calibration_bench.py", vars(args))

@@ -66,3 +66,16 @@ def test_the_world_judgement_and_summary_follow_the_issues_interface() -> None:
     summary = bench.summarize_worlds([{"default": w}, {"default": worse}], "default")
     assert summary == {"worlds": 2, "default_within_0001_of_all_tight": 0.5, "worse_than_all_loose": 1,
                        "recall": 1.0, "precision": 0.5, "bytes_vs_all_tight": pytest.approx(0.7)}
+
+
+def test_the_noise_budget_is_fitted_by_the_p90_rule_on_development_runs() -> None:
+    import calibration_bench as bench
+
+    roles = {"t_a": "sensitive", "t_b": "robust", "t_c": "irrelevant"}
+    runs = [{"world": w, "roles": roles,
+             "noise_share": {"t_a": {"0.05": 5.0}, "t_b": {"0.05": 0.01 * (w + 1)}, "t_c": {"0.05": 0.001}}}
+            for w in range(10)]
+    fit = bench.fit_noise_budget(runs)
+    # The non-sensitive sums are 0.011, 0.021, ..., 0.101: the 9th of 10 (nearest rank) is 0.091.
+    assert fit["noise_budget"] == pytest.approx(0.091) and fit["quantile"] == 0.9
+    assert fit["per_world"][0]["by_role"] == {"sensitive": [5.0], "robust": [0.01], "irrelevant": [0.001]}
