@@ -839,8 +839,7 @@ def test_gradient_tolerance_is_the_loss_change_a_sample_may_see() -> None:
 def test_noise_budget_is_the_share_of_the_minibatch_noise_all_tables_may_add() -> None:
     # Losses 1.5 and 0.5: minibatch variance 0.5. A table's share at eps is eps**2 x energy x 4 / 3 / 4 / 0.5
     # ("apart": 0.005, 0.045, 0.125 at the three candidates; the others at most 0.011 at 0.05).
-    control = _calibrate(mode="noise", loss_swing=0.5)
-    tight, loose = (_calibrate(mode="noise", loss_swing=0.5, noise_budget=b) for b in (0.01, 0.2))
+    control, tight, loose = (_calibrate(mode="noise", loss_swing=0.5, noise_budget=b) for b in (0.1, 0.01, 0.2))
     assert control["report"]["apart"]["noise_share"]["0.05"] == pytest.approx(0.125)
     for arm, budget in ((control, 0.1), (tight, 0.01), (loose, 0.2)):
         used = sum(arm["report"][n]["noise_share"][str(e)] for n, e in arm["bounds"].items())
