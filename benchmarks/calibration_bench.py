@@ -22,6 +22,22 @@ reductions). Prints tables and writes JSON::
     python benchmarks/calibration_bench.py --seeds 1 --quick --json-out /tmp/calibration_quick.json
     python benchmarks/calibration_bench.py --seeds 2 --trace --json-out benchmarks/results/calibration_trace.json
 
+``--worlds dev|eval`` judges on the family of worlds of :mod:`calibration_data` instead (issue 33 item 2): per world,
+``uncompressed``, ``all_tight``, ``all_loose``, ``default`` and ``noise`` (``DLACCallback(mode="noise")``); the
+development worlds are for fitting constants, the evaluation worlds for judging (the split is fixed in
+calibration_data.py). ``--quick`` runs the first 3 evaluation worlds, ``--count N`` the first N of the split::
+
+    python benchmarks/calibration_bench.py --worlds eval --quick --json-out benchmarks/results/calibration_worlds.json
+
+writes ``{"summary": {"worlds", "default_within_0001_of_all_tight", "worse_than_all_loose", "recall", "precision",
+"bytes_vs_all_tight"}, "summary_noise": {...}, "per_world": [...]}`` beside the metadata. A table is *flagged* when
+its bound is below the loose bound (0.05); recall and precision are of flagged against the planted sensitive tables,
+pooled over worlds; bytes are the median over worlds of the variant's forward bytes over all-tight's; "worse than
+all-loose" counts worlds where the variant's AUROC is more than WORLD_NOISE below all-loose's.
+
+``--worlds dev --fit`` runs only the noise mode on development worlds and fits its budget (:func:`fit_noise_budget`,
+the p90 rule); the fitted value is what ``NOISE_BUDGET`` in lightning_dlac/adaptive/calibrator.py holds.
+
 ``--trace`` runs only the gradient mode, calibrating from a tenth of the run and again every fifth (``c=1``), and
 records every table's gradient sensitivity at each calibration: how the statistic of each role moves as the model
 trains, the evidence the default tolerance and start were chosen on.
@@ -35,6 +51,7 @@ every launch's figures (``results``).
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import time
 from pathlib import Path
@@ -56,6 +73,8 @@ def _callback(variant: str, cfg: dict[str, Any]):
 
     if variant == "default":
         return DLACCallback()
+    if variant == "noise":
+        return DLACCallback(mode="noise")
     if variant == "homogenization_value":
         return DLACCallback(mode="homogenization", index="value")
     if variant == "sensitivity":
@@ -219,6 +238,139 @@ def table(summary: dict[str, Any], variants: tuple[str, ...]) -> list[str]:
     return lines
 
 
+# ------------------------------------------------------------------------------------------- the family of worlds
+
+WORLD_VARIANTS = (*BASELINES, "default", "noise")
+WORLD_NOISE = 0.001  # AUROC: the within-tight margin of issue 33, and what "beyond noise" means for worse-than-loose
+LOOSE = 0.05  # a table at a bound below it is flagged
+
+
+def _run_world(rank: int, world_size: int, variant: str, cfg: dict[str, Any]) -> dict[str, Any]:
+    from calibration_data import WorldDataModule, draw_world
+    from lightning_dlac.examples.dlrm import DLRMModule
+
+    from lightning_dlac import DLACStrategy
+
+    world = draw_world(cfg["world"])
+    pl.seed_everything(world.seed, verbose=False)
+    dm = WorldDataModule(world, num_train_batches=cfg["steps"] * world_size, num_val_batches=cfg["val_batches"])
+    model = DLRMModule(num_embeddings_per_feature=dm.num_embeddings_per_feature, feature_names=dm.feature_names,
+                       num_dense_features=dm.num_dense_features, embedding_dim=world.dim,
+                       dense_arch_layer_sizes=[32, world.dim], over_arch_layer_sizes=[64, 1],
+                       learning_rate=cfg["lr"], seed=world.seed)
+    if variant == "uncompressed":
+        strategy = DLACStrategy(compress=False, embedding_lr=cfg["lr"])
+    else:
+        strategy = DLACStrategy(eps={"all_tight": 0.01, "all_loose": LOOSE}.get(variant, 0.01),
+                                embedding_lr=cfg["lr"])
+    dlac = _callback(variant, cfg) if variant not in BASELINES else None
+    meter = _Bytes()
+    trainer = pl.Trainer(accelerator="cpu", devices=world_size, strategy=strategy, max_epochs=1,
+                         callbacks=[meter] if dlac is None else [dlac, meter], logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         num_sanity_val_steps=0)
+    start = time.perf_counter()
+    trainer.fit(model, datamodule=dm)
+    out = {"variant": variant, "world": world.seed, "val_auroc": float(trainer.callback_metrics["val/auroc"]),
+           "steps": meter.steps, "seconds": time.perf_counter() - start, "sent_bytes": meter.sent,
+           "raw_bytes": meter.raw, "roles": dm.table_roles}
+    if dlac is not None:
+        out.update(table_bounds=dlac.table_bounds, calibrated_at=dlac.calibrator.calibrated_at,
+                   calibration_s=dlac.calibration_seconds,
+                   noise_share={r["table"]: r["noise_share"] for r in dlac.calibration_report()})
+    return out
+
+
+FIT_QUANTILE = 0.9  # the p90 rule of fit_noise_budget
+
+
+def fit_noise_budget(runs: list[dict[str, Any]], eps: str = "0.05") -> dict[str, Any]:
+    """The noise budget from development worlds' noise-mode runs (the p90 rule): per world, the summed noise share
+    at the loose bound ``eps`` of the tables whose label effect is not sensitive (robust and irrelevant); the budget
+    is the FIT_QUANTILE quantile (nearest rank) of those sums over worlds, so that on that share of development
+    worlds every such table fits loose in it, and a sensitive table's larger share does not."""
+    per_world = []
+    for r in runs:
+        shares = {t: s[eps] for t, s in (r.get("noise_share") or {}).items() if s}
+        by_role: dict[str, list[float]] = {}
+        for t, v in shares.items():
+            by_role.setdefault(r["roles"][t], []).append(v)
+        per_world.append({"world": r["world"], "others_loose": sum(v for t, v in shares.items()
+                                                                   if r["roles"][t] != "sensitive"),
+                          "by_role": {k: sorted(v) for k, v in by_role.items()}})
+    sums = sorted(w["others_loose"] for w in per_world)
+    rank = max(0, min(len(sums) - 1, math.ceil(FIT_QUANTILE * len(sums)) - 1))
+    return {"noise_budget": sums[rank] if sums else None, "quantile": FIT_QUANTILE, "at_eps": float(eps),
+            "worlds": [r["world"] for r in runs], "per_world": per_world}
+
+
+def judge_world(runs: dict[str, dict[str, Any]], variant: str) -> dict[str, Any]:
+    """One world's figures of a calibrated ``variant``: its AUROC against all-tight and all-loose, its bytes against
+    all-tight's, and its flagged tables (bound below LOOSE) against the planted sensitive ones."""
+    r, tight, loose = runs[variant], runs["all_tight"], runs["all_loose"]
+    bounds = r.get("table_bounds") or {}
+    flagged = {t for t, eps in bounds.items() if eps < LOOSE}
+    sensitive = {t for t, role in r["roles"].items() if role == "sensitive"}
+    return {"auroc_vs_all_tight": r["val_auroc"] - tight["val_auroc"],
+            "auroc_vs_all_loose": r["val_auroc"] - loose["val_auroc"],
+            "auroc_vs_uncompressed": r["val_auroc"] - runs["uncompressed"]["val_auroc"],
+            "bytes_vs_all_tight": r["sent_bytes"] / tight["sent_bytes"] if tight["sent_bytes"] else None,
+            "flagged": sorted(flagged), "true_positives": len(flagged & sensitive), "flagged_count": len(flagged),
+            "sensitive_count": len(sensitive), "calibrated": bool(bounds)}
+
+
+def summarize_worlds(per_world: list[dict[str, Any]], variant: str) -> dict[str, Any]:
+    """The issue's summary of ``variant`` over worlds (recall and precision pooled over worlds)."""
+    rows = [w[variant] for w in per_world]
+    tp, flagged, sensitive = (sum(r[k] for r in rows) for k in ("true_positives", "flagged_count", "sensitive_count"))
+    ratios = [r["bytes_vs_all_tight"] for r in rows if r["bytes_vs_all_tight"] is not None]
+    return {"worlds": len(rows),
+            "default_within_0001_of_all_tight": sum(r["auroc_vs_all_tight"] >= -WORLD_NOISE for r in rows) / len(rows),
+            "worse_than_all_loose": sum(r["auroc_vs_all_loose"] < -WORLD_NOISE for r in rows),
+            "recall": tp / sensitive if sensitive else None, "precision": tp / flagged if flagged else None,
+            "bytes_vs_all_tight": statistics.median(ratios) if ratios else None}
+
+
+def main_worlds(args: argparse.Namespace, metadata: dict[str, Any]) -> None:
+    from calibration_data import DEV_WORLDS, EVAL_WORLDS, QUICK_EVAL_WORLDS, draw_world
+
+    seeds = DEV_WORLDS if args.worlds == "dev" else EVAL_WORLDS
+    seeds = QUICK_EVAL_WORLDS if args.quick and args.worlds == "eval" else seeds[: args.count]
+    cfg = dict(worlds=args.worlds, seeds=list(seeds), steps=args.steps or (400 if args.quick else 1000),
+               val_batches=args.val_batches, lr=args.lr, variants=list(WORLD_VARIANTS))
+    if args.fit:
+        if args.worlds != "dev":
+            raise SystemExit("--fit fits on development worlds only: use --worlds dev")
+        runs = []
+        for seed in seeds:
+            runs.append(run_ranks(_run_world, 2, "noise", dict(cfg, world=seed, variants=["noise"]),
+                                  timeout=args.timeout)[0])
+            print(f"world {seed}: {runs[-1]['seconds']:.0f} s", flush=True)
+        fit = fit_noise_budget(runs)
+        print(f"\nfitted noise_budget (p{FIT_QUANTILE * 100:.0f} rule): {fit['noise_budget']}")
+        write_results(args.json_out, metadata, dict(cfg, variants=["noise"]), runs, fit=fit)
+        print(f"\nwrote {args.json_out}")
+        return
+    per_world, runs = [], []
+    for seed in seeds:
+        print(f"world {seed}: {draw_world(seed).summary()}", flush=True)
+        by_variant = {}
+        for variant in WORLD_VARIANTS:
+            r = run_ranks(_run_world, 2, variant, dict(cfg, world=seed), timeout=args.timeout)[0]
+            by_variant[variant] = r
+            runs.append(r)
+            print(f"  {variant}: val AUROC {r['val_auroc']:.4f}, {r['sent_bytes'] / max(r['steps'], 1):.0f}"
+                  f" bytes/step, {r['seconds']:.0f} s", flush=True)
+        per_world.append({"world": seed, "spec": draw_world(seed).summary(),
+                          **{v: judge_world(by_variant, v) for v in ("default", "noise")},
+                          "all_loose_vs_all_tight": by_variant["all_loose"]["val_auroc"]
+                          - by_variant["all_tight"]["val_auroc"]})
+    summary, noise = summarize_worlds(per_world, "default"), summarize_worlds(per_world, "noise")
+    print(f"\ndefault: {summary}\nnoise: {noise}")
+    write_results(args.json_out, metadata, cfg, runs, summary=summary, summary_noise=noise, per_world=per_world)
+    print(f"\nwrote {args.json_out}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=3, help="how many seeds (0, 1, ...); each draws new roles")
@@ -235,9 +387,17 @@ def main() -> None:
                         help="only the gradient mode, recalibrating, recording every table's statistic each time")
     parser.add_argument("--variants", default=None, help=f"comma-separated subset of {list(FULL)}")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds a 2-rank launch may take")
+    parser.add_argument("--worlds", choices=("dev", "eval"), default=None,
+                        help="judge on the family of worlds (development or evaluation seeds) instead of the one set")
+    parser.add_argument("--count", type=int, default=20, help="with --worlds: how many worlds of the split")
+    parser.add_argument("--fit", action="store_true",
+                        help="with --worlds dev: run the noise mode only and fit its budget (fit_noise_budget)")
     parser.add_argument("--json-out", type=Path, default=REPO / "benchmarks/results/calibration_bench.json")
     args = parser.parse_args()
     metadata = start_run("benchmarks/calibration_bench.py", vars(args))
+    if args.worlds is not None:
+        main_worlds(args, metadata)
+        return
     variants = tuple(v.strip() for v in args.variants.split(",")) if args.variants else (QUICK if args.quick else FULL)
     unknown = sorted(set(variants) - set(FULL)) if not args.trace else []
     if unknown:

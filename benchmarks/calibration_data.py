@@ -21,12 +21,19 @@ interaction between its bottom MLP's output and a table's embedding can represen
 
 Batches are a pure function of ``(seed, split, index)``; rank ``r`` of ``W`` reads global batches ``r, r + W, ...``
 (:class:`~lightning_dlac.examples.base.RankShardedDataModule`).
+
+Beside that one set, a *family of worlds* (issue 33 item 2): :func:`draw_world` draws a world from a seed (8-40
+tables of 1k-100k rows, dimension 16-128, uniform or Zipf ids, one- or multi-hot bags, per-id scalar or
+dot-interaction label effects, outlier rows, roles and effect sizes per table) and :class:`WorldDataModule` serves
+its batches. ``DEV_WORLDS`` and ``EVAL_WORLDS`` split the seeds: constants are fitted on the first only.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from lightning_dlac.examples.base import RankShardedDataModule, make_batch, stream_seed
@@ -150,3 +157,171 @@ def precision_recall(classes: dict[str, str], roles: dict[str, str]) -> tuple[fl
 def role_counts(roles: Sequence[str]) -> dict[str, int]:
     """How many tables have each role."""
     return {r: sum(1 for x in roles if x == r) for r in ROLES}
+
+
+# ------------------------------------------------------------------------------------------- a family of worlds
+#
+# Issue 33 item 2: the criterion must hold on worlds it was not fitted on. Every world is drawn from its seed alone
+# (draw_world); the seeds are split into development worlds, on which any constant may be fitted, and evaluation
+# worlds, on which the result is judged. The split is fixed here, before any result was taken, and never moves.
+DEV_WORLDS = tuple(range(0, 100))
+EVAL_WORLDS = tuple(range(1000, 1100))
+QUICK_EVAL_WORLDS = EVAL_WORLDS[:3]
+# The model's embedding parameters are capped so that a world trains on 2 CPU cores: rows are scaled down
+# (proportionally, at least MIN_ROWS) when tables x rows x dim would exceed it. The drawn rows are kept in the spec.
+PARAM_CAP = 1 << 22
+MIN_ROWS, MAX_ROWS = 1000, 100_000
+DIMS = (16, 32, 64, 128)
+BATCH_SIZES = (128, 256, 512)
+LABEL_MODELS = ("scalar", "dot")  # per table: a per-id scalar effect, or a per-id vector read through dense features
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """One table of a world: its size, id law, bag size, role and how the label reads it."""
+
+    rows: int
+    zipf_alpha: float | None  # None: uniform ids
+    max_hot: int  # ids per sample drawn from 1..max_hot (1: one-hot)
+    role: str  # "sensitive", "robust" or "irrelevant"
+    label_model: str  # "scalar" or "dot"
+    scale: float  # effect size (sensitive: of the heavy-tailed spread; robust: the +- level)
+    outliers: int  # rows whose effect is multiplied by OUTLIER_FACTOR (they stretch the table's range)
+
+
+OUTLIER_FACTOR = 8.0
+
+
+@dataclass(frozen=True)
+class WorldSpec:
+    """A world of the family: its tables, embedding dimension and batch size, all drawn from ``seed``."""
+
+    seed: int
+    dim: int
+    batch_size: int
+    tables: tuple[TableSpec, ...]
+    drawn_rows: tuple[int, ...]  # before the PARAM_CAP scaling
+
+    def summary(self) -> dict[str, Any]:
+        """Plain data for results files."""
+        roles = [t.role for t in self.tables]
+        return {"seed": self.seed, "tables": len(self.tables), "dim": self.dim, "batch_size": self.batch_size,
+                "rows": [t.rows for t in self.tables], "roles": role_counts(roles),
+                "multi_hot": sum(1 for t in self.tables if t.max_hot > 1),
+                "zipf": sum(1 for t in self.tables if t.zipf_alpha is not None),
+                "label_models": {m: sum(1 for t in self.tables if t.label_model == m) for m in LABEL_MODELS},
+                "outlier_tables": sum(1 for t in self.tables if t.outliers)}
+
+
+def draw_world(seed: int) -> WorldSpec:
+    """The world of ``seed``: 8-40 tables, dimension 16-128, rows 1k-100k (log-uniform, then capped), uniform or
+    Zipf ids, one- or multi-hot, per-id scalar or dot-interaction label effects, outlier rows, and roles (a quarter
+    to a half of the tables sensitive, as many robust at most, the rest irrelevant), each with its effect size."""
+    import random
+
+    r = random.Random(stream_seed(seed, _MODEL, 7))
+    n = r.randint(8, 40)
+    dim, batch = r.choice(DIMS), r.choice(BATCH_SIZES)
+    drawn = [int(round(math.exp(r.uniform(math.log(MIN_ROWS), math.log(MAX_ROWS))))) for _ in range(n)]
+    shrink = min(1.0, PARAM_CAP / (sum(drawn) * dim))
+    sensitive = r.randint(max(1, n // 4), max(1, n // 2))
+    robust = r.randint(0, min(n - sensitive, sensitive))
+    roles = ["sensitive"] * sensitive + ["robust"] * robust + ["irrelevant"] * (n - sensitive - robust)
+    r.shuffle(roles)
+    tables = []
+    for rows, role in zip(drawn, roles):
+        rows = max(MIN_ROWS, int(rows * shrink))
+        tables.append(TableSpec(
+            rows=rows, zipf_alpha=r.uniform(1.05, 1.3) if r.random() < 0.5 else None,
+            max_hot=1 if r.random() < 0.7 else r.randint(2, 4), role=role, label_model=r.choice(LABEL_MODELS),
+            scale=r.uniform(1.5, 3.0) if role == "sensitive" else r.uniform(1.0, 2.0),
+            outliers=r.randint(1, 5) if role != "irrelevant" and r.random() < 0.3 else 0,
+        ))
+    return WorldSpec(seed=seed, dim=dim, batch_size=batch, tables=tuple(tables), drawn_rows=tuple(drawn))
+
+
+class WorldDataModule(RankShardedDataModule):
+    """The batches of one world of the family (:func:`draw_world`).
+
+    The label of a sample is ``Bernoulli(sigmoid(z))``, ``z`` the sum over tables of each table's effect, summed
+    over the sample's bag of ids, divided by ``sqrt(relevant tables / 8)`` so that the logit's spread does not grow
+    with the number of tables: a ``scalar`` table adds its per-id coefficient, a ``dot`` table its per-id vector
+    (``interaction_dim`` coordinates) dotted with the first dense features, over ``sqrt(interaction_dim)``.
+    Sensitive tables' coefficients take the quantiles of Student's t with 3 degrees of freedom (in a random order,
+    times ``scale``), robust tables' are ``+-scale``, irrelevant tables' zero; a table's outlier rows carry
+    ``OUTLIER_FACTOR`` times their coefficient.
+
+    Args:
+        world: The world's spec.
+        num_train_batches: Training batches over all ranks.
+        num_val_batches: Validation batches over all ranks.
+        interaction_dim: Coordinates of a ``dot`` table's per-id vector.
+        num_dense_features: Dense features per sample (at least ``interaction_dim``).
+    """
+
+    def __init__(self, world: WorldSpec, num_train_batches: int, num_val_batches: int, interaction_dim: int = 2,
+                 num_dense_features: int = 4) -> None:
+        names = [f"f{t}" for t in range(len(world.tables))]
+        super().__init__([t.rows for t in world.tables], world.batch_size, feature_names=names,
+                         num_dense_features=num_dense_features)
+        self.world, self.interaction_dim = world, interaction_dim
+        self.roles = [t.role for t in world.tables]
+        self._counts = {"train": num_train_batches, "val": num_val_batches}
+        g = torch.Generator().manual_seed(stream_seed(world.seed, _MODEL, 0))
+        self._coef, self._hot = [], []
+        for t in world.tables:
+            k = interaction_dim if t.label_model == "dot" else 1
+            if t.role == "sensitive":
+                coef = torch.stack([t3_quantiles(t.rows)[torch.randperm(t.rows, generator=g)] for _ in range(k)], 1)
+            elif t.role == "robust":
+                coef = torch.randint(0, 2, (t.rows, k), generator=g).float() * 2 - 1
+            else:
+                coef = torch.zeros(t.rows, k)
+            coef = coef * t.scale
+            if t.outliers:
+                coef[torch.randint(0, t.rows, (t.outliers,), generator=g)] *= OUTLIER_FACTOR
+            self._coef.append(coef)
+            self._hot.append(torch.randperm(t.rows, generator=g))
+        relevant = sum(1 for t in world.tables if t.role != "irrelevant")
+        self._norm = math.sqrt(max(relevant, 1) / 8)
+
+    @property
+    def table_roles(self) -> dict[str, str]:
+        """Role of every table, by table name (``t_<feature>``, the example DLRM's names)."""
+        return {f"t_{name}": role for name, role in zip(self.feature_names, self.roles)}
+
+    @override
+    def num_batches(self, split: str) -> int:
+        return self._counts.get(split, 0)
+
+    def _ids(self, t: TableSpec, hot: torch.Tensor, count: int, g: torch.Generator) -> torch.Tensor:
+        u = torch.rand(count, generator=g, dtype=torch.float64)
+        n = t.rows
+        if t.zipf_alpha is None:
+            ranks = (u * n).floor().long()
+        else:
+            z = (n + 1) ** (1.0 - t.zipf_alpha) - 1.0
+            ranks = ((u * z + 1.0) ** (1.0 / (1.0 - t.zipf_alpha))).floor().long() - 1
+        return hot[ranks.clamp(0, n - 1)]
+
+    @override
+    def read_batch(self, split: str, index: int) -> Batch:
+        g = torch.Generator().manual_seed(stream_seed(self.world.seed, _TRAIN if split == "train" else _VAL, index))
+        b = self.batch_size
+        dense = torch.randn(b, self.num_dense_features, generator=g)
+        x = dense[:, : self.interaction_dim]
+        logit = torch.zeros(b)
+        all_ids, all_lengths = [], []
+        for t, coef, hot in zip(self.world.tables, self._coef, self._hot):
+            lengths = torch.randint(1, t.max_hot + 1, (b,), generator=g) if t.max_hot > 1 else torch.ones(b).long()
+            ids = self._ids(t, hot, int(lengths.sum()), g)
+            sample = torch.repeat_interleave(torch.arange(b), lengths)
+            pooled = torch.zeros(b, coef.shape[1]).index_add_(0, sample, coef[ids])  # sum over the bag
+            if t.label_model == "dot":
+                logit += (pooled * x).sum(dim=1) / math.sqrt(self.interaction_dim)
+            else:
+                logit += pooled[:, 0]
+            all_ids.append(ids)
+            all_lengths.append(lengths.int())
+        labels = (torch.rand(b, generator=g) < torch.sigmoid(logit / self._norm)).float()
+        return self.make_batch(dense, torch.cat(all_ids), labels, torch.cat(all_lengths))

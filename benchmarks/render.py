@@ -1147,5 +1147,73 @@ BLOCKS.update({
 })
 
 
+# ---------------------------------------------------------------------------------------------------------------------
+# The family of worlds (issue 33 item 2): docs/adaptive.md's calibration_worlds block. Kept apart, at the end.
+
+WORLD_TARGETS = (  # issue 33's targets on the evaluation worlds: (key, name, threshold, at least)
+    ("default_within_0001_of_all_tight", "within 0.001 AUROC of all-tight on >= 90% of worlds", 0.9, True),
+    ("recall", "recall of sensitive tables >= 0.9", 0.9, True),
+    ("precision", "precision of sensitive tables >= 0.8", 0.8, True),
+    ("bytes_vs_all_tight", "median bytes <= 0.8x all-tight", 0.8, False),
+)
+
+
+def calibration_worlds(results: Results) -> list[str]:
+    """The default and the noise mode on the evaluation worlds of the family: per world, the AUROC against all-tight
+    and all-loose, the flagged tables against the planted sensitive ones and the bytes; then the issue's summary
+    and targets (a target needs at least 20 worlds to be judged)."""
+    name = "calibration_worlds_quick.json"
+    data = results.get(name)
+    cfg = data.get("config", {})
+    lines = [source_line(name, data, results.shown), "",
+             f"{cfg.get('worlds')} worlds {cfg.get('seeds')}, {cfg.get('steps')} training batches per rank each.", "",
+             "| world | tables (sensitive) | dim | all-tight vs uncompressed | all-loose vs all-tight | variant |"
+             " vs all-tight | vs all-loose | flagged (of them sensitive) | bytes vs all-tight |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for w in data["per_world"]:
+        spec = w["spec"]
+        for variant in ("default", "noise"):
+            r = w[variant]
+            tight = r["auroc_vs_uncompressed"] - r["auroc_vs_all_tight"]  # all-tight's AUROC minus uncompressed's
+            head = (f"| {w['world']} | {spec['tables']} ({spec['roles']['sensitive']}) | {spec['dim']} |"
+                    f" {tight:+.4f} | {w['all_loose_vs_all_tight']:+.4f} |") if variant == "default" else "| | | | | |"
+            lines.append(f"{head} {variant} | {r['auroc_vs_all_tight']:+.4f} | {r['auroc_vs_all_loose']:+.4f} |"
+                         f" {r['flagged_count']} ({r['true_positives']}) | {_x(r['bytes_vs_all_tight'])} |")
+    lines += ["", "| summary | worlds | within 0.001 of all-tight | worse than all-loose | recall | precision |"
+              " median bytes vs all-tight |", "|---|---|---|---|---|---|---|"]
+    for key, label in (("summary", "default (`DLACCallback()`)"), ("summary_noise", '`mode="noise"`')):
+        d = data[key]
+        lines.append(f"| {label} | {d['worlds']} | {_plain(d['default_within_0001_of_all_tight'], '.0%')} |"
+                     f" {d['worse_than_all_loose']} | {_plain(d['recall'])} | {_plain(d['precision'])} |"
+                     f" {_x(d['bytes_vs_all_tight'])} |")
+    d = data["summary"]
+    lines += ["", f"Targets of the default (issue 33; judged on at least 20 evaluation worlds, here {d['worlds']}):",
+              ""]
+    for key, label, threshold, at_least in WORLD_TARGETS:
+        v = d[key]
+        met = v is not None and (v >= threshold if at_least else v <= threshold)
+        shown = "-" if v is None else (f"{v:.0%}" if key.startswith("default_") else f"{v:.2f}")
+        judged = "met" if met else "**not met**"
+        lines.append(f"- {label}: {judged} on these worlds ({shown})" + ("" if d["worlds"] >= 20 else
+                                                                         "; too few worlds to count"))
+    return lines
+
+
+def _calibration_fit_line(results: Results) -> list[str]:
+    """Where the noise mode's one constant comes from: the fit on development worlds, if its file is there."""
+    fit_file = results.get("calibration_worlds_fit.json")
+    if fit_file is None:
+        return []
+    fit, cfg = fit_file["fit"], fit_file.get("config", {})
+    return ["", f"The noise budget, {fit['noise_budget']:.4f}, is the {fit['quantile']:.0%} quantile over"
+            f" {len(cfg.get('seeds', []))} {cfg.get('worlds')} worlds (none of them an evaluation world) of the noise"
+            f" share of the tables at eps {fit['at_eps']:g}. "
+            + source_line("calibration_worlds_fit.json", fit_file, results.shown)]
+
+
+BLOCKS["calibration_worlds"] = Block(("calibration_worlds_quick.json",),
+                                     lambda results: calibration_worlds(results) + _calibration_fit_line(results),
+                                     optional=("calibration_worlds_fit.json",))
+
 if __name__ == "__main__":
     main()

@@ -182,6 +182,17 @@ STEPS: tuple[Step, ...] = (
     Step("calibration_trace.json", "benchmarks/calibration_bench.py", {
         "full": ["--seeds", "2", "--trace"],
     }),
+    Step("calibration_worlds_quick.json", "benchmarks/calibration_bench.py", {  # issue 33: the family of worlds
+        "smoke": ["--worlds", "eval", "--count", "1", "--steps", "20", "--val-batches", "8"],
+        "quick": ["--worlds", "eval", "--quick"],
+        "full": ["--worlds", "eval", "--quick"],
+    }),
+    Step("calibration_worlds_fit.json", "benchmarks/calibration_bench.py", {  # the noise budget, dev worlds only
+        "full": ["--worlds", "dev", "--fit", "--count", "20"],
+    }),
+    Step("calibration_worlds.json", "benchmarks/calibration_bench.py", {
+        "full": ["--worlds", "eval", "--count", "20"],
+    }),
     Step("data_bench.json", "benchmarks/data_bench.py", {
         "smoke": ["--rows", "20000", "--torchrec-rows", "2000", "--python-rows", "2000", "--loader-rows", "40000",
                   "--repeat", "1"],

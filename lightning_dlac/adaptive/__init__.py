@@ -5,7 +5,7 @@ dataclasses; torch, no Lightning, no TorchRec).
 |---|---|
 | ``bounds`` | the bound types: :class:`ErrorBounds` (what the exchanges read), probes, classes, validation |
 | ``calibration`` | per-table statistics measured on the payload and its gradient |
-| ``policy`` | statistics to one bound per table (gradient, homogenization, sensitivity) |
+| ``policy`` | statistics to one bound per table (gradient, noise, homogenization, sensitivity) |
 | ``calibrator`` | the table-wise level's state machine, driven by ``DLACCallback`` or a plain loop |
 | ``schedule`` | the iteration-wise multiplier ``m(t)`` |
 """
@@ -35,6 +35,7 @@ from lightning_dlac.adaptive.policy import (
     class_table_bounds,
     classify,
     gradient_table_bounds,
+    noise_table_bounds,
     sensitivity_classes,
     sensitivity_table_bounds,
 )
@@ -62,6 +63,7 @@ __all__ = [
     "gradient_table_bounds",
     "homogenization_counts",
     "homogenization_index",
+    "noise_table_bounds",
     "sensitivity_classes",
     "sensitivity_table_bounds",
     "value_homogenization_counts",

@@ -23,6 +23,10 @@ every rank once the statistics are reduced across ranks through :meth:`Calibrati
   statistic: an expected value, not one random draw, so it is steady from a few batches on. Per-sample gradients are
   ``rows x`` the gradient of the batch loss, which assumes the loss is a mean over this rank's batch (the usual
   ``reduction="mean"``);
+- the **noise share** (beyond the paper; what ``mode="noise"`` chooses by): the variance the codec's error at each
+  candidate bound adds to a batch's loss (the same first-order term, over the batch's samples) as a share of the
+  variance of the training loss from batch to batch (``loss_sq_sum`` beside ``loss_sum``): free of the loss's scale
+  and offset and of the batch size (:meth:`TableStats.noise_share`);
 - the **probe sensitivity** (beyond the paper): the change of the training loss when only this table's pooled embeddings
   carry the codec's error at a candidate bound, everything else exact, over probe batches and ranks. The codec's
   error is zero-mean to first order, so the *signed* loss change of a batch is mostly ``gradient . error``, whose
@@ -131,6 +135,7 @@ class TableStats:
     grad_energy: float = 0.0  # sum over those samples of sum over blocks of range**2 x |per-sample loss gradient|**2
     loss_sum: float = 0.0  # training loss of the batches whose gradients were observed, summed over batches and ranks
     loss_batches: int = 0  # how many (batch, rank) losses loss_sum holds
+    loss_sq_sum: float = 0.0  # the squares of those losses, summed: their variance is the minibatch noise
 
     def __post_init__(self) -> None:
         n = len(self.candidates)
@@ -192,6 +197,32 @@ class TableStats:
         mean_loss = abs(self.loss_sum) / self.loss_batches
         return {eps: eps * rms / mean_loss for eps in self.candidates}
 
+    def loss_noise(self) -> float | None:
+        """Variance of the training loss from (batch, rank) to (batch, rank), over the measured batches (unbiased;
+        ``None`` with fewer than two losses): the minibatch noise the optimizer already lives with."""
+        n = self.loss_batches
+        if n < 2:
+            return None
+        mean = self.loss_sum / n
+        return max(self.loss_sq_sum - n * mean * mean, 0.0) / (n - 1)
+
+    def noise_share(self) -> dict[float, float] | None:
+        """Per candidate bound, the variance the codec's error on this table adds to a batch's loss, as a share of
+        the loss's minibatch variance (:meth:`loss_noise`); ``None`` without gradients or a measurable noise.
+
+        The codec's error is independent per sample and element, uniform within ``eps x range``: to first order it
+        changes a sample's loss by ``g . error``, of variance ``eps**2 x range**2 x |g|**2 / 3``, and a batch's
+        (mean) loss by the mean of ``B`` such independent changes, of variance ``eps**2 x E[range**2 |g|**2] / (3
+        B)``, ``B`` the samples of a rank's batch. Both that and the minibatch variance scale with the square of the
+        loss and, per sample, as ``1 / B``: their ratio is free of the loss's scale and offset and of the batch size,
+        comparable across data sets and models (docs/adaptive.md derives it)."""
+        noise = self.loss_noise()
+        if not self.grad_rows or noise is None or noise <= 0:
+            return None
+        per_sample = max(self.grad_energy, 0.0) / self.grad_rows / 3.0
+        batch = self.grad_rows / self.loss_batches
+        return {eps: eps * eps * per_sample / batch / noise for eps in self.candidates}
+
     def mean_loss_change(self) -> dict[float, float] | None:
         """Signed mean loss change per probe at each candidate bound, relative to the mean exact loss (``None`` if
         unprobed): near zero even for a sensitive table (see the module docstring), reported for comparison."""
@@ -221,6 +252,7 @@ class TableStats:
             "grad_energy": self.grad_energy,
             "loss_sum": self.loss_sum,
             "loss_batches": self.loss_batches,
+            "loss_sq_sum": self.loss_sq_sum,
         }
 
     @classmethod
@@ -236,8 +268,8 @@ class TableStats:
 # deltas per candidate.
 _SUM_FIELDS = ("chunks", "elements", "non_finite_chunks", "distinct_raw", "distinct_quantized", "probes", "base_loss",
                "distinct_raw_values", "distinct_quantized_values", "grad_rows", "grad_energy", "loss_sum",
-               "loss_batches")
-_FLOAT_FIELDS = frozenset({"base_loss", "grad_energy", "loss_sum"})
+               "loss_batches", "loss_sq_sum")
+_FLOAT_FIELDS = frozenset({"base_loss", "grad_energy", "loss_sum", "loss_sq_sum"})
 _PER_CANDIDATE = ("encoded_bytes", "loss_delta", "loss_delta_sq")
 
 
@@ -307,6 +339,7 @@ class CalibrationStats:
         for name in tables:
             s = self.table(name)
             s.loss_sum += float(loss)
+            s.loss_sq_sum += float(loss) ** 2
             s.loss_batches += 1
 
     def record_loss(self, name: str, base_loss: float, probed_losses: Sequence[float]) -> None:

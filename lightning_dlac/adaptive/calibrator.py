@@ -26,6 +26,7 @@ exactly) and must not count as traffic: the driver runs them off the record.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -48,13 +49,26 @@ from lightning_dlac.adaptive.policy import (
     class_table_bounds,
     classify,
     gradient_table_bounds,
+    noise_table_bounds,
     sensitivity_classes,
     sensitivity_table_bounds,
 )
 
 # The default gradient_tolerance: see docs/adaptive.md for the evidence it was chosen on.
 GRADIENT_TOLERANCE = 0.15
-MODES = ("gradient", "homogenization", "sensitivity", "off")
+# The default noise_budget: the codec may add this share of the loss's minibatch variance, all tables together. Fitted
+# on development worlds only (benchmarks/calibration_bench.py --worlds dev --fit, the p90 rule; 20 worlds, 400
+# batches; benchmarks/results/calibration_worlds_fit.json), rounded to two significant digits.
+NOISE_BUDGET = 0.0039
+# The noise mode's default candidates: finer than the paper's three class bounds, tighter and looser than 0.01 / 0.05.
+NOISE_CANDIDATES = (0.002, 0.005, 0.01, 0.02, 0.05)
+MODES = ("gradient", "homogenization", "sensitivity", "noise", "off")
+
+
+def default_candidates(mode: str, class_bounds: ClassBounds) -> tuple[float, ...]:
+    """The candidate bounds of ``mode`` when none are given: the class bounds, or :data:`NOISE_CANDIDATES` for the
+    noise mode, which chooses per table rather than per class."""
+    return NOISE_CANDIDATES if mode == "noise" else class_bounds.candidates()
 
 # all_reduce(tensor, op) with op one of "sum", "min", "max": every rank gets the combined tensor.
 AllReduce = Callable[[torch.Tensor, str], torch.Tensor]
@@ -78,11 +92,13 @@ class CalibrationSettings:
     candidates: tuple[float, ...] = (0.01, 0.03, 0.05)  # bounds whose ratio and sensitivity are measured
     sensitivity_tolerance: float = 1e-3  # largest relative loss change a bound may cause (sensitivity mode)
     gradient_tolerance: float = GRADIENT_TOLERANCE  # largest expected RMS change of a sample's loss (gradient mode)
+    noise_budget: float = NOISE_BUDGET  # share of the loss's minibatch variance the codec may add (noise mode)
     batches: int = 8  # batches one calibration measures
     start: int = 0  # training batch from which the first calibration measures
     sensitivity_batches: int = 1  # of the measured batches, how many also run the sensitivity probe
     recalibrate_every: int = 0  # calibrate again this many batches after each calibration takes effect (0: never)
     codec_impl: str = "auto"  # codec that measures compressed sizes
+    before_training: bool = False  # the first calibration measures given batches before training (forwards only)
 
     def __post_init__(self) -> None:
         if self.index not in INDEX_KINDS:
@@ -97,6 +113,7 @@ class CalibrationSettings:
         object.__setattr__(self, "candidates", tuple(checked))
         check_tolerance(self.sensitivity_tolerance)
         check_tolerance(self.gradient_tolerance, "gradient_tolerance")
+        check_tolerance(self.noise_budget, "noise_budget")
         check_count(self.batches, "calibration_batches", 1)
         check_count(self.start, "calibration_start", 0)
         check_count(self.sensitivity_batches, "sensitivity_batches", 0)
@@ -110,6 +127,21 @@ class CalibrationSettings:
             )
         if self.mode == "sensitivity" and self.sensitivity_batches == 0:
             raise ValueError("mode='sensitivity' chooses bounds from the probe: set sensitivity_batches >= 1.")
+        if self.before_training and self.start:
+            raise ValueError(
+                "calibration_start applies to calibration on training batches; with a calibration_dataloader"
+                " calibration runs before training. Set one of them."
+            )
+        if self.before_training and self.mode in ("gradient", "noise"):
+            # Batches measured before training only run forwards: no loss gradient comes back through the exchange,
+            # so the gradient mode would see nothing and keep every table at the strategy's eps. A backward pass of
+            # its own would not do either: the fused embedding optimizer updates the tables inside it.
+            raise ValueError(
+                f"mode={self.mode!r} measures the loss gradient that training's backward pass sends back"
+                " through the exchange, and a calibration_dataloader is only run forward (before training): it would"
+                " see no gradient. Calibrate on training batches (drop calibration_dataloader; calibration_start"
+                " sets when), or use mode='sensitivity' or mode='homogenization' with the calibration_dataloader."
+            )
 
 
 class Calibrator:
@@ -137,6 +169,7 @@ class Calibrator:
         self._seen = 0
         self._probed = 0
         self._grad_tables: set[str] = set()  # tables whose gradient the batch being measured has shown
+        self._gradient_scale = 1.0  # the loss scale of the gradients observed now (a GradScaler's), divided out
 
     # ------------------------------------------------------------------ read-outs
 
@@ -170,6 +203,37 @@ class Calibrator:
         """The cross-rank statistics of the latest calibration."""
         return dict(self._table_stats)
 
+    @property
+    def next_measurement(self) -> int | None:
+        """Training batch from which the next (or the ongoing) measurement measures; ``None`` when none is due."""
+        return self._measure_from if self._stats is not None else None
+
+    @property
+    def measured_batches(self) -> int:
+        """Batches the measurement in progress has measured so far (0 between measurements)."""
+        return self._seen if self._stats is not None else 0
+
+    def status(self, batches_run: int) -> dict[str, Any]:
+        """Which bounds the tables use and why, after ``batches_run`` training batches: ``{"state": s, ...}`` with
+        ``s`` one of ``"constant"`` (``mode="off"``: every table keeps the strategy's eps), ``"calibrated"`` (with
+        ``"at"``, the first batch of the latest calibration's bounds, and ``"calibrations"``) or
+        ``"never_calibrated"`` (with ``"due"``, the batch the first measurement was to start at, ``"measured"``,
+        the batches it got, ``"needed"`` and ``"batches_run"``: every table kept the strategy's eps)."""
+        if self.settings.mode == "off":
+            return {"state": "constant"}
+        if self._calibrated:
+            return {"state": "calibrated", "at": self._calibrated_at, "calibrations": len(self._calibrations)}
+        return {"state": "never_calibrated", "due": self._measure_from, "measured": self.measured_batches,
+                "needed": self.settings.batches, "batches_run": int(batches_run)}
+
+    def set_gradient_scale(self, scale: float) -> None:
+        """The factor the loss was multiplied by before the backward pass whose gradients are observed next (a
+        GradScaler's scale under mixed precision; 1 otherwise): the gradient energy is divided by its square, so
+        the statistic is that of the loss itself."""
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
+            raise ValueError(f"gradient scale {scale!r} must be a positive finite number (a loss scale).")
+        self._gradient_scale = float(scale)
+
     def report(self) -> list[dict[str, Any]]:
         """One row per table: class, bound, homogenization index (per column, and the paper's whole-vector one),
         distinct vectors per chunk, value range, ratio and (if probed) RMS relative loss change at each candidate
@@ -177,7 +241,7 @@ class Calibrator:
         rows = []
         for name in sorted(self._table_stats):
             s = self._table_stats[name]
-            sens, grad = s.sensitivity(), s.gradient_sensitivity()
+            sens, grad, noise = s.sensitivity(), s.gradient_sensitivity(), s.noise_share()
             rows.append(
                 {
                     "table": name,
@@ -190,6 +254,7 @@ class Calibrator:
                     "ratio": {str(k): v for k, v in s.ratios().items()},
                     "loss_change": None if sens is None else {str(k): v for k, v in sens.items()},
                     "gradient_loss_change": None if grad is None else {str(k): v for k, v in grad.items()},
+                    "noise_share": None if noise is None else {str(k): v for k, v in noise.items()},
                 }
             )
         return rows
@@ -230,9 +295,10 @@ class Calibrator:
 
     def observe_gradient(self, table: str, energy: float, rows: int) -> None:
         """Add one table's loss gradient of the batch being measured (the exchange's gradient observer: see
-        :meth:`CalibrationStats.observe_gradient`)."""
+        :meth:`CalibrationStats.observe_gradient`), divided by the square of the loss scale in force
+        (:meth:`set_gradient_scale`): the gradient of a scaled loss is the scale times the loss's."""
         assert self._stats is not None, "observe_gradient() outside a measurement"
-        self._stats.observe_gradient(table, energy, rows)
+        self._stats.observe_gradient(table, energy / self._gradient_scale**2, rows)
         self._grad_tables.add(table)
 
     def observe_loss(self, loss: float) -> None:
@@ -280,6 +346,9 @@ class Calibrator:
             self._table_bounds = class_table_bounds(self._classes, s.class_bounds)
         elif s.mode == "gradient":
             self._table_bounds = gradient_table_bounds(self._table_stats, s.gradient_tolerance)
+            self._classes = sensitivity_classes(self._table_bounds, s.class_bounds)
+        elif s.mode == "noise":
+            self._table_bounds = noise_table_bounds(self._table_stats, s.noise_budget)
             self._classes = sensitivity_classes(self._table_bounds, s.class_bounds)
         else:
             self._table_bounds = sensitivity_table_bounds(self._table_stats, s.sensitivity_tolerance)

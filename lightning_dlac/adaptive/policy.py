@@ -9,6 +9,10 @@ Three policies:
   first-order change of a sample's loss (:meth:`TableStats.gradient_sensitivity`, from the loss gradients the
   backward exchange carries) stays within ``tolerance`` of the mean loss; a table whose every candidate exceeds it
   gets the smallest candidate.
+- ``noise`` (beyond the paper; scale-free): the variance the codec's error on each table adds to a batch's loss, as
+  a share of the loss's minibatch variance (:meth:`TableStats.noise_share`), summed over tables, may reach
+  ``budget``; within it, tables are loosened greedily where a looser candidate saves the most bytes per share of
+  noise it adds (docs/adaptive.md derives the rule).
 - ``sensitivity`` (beyond the paper): give each table the largest candidate bound whose measured loss change stays
   within ``tolerance`` of the exact loss (and whose smaller candidates do too); a table whose every candidate exceeds
   it gets the smallest candidate.
@@ -125,3 +129,36 @@ def sensitivity_classes(table_bounds: Mapping[str, float], bounds: ClassBounds) 
     for name, eps in table_bounds.items():
         out[name] = min(TableClass, key=lambda c: (abs(bounds[c] - eps), -bounds[c]))
     return out
+
+
+def noise_table_bounds(stats: Mapping[str, TableStats], budget: float) -> dict[str, float]:
+    """Per table, a candidate bound such that the noise shares (:meth:`TableStats.noise_share`: the variance the
+    codec adds to a batch's loss over the loss's minibatch variance) of all tables sum to at most ``budget``, with
+    the fewest compressed bytes a greedy search finds: every table starts at the smallest candidate, then, while a
+    move fits in what is left of the budget, the one table whose next larger candidate saves the most bytes per
+    share of noise added takes it. The shares of independent errors add, so the budget bounds the noise the codec
+    adds to the whole loss. Tables without observed gradients or noise are left out."""
+    budget = check_tolerance(budget, "noise_budget")
+    shares = {name: share for name, s in stats.items() if (share := s.noise_share()) is not None}
+    steps = {name: sorted(share) for name, share in shares.items()}
+    at = dict.fromkeys(shares, 0)  # each table's index into its ascending candidates
+    used = sum(shares[name][steps[name][0]] for name in shares)
+    while True:
+        best, best_rate = None, 0.0
+        for name, i in at.items():
+            if i + 1 >= len(steps[name]):
+                continue
+            nbytes = stats[name].encoded_bytes
+            saved = nbytes[i] - nbytes[i + 1]
+            added = shares[name][steps[name][i + 1]] - shares[name][steps[name][i]]
+            if saved <= 0 or used + added > budget:
+                continue
+            rate = saved / max(added, 1e-300)
+            if rate > best_rate:
+                best, best_rate = name, rate
+        if best is None:
+            break
+        i = at[best]
+        used += shares[best][steps[best][i + 1]] - shares[best][steps[best][i]]
+        at[best] = i + 1
+    return {name: steps[name][i] for name, i in at.items()}

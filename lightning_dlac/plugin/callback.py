@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
@@ -25,27 +24,22 @@ from lightning_dlac.adaptive import (
     TableStats,
 )
 from lightning_dlac.adaptive.bounds import check_count
-from lightning_dlac.adaptive.calibrator import GRADIENT_TOLERANCE
+from lightning_dlac.adaptive.calibrator import GRADIENT_TOLERANCE, NOISE_BUDGET, default_candidates
 from lightning_dlac.comm.collectives import all_gather_object, all_reduce, rank_and_world
 from lightning_dlac.plugin._forward import loss_of, loss_or_none, side_forward
+from lightning_dlac.plugin._run import (  # noqa: F401 - run_training_batches: importable from here too
+    DEFAULT_RUN_SHARE,
+    PAPER_T,
+    loss_scale,
+    max_steps_batches,
+    run_training_batches,
+    warn_if_past_the_end,
+    warn_never_calibrated,
+)
 from lightning_dlac.plugin.metrics import CompressionMonitor, run_directory, scalar_metrics
 from lightning_dlac.plugin.strategy import DLACStrategy
 
 _STATE_VERSION = 1
-PAPER_T = 1000  # the paper's early stage, in iterations: the default T's cap, and T where the run length is unknown
-DEFAULT_RUN_SHARE = 0.1  # the default calibration_start and T, as a share of the run's training batches
-
-
-def run_training_batches(trainer: pl.Trainer) -> int | None:
-    """Training batches the run will take (optimizer steps x gradient accumulation), or ``None`` if the Trainer
-    cannot tell (no ``max_steps`` and an epoch of unknown length, or no limit)."""
-    try:
-        steps = trainer.estimated_stepping_batches
-    except Exception:  # noqa: BLE001 - e.g. a dataloader without __len__: the length is unknown, nothing more
-        return None
-    if not isinstance(steps, (int, float)) or not math.isfinite(steps) or steps <= 0:
-        return None
-    return int(steps) * max(1, int(trainer.accumulate_grad_batches))
 
 
 class DLACCallback(Callback):
@@ -62,19 +56,18 @@ class DLACCallback(Callback):
     all-reduced, so every rank picks the same bound per table: ``mode="gradient"`` (the default) takes the largest
     candidate whose gradient sensitivity is within ``gradient_tolerance``; ``mode="homogenization"`` (the paper) puts
     index ``< tight_below`` *tight*, index ``>= loose_from`` *loose*, the rest *base*; ``mode="sensitivity"`` takes
-    the largest candidate whose probed RMS loss change is within ``sensitivity_tolerance``; ``mode="off"`` keeps the
-    strategy's ``eps``. Until calibration ends, tables use the strategy's ``eps``. By default calibration starts a
-    tenth into the run (when the Trainer knows its length; else after 1000 batches), once the tables have trained:
-    docs/adaptive.md has the evidence behind the default mode, tolerance and start.
+    the largest candidate whose probed RMS loss change is within ``sensitivity_tolerance``; ``mode="noise"`` keeps
+    the loss variance the codec adds within ``noise_budget`` of the minibatch noise; ``mode="off"`` keeps ``eps``,
+    as every table does until calibration ends. By default calibration starts a tenth into the run (when the Trainer
+    knows its length; else after 1000 batches), once the tables have trained: docs/adaptive.md has the evidence.
 
     **Iteration-wise level.** Every bound is multiplied by ``m(t)`` (:class:`~lightning_dlac.adaptive.DecaySchedule`)
     which decays from ``c`` to 1 over the first ``T`` training batches (by default a tenth of the run, at most the
     paper's 1000: the early stage ends when the default calibration starts).
 
-    **Metrics** (:class:`~lightning_dlac.plugin.metrics.CompressionMonitor`), every ``log_every_n_steps`` batches, to
-    every
-    logger under ``dlac/``: ratio overall and per table, bound per table, observed max error / bound, bytes sent and
-    saved, encode / exchange / decode / backward time per step, the all-to-all share of the step time.
+    **Metrics** (:class:`~lightning_dlac.plugin.metrics.CompressionMonitor`), every ``log_every_n_steps`` batches,
+    to every logger under ``dlac/``: ratio overall and per table, bound per table, observed max error / bound, bytes
+    sent and saved, encode / exchange / decode / backward time per step, the all-to-all share of the step time.
 
     **Checkpoints.** Its state (calibrated bounds, classes, statistics, schedule position, byte totals, and every
     rank's part of a calibration in progress) is saved with the checkpoint; a resumed run continues the same schedule
@@ -85,7 +78,7 @@ class DLACCallback(Callback):
     ``training_step`` must return the loss (a tensor or a dict with ``"loss"``) and have no other side effects.
 
     Args:
-        mode: ``"gradient"``, ``"homogenization"``, ``"sensitivity"`` or ``"off"`` (no table-wise level).
+        mode: ``"gradient"``, ``"noise"``, ``"homogenization"``, ``"sensitivity"`` or ``"off"`` (no table-wise level).
         tight_eps: Relative bound of tight tables.
         base_eps: Relative bound of base tables.
         loose_eps: Relative bound of loose tables.
@@ -95,10 +88,13 @@ class DLACCallback(Callback):
         index: Which homogenization index classifies: ``"vector"`` (the paper's: distinct quantized / distinct raw
             vectors) or ``"value"`` (the same per coordinate, which also sees tables whose vectors all stay distinct;
             more tables come out tight). See docs/adaptive.md for when each can be trusted.
-        candidates: Bounds whose ratio and sensitivity are measured (default the three class bounds).
+        candidates: Bounds whose ratio and sensitivity are measured (default the three class bounds; finer in noise
+            mode).
         sensitivity_tolerance: Largest relative change of the loss a table's bound may cause in sensitivity mode.
         gradient_tolerance: Largest expected RMS change of a sample's loss, relative to the mean loss, a table's
             bound may cause in gradient mode.
+        noise_budget: In noise mode, the share of the loss's minibatch variance the codec may add, all tables
+            together (candidates default to 0.002, 0.005, 0.01, 0.02, 0.05 there; docs/adaptive.md).
         calibration_batches: Number of batches calibration measures.
         calibration_start: Training batch at which calibration begins (default ``None``: a tenth of the run's
             training batches when the Trainer knows them from ``max_steps`` / ``max_epochs``, else 1000). Freshly
@@ -110,7 +106,8 @@ class DLACCallback(Callback):
         recalibrate_every: Calibrate again this many training batches after each calibration takes effect (0:
             never); each calibration measures ``calibration_batches`` batches with the current bounds in force.
         calibration_dataloader: Batches to calibrate on before training (default: the first training batches).
-            Every rank must provide its own batches; the smallest count across ranks is used.
+            Every rank must provide its own batches; the smallest count across ranks is used. They only run
+            forward, so ``mode="gradient"`` (which needs the backward pass's gradients) refuses them.
         schedule: ``"step"``, ``"linear"``, ``"log"`` or ``"constant"``.
         c: Initial multiplier m(0) (>= 1; 1 turns the iteration-wise level off).
         T: Length of the early stage, in training batches (default ``None``: a tenth of the run's training batches
@@ -127,7 +124,7 @@ class DLACCallback(Callback):
                  loose_eps: float = 0.05, tight_below: float = 0.9, loose_from: float = 0.99,
                  index_eps: float | None = None, index: str = "vector", candidates: Sequence[float] | None = None,
                  sensitivity_tolerance: float = 1e-3, gradient_tolerance: float = GRADIENT_TOLERANCE,
-                 calibration_batches: int = 8, calibration_start: int | None = None,
+                 noise_budget: float = NOISE_BUDGET, calibration_batches: int = 8, calibration_start: int | None = None,
                  sensitivity_batches: int | None = None, recalibrate_every: int = 0,
                  calibration_dataloader: Iterable[Any] | None = None, schedule: str = "step", c: float = 2.0,
                  T: int | None = None, stages: int = 10, log_every_n_steps: int = 50, per_table_metrics: bool = True,
@@ -136,18 +133,14 @@ class DLACCallback(Callback):
         self.class_bounds = ClassBounds(tight_eps, base_eps, loose_eps)
         if sensitivity_batches is None:
             sensitivity_batches = 1 if mode == "sensitivity" else 0
-        if calibration_dataloader is not None and calibration_start:
-            raise ValueError(
-                "calibration_start applies to calibration on training batches; with a calibration_dataloader"
-                " calibration runs before training. Set one of them."
-            )
         self.settings = CalibrationSettings(
             mode=mode, class_bounds=self.class_bounds, thresholds=HomogenizationThresholds(tight_below, loose_from),
             index_eps=base_eps if index_eps is None else index_eps, index=index,
-            candidates=self.class_bounds.candidates() if candidates is None else tuple(candidates),
+            candidates=default_candidates(mode, self.class_bounds) if candidates is None else tuple(candidates),
             sensitivity_tolerance=sensitivity_tolerance, gradient_tolerance=gradient_tolerance,
-            batches=calibration_batches, start=calibration_start or 0, sensitivity_batches=sensitivity_batches,
-            recalibrate_every=recalibrate_every,
+            noise_budget=noise_budget, batches=calibration_batches, start=calibration_start or 0,
+            sensitivity_batches=sensitivity_batches,
+            recalibrate_every=recalibrate_every, before_training=calibration_dataloader is not None,
         )
         self.mode, self.calibration_batches, self.gradient_tolerance = mode, calibration_batches, gradient_tolerance
         self.calibration_start, self.sensitivity_batches = calibration_start, sensitivity_batches
@@ -228,13 +221,14 @@ class DLACCallback(Callback):
 
     def _fit_defaults_to_the_run(self, trainer: pl.Trainer) -> None:
         """Resolve ``T=None`` and ``calibration_start=None`` from the run's length in training batches, when the
-        Trainer knows it (a tenth of it; the early stage at most the paper's 1000)."""
+        Trainer knows it (a tenth of it; the early stage at most the paper's 1000), and warn when the first
+        calibration on training batches cannot complete within that length."""
         schedule, c, T, stages = self._schedule_args
-        if T is not None and (self.calibration_start is not None or self.calibration_dataloader is not None):
-            return
-        batches = run_training_batches(trainer)
+        default_start = self.calibration_start is None and self.calibration_dataloader is None
+        # With T and the start given only max_steps is read (estimated_stepping_batches sets the loader up early).
+        batches = run_training_batches(trainer) if T is None or default_start else max_steps_batches(trainer)
         share = max(1, round(batches * DEFAULT_RUN_SHARE)) if batches is not None else PAPER_T
-        if batches is None:
+        if batches is None and (T is None or default_start):
             unset = [name for name, value in (("calibration_start", self.calibration_start), ("T", T))
                      if value is None and not (name == "calibration_start" and self.calibration_dataloader)]
             rank_zero_info(f"DLACCallback: the Trainer cannot tell the run's length (no max_steps, and a training"
@@ -243,9 +237,11 @@ class DLACCallback(Callback):
                            f" batches; set them (or max_steps) for a shorter run.")
         if T is None:
             self.schedule = DecaySchedule(schedule, c, min(share, PAPER_T), stages)
-        if self.calibration_start is None and self.calibration_dataloader is None:
+        if default_start:
             self._calibrator.settings = self.settings = replace(self.settings, start=share)
             self._calibrator.reschedule(share)
+        if self.mode != "off" and self.calibration_dataloader is None:
+            warn_if_past_the_end(self.settings.start, self.calibration_batches, batches)
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -277,6 +273,7 @@ class DLACCallback(Callback):
         self._probed_s += self._probe_s
         if self._calibrator.measuring(self._step):
             group = self._strategy.exchange_group
+            self._calibrator.set_gradient_scale(loss_scale(trainer))  # a GradScaler's gradients are scaled
             group.set_observer(self._timed(self._calibrator.observe))
             group.set_gradient_observer(self._timed(self._calibrator.observe_gradient))
 
@@ -310,6 +307,7 @@ class DLACCallback(Callback):
             self._strategy.exchange_group.set_gradient_observer(None)
             if self._monitor.pending(self._strategy.exchange_group):
                 self._write_metrics(trainer)  # the rest, e.g. the validation traffic after the last write
+            warn_never_calibrated(self._calibrator.status(self._step), self._strategy.error_bounds.default_eps)
 
     @override
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -337,7 +335,8 @@ class DLACCallback(Callback):
         return {
             "mode": self.mode, "schedule": self.schedule.as_dict(), "table_bounds": cal.table_bounds,
             "classes": {k: str(v) for k, v in cal.classes.items()}, "calibrated_at": cal.calibrated_at,
-            "calibrations": cal.calibrations, "default_eps": bounds.default_eps if bounds else None,
+            "calibrations": cal.calibrations, "bounds_status": cal.status(self._step),
+            "default_eps": bounds.default_eps if bounds else None,
             "max_eps": bounds.max_eps if bounds else None,
             "final_effective_bounds": {n: bounds.effective(n) for n in self._monitor.totals.table_raw_bytes}
             if bounds else {},

@@ -120,17 +120,7 @@ def headline(run: dict[str, Any], baseline: dict[str, Any] | None = None) -> lis
             f" exchange {s['exchange_ms']:.1f} ms, decode {s['decode_ms']:.1f} ms, backward {s['backward_ms']:.1f} ms"
             " per batch and rank)"
         )
-    classes = run.get("classes") or {}
-    if classes:
-        counts = {c: sum(1 for v in classes.values() if v == c) for c in ("tight", "base", "loose")}
-        calibrations = run.get("calibrations") or []
-        again = ""
-        if len(calibrations) > 1:
-            again = f" (calibrated {len(calibrations)} times, last from batch {calibrations[-1]['at']})"
-        lines.append(
-            f"bounds ({run['mode']}): {counts['tight']} tight, {counts['base']} base, {counts['loose']} loose tables"
-            f"{again}; schedule {run['schedule']['kind']} c={run['schedule']['c']} T={run['schedule']['T']}"
-        )
+    lines.append(bounds_line(run))
     if run.get("calibration_share") is not None:
         lines.append(f"calibration: {run['calibration_s']:.1f} s on rank 0, {run['calibration_share']:.1%} of its"
                      " training time (statistics, compressed sizes, probes, reductions)")
@@ -140,6 +130,46 @@ def headline(run: dict[str, Any], baseline: dict[str, Any] | None = None) -> lis
     if baseline is not None:
         lines += baseline_lines(run, baseline)
     return lines
+
+
+def never_calibrated_reason(status: dict[str, Any], default_eps: float | None) -> str:
+    """Why a run's tables kept the strategy's eps (``status["state"] == "never_calibrated"``, from
+    :meth:`~lightning_dlac.adaptive.Calibrator.status`), with the fix; no final full stop."""
+    measured = f" ({status['measured']} of its {status['needed']} batches measured)" if status["measured"] else ""
+    return (
+        f"never calibrated: calibration was due from training batch {status['due']}{measured} and training stopped"
+        f" after {status['batches_run']} batches (an early stop, or a length the Trainer could not know in advance),"
+        f" so every table kept the strategy's eps={default_eps}; set calibration_start within the run"
+    )
+
+
+def bounds_line(run: dict[str, Any]) -> str:
+    """Which bounds the run used and why: the calibrated classes, the strategy's eps for every table because
+    calibration never ran (and when it was due), or the strategy's eps by choice (``mode="off"``); then the
+    iteration-wise schedule. Runs summarised before ``bounds_status`` existed say what their classes say."""
+    schedule = run["schedule"]
+    tail = f"; schedule {schedule['kind']} c={schedule['c']} T={schedule['T']}"
+    status = run.get("bounds_status") or {"state": "calibrated" if run.get("classes") else "unknown"}
+    default = run.get("default_eps")
+    if status["state"] == "constant":
+        return (f"bounds ({run['mode']}): constant, the strategy's eps={default} for every table (no table-wise"
+                f" level){tail}")
+    if status["state"] == "never_calibrated":
+        return f"bounds ({run['mode']}): {never_calibrated_reason(status, default)}{tail}"
+    if status["state"] != "calibrated":
+        return f"bounds ({run['mode']}): not recorded in this run summary{tail}"
+    classes = run.get("classes") or {}
+    counts = {c: sum(1 for v in classes.values() if v == c) for c in ("tight", "base", "loose")}
+    calibrations = run.get("calibrations") or []
+    again = ""
+    if len(calibrations) > 1:
+        again = f" (calibrated {len(calibrations)} times, last from batch {calibrations[-1]['at']})"
+    elif calibrations:
+        again = f" (calibrated from batch {calibrations[-1]['at']})"
+    kept = sorted(set(run.get("final_effective_bounds") or {}) - set(run.get("table_bounds") or {}))
+    kept_note = f", {len(kept)} at the strategy's eps={default} (no measured loss gradient)" if kept else ""
+    return (f"bounds ({run['mode']}): calibrated, {counts['tight']} tight, {counts['base']} base, {counts['loose']}"
+            f" loose tables{kept_note}{again}{tail}")
 
 
 def _markdown(run: dict[str, Any], plots: dict[str, str], baseline: dict[str, Any] | None = None) -> str:

@@ -170,3 +170,98 @@ def test_an_unknown_run_length_is_said_with_what_to_set(caplog: pytest.LogCaptur
     with caplog.at_level(logging.INFO):
         DLACCallback()._fit_defaults_to_the_run(_trainer(2000))
     assert "cannot tell" not in caplog.text
+
+
+# ------------------------------------------------------------------------- no silent failure (issue 33, item 4)
+
+
+def test_the_gradient_mode_refuses_a_calibration_dataloader_it_could_not_use() -> None:
+    """Batches calibrated on before training are only run forward: no gradient comes back, and the gradient mode
+    used to skip every table and still call itself calibrated. It is refused at construction, naming the fix."""
+    from lightning_dlac import DLACCallback
+    from lightning_dlac.adaptive import CalibrationSettings
+
+    with pytest.raises(ValueError, match="mode='gradient' measures the loss gradient.*Calibrate on training"):
+        DLACCallback(calibration_dataloader=[1])
+    with pytest.raises(ValueError, match="mode='sensitivity' or mode='homogenization'"):
+        CalibrationSettings(mode="gradient", before_training=True)
+    for mode in ("sensitivity", "homogenization", "off"):  # the modes that can use the batches keep them
+        DLACCallback(mode=mode, calibration_dataloader=[1])
+
+
+def test_a_loss_scale_is_divided_out_of_the_gradient_statistic() -> None:
+    """Under a GradScaler the gradient the exchange carries back is the loss's times the scale: the calibrator
+    divides the scale out, so the statistic (and the bounds) are those of the unscaled run."""
+    from lightning_dlac.adaptive import CalibrationSettings, Calibrator
+
+    results = []
+    for scale in (1.0, 2.0**16):
+        cal = Calibrator(CalibrationSettings(mode="gradient", batches=1))
+        cal.begin()
+        cal.set_gradient_scale(scale)
+        cal.observe("t", _chunk(64, 8, seed=0))
+        cal.observe_gradient("t", 0.25 * scale**2, 64)  # the energy of gradients `scale` times the loss's
+        cal.observe_loss(0.5)
+        cal.batch_measured()
+        cal.finish(1, ["t"])
+        results.append((cal.table_stats["t"].gradient_sensitivity(), cal.table_bounds))
+    assert results[1][0] == pytest.approx(results[0][0]) and results[1][1] == results[0][1]
+    with pytest.raises(ValueError, match="must be a positive finite number"):
+        Calibrator(CalibrationSettings()).set_gradient_scale(0.0)
+
+
+def test_the_loss_scale_is_read_from_the_trainers_grad_scaler() -> None:
+    from lightning.pytorch.plugins.precision import MixedPrecision, Precision
+
+    from lightning_dlac.plugin._run import loss_scale
+
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    assert loss_scale(SimpleNamespace(precision_plugin=MixedPrecision("16-mixed", "cpu", scaler=scaler))) == 2.0**16
+    assert loss_scale(SimpleNamespace(precision_plugin=MixedPrecision("bf16-mixed", "cpu"))) == 1.0  # no scaler
+    assert loss_scale(SimpleNamespace(precision_plugin=Precision())) == 1.0
+    disabled = torch.amp.GradScaler("cpu", enabled=False)
+    assert loss_scale(SimpleNamespace(precision_plugin=MixedPrecision("16-mixed", "cpu", scaler=disabled))) == 1.0
+
+
+@pytest.mark.parametrize(("start", "batches", "run", "warns"), [(10, 2, 6, True), (5, 2, 6, True), (4, 2, 6, False),
+                                                                 (None, 8, 8, True), (None, 8, 200, False)])
+def test_a_calibration_past_the_runs_known_end_is_said_at_set_up(start: int | None, batches: int, run: int,
+                                                                 warns: bool) -> None:
+    import warnings
+
+    from lightning_dlac import DLACCallback
+
+    dlac = DLACCallback(calibration_start=start, calibration_batches=batches)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        dlac._fit_defaults_to_the_run(_trainer(run))
+    said = [str(w.message) for w in caught if "never calibrate" in str(w.message)]
+    assert bool(said) == warns, said
+    if warns:
+        assert f"but the run takes {run}" in said[0] and "calibration_start" in said[0]
+    # With T and calibration_start both set, nothing needs the run's length: only max_steps is read, which does not
+    # set the training loader up before the run does (a resumed run must not see it happen earlier).
+    fixed = DLACCallback(calibration_start=start or 0, calibration_batches=batches, T=5)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fixed._fit_defaults_to_the_run(SimpleNamespace(max_steps=run, accumulate_grad_batches=1))
+    assert bool([w for w in caught if "never calibrate" in str(w.message)]) == (warns and start is not None)
+    with warnings.catch_warnings(record=True) as caught:  # mode="off" calibrates nothing: nothing to say
+        warnings.simplefilter("always")
+        DLACCallback(mode="off", calibration_start=start)._fit_defaults_to_the_run(_trainer(run))
+    assert not [w for w in caught if "never calibrate" in str(w.message)]
+
+
+def test_the_calibrators_status_says_which_bounds_hold_and_why() -> None:
+    from lightning_dlac.adaptive import CalibrationSettings, Calibrator
+
+    assert Calibrator(CalibrationSettings(mode="off")).status(10) == {"state": "constant"}
+    cal = Calibrator(CalibrationSettings(mode="homogenization", batches=2, start=5))
+    cal.begin()
+    assert cal.status(3) == {"state": "never_calibrated", "due": 5, "measured": 0, "needed": 2, "batches_run": 3}
+    cal.observe("t", _chunk(64, 8, seed=0))
+    cal.batch_measured()
+    assert cal.status(6)["measured"] == 1  # stopped inside the window
+    cal.batch_measured()
+    cal.finish(7, ["t"])
+    assert cal.status(9) == {"state": "calibrated", "at": 7, "calibrations": 1}

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_dlac import DLACCallback, DLACStrategy
@@ -61,6 +62,17 @@ def test_resumed_run_continues_exactly(tmp_path: Path, case: str) -> None:
     run_ranks(_run, 2, str(tmp_path), "first", case)
     (ckpt,) = list(tmp_path.iterdir())
     assert ckpt.is_dir() and (ckpt / "meta.pt").is_file() and (ckpt / ".metadata").is_file()
+    (state,) = [v for k, v in torch.load(ckpt / "meta.pt", weights_only=True)["callbacks"].items()
+                if k.startswith("DLACCallback")]
+    if case == "during_calibration":
+        # The checkpoint holds each rank's partial statistics: batches 8-9 of the 4 measured (the gradient mode's
+        # loss gradients and losses included), not yet reduced over ranks.
+        assert len(state["measurements"]) == 2 and {m["seen"] for m in state["measurements"]} == {2}
+        for part in state["measurements"]:
+            assert part["tables"] and all(t["grad_rows"] > 0 and t["loss_batches"] == 2
+                                          for t in part["tables"].values())
+    else:  # calibrated, the next measurement scheduled but not begun
+        assert state["calibrated"] and all(m["seen"] == 0 and not m["tables"] for m in state["measurements"])
     resumed = run_ranks(_run, 2, str(tmp_path), "resume", case)
     calibrated_at = CASES[case][1]
     for rank in range(2):

@@ -370,3 +370,75 @@ def test_without_a_logger_no_report_files_are_written(tmp_path: Path, monkeypatc
     assert sorted(p.name for p in tmp_path.iterdir()) == []
     out = caplog.text  # the headline goes through rank-zero logging, not print()
     assert "dlac: forward all-to-all:" in out and "no logger, so no report files" in out
+
+
+class _StopAt(pl.Callback):
+    """Stops training after batch ``at`` (what EarlyStopping does, at a point the Trainer could not foresee)."""
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:  # noqa: ANN001
+        if batch_idx + 1 >= self.at:
+            trainer.should_stop = True
+
+
+@pytest.mark.slow
+def test_a_run_that_stops_before_calibrating_says_so_at_the_end_and_in_the_report(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 33 (c, d): calibration is due at batch 8 of 20 (no warning at set-up), but the run stops after 5."""
+    import logging
+    import warnings
+
+    from lightning.pytorch.loggers import CSVLogger
+
+    dlac = DLACCallback(calibration_start=8, calibration_batches=2, log_every_n_steps=100)
+    t = trainer(1, DLACStrategy(eps=0.02), max_steps=20, callbacks=[dlac, _StopAt(5)], limit_val_batches=0,
+                logger=CSVLogger(str(tmp_path), name="run", version=0))
+    with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.INFO):
+        warnings.simplefilter("always")
+        t.fit(small_dlrm(), datamodule=small_data(train_batches=20))
+    said = [str(w.message) for w in caught if "DLACCallback" in str(w.message)]
+    assert dlac.step == 5 and not dlac.calibrated
+    (end,) = [m for m in said if "never calibrated" in m]
+    assert "due from training batch 8" in end and "after 5 batches" in end and "eps=0.02" in end
+    assert not [m for m in said if "it will never calibrate" in m]  # the set-up saw a run of 20
+    report = (tmp_path / "run" / "version_0" / "dlac_report.md").read_text()
+    assert "bounds (gradient): never calibrated: calibration was due from training batch 8" in report
+    assert "bounds (gradient): never calibrated" in caplog.text  # the headline, logged at the end of fit
+
+
+@pytest.mark.slow
+def test_the_gradient_statistic_is_unscaled_under_a_grad_scaler() -> None:
+    """Issue 33 (b): under precision="16-mixed" the gradient the exchange carries back is the loss's times the
+    GradScaler's scale (2**16 here); the statistic must be that of the run without a scaler (up to the float16
+    autocast's rounding), not 2**16 times it."""
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
+    sensitivities = []
+    for scaled in (False, True):
+        torch.manual_seed(0)
+        dlac = DLACCallback(calibration_start=0, calibration_batches=2, log_every_n_steps=100, report=False)
+        plugins = [MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu", init_scale=2.0**16))]
+        t = trainer(1, DLACStrategy(), max_steps=3, callbacks=[dlac], limit_val_batches=0,
+                    plugins=plugins if scaled else None)
+        t.fit(small_dlrm(), datamodule=small_data(train_batches=3))
+        sensitivities.append({r["table"]: r["gradient_loss_change"]["0.01"] for r in dlac.calibration_report()})
+    plain, scaled_run = sensitivities
+    assert sorted(plain) == sorted(scaled_run) == sorted(TABLES)
+    for table in TABLES:
+        assert scaled_run[table] == pytest.approx(plain[table], rel=0.02), table
+
+
+@pytest.mark.slow
+def test_the_noise_mode_chooses_among_its_finer_candidates_in_a_run() -> None:
+    """mode="noise" end to end: every table gets one of the five candidates, the report carries each table's noise
+    share, and the chosen bounds' shares fit the budget together."""
+    torch.manual_seed(0)
+    dlac = DLACCallback(mode="noise", calibration_start=2, calibration_batches=4, log_every_n_steps=100, report=False)
+    t = trainer(1, DLACStrategy(), max_steps=8, callbacks=[dlac], limit_val_batches=0)
+    t.fit(small_dlrm(), datamodule=small_data(train_batches=8))
+    assert dlac.calibrated and sorted(dlac.table_bounds) == sorted(TABLES)
+    assert set(dlac.table_bounds.values()) <= {0.002, 0.005, 0.01, 0.02, 0.05}
+    shares = {row["table"]: row["noise_share"] for row in dlac.calibration_report()}
+    assert sum(shares[n][str(e)] for n, e in dlac.table_bounds.items()) <= dlac.settings.noise_budget

@@ -716,9 +716,10 @@ def _fragile_loss(bounds: Any) -> float:
 _ENERGY = {"apart": 75.0, "crowded": 0.75, "middle": 6.75, "spike": 0.75}
 
 
-def _calibrate(steps: int = 10, **options: Any) -> dict[str, Any]:
+def _calibrate(steps: int = 10, loss_swing: float = 0.0, **options: Any) -> dict[str, Any]:
     """Drive ``DLACCallback(**CALIBRATION, **options).calibrator`` through the protocol the callback follows each
-    training batch, on the same chunks every batch; return what it decided and when."""
+    training batch, on the same chunks every batch (the training loss 1 +- ``loss_swing``, alternating); return what
+    it decided and when."""
     from lightning_dlac import DLACCallback
 
     cal = DLACCallback(**{**CALIBRATION, **options}).calibrator
@@ -734,7 +735,7 @@ def _calibrate(steps: int = 10, **options: Any) -> dict[str, Any]:
         for name, chunk in _chunks().items():
             cal.observe(name, chunk)
             cal.observe_gradient(name, _ENERGY[name], 4)  # what the exchange's backward shows
-        cal.observe_loss(1.0)
+        cal.observe_loss(1.0 + loss_swing * (-1) ** step)
         cal.batch_measured()
         if cal.complete:
             finished.append(cal.finish(step + 1, names).at)
@@ -833,6 +834,18 @@ def test_gradient_tolerance_is_the_loss_change_a_sample_may_see() -> None:
     assert (control["bounds"]["apart"], control["bounds"]["middle"]) == (0.01, 0.03)
     assert (arm["bounds"]["apart"], arm["bounds"]["middle"]) == (0.05, 0.05)
     assert arm["report"]["apart"]["gradient_loss_change"]["0.05"] == pytest.approx(0.5)
+
+
+def test_noise_budget_is_the_share_of_the_minibatch_noise_all_tables_may_add() -> None:
+    # Losses 1.5 and 0.5: minibatch variance 0.5. A table's share at eps is eps**2 x energy x 4 / 3 / 4 / 0.5
+    # ("apart": 0.005, 0.045, 0.125 at the three candidates; the others at most 0.011 at 0.05).
+    control, tight, loose = (_calibrate(mode="noise", loss_swing=0.5, noise_budget=b) for b in (0.1, 0.01, 0.2))
+    assert control["report"]["apart"]["noise_share"]["0.05"] == pytest.approx(0.125)
+    for arm, budget in ((control, 0.1), (tight, 0.01), (loose, 0.2)):
+        used = sum(arm["report"][n]["noise_share"][str(e)] for n, e in arm["bounds"].items())
+        assert used <= budget, (arm["bounds"], budget)
+    assert (tight["bounds"]["apart"], control["bounds"]["apart"], loose["bounds"]["apart"]) == (0.01, 0.03, 0.05)
+    assert tight["bounds"]["middle"] < loose["bounds"]["middle"] == 0.05
 
 
 def test_calibration_batches_is_how_many_batches_are_measured() -> None:

@@ -169,3 +169,31 @@ def test_plots_draw_each_series_where_it_was_measured(tmp_path: Path) -> None:
     assert max(sent) < 1.3 * min(sent), list(zip(steps, sent))
     val_bytes = [row["dlac/val_sent_bytes"] for row in history if "dlac/val_sent_bytes" in row]
     assert len(val_bytes) == 2 and min(val_bytes) > 0.5 * max(sent), history  # counted apart, not lost
+
+
+@pytest.mark.parametrize(
+    ("status", "expected"),
+    [
+        (None, "bounds (homogenization): calibrated, 0 tight, 0 base, 1 loose tables (calibrated from batch 8)"),
+        ({"state": "calibrated", "at": 8, "calibrations": 1}, "calibrated, 0 tight, 0 base, 1 loose tables"),
+        ({"state": "constant"}, "bounds (homogenization): constant, the strategy's eps=0.01 for every table"),
+        ({"state": "never_calibrated", "due": 40, "measured": 3, "needed": 8, "batches_run": 30},
+         "never calibrated: calibration was due from training batch 40 (3 of its 8 batches measured) and training"
+         " stopped after 30 batches"),
+    ],
+)
+def test_the_headline_always_says_which_bounds_were_used_and_why(status: dict | None, expected: str) -> None:
+    """Issue 33 (d): a run that never calibrated used to drop the bounds line; every run now has one."""
+    run = _run({}, [0.7])
+    if status is not None:
+        run["bounds_status"] = status
+    if status is not None and status["state"] != "calibrated":
+        run.update(classes={}, table_bounds={}, calibrations=[])
+    (line,) = [line for line in headline(run) if line.startswith("bounds (")]
+    assert expected in line and line.endswith("schedule step c=2.0 T=15")
+
+
+def test_tables_left_at_the_strategys_eps_by_a_calibration_are_counted() -> None:
+    run = {**_run({}, [0.7]), "final_effective_bounds": {"t_cat_0": 0.05, "t_seq_0": 0.01}}
+    (line,) = [line for line in headline(run) if line.startswith("bounds (")]
+    assert "1 at the strategy's eps=0.01 (no measured loss gradient)" in line

@@ -1,0 +1,113 @@
+"""The noise mode (issue 33 item 1): a table's bound from the variance the codec's error adds to a batch's loss, as
+a share of the loss's minibatch variance; a quantity free of the loss's scale and offset and of the batch size, and
+a greedy choice of bounds that fits the sum of the shares in a budget with the fewest bytes."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from lightning_dlac.adaptive import CalibrationSettings, CalibrationStats, Calibrator, TableStats, noise_table_bounds
+from lightning_dlac.adaptive.calibrator import NOISE_BUDGET, NOISE_CANDIDATES
+
+CANDIDATES = (0.01, 0.03, 0.05)
+
+
+def _observed(losses: list[float], energy: float, rows: int, scale: float = 1.0, shift: float = 0.0) -> TableStats:
+    """One table's statistics after a batch per loss in ``losses`` (each of ``rows`` samples, gradient ``energy``),
+    the loss multiplied by ``scale`` and moved by ``shift`` (its gradient only feels the scale)."""
+    stats = CalibrationStats(CANDIDATES, index_eps=0.03)
+    for loss in losses:
+        stats.observe_gradient("t", energy * scale**2, rows)
+        stats.record_batch_loss(loss * scale + shift, ["t"])
+    return stats.table("t")
+
+
+def test_the_noise_share_is_the_codecs_added_batch_loss_variance_over_the_minibatch_variance() -> None:
+    losses = [0.50, 0.56, 0.47, 0.53]
+    s = _observed(losses, energy=2e-4, rows=64)
+    noise = sum((x - sum(losses) / 4) ** 2 for x in losses) / 3
+    assert s.loss_noise() == pytest.approx(noise)
+    # Per sample: rows**2 x energy / rows, over 3 (uniform error); a batch's mean of 64 such changes.
+    per_sample = 2e-4 * 64 * 64 / 64 / 3
+    assert s.noise_share() == pytest.approx({eps: eps**2 * per_sample / 64 / noise for eps in CANDIDATES})
+
+
+def test_the_noise_share_is_free_of_the_losss_scale_and_offset_and_of_the_batch_size() -> None:
+    losses = [0.50, 0.56, 0.47, 0.53, 0.61, 0.44]
+    base = _observed(losses, energy=2e-4, rows=64).noise_share()
+    assert _observed(losses, energy=2e-4, rows=64, scale=1000.0).noise_share() == pytest.approx(base)
+    assert _observed(losses, energy=2e-4, rows=64, shift=7.0).noise_share() == pytest.approx(base)
+    # Twice the samples per batch: the same per-sample gradients give half the batch gradient's energy (twice the
+    # rows, each a quarter), and the minibatch variance halves (the losses' spread shrinks by sqrt(2)).
+    mean = sum(losses) / len(losses)
+    narrower = [mean + (x - mean) / math.sqrt(2) for x in losses]
+    assert _observed(narrower, energy=2e-4 / 2, rows=128).noise_share() == pytest.approx(base)
+    # The gradient mode's statistic, relative to the mean loss, moves with the offset: the reason for this one.
+    shifted = _observed(losses, energy=2e-4, rows=64, shift=7.0).gradient_sensitivity()
+    assert shifted[0.05] < _observed(losses, energy=2e-4, rows=64).gradient_sensitivity()[0.05] / 5
+
+
+def test_without_two_losses_or_a_gradient_there_is_no_share() -> None:
+    assert _observed([0.5], energy=1.0, rows=8).noise_share() is None
+    assert _observed([0.5, 0.5], energy=1.0, rows=8).noise_share() is None  # no measurable noise
+    assert TableStats(CANDIDATES).noise_share() is None
+    assert TableStats.from_dict({k: v for k, v in TableStats(CANDIDATES).as_dict().items()
+                                 if k != "loss_sq_sum"}).loss_sq_sum == 0.0  # checkpoints of earlier versions
+
+
+def _table(shares: tuple[float, ...], nbytes: tuple[int, ...]) -> TableStats:
+    """A table whose noise shares at CANDIDATES are ``shares`` (proportional to eps**2 as measured ones are not
+    needed here) and whose compressed sizes are ``nbytes``."""
+    s = TableStats(CANDIDATES, encoded_bytes=list(nbytes))
+    s.noise_share = lambda: dict(zip(CANDIDATES, shares))  # type: ignore[method-assign]
+    return s
+
+
+def test_the_budget_is_spent_where_it_saves_the_most_bytes() -> None:
+    tables = {
+        "loud": _table((0.02, 0.18, 0.50), (1000, 600, 400)),  # sensitive: loosening it costs most of the budget
+        "quiet": _table((0.001, 0.009, 0.025), (1000, 600, 400)),
+        "flat": _table((0.001, 0.009, 0.025), (1000, 990, 985)),  # loosening saves almost nothing
+    }
+    chosen = noise_table_bounds(tables, 0.1)
+    assert chosen == {"loud": 0.01, "quiet": 0.05, "flat": 0.05}
+    used = sum(tables[n].noise_share()[eps] for n, eps in chosen.items())
+    assert used <= 0.1
+    # Brute force over all 27 choices within the budget: none sends fewer bytes.
+    best = min(sum(tables[n].encoded_bytes[CANDIDATES.index(e)] for n, e in zip(tables, combo))
+               for combo in itertools.product(CANDIDATES, repeat=3)
+               if sum(tables[n].noise_share()[e] for n, e in zip(tables, combo)) <= 0.1)
+    assert sum(tables[n].encoded_bytes[CANDIDATES.index(e)] for n, e in chosen.items()) == best
+    assert noise_table_bounds(tables, 10.0) == dict.fromkeys(tables, 0.05)  # a budget nothing exhausts
+    assert noise_table_bounds(tables, 1e-9) == dict.fromkeys(tables, 0.01)  # smallest candidate, whatever it adds
+    with pytest.raises(ValueError, match="noise_budget=0 must be > 0"):
+        noise_table_bounds(tables, 0)
+
+
+def test_the_noise_mode_calibrates_on_the_finer_candidates() -> None:
+    from lightning_dlac import DLACCallback
+
+    dlac = DLACCallback(mode="noise")
+    assert dlac.settings.candidates == NOISE_CANDIDATES and dlac.settings.noise_budget == NOISE_BUDGET
+    assert DLACCallback(mode="gradient").settings.candidates == (0.01, 0.03, 0.05)
+    with pytest.raises(ValueError, match="mode='noise' measures the loss gradient"):
+        DLACCallback(mode="noise", calibration_dataloader=[1])
+
+    cal = Calibrator(CalibrationSettings(mode="noise", candidates=NOISE_CANDIDATES, batches=4, noise_budget=0.1))
+    cal.begin()
+    g = torch.Generator().manual_seed(0)
+    for batch in range(4):
+        for name, energy in (("loud", 25.0), ("quiet", 1e-7)):
+            cal.observe(name, torch.randn(64, 8, generator=g))
+            cal.observe_gradient(name, energy, 64)
+        cal.observe_loss(0.5 + 0.05 * (-1) ** batch)
+        cal.batch_measured()
+    cal.finish(4, ["loud", "quiet"])
+    # loud: shares 0.01, 0.06, 0.25, 1, 6 at the five candidates; the budget takes it to 0.005
+    assert cal.table_bounds == {"loud": 0.005, "quiet": 0.05}
+    shares = {row["table"]: row["noise_share"] for row in cal.report()}
+    assert sum(shares[n][str(e)] for n, e in cal.table_bounds.items()) <= 0.1
