@@ -71,7 +71,23 @@ def draw_roles(num_tables: int, sensitive: int, robust: int, seed: int) -> list[
     return roles
 
 
-class FairCalibrationDataModule(RankShardedDataModule):
+class _PlantedRoles(RankShardedDataModule):
+    """A data module whose tables have planted roles (``self.roles``) and fixed batch counts (``self._counts``)."""
+
+    roles: list[str]
+    _counts: dict[str, int]
+
+    @property
+    def table_roles(self) -> dict[str, str]:
+        """Role of every table, by table name (``t_<feature>``, the example DLRM's names)."""
+        return {f"t_{name}": role for name, role in zip(self.feature_names, self.roles)}
+
+    @override
+    def num_batches(self, split: str) -> int:
+        return self._counts.get(split, 0)
+
+
+class FairCalibrationDataModule(_PlantedRoles):
     """The fair calibration data set (module docstring).
 
     Args:
@@ -114,15 +130,6 @@ class FairCalibrationDataModule(RankShardedDataModule):
         self.coefficients = coef
         self._hot = torch.stack([torch.randperm(rows, generator=g) for _ in range(num_tables)])  # rank -> id
         self._zipf = (rows + 1) ** (1.0 - zipf_alpha) - 1.0 if abs(zipf_alpha - 1.0) > 1e-9 else None
-
-    @property
-    def table_roles(self) -> dict[str, str]:
-        """Role of every table, by table name (``t_<feature>``, the example DLRM's names)."""
-        return {f"t_{name}": role for name, role in zip(self.feature_names, self.roles)}
-
-    @override
-    def num_batches(self, split: str) -> int:
-        return self._counts.get(split, 0)
 
     @override
     def read_batch(self, split: str, index: int) -> Batch:
@@ -240,7 +247,7 @@ def draw_world(seed: int) -> WorldSpec:
     return WorldSpec(seed=seed, dim=dim, batch_size=batch, tables=tuple(tables), drawn_rows=tuple(drawn))
 
 
-class WorldDataModule(RankShardedDataModule):
+class WorldDataModule(_PlantedRoles):
     """The batches of one world of the family (:func:`draw_world`).
 
     The label of a sample is ``Bernoulli(sigmoid(z))``, ``z`` the sum over tables of each table's effect, summed
@@ -284,15 +291,6 @@ class WorldDataModule(RankShardedDataModule):
             self._hot.append(torch.randperm(t.rows, generator=g))
         relevant = sum(1 for t in world.tables if t.role != "irrelevant")
         self._norm = math.sqrt(max(relevant, 1) / 8)
-
-    @property
-    def table_roles(self) -> dict[str, str]:
-        """Role of every table, by table name (``t_<feature>``, the example DLRM's names)."""
-        return {f"t_{name}": role for name, role in zip(self.feature_names, self.roles)}
-
-    @override
-    def num_batches(self, split: str) -> int:
-        return self._counts.get(split, 0)
 
     def _ids(self, t: TableSpec, hot: torch.Tensor, count: int, g: torch.Generator) -> torch.Tensor:
         u = torch.rand(count, generator=g, dtype=torch.float64)
