@@ -90,6 +90,9 @@ class Variant:
     # "sparse_dist": through TorchRec's sparse-dist pipeline; "alternate": unpipelined and pipelined blocks of steps
     # in turn within one launch (e2e_pipeline.py). A pipelined variant is its unpipelined twin's name + _pipelined.
     pipeline: str | None = None
+    # DLAC: which peers get the compressed exchange ("all", "other_nodes"); None: the library's default. The
+    # multi-node variants (e2e_topology.py, issue 37) name it.
+    compress_peers: str | None = None
 
 
 VARIANTS: dict[str, Variant] = {
@@ -115,6 +118,13 @@ VARIANTS: dict[str, Variant] = {
         Variant("dlac_auto", "DLAC fwd + BF16 bwd, compress=auto", "dlac", "dlac", "bf16", auto_fallback=True),
         Variant("ceiling_dlac_dlac", "ceiling of DLAC both directions (null codec, DLAC's bytes)", "null", "dlac",
                 "dlac", ceiling_of="dlac_dlac"),
+        # Issue 37 (e2e_topology.py, 2 nodes x 2 ranks): DLAC to every peer, to the other node's ranks only (the
+        # same node's pairs uncompressed), and the latter's like-for-like ceiling.
+        Variant("dlac_dlac_all", "DLAC both directions, to every peer", "dlac", "dlac", "dlac", compress_peers="all"),
+        Variant("dlac_dlac_other_nodes", "DLAC both directions, to other nodes only", "dlac", "dlac", "dlac",
+                compress_peers="other_nodes"),
+        Variant("ceiling_dlac_dlac_other_nodes", "ceiling of DLAC to other nodes only (null codec, its bytes)", "null",
+                "dlac", "dlac", ceiling_of="dlac_dlac_other_nodes", compress_peers="other_nodes"),
         Variant("zero8_fwd", "zero-cost 8x, fwd only (TorchRec path)", "zero", "zero8", "fp32"),
         Variant("zero8_both", "zero-cost 8x, both directions (TorchRec path)", "zero", "zero8", "zero8"),
         Variant("fp32_pipelined", "FP32, sparse-dist pipeline", "fp32", pipeline="sparse_dist"),
@@ -217,6 +227,8 @@ def _train_rank(rank: int, world_size: int, variant_name: str, cfg: dict[str, An
         if variant.kind in ("dlac", "null"):
             exchange = dict(backward=variant.backward, auto_fallback=variant.auto_fallback,
                             fallback_check_every=cfg.get("fallback_check_every", 64), overlap=variant.overlap)
+            if variant.compress_peers is not None and "compress_peers" in CompressionConfig.__dataclass_fields__:
+                exchange["compress_peers"] = variant.compress_peers  # a library without it compresses to all peers
             if variant.kind == "null":  # nothing to sample: the null codec's payload is not DLAC's
                 exchange["error_every"] = 0
             group = install_compressed_all_to_all(model, CompressionConfig(**exchange), bounds)
@@ -277,6 +289,9 @@ def _train_rank(rank: int, world_size: int, variant_name: str, cfg: dict[str, An
                 max_error_over_bound=max(stats.table_max_error_ratio.values(), default=None)
                 if variant.kind == "dlac" else None,
                 bytes_per_call=bytes_per_call(stats),  # what a null-codec launch sends to stand in for this one
+                # Payload bytes to the peers of each link class, forward + backward (a library that has them).
+                **{k: getattr(stats, k) for k in ("same_node_sent_bytes", "other_nodes_sent_bytes")
+                   if hasattr(stats, k)},
             )
         elif fwd_codec is not None:
             # TorchRec's codecs see the whole send buffer, every destination's equal share included.
@@ -464,6 +479,10 @@ def _pool(launches: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
                 first[key] = max(r[key] for r in rank_records)
         pooled.append(first)
     return pooled
+
+
+# What e2e_topology.py runs on its two emulated nodes: the same rank and the same pooling.
+train_rank, pool_launches, summarize = _train_rank, _pool, _summarize
 
 
 # --------------------------------------------------------------------------------------------------------------
