@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -310,3 +311,15 @@ def test_a_bad_run_file_is_named_with_the_fix(tmp_path: Path, content: object, m
     with pytest.raises(ValueError, match="DLACCallback\\(report=True\\)") as info:
         rates_from_run(path)
     assert message in str(info.value)
+
+
+def test_the_example_in_docs_multinode_is_what_the_command_prints(caplog: pytest.LogCaptureFixture) -> None:
+    text = (Path(__file__).resolve().parents[2] / "docs" / "multinode.md").read_text()
+    section = text.split("## Which peers to compress", 1)[1]
+    command, printed = re.findall(r"```\n(.*?)\n```", section, flags=re.S)[:2]
+    argv = command.replace("\\\n", " ").split()
+    assert argv[:4] == ["dlac", "estimate", "--nodes", "4"]
+    with caplog.at_level(logging.INFO):
+        main(argv[2:])
+    assert printed.splitlines() == [line for m in caplog.messages for line in m.splitlines()], (
+        "docs/multinode.md's dlac estimate example is stale: paste what the command prints now")
