@@ -42,7 +42,8 @@ the inter-node bandwidth is per node (all its NICs together), shared by the node
 |---|---|
 | wire time, same node | ``alpha * m (G - 1) + 8 * (G - 1) S / r / intra`` |
 | wire time, other nodes | ``alpha * m (W - G) + 8 * G * (W - G) S / r / inter`` (the node's ranks share its NICs) |
-| ``r``, ``m`` of a link class | compressed: the direction's DLAC ratio and 2 messages per peer; else 1 and 1 |
+| ``r`` of a link class | compressed: the direction's DLAC ratio; else 1 (float32) |
+| ``m``, messages per peer | 2 where the policy compresses for any peer (sizes to every peer, then payload); else 1 |
 | codec time | ``C / encode_rate + C / decode_rate``, ``C`` the raw bytes of the compressed peers' shares |
 | a direction | ``codec + max(same node, other nodes)`` (the two link classes carry their bytes at once) |
 | step | ``compute + forward + backward`` (exposed, as above) |
@@ -332,10 +333,12 @@ def _policy_direction_ms(policy: str, ratio: float, rates: tuple[float, float], 
     compressed = share * (near * near_compressed + far * far_compressed)
     codec_s = compressed / (rates[0] * 1e9) + compressed / (rates[1] * 1e9)
 
+    messages = 2 if compressed else 1  # per peer: the size exchange goes to every peer, raw ones included
+
     def wire_s(link: Link, peers: int, on: bool, sharing: int) -> float:
         if not peers:
             return 0.0
-        return link.wire_s(peers * share / (ratio if on else 1.0), sharing, peers * (2 if on else 1))
+        return link.wire_s(peers * share / (ratio if on else 1.0), sharing, peers * messages)
 
     intra = wire_s(topology.intra, near, near_compressed, 1)
     inter = wire_s(topology.inter, far, far_compressed, topology.ranks_per_node)
