@@ -563,18 +563,20 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     from lightning.pytorch.utilities.rank_zero import rank_zero_info  # after parsing: `--help` stays instant
 
+    gbit = 100.0 if args.gbit is None else args.gbit  # None until here: --nodes refuses it given
     try:
         topo = _topology(args)
         read = _fill_from_run(args)
         workload = Workload(args.batch, _dims(args.dims), args.compute_ms, args.dense_params, args.allreduce_hidden,
                             args.ids_per_sample)
         codec = Codec(args.forward_ratio, args.backward_ratio, args.encode_gbps, args.decode_gbps,
-                      args.backward_encode_gbps, args.backward_decode_gbps, args.cast_gbps or 1.0)
+                      args.backward_encode_gbps, args.backward_decode_gbps,
+                      1.0 if args.cast_gbps is None else args.cast_gbps)  # None: --nodes, which has no cast
         if topo is not None:
             policies = predict_policies(workload, codec, topo)
         else:
-            worlds = _ints(args.world_sizes or "8,16,32,64,128,256,512")
-            link = Link(args.gbit or 100.0, args.latency_us, "shared" if args.shared else "per_gpu")
+            worlds = _ints("8,16,32,64,128,256,512" if args.world_sizes is None else args.world_sizes)
+            link = Link(gbit, args.latency_us, "shared" if args.shared else "per_gpu")
             pipeline = None if args.pipeline == "none" else args.pipeline
             preds = {w: predict_all(workload, codec, link, w, pipeline) for w in worlds}
     except ValueError as err:
@@ -589,7 +591,6 @@ def main(argv: list[str] | None = None) -> None:
         for line in policy_table(policies):
             rank_zero_info(line)
         return
-    gbit = args.gbit or 100.0
     ids = (f"; input dist of {args.ids_per_sample:g} ids per sample"
            f" {'hidden behind compute where it fits (sparse_dist)' if pipeline else 'on the path (unpipelined)'}"
            if args.ids_per_sample else "")

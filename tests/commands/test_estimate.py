@@ -122,9 +122,10 @@ def test_dlac_estimate_subcommand_logs_a_table(caplog: pytest.LogCaptureFixture)
                   "--decode-gbps", "100", "--cast-gbps", "500"])
     text = caplog.text
     assert "100 Gbit/s per GPU" in text and "| 8 | " in text and "| 64 | " in text
-    with pytest.raises(SystemExit) as exit_info:
-        main(["--compute-ms", "5", "--encode-gbps", "0", "--decode-gbps", "1", "--cast-gbps", "1"])
-    assert exit_info.value.code == 2  # argparse's error exit, naming the bad input on stderr
+    for bad in (["--encode-gbps", "0"], ["--gbit", "0"], ["--cast-gbps", "0"], ["--world-sizes", ""]):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["--compute-ms", "5", "--encode-gbps", "1", "--decode-gbps", "1", "--cast-gbps", "1", *bad])
+        assert exit_info.value.code == 2, bad  # argparse's error exit, naming the bad input on stderr
 
 
 # ---------------------------------------------------------------------------------------------- nodes and policies
