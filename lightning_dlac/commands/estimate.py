@@ -418,7 +418,9 @@ def rates_from_run(path: str | Path) -> RunRates:
     - a2a_s) / (batches * world_size)``, the training batches' wall time less the exchanges timed within them
     (it holds the dense all-reduce and the input dist as they ran). Validation exchanges count in both the bytes
     and the codec times; an exchange sent uncompressed (``compress="auto"``'s fallback) counts its bytes but no codec
-    time, so the rates read high when the run fell back. Gradient ratio and rates are not in the summary.
+    time, so the rates read high when the run fell back. The forward bytes a per-peer plan sent as they are
+    (``forward_passed_bytes``: ``compress_peers`` left those peers uncompressed) are taken out of both, so the ratio and
+    the rates are the codec's. Gradient ratio and rates are not in the summary.
 
     Raises:
         ValueError: The file is missing or not JSON, or lacks a field the rates need (named, with the fix).
@@ -450,6 +452,10 @@ def rates_from_run(path: str | Path) -> RunRates:
         if values[name] <= 0:
             raise ValueError(f"--from-run {str(path)!r}: summary.{name} is {values[name]:g}, so the run compressed"
                              f" nothing to measure (no training batch, or every exchange sent uncompressed); {fix}.")
+    passed = summary.get("forward_passed_bytes", 0)  # runs before per-peer compression have none
+    if isinstance(passed, (int, float)) and 0 < passed < values["raw_bytes"]:
+        values["raw_bytes"] -= passed
+        values["sent_bytes"] -= passed
     rank_steps = values["batches"] * values["world_size"]
     compute_ms = None
     if all(isinstance(summary.get(n), (int, float)) for n in ("train_s", "a2a_s")):

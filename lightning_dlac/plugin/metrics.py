@@ -162,6 +162,7 @@ class CompressionMonitor:
             "same_node_sent_bytes": t.same_node_sent_bytes,
             "other_nodes_sent_bytes": t.other_nodes_sent_bytes,
             "passed_bytes": t.passed_bytes,
+            "forward_passed_bytes": sum(t.table_passed_bytes.values()),  # of raw_bytes / sent_bytes: not encoded
             "train_s": self.train_s,
             "a2a_s": self.a2a_s,
             "encode_ms": t.encode_s * ms,

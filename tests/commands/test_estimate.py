@@ -272,6 +272,14 @@ def test_rates_from_a_finished_run(tmp_path: Path) -> None:
     assert rates_from_run(tmp_path).compute_ms is None
 
 
+def test_rates_from_a_run_leave_out_what_a_per_peer_plan_sent_as_it_was(tmp_path: Path) -> None:
+    # 1 MB of the 4 MB raw went to same-node peers as it was (compress_peers): the codec made 200 kB of the other 3 MB.
+    rates = rates_from_run(_write_run(tmp_path, raw_bytes=4_000_000, sent_bytes=1_200_000,
+                                      forward_passed_bytes=1_000_000))
+    assert rates.forward_ratio == pytest.approx(15.0)
+    assert rates.encode_gb_s == pytest.approx(3e6 / 0.04 / 1e9)
+
+
 def test_dlac_estimate_from_run_and_flags_override_it(tmp_path: Path, caplog: pytest.LogCaptureFixture,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     path = _write_run(tmp_path)
