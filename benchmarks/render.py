@@ -1079,6 +1079,21 @@ def exchange_profile(results: Results) -> list[str]:
     return lines
 
 
+def _against_every_qcomm(rows: list[dict[str, Any]], variants: tuple[str, ...], name: str) -> list[dict[str, Any]]:
+    """Each of ``variants`` judged at >= 1.0x every qcomm variant that ran at each rate of ``rows`` (launches paired
+    by repeat); ``name`` is formatted with ``variant`` and ``q``."""
+    from e2e_bandwidth import paired
+
+    judged = []
+    for rate in sorted({r["rate"] for r in rows}):
+        for variant in variants:
+            for q in [q for q in QCOMM_RACE if _pick(rows, rate, q)]:
+                found = paired(rows, rate, variant, q)
+                if found:
+                    judged.append(judge(name.format(variant=variant, q=q), found[0], found[1], 1.0, rate=rate))
+    return judged
+
+
 def qcomm_race(results: Results) -> list[str]:
     """The race of every TorchRec codec against DLAC, its starved twin, the codecs' own rows and issue 34's targets
     judged by the rule."""
@@ -1106,24 +1121,13 @@ def qcomm_race(results: Results) -> list[str]:
     if fast is not None:
         lines += ["", "At 10 Gbit/s, against the fastest qcomm variant of the race above:", ""]
         lines += _e2e_body(results, ("e2e_qcomm_race_10gbit.json",))
-        frows = fast["results"]
-        for rate in sorted({r["rate"] for r in frows}):
-            ran = [q for q in QCOMM_RACE if _pick(frows, rate, q)]
-            for variant in ("dlac_dlac", "dlac_bf16"):
-                for q in ran:
-                    found = paired(frows, rate, variant, q)
-                    if found:
-                        targets.append(judge(f"{variant} no slower than {q}", found[0], found[1], 1.0, rate=rate))
+        targets += _against_every_qcomm(fast["results"], ("dlac_dlac", "dlac_bf16"), "{variant} no slower than {q}")
     starved = results.get("e2e_qcomm_race_starved.json")
     if starved is not None:
         lines += ["", "With `--cpu-starved` (every rank's threads on one core):", ""]
         lines += _e2e_body(results, ("e2e_qcomm_race_starved.json",))
-        srows = starved["results"]
-        for rate in sorted({r["rate"] for r in srows}):
-            for q in [q for q in QCOMM_RACE if _pick(srows, rate, q)]:
-                found = paired(srows, rate, "dlac_dlac", q)
-                targets.append(judge(f"CPU-starved: DLAC both directions ahead of {q}", found[0], found[1], 1.0,
-                                     rate=rate))
+        targets += _against_every_qcomm(starved["results"], ("dlac_dlac",),
+                                        "CPU-starved: DLAC both directions ahead of {q}")
     lines += ["", "Issue 34's targets (the rule above):", ""]
     lines += [f"- {t['rate']}: {t['target']}: {verdict_text(t)}" for t in targets]
     codecs = results.get("codec_bench_qcomm.json")

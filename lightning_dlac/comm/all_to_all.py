@@ -32,6 +32,7 @@ from lightning_dlac.comm.collectives import all_reduce
 from lightning_dlac.comm.config import BackwardCompression, CompressionConfig
 from lightning_dlac.comm.exchange import BackwardInFlight, Impl, Layout, ResultBuffers, offsets
 from lightning_dlac.comm.fallback import FallbackCall, UncompressedFallback
+from lightning_dlac.comm.peers import PeerPlan
 from lightning_dlac.comm.recorder import Ready, RecordedExchange
 from lightning_dlac.comm.timing import PhaseTimer
 
@@ -83,6 +84,9 @@ class CompressedPooledEmbeddingsAllToAll(RecordedExchange):
         config: Compression settings.
         bounds: Per-table bounds, read at every call.
         callbacks: Applied to the output on ``wait()``, as TorchRec's (e.g. the column-wise permute).
+        peers: Which payloads are compressed (:class:`~lightning_dlac.comm.peers.PeerPlan`); ``None``: the plan of
+            ``config.compress_peers`` on the launcher's nodes (a collective: every rank builds its exchanges
+            together). A plan that compresses nothing runs TorchRec's uncompressed exchange.
 
     Attributes:
         recorder: Statistics, timing, record switch and observer (:class:`~lightning_dlac.comm.recorder.Recorder`);
@@ -101,11 +105,13 @@ class CompressedPooledEmbeddingsAllToAll(RecordedExchange):
         config: CompressionConfig,
         bounds: BoundSource,
         callbacks: Sequence[Callable[[torch.Tensor], torch.Tensor]] | None = None,
+        peers: PeerPlan | None = None,
     ) -> None:
         if len(dims_per_rank) != pg.size():
             raise ValueError(f"dims_per_rank needs one entry per rank ({pg.size()}), got {len(dims_per_rank)}.")
-        super().__init__(pg, tables_per_rank, config, bounds)
-        self.layout = Layout(dist.get_rank(pg), self._tables_per_rank, tuple(map(tuple, dims_per_rank)))
+        super().__init__(pg, tables_per_rank, config, bounds, peers)
+        self.layout = Layout(dist.get_rank(pg), self._tables_per_rank, tuple(map(tuple, dims_per_rank)),
+                             peers=self.peers)
         self._callbacks = list(callbacks or [])
         self._overlap = config.overlap if config.overlap is not None else dist.get_backend(pg) == "nccl"
         self._fallback = UncompressedFallback(config.fallback_check_every, self._slowest) if config.auto_fallback \
@@ -171,11 +177,16 @@ class CompressedPooledEmbeddingsAllToAll(RecordedExchange):
                 self._start_fallback_call(call)
         rows = x.size(0) - batch_size_per_rank[layout.rank]  # the rows kept here are not traffic
         table_raw = [rows * d * 4 for d in layout.dims_per_rank[layout.rank]]
-        if call.fallback is not None and call.fallback.uncompressed:
+        if self._uncompressed(call):
             label = "dlac exchange (uncompressed)"
             with timer.phase("exchange_s", label):
                 flight = exchange.start_forward_uncompressed(x, batch_size_per_rank, layout, self._pg)
-            rec.count_forward(tables, table_raw, table_raw, sum(table_raw), uncompressed=True)
+            fallback = call.fallback is not None and call.fallback.uncompressed
+            if call.on_record:
+                rec.count_forward(tables, table_raw, table_raw, sum(table_raw), uncompressed=fallback,
+                                  table_passed=None if fallback else table_raw)
+                self.count_links([b * layout.dim_sums[layout.rank] * 4 for b in batch_size_per_rank],
+                                 layout.compress_to)
 
             def finish() -> torch.Tensor:
                 with timer.phase("exchange_s", label):
@@ -188,10 +199,14 @@ class CompressedPooledEmbeddingsAllToAll(RecordedExchange):
             own = x[row_splits[layout.rank] : row_splits[layout.rank + 1]]
             if call.on_record:  # while the payload is on its way
                 n_local, world = len(tables), layout.world
-                table_sent = encoded.sizes.view(world, n_local).sum(0).tolist() if n_local else []
+                per_chunk = encoded.sizes.view(world, n_local)
+                table_sent = per_chunk.sum(0).tolist() if n_local else []
+                passed = [d for d in layout.other_ranks if not layout.compress_to[d]]
+                table_passed = per_chunk[passed].sum(0).tolist() if passed and n_local else None
                 # The payload plus the size exchange: one int64 per (other rank, local table).
                 sent = int(encoded.payload.numel()) + (world - 1) * n_local * 8
-                rec.count_forward(tables, table_raw, table_sent, sent)
+                rec.count_forward(tables, table_raw, table_sent, sent, table_passed=table_passed)
+                self.count_links(encoded.send_bytes, layout.compress_to)
                 rec.check(encoded.grids, dict(zip(tables, eps.tolist())))
 
             def finish() -> torch.Tensor:
@@ -240,18 +255,24 @@ class CompressedPooledEmbeddingsAllToAll(RecordedExchange):
                                                              self._cast_sends)
         if call.on_record:
             raw = grad.size(0) * (grad.size(1) - self.layout.dim_sums[self.layout.rank]) * 4
-            table_sent = self._backward_table_sent(call.backward, grad.size(0))
-            self.recorder.count_backward(raw, call.backward.sent, table_sent)
+            table_sent, table_passed = self._backward_table_sent(call.backward, grad.size(0), mode)
+            self.recorder.count_backward(raw, call.backward.sent, table_sent, table_passed)
+            self._count_backward_links(call.backward, grad.size(0), mode)
             if call.ranges is not None:
                 self.recorder.observe_gradients(self._output_tables, call.ranges, grad, self._output_cols)
                 call.ranges = None
         if not self._overlap:
             call.grad = self._wait_backward(call)
 
+    def _uncompressed(self, call: _Call) -> bool:
+        """Whether ``call`` is TorchRec's uncompressed exchange in both directions: the fallback chose it, or the
+        peer plan compresses no payload at all."""
+        return (call.fallback is not None and call.fallback.uncompressed) or not self.peers.any
+
     def _backward_mode(self, call: _Call) -> BackwardCompression:
-        """The gradient exchange's encoding: float32 for a call the fallback sends uncompressed (TorchRec's exchange
-        in both directions), the configured one otherwise."""
-        if call.fallback is not None and call.fallback.uncompressed:
+        """The gradient exchange's encoding: float32 for a call sent uncompressed (TorchRec's exchange in both
+        directions), the configured one otherwise (float32 to the peers the plan does not compress)."""
+        if self._uncompressed(call):
             return BackwardCompression.FP32
         return BackwardCompression(self._config.backward)
 
@@ -293,21 +314,41 @@ class CompressedPooledEmbeddingsAllToAll(RecordedExchange):
         return torch.stack([out[:, a:b].max() - out[:, a:b].min() if b > a else out.new_zeros(())
                             for a, b in zip(cols[:-1], cols[1:])])
 
-    def _backward_table_sent(self, pending: BackwardInFlight, rows: int) -> dict[str, int]:
+    def _backward_widths(self, mode: BackwardCompression) -> list[int]:
+        """Bytes per element a cast gradient exchange sends each owner rank: the wire dtype's, float32's to the
+        owners the plan does not compress for."""
+        wire = (mode.wire_dtype or torch.float32).itemsize
+        return [wire if c else 4 for c in self.layout.compress_from]
+
+    def _backward_table_sent(self, pending: BackwardInFlight, rows: int,
+                             mode: BackwardCompression) -> tuple[dict[str, int], dict[str, int]]:
         """Payload bytes a gradient exchange sent for each table of the other ranks (it sends them their tables'
-        gradients): the chunk sizes of a DLAC exchange, rows x dim x the wire dtype's width of a cast."""
+        gradients): the chunk sizes of a DLAC exchange, rows x dim x the wire dtype's width of a cast; and of those,
+        the bytes sent as they are to owners the plan does not compress for."""
         layout = self.layout
         chunks = [(r, t, d) for r in range(layout.world)
                   for t, d in zip(layout.tables_per_rank[r], layout.dims_per_rank[r])]
         if pending.sizes is None:
-            sizes = [rows * d * pending.flight.received.element_size() for _, _, d in chunks]
+            widths = self._backward_widths(mode)
+            sizes = [rows * d * widths[r] for r, _, d in chunks]
         else:  # one per (owner rank, table) in rank order, this rank's own as zeros
             sizes = pending.sizes.tolist()
         sent: dict[str, int] = {}
+        passed: dict[str, int] = {}
         for (r, table, _), n in zip(chunks, sizes):
             if r != layout.rank:
                 sent[table] = sent.get(table, 0) + int(n)
-        return sent
+                if not layout.compress_from[r]:
+                    passed[table] = passed.get(table, 0) + int(n)
+        return sent, passed
+
+    def _count_backward_links(self, pending: BackwardInFlight, rows: int, mode: BackwardCompression) -> None:
+        """Count a gradient exchange's payload bytes by link class."""
+        send_bytes = pending.send_bytes
+        if send_bytes is None:  # a cast: each owner's columns at the wire width
+            widths = self._backward_widths(mode)
+            send_bytes = [rows * d * w for d, w in zip(self.layout.dim_sums, widths)]
+        self.count_links(send_bytes, self.layout.compress_from)
 
     def _slowest(self, seconds: Sequence[float]) -> list[float]:
         """The maximum over ranks of this rank's ``seconds`` (the uncompressed fallback decides from it)."""

@@ -8,6 +8,7 @@ from enum import Enum
 import torch
 
 from lightning_dlac.adaptive.bounds import check_count, check_relative_bound
+from lightning_dlac.comm.peers import PeerPolicy, check_policy
 
 
 class BackwardCompression(str, Enum):
@@ -49,6 +50,10 @@ class CompressionConfig:
             (default): overlapped on NCCL, synchronous on gloo, where the loopback or TCP transfer is CPU work that
             competes with the step's compute (measured in docs/benchmarks.md: the synchronous path was faster in
             11 of 13 paired CPU launches).
+        compress_peers: Which peers' payloads are compressed (:mod:`lightning_dlac.comm.peers`): ``"auto"``
+            (default: only those to other nodes when the job spans several nodes, every peer's on one node),
+            ``"all"``, ``"other_nodes"``, or a function ``(src, dst) -> bool`` (or its import path). The others go
+            as float32, exactly, in both directions.
     """
 
     backward: BackwardCompression | str = BackwardCompression.BF16  # gradient exchange encoding
@@ -58,6 +63,7 @@ class CompressionConfig:
     auto_fallback: bool = False  # send uncompressed while that is faster
     fallback_check_every: int = 64  # calls between checks of the way not taken
     overlap: bool | None = None  # wait for a launched exchange only when needed; None: on NCCL only
+    compress_peers: PeerPolicy = "auto"  # which peers' payloads are compressed: auto | all | other_nodes | (s, d)
 
     def __post_init__(self) -> None:
         self.backward_eps = check_relative_bound(self.backward_eps, "backward_eps")
@@ -69,5 +75,6 @@ class CompressionConfig:
         if self.error_every < 0:
             raise ValueError(f"error_every={self.error_every} must be >= 0 (0 disables the measurement).")
         self.fallback_check_every = check_count(self.fallback_check_every, "fallback_check_every", 1)
+        self.compress_peers = check_policy(self.compress_peers)
         if self.impl not in ("auto", "native", "ref"):
             raise ValueError(f"impl={self.impl!r} is not supported; choose 'auto', 'native' or 'ref'.")

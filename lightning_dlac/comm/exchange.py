@@ -11,8 +11,16 @@ calls the same function with the same layout.
   them) to its destination, in one small int64 all-to-all;
 - :func:`start_payload` / :meth:`InFlight.wait`: the payloads, one variable-split ``all_to_all_single``;
 - :func:`start_cast`: rows sent as float32, bf16 or fp16 instead (TorchRec's fixed-size exchanges);
-- :func:`decode_chunks`: the received chunks back into one tensor, or into a block of the caller's output
-  (:func:`decode_around`: the blocks on either side of a rank's own, so that nothing is concatenated).
+- :func:`decode_chunks`: the received chunks back into one tensor, or into a block of the caller's output, so
+  that nothing is concatenated;
+- :func:`assemble`, :func:`as_bytes`, :func:`copy_raw`: payloads made of pieces, and float blocks sent as they are
+  (byte for byte: a piece's offset in a payload need not suit a float view).
+
+**Per-peer compression.** A layout carries a :class:`~lightning_dlac.comm.peers.PeerPlan`: which (source,
+destination) payloads are DLAC-encoded. A payload the plan does not compress goes as float32, exactly (a cast
+gradient exchange sends it float32 instead of the wire dtype), and a gradient goes back compressed exactly where its
+embeddings came compressed. Consecutive compressed peers share one grid (one ``encode_grid`` / ``decode_grid``),
+so the plan that compresses for everyone runs as two grids around a rank's own block.
 
 Where a wire function takes ``impl``, it is the DLAC codec implementation (``"auto"``, ``"native"``, ``"ref"``) or a
 :class:`ChunkCodec` that stands in for the codec and nothing else: the benchmarks' null codec
@@ -42,7 +50,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import NamedTuple, Protocol
 
@@ -50,6 +58,7 @@ import torch
 import torch.distributed as dist
 
 from lightning_dlac.codec import CodecError, decode, decode_grid, encode_grid
+from lightning_dlac.comm.peers import PeerPlan, runs
 
 
 class CompressedExchangeError(RuntimeError):
@@ -166,16 +175,29 @@ def decode_chunks(received: torch.Tensor, sizes: torch.Tensor, row_splits: Seque
     return decode_grid(received, sizes, list(row_splits), list(col_splits), impl=impl).to(device)
 
 
-def decode_around(received: torch.Tensor, sizes: torch.Tensor, split: int, before: tuple[list[int], list[int]],
-                  after: tuple[list[int], list[int]], impl: Impl, out_before: torch.Tensor,
-                  out_after: torch.Tensor) -> None:
-    """Decode the chunks of the ranks before this one (the first ``split`` of ``sizes``, with their ``before``
-    row and column splits) into ``out_before`` and the rest (``after``) into ``out_after``: the blocks of the output
-    on either side of this rank's own, which the caller copies in between. Reads the payload's split point from
-    ``sizes``; raises :class:`~lightning_dlac.codec.CodecError` on a bad payload."""
-    nbytes = int(sizes[:split].sum()) if split else 0  # a wrong split fails the decode's own size check
-    decode_chunks(received[:nbytes], sizes[:split], *before, impl, out_before.device, out=out_before)
-    decode_chunks(received[nbytes:], sizes[split:], *after, impl, out_after.device, out=out_after)
+def assemble(pieces: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """One uint8 payload from ``pieces`` (uint8 tensors of any shape whose last dimension is contiguous: a block of
+    float32 columns seen as bytes, or an encoded payload), each copied once, in order."""
+    sizes = [p.numel() for p in pieces]
+    payload = torch.empty(sum(sizes), dtype=torch.uint8, device=device)
+    for piece, (a, b) in zip(pieces, itertools.pairwise(offsets(sizes))):
+        if b > a:
+            payload[a:b].view(piece.shape).copy_(piece)
+    return payload
+
+
+def as_bytes(block: torch.Tensor) -> torch.Tensor:
+    """``block`` (2-D, last dimension contiguous) seen as its bytes, [rows, cols * element size] uint8, no copy."""
+    if block.numel() == 0:
+        return torch.zeros(block.size(0), 0, dtype=torch.uint8, device=block.device)
+    return block.view(torch.uint8)
+
+
+def copy_raw(out: torch.Tensor, received: torch.Tensor) -> None:
+    """Copy ``received`` (uint8, the bytes of a float block sent as is) into ``out`` (its shape and dtype, last
+    dimension contiguous), byte for byte: a byte offset in a payload need not be aligned for a float view."""
+    if out.numel():
+        as_bytes(out).copy_(received.view(out.size(0), -1))
 
 
 def with_own(sizes: torch.Tensor, at: int, n_own: int) -> torch.Tensor:
@@ -273,10 +295,35 @@ class TableLayout:
 
     rank: int
     tables_per_rank: tuple[tuple[str, ...], ...]
+    peers: PeerPlan | None = field(default=None, kw_only=True)  # None: every payload compressed (PeerPlan.everyone)
 
     def __post_init__(self) -> None:
         if not 0 <= self.rank < self.world:
             raise ValueError(f"rank {self.rank} is outside the layout's {self.world} ranks.")
+        if self.peers is not None and self.peers.world != self.world:
+            raise ValueError(f"a peer plan of {self.peers.world} ranks for a layout of {self.world}.")
+
+    @cached_property
+    def plan(self) -> PeerPlan:
+        """Which payloads are DLAC-encoded (:class:`~lightning_dlac.comm.peers.PeerPlan`)."""
+        return self.peers if self.peers is not None else PeerPlan.everyone(self.world)
+
+    @cached_property
+    def compress_to(self) -> tuple[bool, ...]:
+        """Per destination, whether this rank's forward payload for it is compressed (its own: ``False``)."""
+        return self.plan.to(self.rank)
+
+    @cached_property
+    def compress_from(self) -> tuple[bool, ...]:
+        """Per source, whether its forward payload for this rank comes compressed. A gradient goes back as its
+        embeddings came: this rank's gradient for owner ``r`` is compressed where ``compress_from[r]`` is."""
+        return self.plan.source(self.rank)
+
+    @cached_property
+    def mixed(self) -> bool:
+        """Whether some peer of this rank gets (or sends it) a payload as is, in either direction."""
+        others = self.other_ranks
+        return not all(self.compress_to[r] and self.compress_from[r] for r in others)
 
     @property
     def world(self) -> int:
@@ -335,25 +382,15 @@ class Layout(TableLayout):
             for c, name in enumerate(self.local_tables):
                 yield name, x[row_splits[r] : row_splits[r + 1], cols[c] : cols[c + 1]]
 
-    def ranges_around(self) -> tuple[tuple[int, int], tuple[int, int]]:
-        """The ranks before and after this one as [lo, hi) ranges: whom a rank exchanges with, keeping its own."""
-        return (0, self.rank), (self.rank + 1, self.world)
-
 
 class Encoded(NamedTuple):
-    """This rank's compressed forward send: one payload, every chunk's size (0 for its own), and the grids."""
+    """This rank's forward send: one payload, every chunk's size (0 for its own; a chunk sent as is counts its
+    float32 bytes), the grids of the compressed chunks, and the payload bytes for each destination."""
 
     payload: torch.Tensor
     sizes: torch.Tensor
     grids: list[Grid]
-
-
-def _join(grids: Sequence[Grid], n_local: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """One payload from the grids for the ranks before and after this one, and every destination's chunk sizes
-    with ``n_local`` zeros for this rank's own."""
-    before, after = grids
-    payload = torch.cat([before.payload.to(dev), after.payload.to(dev)])
-    return payload, with_own(torch.cat([before.sizes.to(dev), after.sizes.to(dev)]), before.sizes.numel(), n_local)
+    send_bytes: list[int]
 
 
 # ---------------------------------------------------------------------- pooled forward
@@ -362,14 +399,28 @@ def _join(grids: Sequence[Grid], n_local: int, dev: torch.device) -> tuple[torch
 def encode_for_others(
     x: torch.Tensor, row_splits: list[int], layout: Layout, eps: torch.Tensor, impl: Impl
 ) -> Encoded:
-    """Encode the (destination, local table) chunks of ``x`` for every rank but this one."""
-    grids = []
-    for lo, hi in layout.ranges_around():
-        r0 = row_splits[lo]
-        rs = [r - r0 for r in row_splits[lo : hi + 1]]
-        grids.append(encode_chunks(x[r0 : row_splits[hi]], rs, layout.local_cols, eps, impl, layout.local_tables))
-    payload, sizes = _join(grids, len(layout.local_tables), x.device)
-    return Encoded(payload, sizes, grids)
+    """Encode the (destination, local table) chunks of ``x`` for every rank the layout's plan compresses for (one
+    grid per run of consecutive such ranks); the rows for the others go as they are, float32."""
+    me, dev, cols = layout.rank, x.device, layout.local_cols
+    n_local = len(layout.local_tables)
+    grids, pieces, sizes = [], [], []
+    for compressed, lo, hi in runs(layout.compress_to):
+        if compressed:
+            r0 = row_splits[lo]
+            rs = [r - r0 for r in row_splits[lo : hi + 1]]
+            grid = encode_chunks(x[r0 : row_splits[hi]], rs, cols, eps, impl, layout.local_tables)
+            grids.append(grid)
+            pieces.append(grid.payload.to(dev))
+            sizes.append(grid.sizes.to(dev))
+            continue
+        for d in range(lo, hi):
+            rows = row_splits[d + 1] - row_splits[d]
+            if d != me:
+                pieces.append(as_bytes(x[row_splits[d] : row_splits[d + 1]]))
+            dims = layout.dims_per_rank[me]
+            sizes.append(torch.tensor([0 if d == me else rows * c * 4 for c in dims], dtype=torch.int64, device=dev))
+    all_sizes = torch.cat(sizes) if sizes else torch.zeros(0, dtype=torch.int64, device=dev)
+    return Encoded(assemble(pieces, dev), all_sizes, grids, rank_sums(all_sizes, [n_local] * layout.world))
 
 
 def start_forward(encoded: Encoded, layout: Layout, pg) -> tuple[InFlight, torch.Tensor]:
@@ -377,8 +428,7 @@ def start_forward(encoded: Encoded, layout: Layout, pg) -> tuple[InFlight, torch
     rank (source rank, then its tables)."""
     counts = layout.chunk_counts
     recv_sizes = exchange_sizes(encoded.sizes, [counts[layout.rank]] * layout.world, counts, pg)
-    send_bytes = rank_sums(encoded.sizes, [counts[layout.rank]] * layout.world)
-    flight = start_payload(encoded.payload, send_bytes, rank_sums(recv_sizes, counts), pg)
+    flight = start_payload(encoded.payload, encoded.send_bytes, rank_sums(recv_sizes, counts), pg)
     return flight, recv_sizes
 
 
@@ -386,22 +436,28 @@ def decode_from_others(
     received: torch.Tensor, recv_sizes: torch.Tensor, own: torch.Tensor, layout: Layout, impl: Impl,
     buffers: ResultBuffers | None = None,
 ) -> torch.Tensor:
-    """This rank's pooled embeddings [local batch, total dim]: the decoded columns of every other rank around
-    ``own``, the exact block this rank kept (in a tensor from ``buffers`` where given)."""
-    me, rows = layout.rank, own.size(0)
-    mine = offsets(layout.chunk_counts)
-    keep = torch.cat([recv_sizes[: mine[me]], recv_sizes[mine[me + 1] :]])
-    first, last = sum(layout.dim_sums[:me]), sum(layout.dim_sums[: me + 1])  # this rank's columns in the output
-    # Decoded straight into the output's column blocks on either side of this rank's own (no concatenation).
-    out = (buffers or ResultBuffers()).empty(rows, sum(layout.dim_sums), own.device)
-    before = offsets([d for s in range(me) for d in layout.dims_per_rank[s]])
-    after = offsets([d for s in range(me + 1, layout.world) for d in layout.dims_per_rank[s]])
+    """This rank's pooled embeddings [local batch, total dim]: every source's columns decoded (a run of consecutive
+    compressed sources at once) or copied (a source that sent them as is) straight into their block of the output,
+    the exact block this rank kept in between (in a tensor from ``buffers`` where given)."""
+    me, rows, counts = layout.rank, own.size(0), layout.chunk_counts
+    chunk_at, col_at = offsets(counts), offsets(layout.dim_sums)
+    byte_at = offsets(rank_sums(recv_sizes, counts))
+    out = (buffers or ResultBuffers()).empty(rows, col_at[-1], own.device)
     try:
-        decode_around(received, keep, mine[me], ([0, rows], before), ([0, rows], after), impl, out[:, :first],
-                      out[:, last:])
+        for compressed, lo, hi in runs(layout.compress_from):
+            if compressed:
+                dims = offsets([d for s in range(lo, hi) for d in layout.dims_per_rank[s]])
+                decode_chunks(received[byte_at[lo] : byte_at[hi]], recv_sizes[chunk_at[lo] : chunk_at[hi]],
+                              [0, rows], dims, impl, own.device, out=out[:, col_at[lo] : col_at[hi]])
+                continue
+            for s in range(lo, hi):
+                block = out[:, col_at[s] : col_at[s + 1]]
+                if s == me:
+                    block.copy_(own)
+                else:
+                    copy_raw(block, received[byte_at[s] : byte_at[s + 1]])
     except CodecError as err:
         raise locate_decode_error(received, recv_sizes, layout, rows, impl) from err
-    out[:, first:last].copy_(own)
     return out
 
 
@@ -428,7 +484,8 @@ def locate_decode_error(received: torch.Tensor, recv_sizes: torch.Tensor, layout
     sizes = recv_sizes.tolist()
     offset = index = 0
     for src, count in enumerate(layout.chunk_counts):
-        if src == me:  # nothing of ours was sent
+        if not layout.compress_from[src]:  # nothing of ours was sent, or the source sent its rows as they are
+            offset += sum(sizes[index : index + count])
             index += count
             continue
         for c in range(count):
@@ -460,6 +517,8 @@ class BackwardInFlight(NamedTuple):
     recv_sizes: torch.Tensor | None  # DLAC: every source rank's chunk sizes for this rank; casts: None
     own: torch.Tensor  # this rank's own gradient block [local batch, local dim sum], never sent
     sizes: torch.Tensor | None = None  # DLAC: bytes of each (owner rank, table) chunk sent, 0 for own; casts: None
+    recv_dtypes: tuple[torch.dtype, ...] | None = None  # a cast some peers send as float32: each source's dtype
+    send_bytes: list[int] | None = None  # payload bytes to each owner rank (None: the cast's, rows x dims x width)
 
 
 def gather_owner_blocks(grad: torch.Tensor, owners: Sequence[int], wire_dtype: torch.dtype,
@@ -484,7 +543,10 @@ def start_backward_cast(grad: torch.Tensor, batch_size_per_rank: list[int], layo
                         wire_dtype: torch.dtype, pg, scratch: ResultBuffers | None = None,
                         sends: ResultBuffers | None = None) -> BackwardInFlight:
     """Launch the gradient exchange of ``grad`` ([local batch, total dim]) to the column owners as ``wire_dtype``
-    (float32, bf16, fp16)."""
+    (float32, bf16, fp16); to the owners the layout's plan does not compress for, as float32
+    (:func:`start_backward_mixed_cast`)."""
+    if layout.mixed and wire_dtype != torch.float32:
+        return start_backward_mixed_cast(grad, batch_size_per_rank, layout, wire_dtype, pg)
     me = layout.rank
     d_me, b_me = layout.dim_sums[me], grad.size(0)
     owners = offsets(layout.dim_sums)
@@ -495,26 +557,62 @@ def start_backward_cast(grad: torch.Tensor, batch_size_per_rank: list[int], layo
     return BackwardInFlight(flight, sent, None, grad[:, owners[me] : owners[me + 1]])
 
 
+def start_backward_mixed_cast(grad: torch.Tensor, batch_size_per_rank: list[int], layout: Layout,
+                              wire_dtype: torch.dtype, pg) -> BackwardInFlight:
+    """As :func:`start_backward_cast` where some peers get float32 and the others ``wire_dtype``: one byte
+    all-to-all whose piece for each owner is its column block in that owner's dtype (this rank's own stays here)."""
+    me = layout.rank
+    owners, d_me = offsets(layout.dim_sums), layout.dim_sums[me]
+    to_dtype = [wire_dtype if c else torch.float32 for c in layout.compress_from]  # as the embeddings came
+    from_dtype = [wire_dtype if c else torch.float32 for c in layout.compress_to]
+    pieces, send_bytes = [], []
+    for r in range(layout.world):
+        block = grad[:, owners[r] : owners[r + 1]]
+        if r == me:
+            send_bytes.append(0)
+            continue
+        # A narrower dtype's piece is cast on its way; float32 goes as its bytes.
+        piece = as_bytes(block if to_dtype[r] == grad.dtype else block.to(to_dtype[r]))
+        pieces.append(piece)
+        send_bytes.append(piece.numel())
+    recv_bytes = [0 if s == me else b * d_me * from_dtype[s].itemsize for s, b in enumerate(batch_size_per_rank)]
+    flight = start_payload(assemble(pieces, grad.device), send_bytes, recv_bytes, pg)
+    return BackwardInFlight(flight, sum(send_bytes), None, grad[:, owners[me] : owners[me + 1]],
+                            recv_dtypes=tuple(from_dtype), send_bytes=send_bytes)
+
+
 def start_backward_dlac(grad: torch.Tensor, batch_size_per_rank: list[int], layout: Layout, eps: float, impl: Impl,
                         pg) -> BackwardInFlight:
-    """As :func:`start_backward_cast`, the gradients DLAC-encoded with relative bound ``eps`` (the size exchange
-    runs before the payload is launched: the receive buffer's size depends on it)."""
+    """As :func:`start_backward_cast`, the gradients DLAC-encoded with relative bound ``eps`` for the owners whose
+    embeddings came compressed (one grid per run of consecutive such owners), float32 for the others (the size
+    exchange runs before the payload is launched: the receive buffer's size depends on it)."""
     me, world = layout.rank, layout.world
-    b_me = grad.size(0)
+    b_me, dev = grad.size(0), grad.device
     counts = layout.chunk_counts
     n_local = counts[me]
     owners = offsets(layout.dim_sums)  # each owner rank's columns of grad
-    # The other owners' columns as two grids (owners before and after this rank); ours stay here, exactly.
-    grids = []
-    for lo, hi in layout.ranges_around():
-        dims = [d for r in range(lo, hi) for d in layout.dims_per_rank[r]]
-        tables = [t for r in range(lo, hi) for t in layout.tables_per_rank[r]]
-        grids.append(encode_chunks(grad[:, owners[lo] : owners[hi]], [0, b_me], offsets(dims), eps, impl, tables))
-    payload, sizes = _join(grids, n_local, grad.device)
-    recv_sizes = exchange_sizes(sizes, counts, [n_local] * world, pg)
-    flight = start_payload(payload, rank_sums(sizes, counts), rank_sums(recv_sizes, [n_local] * world), pg)
-    sent = int(payload.numel()) + (sizes.numel() - n_local) * 8
-    return BackwardInFlight(flight, sent, recv_sizes, grad[:, owners[me] : owners[me + 1]], sizes)
+    pieces, sizes = [], []
+    for compressed, lo, hi in runs(layout.compress_from):  # a gradient goes back as its embeddings came
+        if compressed:
+            dims = [d for r in range(lo, hi) for d in layout.dims_per_rank[r]]
+            tables = [t for r in range(lo, hi) for t in layout.tables_per_rank[r]]
+            grid = encode_chunks(grad[:, owners[lo] : owners[hi]], [0, b_me], offsets(dims), eps, impl, tables)
+            pieces.append(grid.payload.to(dev))
+            sizes.append(grid.sizes.to(dev))
+            continue
+        for r in range(lo, hi):  # ours stays here, exactly; an uncompressed owner's columns go as float32
+            if r != me:
+                pieces.append(as_bytes(grad[:, owners[r] : owners[r + 1]]))
+            raw = [0 if r == me else b_me * d * 4 for d in layout.dims_per_rank[r]]
+            sizes.append(torch.tensor(raw, dtype=torch.int64, device=dev))
+    payload = assemble(pieces, dev)
+    all_sizes = torch.cat(sizes) if sizes else torch.zeros(0, dtype=torch.int64, device=dev)
+    recv_sizes = exchange_sizes(all_sizes, counts, [n_local] * world, pg)
+    send_bytes = rank_sums(all_sizes, counts)
+    flight = start_payload(payload, send_bytes, rank_sums(recv_sizes, [n_local] * world), pg)
+    sent = int(payload.numel()) + (all_sizes.numel() - n_local) * 8
+    return BackwardInFlight(flight, sent, recv_sizes, grad[:, owners[me] : owners[me + 1]], all_sizes,
+                            send_bytes=send_bytes)
 
 
 def finish_backward(pending: BackwardInFlight, batch_size_per_rank: list[int], layout: Layout,
@@ -525,6 +623,21 @@ def finish_backward(pending: BackwardInFlight, batch_size_per_rank: list[int], l
     me = layout.rank
     received, own = pending.flight.wait(), pending.own
     d_me = own.size(1)
+    row_at = offsets(batch_size_per_rank)
+    if pending.recv_dtypes is not None:  # a cast, float32 from some sources: each source's bytes in its dtype
+        out = (buffers or ResultBuffers()).empty(row_at[-1], d_me, own.device)
+        at = 0
+        for s, dtype in enumerate(pending.recv_dtypes):
+            block = out[row_at[s] : row_at[s + 1]]
+            n = 0 if s == me else block.numel() * dtype.itemsize
+            if s == me:
+                block.copy_(own)
+            elif dtype == torch.float32:
+                copy_raw(block, received[at : at + n])
+            else:
+                block.copy_(received[at : at + n].view(dtype).view(block.shape))
+            at += n
+        return out
     if pending.recv_sizes is None:  # a cast: every source rank's rows, in rank order, this rank's own among them
         # Already the result's layout: one cast (none for float32, whose receive buffer is the result).
         rows = received.view(sum(batch_size_per_rank), d_me)
@@ -533,19 +646,26 @@ def finish_backward(pending: BackwardInFlight, batch_size_per_rank: list[int], l
         return (buffers or ResultBuffers()).empty(rows.size(0), d_me, rows.device).copy_(rows)
     n_local = len(layout.local_tables)
     recv_sizes = pending.recv_sizes
-    keep = torch.cat([recv_sizes[: me * n_local], recv_sizes[(me + 1) * n_local :]])
-    first = sum(batch_size_per_rank[:me])  # the rows of this rank's own batch in the result
-    last = first + batch_size_per_rank[me]
-    # Decoded straight into the result's row blocks on either side of this rank's own (no concatenation).
-    out = (buffers or ResultBuffers()).empty(sum(batch_size_per_rank), d_me, own.device)
+    byte_at = offsets(rank_sums(recv_sizes, [n_local] * layout.world))
+    # Decoded (a run of compressed sources at once) or copied straight into the result's row blocks.
+    out = (buffers or ResultBuffers()).empty(row_at[-1], d_me, own.device)
     cols = layout.local_cols
     try:
-        decode_around(received, keep, me * n_local, (offsets(batch_size_per_rank[:me]), cols),
-                      (offsets(batch_size_per_rank[me + 1 :]), cols), impl, out[:first], out[last:])
+        for compressed, lo, hi in runs(layout.compress_to):  # the gradients come back as the embeddings went
+            if compressed:
+                decode_chunks(received[byte_at[lo] : byte_at[hi]], recv_sizes[lo * n_local : hi * n_local],
+                              offsets(batch_size_per_rank[lo:hi]), cols, impl, own.device,
+                              out=out[row_at[lo] : row_at[hi]])
+                continue
+            for s in range(lo, hi):
+                block = out[row_at[s] : row_at[s + 1]]
+                if s == me:
+                    block.copy_(own)
+                else:
+                    copy_raw(block, received[byte_at[s] : byte_at[s + 1]])
     except CodecError as err:
         raise CompressedExchangeError(
             f"rank {me}: embedding gradients received for tables {list(layout.local_tables)} failed to decode"
             f" ({err})."
         ) from err
-    out[first:last].copy_(own)
     return out

@@ -12,6 +12,7 @@ behaviour.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from torch import nn
 
@@ -19,11 +20,13 @@ from lightning_dlac.adaptive.bounds import ErrorBounds
 from lightning_dlac.comm.all_to_all import CompressedPooledEmbeddingsAllToAll
 from lightning_dlac.comm.config import CompressionConfig
 from lightning_dlac.comm.group import ExchangeGroup
+from lightning_dlac.comm.peers import PeerPlan, discover_nodes
 
 log = logging.getLogger(__name__)
 
 
-def install_compressed_all_to_all(module: nn.Module, config: CompressionConfig, bounds: ErrorBounds) -> ExchangeGroup:
+def install_compressed_all_to_all(module: nn.Module, config: CompressionConfig, bounds: ErrorBounds,
+                                  node: int | str | None = None) -> ExchangeGroup:
     """Replace the pooled-embedding all-to-all of every table-wise / column-wise sharded EmbeddingBagCollection in
     ``module`` by :class:`CompressedPooledEmbeddingsAllToAll`; return them as one :class:`ExchangeGroup`.
 
@@ -31,7 +34,21 @@ def install_compressed_all_to_all(module: nn.Module, config: CompressionConfig, 
     this says so once in the log. The sequence-embedding all-to-all of every table-wise / column-wise sharded
     EmbeddingCollection is replaced too (:class:`~lightning_dlac.comm.sequence.CompressedSequenceEmbeddingsAllToAll`,
     same bounds and codec); its other sharding types keep TorchRec's exchange, logged with their tables.
+
+    Which peers each exchange compresses for is ``config.compress_peers``'s plan (:mod:`lightning_dlac.comm.peers`)
+    on the ranks' nodes: ``node`` (this rank's node, e.g. Lightning's ``node_rank``) where given, else what the
+    launcher's environment says (``GROUP_RANK``, ``NODE_RANK``, ``SLURM_NODEID``, the host name). The nodes are
+    gathered once per process group, so every rank must call this at the same point, as it shards.
     """
+    plans: dict[int, PeerPlan] = {}
+
+    def plan(pg) -> PeerPlan:  # noqa: ANN001 - a ProcessGroup
+        if id(pg) not in plans:
+            plans[id(pg)] = PeerPlan.from_policy(config.compress_peers, discover_nodes(pg, node))
+            rank = pg.rank() if hasattr(pg, "rank") else 0
+            log.info(f"lightning-dlac: {plans[id(pg)].describe(rank)}")
+        return plans[id(pg)]
+
     from torchrec.distributed.dist_data import VariableBatchPooledEmbeddingsAllToAll
     from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
     from torchrec.distributed.sharding.tw_sharding import TwPooledEmbeddingDist
@@ -61,6 +78,7 @@ def install_compressed_all_to_all(module: nn.Module, config: CompressionConfig, 
                 config=config,
                 bounds=bounds,
                 callbacks=dist_module._callbacks,
+                peers=plan(dist_module._pg),
             )
             # Variable batch per feature keeps TorchRec's (uncompressed) path; it is created lazily only when
             # _dist is None, which it no longer is.
@@ -77,11 +95,12 @@ def install_compressed_all_to_all(module: nn.Module, config: CompressionConfig, 
             f"lightning-dlac: sharding type(s) {sorted(skipped)} combine results with reduce-scatter and stay"
             " uncompressed (only table-wise and column-wise all-to-alls are compressed)."
         )
-    installed += _install_sequence(module, config, bounds)
+    installed += _install_sequence(module, config, bounds, plan)
     return ExchangeGroup(installed, bounds)
 
 
-def _install_sequence(module: nn.Module, config: CompressionConfig, bounds: ErrorBounds) -> list[nn.Module]:
+def _install_sequence(module: nn.Module, config: CompressionConfig, bounds: ErrorBounds,
+                      plan: Callable[[object], PeerPlan]) -> list[nn.Module]:
     """Replace the sequence-embedding all-to-all of every table-wise / column-wise sharded EmbeddingCollection by
     :class:`~lightning_dlac.comm.sequence.CompressedSequenceEmbeddingsAllToAll`; log the tables that stay on
     TorchRec's exchange and why."""
@@ -114,6 +133,7 @@ def _install_sequence(module: nn.Module, config: CompressionConfig, bounds: Erro
                 config=config,
                 bounds=bounds,
                 uncompressed=dist_module._dist,
+                peers=plan(dist_module._dist._pg),
             )
             dist_module._dist = a2a
             installed.append(a2a)

@@ -67,9 +67,10 @@ def bytes_per_call(stats: CommStats) -> dict[str, dict[str, float]]:
     interval: a difference of two snapshots); the backward figures need DLAC-compressed gradients."""
     if not stats.calls:
         raise ValueError("the statistics hold no forward exchange: measure a DLAC launch first.")
-    forward = {t: n / stats.calls for t, n in stats.table_sent_bytes.items()}
-    backward = ({t: n / stats.backward_calls for t, n in stats.table_backward_sent_bytes.items()}
-                if stats.backward_calls else {})
+    # What the codec made: the bytes sent as they are to peers the plan does not compress go the same way in both.
+    forward = {t: (n - stats.table_passed_bytes.get(t, 0)) / stats.calls for t, n in stats.table_sent_bytes.items()}
+    backward = ({t: (n - stats.table_backward_passed_bytes.get(t, 0)) / stats.backward_calls
+                 for t, n in stats.table_backward_sent_bytes.items()} if stats.backward_calls else {})
     return {"forward": forward, "backward": backward}
 
 
@@ -118,9 +119,10 @@ def install_null_codec(exchanges: Sequence[object], forward: Mapping[str, float]
             raise ValueError(f"backward byte counts stand in for DLAC-compressed gradients; this exchange sends them"
                              f" as {config.backward}: install it with CompressionConfig(backward='dlac').")
         layout = a2a.layout
-        sent = [t for _ in layout.other_ranks for t in layout.local_tables]  # one chunk per (other rank, table)
+        # One chunk per (compressed peer, table); the plan's other peers get their rows as they are.
+        sent = [t for r in layout.other_ranks if layout.compress_to[r] for t in layout.local_tables]
         a2a.forward_impl = NullChunkCodec(_chunk_bytes(forward, sent))
         if backward is not None:
-            owned = [t for r in layout.other_ranks for t in layout.tables_per_rank[r]]
+            owned = [t for r in layout.other_ranks if layout.compress_from[r] for t in layout.tables_per_rank[r]]
             a2a.backward_impl = NullChunkCodec(_chunk_bytes(backward, owned))
     return pooled

@@ -32,6 +32,7 @@ from lightning_dlac.codec import decode_grid
 from lightning_dlac.codec.format import HEADER_SIZE
 from lightning_dlac.comm.config import CompressionConfig
 from lightning_dlac.comm.exchange import Grid
+from lightning_dlac.comm.peers import PeerPlan, discover_nodes
 from lightning_dlac.comm.stats import CommStats
 from lightning_dlac.comm.timing import PhaseTimer
 
@@ -173,9 +174,10 @@ class Recorder:
             self.gradient_observer(name, energy, grad.size(0))
 
     def count_forward(self, tables: Sequence[str], table_raw: Sequence[int], table_sent: Sequence[int], sent: int,
-                      uncompressed: bool = False) -> None:
+                      uncompressed: bool = False, table_passed: Sequence[int] | None = None) -> None:
         """Count one forward call: per local table the float32 bytes it stands for and the payload bytes it sent to
-        other ranks, and ``sent`` bytes in all (payload and size exchange)."""
+        other ranks (``table_passed``: of those, the bytes sent as they are to peers the plan does not compress), and
+        ``sent`` bytes in all (payload and size exchange)."""
         s = self._stats
         s.calls += 1
         s.uncompressed_calls += int(uncompressed)
@@ -188,16 +190,33 @@ class Recorder:
         for name, raw, table in zip(tables, table_raw, table_sent):
             s.table_raw_bytes[name] = s.table_raw_bytes.get(name, 0) + int(raw)
             s.table_sent_bytes[name] = s.table_sent_bytes.get(name, 0) + int(table)
+        for name, n in zip(tables, table_passed or ()):
+            s.table_passed_bytes[name] = s.table_passed_bytes.get(name, 0) + int(n)
 
-    def count_backward(self, raw: int, sent: int, table_sent: Mapping[str, int] | None = None) -> None:
+    def count_links(self, per_destination: Mapping[int, tuple[str, int, bool]]) -> None:
+        """Count payload bytes by link class: ``{destination: (link class, bytes, sent as is)}``."""
+        s = self._stats
+        for link, n, passed in per_destination.values():
+            if link == "same_node":
+                s.same_node_sent_bytes += int(n)
+            else:
+                s.other_nodes_sent_bytes += int(n)
+            if passed:
+                s.passed_bytes += int(n)
+
+    def count_backward(self, raw: int, sent: int, table_sent: Mapping[str, int] | None = None,
+                       table_passed: Mapping[str, int] | None = None) -> None:
         """Count one gradient exchange: ``raw`` float32 bytes stood for, ``sent`` bytes sent to other ranks (payload
-        and size exchange), and per table the payload bytes sent for it (``table_sent``, where known)."""
+        and size exchange), and per table the payload bytes sent for it (``table_sent``, where known; of those,
+        ``table_passed`` went as they are to peers the plan does not compress)."""
         s = self._stats
         s.backward_calls += 1
         s.backward_raw_bytes += int(raw)
         s.backward_sent_bytes += int(sent)
         for name, n in (table_sent or {}).items():
             s.table_backward_sent_bytes[name] = s.table_backward_sent_bytes.get(name, 0) + int(n)
+        for name, n in (table_passed or {}).items():
+            s.table_backward_passed_bytes[name] = s.table_backward_passed_bytes.get(name, 0) + int(n)
 
     def check(self, grids: Sequence[Grid], eps: Mapping[str, float]) -> None:
         """After :meth:`count_forward`: count the chunks of ``grids`` that held NaN/Inf and, every ``error_every``
@@ -259,17 +278,30 @@ class RecordedExchange(nn.Module):
         tables_per_rank: Table name of each chunk column (pooled: column block; sequence: feature), per rank.
         config: Compression settings.
         bounds: Per-table bounds, read at every call.
+        peers: Which payloads are compressed; ``None``: the plan of ``config.compress_peers`` on the nodes every
+            rank reads from its launcher (:func:`~lightning_dlac.comm.peers.discover_nodes`, a collective: every
+            rank builds its exchanges together).
     """
 
     def __init__(self, pg: dist.ProcessGroup, tables_per_rank: Sequence[Sequence[str]], config: CompressionConfig,
-                 bounds: BoundSource) -> None:
+                 bounds: BoundSource, peers: PeerPlan | None = None) -> None:
         super().__init__()
         if len(tables_per_rank) != pg.size():
             raise ValueError(f"tables_per_rank needs one entry per rank ({pg.size()}), got {len(tables_per_rank)}.")
         self._pg = pg
         self._config = config
         self._tables_per_rank = tuple(tuple(t) for t in tables_per_rank)
+        self.peers = peers if peers is not None else PeerPlan.from_policy(config.compress_peers, discover_nodes(pg))
+        if self.peers.world != pg.size():
+            raise ValueError(f"a peer plan of {self.peers.world} ranks for a process group of {pg.size()}.")
         self.recorder = Recorder(config, bounds)
+
+    def count_links(self, send_bytes: Sequence[int], compressed_to: Sequence[bool]) -> None:
+        """Count a payload's bytes to each destination by link class (same node / other nodes), and those sent as
+        they are (not compressed) apart."""
+        rank = dist.get_rank(self._pg)
+        self.recorder.count_links({d: (self.peers.link(rank, d), n, not compressed_to[d])
+                                   for d, n in enumerate(send_bytes) if d != rank})
 
     @property
     def local_tables(self) -> list[str]:

@@ -48,6 +48,7 @@ from lightning_dlac.codec import CodecError
 from lightning_dlac.comm import exchange
 from lightning_dlac.comm.config import BackwardCompression, CompressionConfig
 from lightning_dlac.comm.exchange import CompressedExchangeError, Grid, TableLayout, offsets, rank_sums
+from lightning_dlac.comm.peers import PeerPlan, runs
 from lightning_dlac.comm.recorder import Ready, RecordedExchange
 from lightning_dlac.comm.timing import PhaseTimer
 
@@ -86,21 +87,36 @@ class SequenceEncoded(NamedTuple):
 
 
 def encode_sequence(x: torch.Tensor, layout: SequenceLayout, eps: torch.Tensor, impl: str) -> SequenceEncoded:
-    """Encode the (destination, feature) chunks of ``x`` (destination-major rows) for every rank but this one, each
-    feature with its bound, and lay them out destination-major."""
-    n, others, starts = len(layout.local_tables), layout.other_ranks, layout.chunk_starts
-    grids = []
+    """Encode the (destination, feature) chunks of ``x`` (destination-major rows) for every rank the layout's plan
+    compresses for, each feature with its bound (one grid per feature), and lay them out destination-major; a rank
+    the plan does not compress for gets its rows as they are (float32)."""
+    n, starts, dev, me = len(layout.local_tables), layout.chunk_starts, x.device, layout.rank
+    packed = [j for j in layout.other_ranks if layout.compress_to[j]]
+    grids, pieces_of = [], []  # pieces_of[i][k]: feature i's chunk for packed[k]
     for i, table in enumerate(layout.local_tables):
-        parts = [x[starts[j * n + i] : starts[j * n + i + 1]] for j in others]
-        rows = offsets([layout.send_rows[j][i] for j in others])
-        grids.append(exchange.encode_chunks(torch.cat(parts), rows, [0, x.size(1)], eps[i : i + 1], impl, (table,)))
-    pieces = [g.payload.split(g.sizes.tolist()) for g in grids]  # [feature][other rank]
-    payload = torch.cat([pieces[i][o].to(x.device) for o in range(len(others)) for i in range(n)]) if n else \
-        torch.zeros(0, dtype=torch.uint8, device=x.device)
-    sizes = torch.stack([g.sizes.cpu() for g in grids], 1) if n else torch.zeros(len(others), 0, dtype=torch.int64)
-    rows = torch.tensor([[layout.send_rows[j][i] for i in range(n)] for j in others], dtype=torch.int64)
-    records = torch.stack([sizes, rows.view(len(others), n)], 2).view(-1, 2)  # [other rank, feature, (bytes, rows)]
-    return SequenceEncoded(payload, exchange.with_own(records, layout.rank * n, n).to(x.device), grids)
+        parts = [x[starts[j * n + i] : starts[j * n + i + 1]] for j in packed]
+        if not parts:
+            pieces_of.append([])
+            continue
+        rows = offsets([layout.send_rows[j][i] for j in packed])
+        grid = exchange.encode_chunks(torch.cat(parts), rows, [0, x.size(1)], eps[i : i + 1], impl, (table,))
+        grids.append(grid)
+        pieces_of.append(grid.payload.split(grid.sizes.tolist()))
+    pieces, records = [], []
+    for j in range(layout.world):
+        rows = layout.send_rows[j]
+        if j == me:
+            records += [(0, r) for r in rows]
+        elif layout.compress_to[j]:
+            k = packed.index(j)
+            chunk = [pieces_of[i][k].to(dev) for i in range(n)]
+            pieces += chunk
+            records += [(c.numel(), r) for c, r in zip(chunk, rows)]
+        else:
+            pieces.append(exchange.as_bytes(x[starts[j * n] : starts[(j + 1) * n]]))
+            records += [(r * x.size(1) * 4, r) for r in rows]
+    table = torch.tensor(records, dtype=torch.int64).view(-1, 2)  # [destination, feature, (bytes, rows)]
+    return SequenceEncoded(exchange.assemble(pieces, dev), table.to(dev), grids)
 
 
 @dataclass(eq=False)
@@ -127,7 +143,9 @@ class CompressedSequenceEmbeddingsAllToAll(RecordedExchange):
             (the key of its error bound). A rank may have none.
         config: Compression settings (``auto_fallback`` and ``overlap`` apply to pooled exchanges only).
         bounds: Per-table bounds, read at every call (``effective_many(tables)``).
-        uncompressed: TorchRec's module, for the calls that stay uncompressed.
+        uncompressed: TorchRec's module, for the calls that stay uncompressed (and every call where the peer plan
+            compresses nothing).
+        peers: Which payloads are compressed; ``None``: ``config.compress_peers`` on the launcher's nodes.
 
     Attributes:
         recorder: Statistics, timing, record switch and observer (:class:`~lightning_dlac.comm.recorder.Recorder`);
@@ -141,8 +159,9 @@ class CompressedSequenceEmbeddingsAllToAll(RecordedExchange):
         config: CompressionConfig,
         bounds: BoundSource,
         uncompressed: SequenceEmbeddingsAllToAll,
+        peers: PeerPlan | None = None,
     ) -> None:
-        super().__init__(pg, tables_per_rank, config, bounds)
+        super().__init__(pg, tables_per_rank, config, bounds, peers)
         self._rank = dist.get_rank(pg)
         self._uncompressed = uncompressed
 
@@ -161,7 +180,7 @@ class CompressedSequenceEmbeddingsAllToAll(RecordedExchange):
         received in the input dist. Returns an awaitable of this rank's embeddings [ids of its batch, D]."""
         world = self._pg.size()
         variable = batch_size_per_rank is not None and len(set(batch_size_per_rank)) > 1
-        if world == 1 or variable or unbucketize_permute_tensor is not None:
+        if world == 1 or variable or unbucketize_permute_tensor is not None or not self.peers.any:
             return self._uncompressed(local_embs, lengths, input_splits, output_splits, unbucketize_permute_tensor,
                                       batch_size_per_rank, sparse_features_recat)
         n_local = len(self._tables_per_rank[self._rank])
@@ -180,7 +199,8 @@ class CompressedSequenceEmbeddingsAllToAll(RecordedExchange):
         pieces = [torch.arange(starts[r], starts[r + 1]) for r in order]
         gather = torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.long)
         on_record = self.recorder.on_record
-        call = _SeqCall(gather.to(local_embs.device), SequenceLayout(self._rank, self._tables_per_rank, send_rows),
+        layout = SequenceLayout(self._rank, self._tables_per_rank, send_rows, peers=self.peers)
+        call = _SeqCall(gather.to(local_embs.device), layout,
                         on_record, self.recorder.call_timer(local_embs.device, on_record))
         out = _SequenceExchange.apply(local_embs, self, call)
         return SequenceEmbeddingsAwaitable(tensor_awaitable=Ready(out), unbucketize_permute_tensor=None,
@@ -206,84 +226,160 @@ class CompressedSequenceEmbeddingsAllToAll(RecordedExchange):
         call.recv_rows = [list(layout.send_rows[me]) if s == me else m[:, 1].tolist() for s, m in enumerate(per_source)]
         if call.on_record:  # while the payload is on its way
             raw = [sum(layout.send_rows[j][i] for j in layout.other_ranks) * dim * 4 for i in range(n)]
-            table_sent = [int(g.payload.numel()) for g in encoded.grids]
+            passed = [sum(layout.send_rows[j][i] for j in layout.other_ranks if not layout.compress_to[j]) * dim * 4
+                      for i in range(n)]
+            # Every feature has a grid when some destination is compressed, none otherwise.
+            table_sent = [p + int(g.payload.numel()) for p, g in zip(passed, encoded.grids)] if encoded.grids \
+                else passed
             # The payload plus the size exchange: two int64 per (other rank, local feature).
             sent = int(encoded.payload.numel()) + (layout.world - 1) * n * 16
-            rec.count_forward(layout.local_tables, raw, table_sent, sent)
+            rec.count_forward(layout.local_tables, raw, table_sent, sent, table_passed=passed)
+            self.count_links(send_bytes, layout.compress_to)
             rec.check(encoded.grids, dict(zip(layout.local_tables, eps.tolist())))
         starts = layout.chunk_starts
         own = x[starts[me * n] : starts[(me + 1) * n]]
         with timer.phase("exchange_s", "dlac sequence exchange"):
             received = flight.wait()
         with timer.phase("decode_s", "dlac sequence decode"):
-            sizes = torch.cat([per_source[s][:, 0] for s in layout.other_ranks])
-            rows = offsets([r for s in layout.other_ranks for r in call.recv_rows[s]])
             try:
-                decoded = exchange.decode_chunks(received, sizes, rows, [0, dim], self._config.impl, x.device)
+                return self._place(received, records[:, 0], counts, call.recv_rows, layout.compress_from, own,
+                                   x.size(1), x.device)
             except CodecError as err:
                 raise CompressedExchangeError(
                     f"rank {me}: sequence embeddings received from ranks {layout.other_ranks} failed to decode"
                     f" ({err}). The payload was corrupted in transit or the ranks run different lightning-dlac"
                     " versions."
                 ) from err
-            before = sum(sum(call.recv_rows[s]) for s in range(me))
-            return torch.cat([decoded[:before], own, decoded[before:]])
+
+    def _place(self, received: torch.Tensor, sizes: torch.Tensor, counts: Sequence[int],
+               rows_of: Sequence[Sequence[int]], compressed: Sequence[bool], own: torch.Tensor, dim: int,
+               device: torch.device) -> torch.Tensor:
+        """The rows every source sent this rank, in rank order, with ``own`` in this rank's place: a run of
+        compressed sources decoded at once (``sizes``: each chunk's bytes, ``counts[s]`` chunks of ``rows_of[s]``
+        rows each from source ``s``), a source that sent its rows as they are copied, straight into the result."""
+        row_at = offsets([sum(r) for r in rows_of])
+        byte_at = offsets(rank_sums(sizes, counts))
+        chunk_at = offsets(counts)
+        out = torch.empty(row_at[-1], dim, device=device)
+        for packed, lo, hi in runs(compressed):
+            if packed:
+                rows = offsets([r for s in range(lo, hi) for r in rows_of[s]])
+                exchange.decode_chunks(received[byte_at[lo] : byte_at[hi]], sizes[chunk_at[lo] : chunk_at[hi]],
+                                       rows, [0, dim], self._config.impl, device, out=out[row_at[lo] : row_at[hi]])
+                continue
+            for s in range(lo, hi):
+                block = out[row_at[s] : row_at[s + 1]]
+                if s == self._rank:
+                    block.copy_(own)
+                else:
+                    exchange.copy_raw(block, received[byte_at[s] : byte_at[s + 1]])
+        return out
 
     # ------------------------------------------------------------------ backward
 
     def _exchange_backward(self, grad: torch.Tensor, call: _SeqCall, num_local_rows: int) -> torch.Tensor:
-        """The gradient of ``local_embs`` from the gradient of the received rows ([ids of this rank's batch, D])."""
+        """The gradient of ``local_embs`` from the gradient of the received rows ([ids of this rank's batch, D]).
+
+        Each source's rows go back to it as its embeddings came: compressed (``backward`` mode) where they came
+        compressed, float32 otherwise; this rank's own rows stay here."""
         layout = call.layout
-        me, others = layout.rank, layout.other_ranks
+        me = layout.rank
         grad = grad.contiguous().float()
         mode = BackwardCompression(self._config.backward)
-        src = offsets([sum(r) for r in call.recv_rows])  # each source's block of grad
-        block = torch.cat([grad[src[s] : src[s + 1]] for s in others])  # sent back to the owners, in rank order
         with call.timer.phase("backward_s", f"dlac sequence backward ({mode})"):
             if mode is BackwardCompression.DLAC:
-                back, sent = self._backward_dlac(block, call)
+                in_send_order, sent = self._backward_dlac(grad, call)
             else:
-                back, sent = self._backward_cast(block, call, mode.wire_dtype)
-            before = sum(sum(layout.send_rows[j]) for j in range(me))
-            in_send_order = torch.cat([back[:before], grad[src[me] : src[me + 1]], back[before:]])
+                in_send_order, sent = self._backward_cast(grad, call, mode.wire_dtype)
             out = grad.new_zeros(num_local_rows, grad.size(1))
             out.index_copy_(0, call.gather, in_send_order)
             if comm_ops.get_gradient_division():
                 out /= layout.world
         if call.on_record:
-            self.recorder.count_backward(int(block.numel()) * 4, sent)
+            own = sum(call.recv_rows[me])
+            # The payload, and with DLAC the size exchange: one int64 per (other rank, its feature).
+            records = 8 * sum(layout.chunk_counts) - 8 * layout.chunk_counts[me] if mode is BackwardCompression.DLAC \
+                else 0
+            self.recorder.count_backward((grad.size(0) - own) * grad.size(1) * 4, sum(sent) + records)
+            self.count_links(sent, layout.compress_from)
         return out
 
-    def _backward_cast(self, block: torch.Tensor, call: _SeqCall, wire_dtype: torch.dtype) -> tuple[torch.Tensor, int]:
-        """Send ``block`` (the other sources' gradient rows, in rank order) back as ``wire_dtype``; return the rows
-        the other ranks sent this one (destination rank order) and the bytes sent."""
-        layout, dim = call.layout, block.size(1)
-        send = [0 if s == layout.rank else sum(call.recv_rows[s]) * dim for s in range(layout.world)]
-        recv = [0 if j == layout.rank else sum(layout.send_rows[j]) * dim for j in range(layout.world)]
-        received = exchange.start_cast(block.reshape(-1), send, recv, wire_dtype, self._pg).wait()
-        return received.view(-1, dim).float(), int(block.numel()) * received.element_size()
+    def _own_rows(self, grad: torch.Tensor, call: _SeqCall) -> torch.Tensor:
+        """This rank's own rows of ``grad`` (the gradient of the rows it kept)."""
+        src = offsets([sum(r) for r in call.recv_rows])
+        return grad[src[call.layout.rank] : src[call.layout.rank + 1]]
 
-    def _backward_dlac(self, block: torch.Tensor, call: _SeqCall) -> tuple[torch.Tensor, int]:
-        """As :meth:`_backward_cast`, each (source, feature) chunk DLAC-encoded with ``backward_eps``."""
-        layout, dim, impl = call.layout, block.size(1), self._config.impl
-        me, others, counts = layout.rank, layout.other_ranks, layout.chunk_counts
+    def _backward_cast(self, grad: torch.Tensor, call: _SeqCall,
+                       wire_dtype: torch.dtype) -> tuple[torch.Tensor, list[int]]:
+        """Send each source its rows of ``grad`` back as ``wire_dtype`` (float32 where its embeddings came as they
+        were); return the rows every rank sent this one in send order (this rank's own among them) and the bytes
+        sent to each rank."""
+        layout, dim = call.layout, grad.size(1)
+        me = layout.rank
+        src = offsets([sum(r) for r in call.recv_rows])
+        to_dtype = [wire_dtype if c else torch.float32 for c in layout.compress_from]
+        from_dtype = [wire_dtype if c else torch.float32 for c in layout.compress_to]
+        pieces, send = [], []
+        for s in range(layout.world):
+            block = grad[src[s] : src[s + 1]]
+            if s == me:
+                send.append(0)
+                continue
+            pieces.append(exchange.as_bytes(block if to_dtype[s] == torch.float32 else block.to(to_dtype[s])))
+            send.append(pieces[-1].numel())
+        back_rows = [sum(r) for r in layout.send_rows]
+        recv = [0 if j == me else back_rows[j] * dim * from_dtype[j].itemsize for j in range(layout.world)]
+        received = exchange.start_payload(exchange.assemble(pieces, grad.device), send, recv, self._pg).wait()
+        at = offsets(back_rows)
+        out = torch.empty(at[-1], dim, device=grad.device)
+        byte = 0
+        for j in range(layout.world):
+            block = out[at[j] : at[j + 1]]
+            if j == me:
+                block.copy_(self._own_rows(grad, call))
+                continue
+            n = recv[j]
+            if from_dtype[j] == torch.float32:
+                exchange.copy_raw(block, received[byte : byte + n])
+            else:
+                block.copy_(received[byte : byte + n].view(from_dtype[j]).view(block.shape))
+            byte += n
+        return out, send
+
+    def _backward_dlac(self, grad: torch.Tensor, call: _SeqCall) -> tuple[torch.Tensor, list[int]]:
+        """As :meth:`_backward_cast`, each (source, feature) chunk DLAC-encoded with ``backward_eps`` (one grid per
+        run of consecutive compressed sources)."""
+        layout, dim, impl = call.layout, grad.size(1), self._config.impl
+        me, counts = layout.rank, layout.chunk_counts
         n_local = counts[me]
-        rows = offsets([r for s in others for r in call.recv_rows[s]])
-        grid = exchange.encode_chunks(block, rows, [0, dim], self._config.backward_eps, impl)
-        sizes = exchange.with_own(grid.sizes.to(block.device), sum(counts[:me]), n_local)
-        recv_sizes = exchange.exchange_sizes(sizes, counts, [n_local] * layout.world, self._pg)
-        flight = exchange.start_payload(grid.payload.to(block.device), rank_sums(sizes, counts),
+        src = offsets([sum(r) for r in call.recv_rows])
+        pieces, sizes = [], []
+        for packed, lo, hi in runs(layout.compress_from):
+            if packed:
+                rows = offsets([r for s in range(lo, hi) for r in call.recv_rows[s]])
+                grid = exchange.encode_chunks(grad[src[lo] : src[hi]], rows, [0, dim], self._config.backward_eps,
+                                              impl)
+                pieces.append(grid.payload.to(grad.device))
+                sizes += grid.sizes.tolist()
+                continue
+            for s in range(lo, hi):
+                if s != me:
+                    pieces.append(exchange.as_bytes(grad[src[s] : src[s + 1]]))
+                sizes += [0 if s == me else r * dim * 4 for r in call.recv_rows[s]]
+        sizes_t = torch.tensor(sizes, dtype=torch.int64, device=grad.device)
+        recv_sizes = exchange.exchange_sizes(sizes_t, counts, [n_local] * layout.world, self._pg)
+        send = rank_sums(sizes_t, counts)
+        flight = exchange.start_payload(exchange.assemble(pieces, grad.device), send,
                                         rank_sums(recv_sizes, [n_local] * layout.world), self._pg)
-        keep = torch.cat([recv_sizes[: me * n_local], recv_sizes[(me + 1) * n_local :]])
-        back_rows = offsets([r for j in others for r in layout.send_rows[j]])
         try:
-            back = exchange.decode_chunks(flight.wait(), keep, back_rows, [0, dim], impl, block.device)
+            back = self._place(flight.wait(), recv_sizes, [n_local] * layout.world, layout.send_rows,
+                               layout.compress_to, self._own_rows(grad, call), dim, grad.device)
         except CodecError as err:
             raise CompressedExchangeError(
                 f"rank {me}: sequence-embedding gradients for tables {list(layout.local_tables)} failed to decode"
                 f" ({err})."
             ) from err
-        return back, int(grid.payload.numel()) + (sizes.numel() - n_local) * 8
+        return back, send
 
 
 class _SequenceExchange(torch.autograd.Function):

@@ -50,10 +50,18 @@ class CommStats:
     in_step_calls: int = 0  # of the forward exchanges, those within a step: the rest is validation (or prediction)
     in_step_raw_bytes: int = 0  # their raw bytes
     in_step_sent_bytes: int = 0  # their sent bytes
+    # Payload bytes (both directions) to peers on this rank's node and on other nodes, and of all of them those the
+    # peer plan sent as they are (float32, uncompressed: compress_peers, lightning_dlac/comm/peers.py)
+    same_node_sent_bytes: int = 0
+    other_nodes_sent_bytes: int = 0
+    passed_bytes: int = 0
     table_raw_bytes: dict[str, int] = _per_table()
     table_sent_bytes: dict[str, int] = _per_table()
     # Gradient payload bytes this rank sent per table (other ranks' tables: it sends their gradients; pooled only)
     table_backward_sent_bytes: dict[str, int] = _per_table()
+    # Of table_sent_bytes / table_backward_sent_bytes, the bytes sent as they are to peers the plan does not compress
+    table_passed_bytes: dict[str, int] = _per_table()
+    table_backward_passed_bytes: dict[str, int] = _per_table()
     table_non_finite_chunks: dict[str, int] = _per_table()  # chunks that held NaN/Inf (the codec sent them exactly)
     table_max_error_ratio: dict[str, float] = _per_table("max")  # largest observed |x - x_hat| / bound
 

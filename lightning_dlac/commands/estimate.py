@@ -23,20 +23,46 @@ batch's ids during the current step). Nothing here measures anything: every inpu
 | input dist on the step's path | unpipelined: all of it; ``sparse_dist``: ``max(0, input dist - compute)`` |
 | step | ``compute + input dist on the path + forward + backward + (1 - hidden) * all-reduce`` |
 
-What it leaves out, on purpose: NVLink between GPUs of one node (every byte is costed at the network's rate, which
-is pessimistic for 8-GPU nodes), congestion and incast beyond the bandwidth term, overlap of the embedding exchanges
-with compute (DLAC's and TorchRec's exchanges are costed as fully exposed, as they are in a sparse-dist step too: that
-pipeline moves only the ids), the cost of hiding the input dist (on a GPU its own stream; on CPU ranks, gloo's thread
-competes with the step for the cores, which is why the pipeline buys less there), and ratio changes with scale (the
-ratios are per table and per batch: measure them at the batch size you will run). Without ``ids_per_sample`` the
-input dist is not modelled: it is part of ``compute_ms``, as a measured step includes it.
+What it leaves out, on purpose: NVLink between GPUs of one node (every byte is costed at the network's rate, which is
+pessimistic for 8-GPU nodes; the topology model below separates the two), congestion and incast beyond the bandwidth
+term, overlap of the embedding exchanges with compute (DLAC's and TorchRec's exchanges are costed as fully exposed, as
+they are in a sparse-dist step too: that pipeline moves only the ids), the cost of hiding the input dist (on a GPU its
+own stream; on CPU ranks, gloo's thread competes with the step for the cores, which is why the pipeline buys less
+there), and ratio changes with scale (the ratios are per table and per batch: measure them at the batch size you will
+run). Without ``ids_per_sample`` the input dist is not modelled: it is part of ``compute_ms``, as a measured step
+includes it.
+
+**Nodes and their two link classes** (``dlac estimate --nodes N --ranks-per-node G --intra-gbit ... --inter-gbit
+...``, :func:`predict_policy`): which peers to compress (``DLACStrategy(compress_peers=...)``). ``W = N G`` ranks; a
+rank sends one share ``S = B * D * 4 / W`` to each of its ``W - 1`` peers, ``G - 1`` of them on its node and
+``W - G`` on other nodes. The intra-node bandwidth is per rank (each GPU's own link into the node's fabric, NVLink);
+the inter-node bandwidth is per node (all its NICs together), shared by the node's ``G`` ranks.
+
+| quantity | formula |
+|---|---|
+| wire time, same node | ``alpha * m (G - 1) + 8 * (G - 1) S / r / intra`` |
+| wire time, other nodes | ``alpha * m (W - G) + 8 * G * (W - G) S / r / inter`` (the node's ranks share its NICs) |
+| ``r`` of a link class | compressed: the direction's DLAC ratio; else 1 (float32) |
+| ``m``, messages per peer | 2 where the policy compresses for any peer (sizes to every peer, then payload); else 1 |
+| codec time | ``C / encode_rate + C / decode_rate``, ``C`` the raw bytes of the compressed peers' shares |
+| a direction | ``codec + max(same node, other nodes)`` (the two link classes carry their bytes at once) |
+| step | ``compute + forward + backward`` (exposed, as above) |
+
+Policies: ``none`` (FP32 to every peer), ``all`` (DLAC to every peer) and ``other_nodes`` (DLAC to the ranks on
+other nodes, FP32 within the node); gradients go back compressed where their embeddings came compressed, as
+``compress_peers`` does. With one rank per node ``all`` and ``other_nodes`` are the same policy; with one node
+``other_nodes`` is ``none``. The dense all-reduce and the input dist are the same under every policy and left out of
+this comparison (a ``compute_ms`` read from a run holds them as they ran).
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 LINK_KINDS = ("per_gpu", "shared")
 PIPELINES = (None, "sparse_dist")
@@ -46,6 +72,12 @@ METHOD_LABELS = {
     "int8_fp16": "TorchRec qcomm INT8 fwd / FP16 bwd",
     "dlac_bf16": "DLAC fwd / BF16 bwd",
     "dlac_dlac": "DLAC both directions",
+}
+POLICIES = ("none", "all", "other_nodes")
+POLICY_LABELS = {
+    "none": "none (FP32 to every peer)",
+    "all": "all (DLAC to every peer)",
+    "other_nodes": "other_nodes (DLAC across nodes, FP32 within)",
 }
 
 
@@ -248,6 +280,194 @@ def predict_all(workload: Workload, codec: Codec, link: Link, world: int,
     return {m: predict(m, workload, codec, link, world, pipeline) for m in METHODS}
 
 
+@dataclass(frozen=True)
+class Topology:
+    """Nodes of equal size and the two link classes between their ranks.
+
+    Args:
+        nodes: Nodes in the job.
+        ranks_per_node: Ranks (GPUs) on each node, the same on every node.
+        intra_gbit_s: Bandwidth within a node in Gbit/s, per rank: each GPU's own link into the node's fabric.
+        inter_gbit_s: Bandwidth out of a node in Gbit/s, per node: all of its NICs together, shared by its ranks
+            (eight GPUs with one 400 Gbit/s NIC each: 3200).
+        latency_us: Cost of one message in microseconds, on either link class.
+    """
+
+    nodes: int
+    ranks_per_node: int
+    intra_gbit_s: float
+    inter_gbit_s: float
+    latency_us: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1 or self.ranks_per_node < 1:
+            raise ValueError(f"nodes={self.nodes} and ranks_per_node={self.ranks_per_node} must both be >= 1.")
+        if self.world < 2:
+            raise ValueError("1 node x 1 rank exchanges nothing: give at least 2 ranks in all.")
+        _positive(self.intra_gbit_s, "intra_gbit_s")
+        _positive(self.inter_gbit_s, "inter_gbit_s")
+        _positive(self.latency_us, "latency_us", allow_zero=True)
+
+    @property
+    def world(self) -> int:
+        return self.nodes * self.ranks_per_node
+
+    @property
+    def intra(self) -> Link:
+        """A rank's own link to the ranks of its node."""
+        return Link(self.intra_gbit_s, self.latency_us, "per_gpu")
+
+    @property
+    def inter(self) -> Link:
+        """The node's link to the other nodes, which its ranks share (:meth:`Link.wire_s` with ``world`` the
+        ranks per node)."""
+        return Link(self.inter_gbit_s, self.latency_us, "shared")
+
+
+def _policy_direction_ms(policy: str, ratio: float, rates: tuple[float, float], workload: Workload,
+                         topology: Topology) -> tuple[float, float, float]:
+    """(codec ms, same-node wire ms, other-node wire ms) of one all-to-all direction under ``policy``."""
+    share = workload.batch_per_rank * workload.total_dim * 4 / topology.world  # raw bytes for one peer
+    near, far = topology.ranks_per_node - 1, topology.world - topology.ranks_per_node  # peers of each class
+    near_compressed, far_compressed = policy == "all", policy in ("all", "other_nodes")
+    compressed = share * (near * near_compressed + far * far_compressed)
+    codec_s = compressed / (rates[0] * 1e9) + compressed / (rates[1] * 1e9)
+
+    messages = 2 if compressed else 1  # per peer: the size exchange goes to every peer, raw ones included
+
+    def wire_s(link: Link, peers: int, on: bool, sharing: int) -> float:
+        if not peers:
+            return 0.0
+        return link.wire_s(peers * share / (ratio if on else 1.0), sharing, peers * messages)
+
+    intra = wire_s(topology.intra, near, near_compressed, 1)
+    inter = wire_s(topology.inter, far, far_compressed, topology.ranks_per_node)
+    return codec_s * 1e3, intra * 1e3, inter * 1e3
+
+
+def predict_policy(policy: str, workload: Workload, codec: Codec, topology: Topology) -> Prediction:
+    """The step of ``policy`` (one of :data:`POLICIES`: which peers get DLAC, in both directions) on
+    ``topology``: compute plus the two exchanges; no all-reduce and no input dist (the same under every policy).
+    ``Prediction.method`` holds the policy; ``parts`` each direction's codec, same-node and other-node wire time."""
+    if policy not in POLICIES:
+        raise ValueError(f"compress_peers policy {policy!r} is not modelled; choose one of {list(POLICIES)}.")
+    parts: dict[str, float] = {}
+    totals = []
+    for direction, ratio in (("forward", codec.forward_ratio), ("backward", codec.backward_ratio)):
+        codec_ms, intra_ms, inter_ms = _policy_direction_ms(policy, ratio, codec.rates(direction == "backward"),
+                                                            workload, topology)
+        parts.update({f"{direction}_codec_ms": codec_ms, f"{direction}_same_node_ms": intra_ms,
+                      f"{direction}_other_nodes_ms": inter_ms})
+        totals.append(codec_ms + max(intra_ms, inter_ms))
+    return Prediction(policy, topology.world, workload.compute_ms, totals[0], totals[1], 0.0, parts)
+
+
+def predict_policies(workload: Workload, codec: Codec, topology: Topology) -> dict[str, Prediction]:
+    """Every policy's prediction, keyed by policy."""
+    return {p: predict_policy(p, workload, codec, topology) for p in POLICIES}
+
+
+def policy_table(predictions: Mapping[str, Prediction]) -> list[str]:
+    """A markdown table of the policies (each direction's codec and the two link classes' wire time, the step and
+    its speedup over ``none``), and a line naming the fastest."""
+    none = predictions["none"].step_ms
+    lines = ["| compress_peers | forward ms (codec + max(same node, other nodes)) | backward ms | step ms (speedup) |",
+             "|---|---:|---:|---:|"]
+    for policy, p in predictions.items():
+        cells = []
+        for d, total in (("forward", p.forward_ms), ("backward", p.backward_ms)):
+            codec_ms, near, far = (p.parts[f"{d}_{k}_ms"] for k in ("codec", "same_node", "other_nodes"))
+            cells.append(f"{total:.2f} ({codec_ms:.2f} + max({near:.2f}, {far:.2f}))")
+        lines.append(f"| {POLICY_LABELS[policy]} | {' | '.join(cells)} | {p.step_ms:.2f} ({none / p.step_ms:.2f}x) |")
+    best = min(p.step_ms for p in predictions.values())
+    ties = [q for q, p in predictions.items() if p.step_ms == best]
+    slower = ", ".join(f"{q} {p.step_ms / best:.2f}x" for q, p in predictions.items() if q not in ties)
+    lines.append(f"Fastest: {' = '.join(ties)}, a step of {best:.2f} ms"
+                 + (f" (the others take longer: {slower})" if slower else ""))
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------------- a run's rates
+
+RUN_FIELDS = ("world_size", "batches", "raw_bytes", "sent_bytes", "encode_ms", "decode_ms")
+
+
+@dataclass(frozen=True)
+class RunRates:
+    """What a finished run measured, as the model's inputs (:func:`rates_from_run`).
+
+    Args:
+        forward_ratio: Forward raw over sent bytes (size exchange included).
+        encode_gb_s: Encode rate per rank, GB/s of float32 input.
+        decode_gb_s: Decode rate per rank, GB/s of float32 output.
+        compute_ms: A training step per rank without its exchanges; ``None`` where the run did not record it.
+    """
+
+    forward_ratio: float
+    encode_gb_s: float
+    decode_gb_s: float
+    compute_ms: float | None
+
+
+def rates_from_run(path: str | Path) -> RunRates:
+    """The ratio, codec rates and compute of the run whose ``dlac_run.json`` (``DLACCallback(report=True)``) is at
+    ``path`` (the file or its directory), from its ``summary``.
+
+    Its counters are sums over ranks and its times per training step and rank, so: ratio ``raw_bytes /
+    sent_bytes``; encode rate ``raw_bytes / (encode_ms * batches * world_size)`` (decode alike); compute ``(train_s
+    - a2a_s) / (batches * world_size)``, the training batches' wall time less the exchanges timed within them
+    (it holds the dense all-reduce and the input dist as they ran). Validation exchanges count in both the bytes
+    and the codec times; an exchange sent uncompressed (``compress="auto"``'s fallback) counts its bytes but no codec
+    time, so the rates read high when the run fell back. The forward bytes a per-peer plan sent as they are
+    (``forward_passed_bytes``: ``compress_peers`` left those peers uncompressed) are taken out of both, so the ratio and
+    the rates are the codec's. Gradient ratio and rates are not in the summary.
+
+    Raises:
+        ValueError: The file is missing or not JSON, or lacks a field the rates need (named, with the fix).
+    """
+    from lightning_dlac.plugin.report import RUN_FILE
+
+    path = Path(path)
+    if path.is_dir():
+        path = path / RUN_FILE
+    fix = (f"give the {RUN_FILE} that DLACCallback(report=True) wrote into a finished run's log directory, or the"
+           " flags it would supply (--forward-ratio, --encode-gbps, --decode-gbps, --compute-ms)")
+    try:
+        run = json.loads(path.read_text())
+    except OSError as err:
+        raise ValueError(f"--from-run {str(path)!r}: cannot read it ({err.strerror or err}); {fix}.") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"--from-run {str(path)!r} is not JSON ({err}); {fix}.") from None
+    summary = run.get("summary") if isinstance(run, dict) else None
+    if not isinstance(summary, dict):
+        raise ValueError(f"--from-run {str(path)!r} has no 'summary' object; {fix}.")
+    values: dict[str, float] = {}
+    for name in RUN_FIELDS:
+        value = summary.get(name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            what = "missing" if value is None else f"not a number ({value!r})"
+            raise ValueError(f"--from-run {str(path)!r}: summary.{name} is {what}; {fix}.")
+        values[name] = float(value)
+    for name in RUN_FIELDS:
+        if values[name] <= 0:
+            raise ValueError(f"--from-run {str(path)!r}: summary.{name} is {values[name]:g}, so the run compressed"
+                             f" nothing to measure (no training batch, or every exchange sent uncompressed); {fix}.")
+    passed = summary.get("forward_passed_bytes", 0)  # runs before per-peer compression have none
+    if isinstance(passed, (int, float)) and 0 < passed < values["raw_bytes"]:
+        values["raw_bytes"] -= passed
+        values["sent_bytes"] -= passed
+    rank_steps = values["batches"] * values["world_size"]
+    compute_ms = None
+    if all(isinstance(summary.get(n), (int, float)) for n in ("train_s", "a2a_s")):
+        compute_ms = max(0.0, (summary["train_s"] - summary["a2a_s"]) * 1e3 / rank_steps)
+    return RunRates(
+        forward_ratio=values["raw_bytes"] / values["sent_bytes"],
+        encode_gb_s=values["raw_bytes"] / (values["encode_ms"] * 1e-3 * rank_steps) / 1e9,
+        decode_gb_s=values["raw_bytes"] / (values["decode_ms"] * 1e-3 * rank_steps) / 1e9,
+        compute_ms=compute_ms,
+    )
+
+
 def table(predictions: Mapping[int, Mapping[str, Prediction]]) -> list[str]:
     """A markdown table: per world size, each method's step time and speedup over FP32."""
     lines = ["| ranks | " + " | ".join(f"{METHOD_LABELS[m]} ms (speedup)" for m in METHODS) + " |",
@@ -300,22 +520,36 @@ def _dims(text: str) -> tuple[int, ...]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``dlac estimate``: predicted step time and speedup of FP32, INT8/FP16 and DLAC on your cluster."""
-    import argparse
-
+    """``dlac estimate``: predicted step time and speedup of FP32, INT8/FP16 and DLAC on your cluster; with
+    ``--nodes``, of each ``compress_peers`` policy on nodes of fast intra-node and slower inter-node links."""
     parser = argparse.ArgumentParser(
         prog="dlac estimate", description=main.__doc__,
         epilog="Every default is this project's measured DLRM (26 tables x dim 64, batch 4096 per rank, ratios from"
                " benchmarks/e2e_bandwidth.py) except the ones only your cluster can supply: --compute-ms and the"
-               " codec rates of your device. See docs/benchmarks.md, 'Scaling model'.")
-    parser.add_argument("--world-sizes", default="8,16,32,64,128,256,512", help="ranks (GPUs), comma-separated")
-    parser.add_argument("--gbit", type=float, default=100.0, help="link bandwidth, Gbit/s (per GPU unless --shared)")
+               " codec rates of your device (or --from-run, a finished run's measurements). See docs/benchmarks.md,"
+               " 'Scaling model', and docs/multinode.md, 'Which peers to compress'.")
+    parser.add_argument("--world-sizes", default=None,
+                        help="ranks (GPUs), comma-separated (default 8,16,32,64,128,256,512; not with --nodes)")
+    parser.add_argument("--gbit", type=float, default=None,
+                        help="link bandwidth, Gbit/s (per GPU unless --shared; default 100; not with --nodes)")
     parser.add_argument("--latency-us", type=float, default=5.0,
                         help="cost of one message to one peer, microseconds (an all-to-all sends W - 1)")
     parser.add_argument("--shared", action="store_true", help="one link for all ranks (an emulated loopback)")
+    topology = parser.add_argument_group(
+        "nodes", "all four together: the compress_peers policies (none, all, other_nodes) on N nodes x G ranks")
+    topology.add_argument("--nodes", type=int, default=None, help="nodes in the job")
+    topology.add_argument("--ranks-per-node", type=int, default=None, help="ranks (GPUs) per node")
+    topology.add_argument("--intra-gbit", type=float, default=None,
+                          help="bandwidth within a node, Gbit/s per rank (each GPU's NVLink)")
+    topology.add_argument("--inter-gbit", type=float, default=None,
+                          help="bandwidth out of a node, Gbit/s per node (all its NICs, shared by its ranks)")
     parser.add_argument("--batch", type=int, default=4096, help="samples per rank per step")
     parser.add_argument("--dims", default="26x64", help="pooled-embedding dims: COUNTxDIM or DIM, comma-separated")
-    parser.add_argument("--compute-ms", type=float, required=True,
+    parser.add_argument("--from-run", default=None, metavar="DLAC_RUN_JSON",
+                        help="a finished run's dlac_run.json (or its directory): the forward ratio, codec rates and"
+                             " compute per step it measured (that compute holds the dense all-reduce as it ran: add"
+                             " --dense-params 0 not to count it twice); flags given as well override it")
+    parser.add_argument("--compute-ms", type=float, default=None,
                         help="step time without the embedding all-to-alls and the dense all-reduce (measured)")
     parser.add_argument("--dense-params", type=int, default=159_553, help="dense parameters (float32 all-reduce)")
     parser.add_argument("--allreduce-hidden", type=float, default=0.0, help="share of the all-reduce hidden, 0-1")
@@ -324,32 +558,49 @@ def main(argv: list[str] | None = None) -> None:
                              " the input dist in --compute-ms")
     parser.add_argument("--pipeline", choices=["none", "sparse_dist"], default="none",
                         help="sparse_dist: DLACStrategy(pipeline='sparse_dist'), the input dist hidden behind compute")
-    parser.add_argument("--forward-ratio", type=float, default=29.0, help="DLAC forward ratio (measured)")
+    parser.add_argument("--forward-ratio", type=float, default=None, help="DLAC forward ratio (measured; default 29)")
     parser.add_argument("--backward-ratio", type=float, default=9.0, help="DLAC gradient ratio (measured)")
-    parser.add_argument("--encode-gbps", type=float, required=True, help="DLAC encode GB/s per rank (your device)")
-    parser.add_argument("--decode-gbps", type=float, required=True, help="DLAC decode GB/s per rank (your device)")
+    parser.add_argument("--encode-gbps", type=float, default=None, help="DLAC encode GB/s per rank (your device)")
+    parser.add_argument("--decode-gbps", type=float, default=None, help="DLAC decode GB/s per rank (your device)")
     parser.add_argument("--backward-encode-gbps", type=float, default=None, help="gradients; default --encode-gbps")
     parser.add_argument("--backward-decode-gbps", type=float, default=None, help="gradients; default --decode-gbps")
-    parser.add_argument("--cast-gbps", type=float, required=True,
-                        help="TorchRec qcomm INT8/FP16 quantize GB/s per rank (your device)")
+    parser.add_argument("--cast-gbps", type=float, default=None,
+                        help="TorchRec qcomm INT8/FP16 quantize GB/s per rank (your device; not with --nodes)")
     args = parser.parse_args(argv)
     from lightning.pytorch.utilities.rank_zero import rank_zero_info  # after parsing: `--help` stays instant
 
+    gbit = 100.0 if args.gbit is None else args.gbit  # None until here: --nodes refuses it given
     try:
-        worlds = _ints(args.world_sizes)
+        topo = _topology(args)
+        read = _fill_from_run(args)
         workload = Workload(args.batch, _dims(args.dims), args.compute_ms, args.dense_params, args.allreduce_hidden,
                             args.ids_per_sample)
         codec = Codec(args.forward_ratio, args.backward_ratio, args.encode_gbps, args.decode_gbps,
-                      args.backward_encode_gbps, args.backward_decode_gbps, args.cast_gbps)
-        link = Link(args.gbit, args.latency_us, "shared" if args.shared else "per_gpu")
-        pipeline = None if args.pipeline == "none" else args.pipeline
-        preds = {w: predict_all(workload, codec, link, w, pipeline) for w in worlds}
+                      args.backward_encode_gbps, args.backward_decode_gbps,
+                      1.0 if args.cast_gbps is None else args.cast_gbps)  # None: --nodes, which has no cast
+        if topo is not None:
+            policies = predict_policies(workload, codec, topo)
+        else:
+            worlds = _ints("8,16,32,64,128,256,512" if args.world_sizes is None else args.world_sizes)
+            link = Link(gbit, args.latency_us, "shared" if args.shared else "per_gpu")
+            pipeline = None if args.pipeline == "none" else args.pipeline
+            preds = {w: predict_all(workload, codec, link, w, pipeline) for w in worlds}
     except ValueError as err:
         parser.error(str(err))
+    if read:
+        rank_zero_info(f"dlac estimate: from {args.from_run}: {read}")
+    if topo is not None:
+        rank_zero_info(f"dlac estimate: {topo.nodes} nodes x {topo.ranks_per_node} ranks; within a node"
+                       f" {topo.intra_gbit_s:g} Gbit/s per rank, across nodes {topo.inter_gbit_s:g} Gbit/s per node"
+                       f" (shared by its {topo.ranks_per_node} ranks); {topo.latency_us:g} us per message; batch"
+                       f" {args.batch} x {workload.total_dim} columns per rank; step = compute + both exchanges")
+        for line in policy_table(policies):
+            rank_zero_info(line)
+        return
     ids = (f"; input dist of {args.ids_per_sample:g} ids per sample"
            f" {'hidden behind compute where it fits (sparse_dist)' if pipeline else 'on the path (unpipelined)'}"
            if args.ids_per_sample else "")
-    rank_zero_info(f"dlac estimate: {args.gbit:g} Gbit/s {'shared' if args.shared else 'per GPU'},"
+    rank_zero_info(f"dlac estimate: {gbit:g} Gbit/s {'shared' if args.shared else 'per GPU'},"
                    f" {args.latency_us:g} us per message; batch {args.batch} x {workload.total_dim} columns per"
                    f" rank{ids}")
     for line in table(preds):
@@ -358,3 +609,52 @@ def main(argv: list[str] | None = None) -> None:
         unpipelined = {w: predict_all(workload, codec, link, w) for w in worlds}
         for line in pipeline_gains(preds, unpipelined):
             rank_zero_info(line)
+
+
+def _topology(args: argparse.Namespace) -> Topology | None:
+    """The nodes the four topology flags describe, or ``None`` when none is given (the single-link model)."""
+    flags = {"--nodes": args.nodes, "--ranks-per-node": args.ranks_per_node, "--intra-gbit": args.intra_gbit,
+             "--inter-gbit": args.inter_gbit}
+    given = [f for f, v in flags.items() if v is not None]
+    if not given:
+        return None
+    missing = [f for f in flags if f not in given]
+    if missing:
+        raise ValueError(f"{', '.join(given)} without {', '.join(missing)}: the topology model needs all four"
+                         " (e.g. --nodes 2 --ranks-per-node 8 --intra-gbit 3600 --inter-gbit 3200).")
+    single = {"--world-sizes": args.world_sizes, "--gbit": args.gbit, "--shared": args.shared or None,
+              "--cast-gbps": args.cast_gbps, "--ids-per-sample": args.ids_per_sample or None,
+              "--pipeline": None if args.pipeline == "none" else args.pipeline}
+    clash = [f for f, v in single.items() if v is not None]
+    if clash:
+        raise ValueError(f"{', '.join(clash)} belong(s) to the single-link model; with --nodes the ranks are nodes x"
+                         " --ranks-per-node, the links --intra-gbit and --inter-gbit, and the dense all-reduce and"
+                         " the input dist (the same under every policy) are left out: drop them.")
+    return Topology(args.nodes, args.ranks_per_node, args.intra_gbit, args.inter_gbit, args.latency_us)
+
+
+def _fill_from_run(args: argparse.Namespace) -> str:
+    """Fill the rates the user did not give from ``--from-run``, then the defaults; check the required ones are
+    there. Returns what was read from the run, as a line for the log ("" without ``--from-run``)."""
+    taken = []
+    if args.from_run is not None:
+        rates = rates_from_run(args.from_run)
+        for dest, value, label in (("forward_ratio", rates.forward_ratio, "forward ratio {:.2f}"),
+                                   ("encode_gbps", rates.encode_gb_s, "encode {:.3g} GB/s"),
+                                   ("decode_gbps", rates.decode_gb_s, "decode {:.3g} GB/s"),
+                                   ("compute_ms", rates.compute_ms, "compute {:.2f} ms per step")):
+            if getattr(args, dest) is None and value is not None:
+                setattr(args, dest, value)
+                taken.append(label.format(value))
+    if args.forward_ratio is None:
+        args.forward_ratio = 29.0
+    needed = ["--compute-ms", "--encode-gbps", "--decode-gbps"]
+    if args.nodes is None:
+        needed.append("--cast-gbps")
+    missing = [f for f in needed if getattr(args, f[2:].replace("-", "_")) is None]
+    if missing:
+        why = (f" ({args.from_run} recorded no train_s / a2a_s)" if args.from_run and "--compute-ms" in missing
+               else "")
+        raise ValueError(f"{', '.join(missing)} required: give them{why}, or --from-run with a finished run's"
+                         " dlac_run.json for the codec rates and the compute.")
+    return ", ".join(taken) + ("; gradient ratio and rates from the flags" if taken else "")

@@ -158,6 +158,11 @@ class CompressionMonitor:
             "sent_bytes": t.sent_bytes,
             "table_raw_bytes": dict(t.table_raw_bytes),
             "table_sent_bytes": dict(t.table_sent_bytes),
+            # Both directions' payloads by link class, and those sent as they are (compress_peers)
+            "same_node_sent_bytes": t.same_node_sent_bytes,
+            "other_nodes_sent_bytes": t.other_nodes_sent_bytes,
+            "passed_bytes": t.passed_bytes,
+            "forward_passed_bytes": sum(t.table_passed_bytes.values()),  # of raw_bytes / sent_bytes: not encoded
             "train_s": self.train_s,
             "a2a_s": self.a2a_s,
             "encode_ms": t.encode_s * ms,

@@ -114,6 +114,9 @@ def headline(run: dict[str, Any], baseline: dict[str, Any] | None = None) -> lis
         f"forward all-to-all: {_mib(sent)} sent instead of {_mib(raw)} ({raw / sent if sent else 1.0:.1f}x smaller,"
         f" {_mib(raw - sent)} saved) over {s['batches']} training batches on {s['world_size']} ranks",
     ]
+    links = link_line(s)
+    if links:
+        lines.append(links)
     if s.get("train_s"):
         lines.append(
             f"all-to-all share of training time: {s['a2a_s'] / s['train_s']:.0%} (encode {s['encode_ms']:.1f} ms,"
@@ -130,6 +133,17 @@ def headline(run: dict[str, Any], baseline: dict[str, Any] | None = None) -> lis
     if baseline is not None:
         lines += baseline_lines(run, baseline)
     return lines
+
+
+def link_line(summary: dict[str, Any]) -> str | None:
+    """Both directions' payload bytes by link class, where the run had peers the plan sent as they are or peers on
+    another node (``None`` on a single node that compressed for everyone: the forward line says it all)."""
+    same, other = summary.get("same_node_sent_bytes", 0), summary.get("other_nodes_sent_bytes", 0)
+    passed = summary.get("passed_bytes", 0)
+    if not (other or passed):
+        return None
+    return (f"by link (both directions): {_mib(other)} to other nodes, {_mib(same)} within nodes, of which"
+            f" {_mib(passed)} sent as is (compress_peers: uncompressed where the plan does not compress)")
 
 
 def never_calibrated_reason(status: dict[str, Any], default_eps: float | None) -> str:

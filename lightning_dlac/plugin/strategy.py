@@ -4,7 +4,7 @@ rest, registered as ``Trainer(strategy="dlac")``."""
 from __future__ import annotations
 
 import atexit
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -134,6 +134,10 @@ class DLACStrategy(DDPStrategy):
             batch's ids are sent to the ranks that own their tables during the step before, off the critical path;
             same results; the model's forward must be traceable, see docs/strategy.md). ``None``: one batch at a
             time, as Lightning calls ``training_step``.
+        compress_peers: Which peers' payloads are compressed: ``"auto"`` (default: only those to ranks on other
+            nodes when the job spans several nodes, every peer's on a single node), ``"all"``, ``"other_nodes"``, or
+            a function ``(src, dst) -> bool`` of two global ranks (or its import path, for YAML). The others go as
+            float32, exactly, both ways. Nodes come from Lightning's cluster environment (``node_rank``).
         verify_checkpoints: Checksum (CRC32) every file of a checkpoint when it is saved, by the rank that wrote it,
             and verify them when it is loaded, shared out over the ranks. ``False``: sizes only, for checkpoints too
             large to read back (docs/multinode.md, "Surviving failures").
@@ -166,6 +170,7 @@ class DLACStrategy(DDPStrategy):
         fallback_check_every: int = 64,
         overlap: bool | None = None,
         pipeline: str | None = None,
+        compress_peers: str | Callable[[int, int], bool] = "auto",
         find_unused_parameters: bool = False,
         static_graph: bool = False,
         bucket_cap_mb: int = 25,
@@ -197,12 +202,8 @@ class DLACStrategy(DDPStrategy):
         self._compress = compress is not False
         self._compression = CompressionConfig(
             backward=parse_enum(BackwardCompression, backward_compression, "backward_compression"),
-            backward_eps=backward_eps,
-            error_every=error_every,
-            impl=codec_impl,
-            auto_fallback=compress == "auto",
-            fallback_check_every=fallback_check_every,
-            overlap=overlap,
+            backward_eps=backward_eps, error_every=error_every, impl=codec_impl, auto_fallback=compress == "auto",
+            fallback_check_every=fallback_check_every, overlap=overlap, compress_peers=compress_peers,
         )
         self._error_bounds = ErrorBounds(default_eps=eps)
         self._group: ExchangeGroup | None = None
@@ -340,7 +341,8 @@ class DLACStrategy(DDPStrategy):
         except NoEmbeddingTablesError as err:
             raise NoEmbeddingTablesError(f"{type(self).__name__} {err}") from None
         if self._compress:
-            self._group = install_compressed_all_to_all(self._dmp, self._compression, self._error_bounds)
+            self._group = install_compressed_all_to_all(self._dmp, self._compression, self._error_bounds,
+                                                        node=self.node_rank)
             # Build (or load) the native codec now: a first run's JIT build belongs to set-up, not to the first
             # step's encode time in the report; "native" that cannot build fails here, before any step.
             resolve_impl(self._compression.impl)

@@ -1,23 +1,33 @@
 """The step-time model behind ``dlac estimate`` (lightning_dlac.commands.estimate): its formulas on numbers worked by
-hand,
-its input checks, and the subcommand."""
+hand (the single link, and nodes with two link classes under each ``compress_peers`` policy), its input checks, the
+rates read from a finished run's ``dlac_run.json``, and the subcommand."""
 
 from __future__ import annotations
 
+import json
 import logging
+import re
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from lightning_dlac.commands.estimate import (
     METHODS,
+    POLICIES,
     Codec,
     Link,
+    Topology,
     Workload,
     _dims,
     combine_ratios,
     main,
+    policy_table,
     predict,
     predict_all,
+    predict_policies,
+    predict_policy,
+    rates_from_run,
     table,
 )
 
@@ -112,6 +122,214 @@ def test_dlac_estimate_subcommand_logs_a_table(caplog: pytest.LogCaptureFixture)
                   "--decode-gbps", "100", "--cast-gbps", "500"])
     text = caplog.text
     assert "100 Gbit/s per GPU" in text and "| 8 | " in text and "| 64 | " in text
+    for bad in (["--encode-gbps", "0"], ["--gbit", "0"], ["--cast-gbps", "0"], ["--world-sizes", ""]):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["--compute-ms", "5", "--encode-gbps", "1", "--decode-gbps", "1", "--cast-gbps", "1", *bad])
+        assert exit_info.value.code == 2, bad  # argparse's error exit, naming the bad input on stderr
+
+
+# ---------------------------------------------------------------------------------------------- nodes and policies
+
+# 2 nodes x 2 ranks; within a node 8 Gbit/s per rank, across nodes 1 Gbit/s per node; 100 us per message.
+TOPOLOGY = Topology(nodes=2, ranks_per_node=2, intra_gbit_s=8.0, inter_gbit_s=1.0, latency_us=100.0)
+
+
+def test_each_policy_on_two_nodes_worked_by_hand() -> None:
+    # A rank's 1000 x 16 x 4 = 64,000 bytes split in 4 shares of 16,000: 1 peer on its node, 2 on the other node.
+    share = 16_000
+    p = predict_policies(WORKLOAD, CODEC, TOPOLOGY)
+    # none: one message per peer; the node's NIC carries both of its ranks' 2 shares to the other node.
+    near, far = 0.1 + 8 * share / 8e9 * 1e3, 2 * 0.1 + 8 * 2 * (2 * share) / 1e9 * 1e3  # 0.116 and 0.712 ms
+    assert p["none"].parts == pytest.approx({
+        "forward_codec_ms": 0.0, "forward_same_node_ms": near, "forward_other_nodes_ms": far,
+        "backward_codec_ms": 0.0, "backward_same_node_ms": near, "backward_other_nodes_ms": far})
+    assert p["none"].forward_ms == pytest.approx(0.712) and p["none"].backward_ms == pytest.approx(0.712)
+    assert p["none"].step_ms == pytest.approx(10.0 + 2 * 0.712)  # compute + both exchanges, no all-reduce
+    # all: every share encoded (3 x 16,000 bytes at 1 GB/s in, 2 GB/s out; gradients 0.5 GB/s in), sent at the
+    # direction's ratio (20, 5) in 2 messages per peer (sizes, then payload).
+    fwd_codec, bwd_codec = (48_000 / 1e9 + 48_000 / 2e9) * 1e3, (48_000 / 0.5e9 + 48_000 / 2e9) * 1e3
+    assert p["all"].parts["forward_codec_ms"] == pytest.approx(0.072)
+    assert p["all"].parts["forward_same_node_ms"] == pytest.approx(2 * 0.1 + 8 * share / 20 / 8e9 * 1e3)
+    assert p["all"].parts["forward_other_nodes_ms"] == pytest.approx(4 * 0.1 + 8 * 2 * 2 * share / 20 / 1e9 * 1e3)
+    assert p["all"].forward_ms == pytest.approx(fwd_codec + 0.4256)
+    assert p["all"].backward_ms == pytest.approx(bwd_codec + 4 * 0.1 + 8 * 2 * 2 * share / 5 / 1e9 * 1e3)
+    # other_nodes: only the 2 far shares encoded; the near one goes as float32, after its chunk size (the size
+    # exchange goes to every peer): 2 messages.
+    assert p["other_nodes"].parts["forward_codec_ms"] == pytest.approx((32_000 / 1e9 + 32_000 / 2e9) * 1e3)
+    assert p["other_nodes"].parts["forward_same_node_ms"] == pytest.approx(2 * 0.1 + 8 * share / 8e9 * 1e3)
+    assert p["other_nodes"].parts["forward_other_nodes_ms"] == pytest.approx(0.4256)
+    assert p["other_nodes"].forward_ms == pytest.approx(0.048 + 0.4256)
+    assert p["other_nodes"].backward_ms == pytest.approx(0.08 + 0.5024)
+    assert p["other_nodes"].step_ms < p["all"].step_ms < p["none"].step_ms
+
+
+def test_other_nodes_beats_all_when_the_node_is_fast_and_the_codec_finite() -> None:
+    workload = Workload(4096, (64,) * 26, compute_ms=5.0)
+    for encode in (10.0, 100.0, 1000.0):
+        codec = Codec(29.0, 9.0, encode, encode)
+        for intra in (900.0, 3600.0, 7200.0):
+            p = predict_policies(workload, codec, Topology(4, 8, intra, 400.0, 5.0))
+            assert p["other_nodes"].step_ms < p["all"].step_ms, (encode, intra)
+            # the near shares cost codec time under all and next to no wire time under either
+            assert p["all"].parts["forward_codec_ms"] > p["other_nodes"].parts["forward_codec_ms"]
+
+
+def test_one_rank_per_node_makes_all_and_other_nodes_one_policy_and_the_single_link_model() -> None:
+    topology = Topology(nodes=4, ranks_per_node=1, intra_gbit_s=100.0, inter_gbit_s=0.1, latency_us=100.0)
+    p = predict_policies(WORKLOAD, CODEC, topology)
+    assert replace(p["other_nodes"], method="all") == p["all"]  # every peer is on another node
+    # and each node's NIC is its one rank's link: the single-link model's per-GPU link of that bandwidth
+    link = Link(0.1, 100.0)
+    for policy, method in (("none", "fp32"), ("all", "dlac_dlac")):
+        single = predict(method, WORKLOAD, CODEC, link, world=4)
+        assert (p[policy].forward_ms, p[policy].backward_ms) == pytest.approx((single.forward_ms, single.backward_ms))
+    assert policy_table(p)[-1].startswith("Fastest: all = other_nodes, a step of")
+    # One node: nothing crosses a NIC, so other_nodes compresses nothing and is none.
+    one_node = predict_policies(WORKLOAD, CODEC, Topology(1, 4, 100.0, 1.0))
+    assert replace(one_node["other_nodes"], method="none") == one_node["none"]
+    assert one_node["none"].parts["forward_other_nodes_ms"] == 0.0
+
+
+def test_policy_table_names_the_fastest() -> None:
+    lines = policy_table(predict_policies(WORKLOAD, CODEC, TOPOLOGY))
+    assert len(lines) == 2 + len(POLICIES) + 1 and lines[2].startswith("| none (FP32 to every peer) | 0.71 (0.00 + ")
+    assert lines[-1].startswith("Fastest: other_nodes, a step of") and "none " in lines[-1] and "all " in lines[-1]
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: Topology(0, 8, 1.0, 1.0), "nodes=0 and ranks_per_node=8 must both be >= 1"),
+        (lambda: Topology(1, 1, 1.0, 1.0), "1 node x 1 rank exchanges nothing"),
+        (lambda: Topology(2, 8, 1.0, 0.0), "inter_gbit_s=0.0 must be a finite number > 0"),
+        (lambda: predict_policy("some", WORKLOAD, CODEC, TOPOLOGY), "policy 'some' is not modelled"),
+    ],
+)
+def test_bad_topologies_are_named(build, message: str) -> None:  # noqa: ANN001
+    with pytest.raises(ValueError, match=message):
+        build()
+
+
+NODES = ["--nodes", "2", "--ranks-per-node", "8", "--intra-gbit", "3600", "--inter-gbit", "400", "--compute-ms", "5",
+         "--encode-gbps", "100", "--decode-gbps", "100"]
+
+
+def test_dlac_estimate_with_nodes_logs_the_policies(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO):
+        main(NODES)
+    text = caplog.text
+    assert "2 nodes x 8 ranks; within a node 3600 Gbit/s per rank, across nodes 400 Gbit/s per node" in text
+    assert all(f"| {label} |" in text for label in ("none (FP32 to every peer)", "all (DLAC to every peer)"))
+    assert "Fastest: other_nodes" in text
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (NODES[:2] + NODES[8:], "--nodes without --ranks-per-node, --intra-gbit, --inter-gbit"),
+        ([*NODES, "--gbit", "100"], "--gbit belong(s) to the single-link model"),
+        ([*NODES, "--world-sizes", "8", "--shared"], "--world-sizes, --shared belong(s) to the single-link model"),
+        (NODES[:8], "--compute-ms, --encode-gbps, --decode-gbps required"),
+        (NODES[:8] + NODES[10:], "--compute-ms required"),
+    ],
+)
+def test_dlac_estimate_names_missing_and_clashing_flags(argv: list[str], message: str,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
-        main(["--compute-ms", "5", "--encode-gbps", "0", "--decode-gbps", "1", "--cast-gbps", "1"])
-    assert exit_info.value.code == 2  # argparse's error exit, naming the bad input on stderr
+        main(argv)
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------- --from-run
+
+
+def _write_run(directory: Path, **overrides: float) -> Path:
+    """A dlac_run.json whose summary is what the callback's monitor writes for 10 batches on 2 ranks."""
+    from lightning_dlac.comm import CommStats
+    from lightning_dlac.plugin.metrics import CompressionMonitor
+
+    monitor = CompressionMonitor(per_table=False, all_reduce=lambda tensor, op: tensor)
+    # Summed over 2 ranks and 10 batches: 4 MB raw sent as 200 kB; 0.04 s encoding, 0.02 s decoding; 2 s of
+    # training batches of which 0.5 s in the exchanges.
+    monitor.totals = CommStats(calls=20, raw_bytes=4_000_000, sent_bytes=200_000, encode_s=0.04, decode_s=0.02)
+    monitor.batches, monitor.train_s, monitor.a2a_s = 10, 2.0, 0.5
+    summary = {**monitor.summary(world_size=2), **overrides}
+    path = directory / "dlac_run.json"
+    path.write_text(json.dumps({"mode": "adaptive", "summary": summary, "history": []}))
+    return path
+
+
+def test_rates_from_a_finished_run(tmp_path: Path) -> None:
+    rates = rates_from_run(_write_run(tmp_path))
+    assert rates.forward_ratio == pytest.approx(20.0)
+    assert rates.encode_gb_s == pytest.approx(4e6 / 0.04 / 1e9)  # 0.1 GB/s: bytes over the ranks' encode seconds
+    assert rates.decode_gb_s == pytest.approx(4e6 / 0.02 / 1e9)
+    assert rates.compute_ms == pytest.approx((2.0 - 0.5) / 20 * 1e3)  # 75 ms per step and rank
+    assert rates_from_run(tmp_path) == rates  # the run's directory names its file
+    without_times = json.loads((tmp_path / "dlac_run.json").read_text())
+    del without_times["summary"]["train_s"]
+    (tmp_path / "dlac_run.json").write_text(json.dumps(without_times))
+    assert rates_from_run(tmp_path).compute_ms is None
+
+
+def test_rates_from_a_run_leave_out_what_a_per_peer_plan_sent_as_it_was(tmp_path: Path) -> None:
+    # 1 MB of the 4 MB raw went to same-node peers as it was (compress_peers): the codec made 200 kB of the other 3 MB.
+    rates = rates_from_run(_write_run(tmp_path, raw_bytes=4_000_000, sent_bytes=1_200_000,
+                                      forward_passed_bytes=1_000_000))
+    assert rates.forward_ratio == pytest.approx(15.0)
+    assert rates.encode_gb_s == pytest.approx(3e6 / 0.04 / 1e9)
+
+
+def test_dlac_estimate_from_run_and_flags_override_it(tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    path = _write_run(tmp_path)
+    with caplog.at_level(logging.INFO):
+        main([*NODES[:8], "--from-run", str(path), "--decode-gbps", "50"])
+    read = next(line for line in caplog.text.splitlines() if "dlac estimate: from" in line)
+    # the decode rate given on the command line, everything else from the run
+    assert read.endswith(f"dlac estimate: from {path}: forward ratio 20.00, encode 0.1 GB/s, compute 75.00 ms per"
+                         " step; gradient ratio and rates from the flags")
+    none_row = next(line for line in caplog.text.splitlines() if "| none (FP32 to every peer) |" in line)
+    assert float(none_row.split("|")[4].split()[0]) > 75.0  # the run's compute plus the exchanges
+    # The single-link model still needs the cast rate, which a run does not measure.
+    with pytest.raises(SystemExit):
+        main(["--world-sizes", "8", "--from-run", str(path)])
+    assert "--cast-gbps required" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "cannot read it"),
+        ("{not json", "is not JSON"),
+        ('{"history": []}', "has no 'summary' object"),
+        ({"encode_ms": None}, "summary.encode_ms is missing"),
+        ({"raw_bytes": "many"}, "summary.raw_bytes is not a number ('many')"),
+        ({"sent_bytes": 0}, "summary.sent_bytes is 0, so the run compressed nothing to measure"),
+    ],
+)
+def test_a_bad_run_file_is_named_with_the_fix(tmp_path: Path, content: object, message: str) -> None:
+    path = tmp_path / "dlac_run.json"
+    if isinstance(content, dict):
+        path = _write_run(tmp_path)
+        run = json.loads(path.read_text())
+        run["summary"].update(content)
+        run["summary"] = {k: v for k, v in run["summary"].items() if v is not None}
+        path.write_text(json.dumps(run))
+    elif isinstance(content, str):
+        path.write_text(content)
+    with pytest.raises(ValueError, match="DLACCallback\\(report=True\\)") as info:
+        rates_from_run(path)
+    assert message in str(info.value)
+
+
+def test_the_example_in_docs_multinode_is_what_the_command_prints(caplog: pytest.LogCaptureFixture) -> None:
+    text = (Path(__file__).resolve().parents[2] / "docs" / "multinode.md").read_text()
+    section = text.split("## Which peers to compress", 1)[1]
+    command, printed = re.findall(r"```\n(.*?)\n```", section, flags=re.S)[:2]
+    argv = command.replace("\\\n", " ").split()
+    assert argv[:4] == ["dlac", "estimate", "--nodes", "4"]
+    with caplog.at_level(logging.INFO):
+        main(argv[2:])
+    assert printed.splitlines() == [line for m in caplog.messages for line in m.splitlines()], (
+        "docs/multinode.md's dlac estimate example is stale: paste what the command prints now")

@@ -13,6 +13,7 @@ import csv
 import dataclasses
 import json
 import logging
+import os
 import re
 import sys
 from pathlib import Path
@@ -261,7 +262,18 @@ def test_pipelined_run_trains_exactly_as_the_unpipelined_run(case: str) -> None:
         assert piped["own_forward"] == "method" and piped["pipeline_after_fit"] is None
 
 
-def _resume(rank: int, world_size: int, ckpt_dir: str) -> dict[str, Any]:
+def _resume(rank: int, world_size: int, ckpt_dir: str, strategy: dict[str, Any] | None = None,
+            nodes: int = 1) -> dict[str, Any]:
+    """An uninterrupted unpipelined 2-epoch run, and the same run pipelined, checkpointed after its first epoch and
+    resumed (``strategy``: more DLACStrategy arguments for all three; ``nodes``: the ranks launched as that many
+    nodes of ``world_size / nodes`` ranks each, as Lightning's multi-node launch numbers them)."""
+    passed = []
+    per_node = world_size // nodes
+    topology: dict[str, Any] = {}
+    if nodes > 1:
+        os.environ.update(NODE_RANK=str(rank // per_node), LOCAL_RANK=str(rank % per_node))
+        topology = {"num_nodes": nodes}
+
     def run(pipeline: str | None, epochs: int, checkpoint: bool, ckpt_path: str | None) -> tuple[list, DLACCallback]:
         torch.manual_seed(0)
         recorder = loss_recorder()
@@ -270,9 +282,11 @@ def _resume(rank: int, world_size: int, ckpt_dir: str) -> dict[str, Any]:
         callbacks: list = [recorder, dlac]
         if checkpoint:
             callbacks.append(ModelCheckpoint(dirpath=ckpt_dir, every_n_epochs=1, save_top_k=-1))
-        t = trainer(world_size, DLACStrategy(pipeline=pipeline), max_epochs=epochs, callbacks=callbacks,
-                    enable_checkpointing=checkpoint)
+        t = trainer(per_node, DLACStrategy(pipeline=pipeline, **(strategy or {})), max_epochs=epochs,
+                    callbacks=callbacks, enable_checkpointing=checkpoint, **topology)
         t.fit(small_dlrm(), datamodule=small_data(train_batches=10), ckpt_path=ckpt_path)
+        stats = t.strategy.total_comm_stats()
+        passed.append((stats.passed_bytes, stats.same_node_sent_bytes, stats.other_nodes_sent_bytes))
         return recorder.losses, dlac
 
     uninterrupted, u = run(None, 2, False, None)
@@ -281,7 +295,8 @@ def _resume(rank: int, world_size: int, ckpt_dir: str) -> dict[str, Any]:
     resumed, r = run("sparse_dist", 2, False, str(ckpt))
     return {"uninterrupted": uninterrupted, "resumed": resumed, "steps": (u.step, r.step),
             "bounds": (u.table_bounds, r.table_bounds), "calibrations": (u.calibrator.calibrations,
-                                                                         r.calibrator.calibrations)}
+                                                                         r.calibrator.calibrations),
+            "links": passed}
 
 
 @pytest.mark.slow

@@ -49,6 +49,11 @@ CALLBACK: dict[str, Any] = dict(
 STEPS = 8  # training batches of every arm (one forward exchange each; no validation)
 
 # The strategy arms: name -> the options that differ from STRATEGY (the name of their control arm, if not "control").
+def from_rank_0_only(src: int, dst: int) -> bool:
+    """A ``compress_peers`` policy (named by its import path, as in YAML): rank 0 compresses, the others do not."""
+    return src == 0
+
+
 STRATEGY_ARMS: dict[str, tuple[dict[str, Any], str]] = {
     "control": ({}, "control"),
     "sharding_types": ({"sharding_types": ["column_wise"]}, "control"),
@@ -70,6 +75,7 @@ STRATEGY_ARMS: dict[str, tuple[dict[str, Any], str]] = {
     "error_every_0": ({"error_every": 0}, "control"),
     "error_every_1": ({"error_every": 1}, "control"),
     "overlap": ({"overlap": True}, "control"),
+    "compress_peers": ({"compress_peers": "tests.plugin.test_options.from_rank_0_only"}, "control"),
     "find_unused_parameters": ({"find_unused_parameters": True}, "control"),
     "static_graph": ({"static_graph": True}, "control"),
     "bucket_cap_mb": ({"bucket_cap_mb": 1}, "control"),
@@ -264,10 +270,12 @@ def _strategy_arm(world_size: int, name: str) -> dict[str, Any]:
         "ddp": _ddp_options(t.strategy),
         "exchanges": len(t.strategy.exchanges),
         "overlapped": [a2a.overlapped for a2a in t.strategy.exchanges],
+        "compress_to": [a2a.layout.compress_to for a2a in t.strategy.exchanges],
         "calls": observer.calls,
         "uncompressed": observer.uncompressed,
         "stats": {"raw": stats.raw_bytes, "sent": stats.sent_bytes, "backward_raw": stats.backward_raw_bytes,
                   "backward_sent": stats.backward_sent_bytes, "backward_calls": stats.backward_calls,
+                  "passed": stats.passed_bytes,
                   "max_error_ratio": dict(stats.table_max_error_ratio)},
         "codec": {impl: {op: after[impl][op] - before[impl][op] for op in ops} for impl, ops in after.items()},
         "gradients": observer.gradients,
@@ -566,6 +574,21 @@ def test_overlap_launches_the_exchange_and_waits_when_needed(arms: tuple[list[di
     for arm, control in _pair(arms, "overlap"):
         assert arm["overlapped"] == [True] and control["overlapped"] == [False]
         assert arm["stats"]["sent"] == control["stats"]["sent"]  # the same payloads, launched earlier
+
+
+@pytest.mark.slow
+def test_compress_peers_decides_whose_payloads_are_compressed(arms: tuple[list[dict], Path]) -> None:
+    for rank, (arm, control) in enumerate(_pair(arms, "compress_peers")):
+        assert control["compress_to"] == [tuple(d != rank for d in range(2))] and control["stats"]["passed"] == 0
+        assert arm["compress_to"] == [tuple(rank == 0 and d != rank for d in range(2))]
+        # Rank 0 encodes its rows for rank 1 and rank 1 sends its own as float32; each gradient goes back as its
+        # embeddings came: bf16 from rank 1 to rank 0, float32 from rank 0 to rank 1.
+        st = arm["stats"]
+        if rank == 0:
+            assert st["sent"] < st["raw"] / 2 and st["passed"] == st["backward_sent"] == st["backward_raw"], st
+        else:
+            assert st["raw"] <= st["sent"] <= st["raw"] * 1.01 and st["passed"] == st["raw"], st  # + size records
+            assert st["backward_sent"] * 2 == st["backward_raw"], st
 
 
 @pytest.mark.slow
