@@ -227,8 +227,8 @@ def _train_rank(rank: int, world_size: int, variant_name: str, cfg: dict[str, An
         if variant.kind in ("dlac", "null"):
             exchange = dict(backward=variant.backward, auto_fallback=variant.auto_fallback,
                             fallback_check_every=cfg.get("fallback_check_every", 64), overlap=variant.overlap)
-            if variant.compress_peers is not None and "compress_peers" in CompressionConfig.__dataclass_fields__:
-                exchange["compress_peers"] = variant.compress_peers  # a library without it compresses to all peers
+            if variant.compress_peers is not None:
+                exchange["compress_peers"] = variant.compress_peers
             if variant.kind == "null":  # nothing to sample: the null codec's payload is not DLAC's
                 exchange["error_every"] = 0
             group = install_compressed_all_to_all(model, CompressionConfig(**exchange), bounds)
@@ -289,9 +289,8 @@ def _train_rank(rank: int, world_size: int, variant_name: str, cfg: dict[str, An
                 max_error_over_bound=max(stats.table_max_error_ratio.values(), default=None)
                 if variant.kind == "dlac" else None,
                 bytes_per_call=bytes_per_call(stats),  # what a null-codec launch sends to stand in for this one
-                # Payload bytes to the peers of each link class, forward + backward (a library that has them).
-                **{k: getattr(stats, k) for k in ("same_node_sent_bytes", "other_nodes_sent_bytes")
-                   if hasattr(stats, k)},
+                # Payload bytes to the peers of each link class, forward + backward (compress_peers).
+                same_node_sent_bytes=stats.same_node_sent_bytes, other_nodes_sent_bytes=stats.other_nodes_sent_bytes,
             )
         elif fwd_codec is not None:
             # TorchRec's codecs see the whole send buffer, every destination's equal share included.

@@ -45,9 +45,6 @@ rank records the payload bytes it sent to the peers of each link class (forward 
 ``CommStats`` (``same_node_sent_bytes``, ``other_nodes_sent_bytes``), for FP32 and qcomm each peer's equal share of
 what the rank sent. The targets (``TARGETS``, judged by the rule of benchmarks/common.py): at 1 Gbit/s between the
 nodes, DLAC to other nodes only >= 1.1x DLAC to every peer, and ahead of every qcomm variant that ran.
-
-A lightning_dlac without ``CompressionConfig(compress_peers=...)`` runs every DLAC variant to all peers; the results
-file records which it was (``config.per_peer_api``) and the script warns.
 """
 
 from __future__ import annotations
@@ -254,20 +251,18 @@ def launch(topo: Topology, variant: str, cfg: dict[str, Any], port: int, timeout
 def link_bytes_per_step(variant: str, per_rank: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per rank, the payload bytes per step sent to the same node's peers and to the other node's, forward +
     backward: DLAC's from its statistics, FP32's and qcomm's as each peer's equal share of what the rank sent
-    (``source`` says which; ``None`` where a DLAC run's library does not count them)."""
+    (``source`` says which)."""
     out = []
     for rank, r in enumerate(per_rank):
         steps = len(r["times"])
         if VARIANTS[variant].kind in ("dlac", "null"):
-            same, other = r.get("same_node_sent_bytes"), r.get("other_nodes_sent_bytes")
-            source = "CommStats" if same is not None else None
+            same, other, source = r["same_node_sent_bytes"], r["other_nodes_sent_bytes"], "CommStats"
         else:  # TorchRec's all-to-all sends every peer the same share
             share = (r["fwd_sent_bytes"] + r["bwd_sent_bytes"]) / (WORLD_SIZE - 1)
             same, other = share * (RANKS_PER_NODE - 1), share * (WORLD_SIZE - RANKS_PER_NODE)
             source = "equal share per peer"
-        out.append(dict(rank=rank, node=Topology.node_of(rank), source=source,
-                        same_node=None if same is None else same / steps,
-                        other_nodes=None if other is None else other / steps))
+        out.append(dict(rank=rank, node=Topology.node_of(rank), source=source, same_node=same / steps,
+                        other_nodes=other / steps))
     return out
 
 
@@ -313,9 +308,7 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
     ]
     for r in rows:
         links = r["link_bytes_per_step"]
-        other = None if any(x["other_nodes"] is None for x in links) else statistics.fmean(
-            x["other_nodes"] for x in links)
-        same = None if any(x["same_node"] is None for x in links) else statistics.fmean(x["same_node"] for x in links)
+        other, same = (statistics.fmean(x[k] for x in links) for k in ("other_nodes", "same_node"))
         veth = statistics.fmean(b["a_veth"] + b["b_veth"] for b in r["launch_link_bytes"])
         spread = "-" if len(r["launch_median_ms"]) < 2 else \
             f"{min(r['launch_median_ms']):.0f}-{max(r['launch_median_ms']):.0f}"
@@ -408,18 +401,13 @@ def main() -> None:
         sys.exit("e2e_topology.py emulates two nodes with `ip netns`, a veth pair and `tc`: run it as root on Linux.")
 
     from lightning_dlac.codec import native_available
-    from lightning_dlac.comm import CompressionConfig
 
-    per_peer = "compress_peers" in CompressionConfig.__dataclass_fields__
-    if not per_peer:
-        print("warning: this lightning_dlac has no CompressionConfig(compress_peers=...): every DLAC variant"
-              " compresses to all peers (dlac_dlac_other_nodes runs as dlac_dlac_all).", flush=True)
     # Build the native codec once here (a JIT build) so that no rank builds it while being timed.
     if not native_available():
         print("warning: the native DLAC codec did not build; the DLAC variants run the (slow) reference codec.")
     cfg = dict(batch_size=args.batch_size, steps=args.steps, warmup=args.warmup, max_rows=args.max_rows,
                world_size=WORLD_SIZE, nodes=NODES, ranks_per_node=RANKS_PER_NODE, model="dlrm",
-               timeout=args.timeout, repeats=args.repeats, variants=variants, per_peer_api=per_peer,
+               timeout=args.timeout, repeats=args.repeats, variants=variants,
                order="ABBA (reversed every other repeat; each ceiling right after the launch whose bytes it sends)",
                network="2 namespaces joined by a veth pair, tbf on both ends; same-node pairs over lo")
 
@@ -451,8 +439,6 @@ def main() -> None:
               f" per repeat {reps}{noisy}")
     for e in errors:
         print(f"BENCHMARK ERROR {e['message']}")
-    if not per_peer:
-        print("NOTE: no per-peer API in this lightning_dlac: the other_nodes variants compressed to every peer.")
     write_results(args.json_out, metadata, cfg, rows, targets=targets, errors=errors)
     print(f"\nwrote {args.json_out}")
 
