@@ -72,6 +72,7 @@ from e2e_bandwidth import (
     launch_order,
     paired,
     pool_launches,
+    speedups,
     summarize,
 )
 
@@ -423,6 +424,7 @@ def main() -> None:
     finally:
         _run(teardown_commands(topo), check=False)
 
+    speedups(rows)
     errors = ceiling_checks(rows)
     targets = judge_targets(rows, errors)
     print()

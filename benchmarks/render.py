@@ -728,6 +728,25 @@ def readme_headline(results: Results) -> list[str]:
                                "DLRM v2 (DCNv2) training step at 1 Gbit/s, DLAC both ways", "e2e_dlrm_v2.json",
                                f"{BENCH}#dlrm-v2-end-to-end-under-a-throttled-interconnect")
         used.append("e2e_dlrm_v2.json")
+    topo = results.get("e2e_topology.json")
+    if topo is not None:
+        trows = topo["results"]
+        if not any("speedup_vs_fp32" in r for r in trows):
+            from e2e_bandwidth import speedups
+
+            speedups(trows)
+        peer, everyone = _pick(trows, "1gbit", "dlac_dlac_other_nodes"), _pick(trows, "1gbit", "dlac_dlac_all")
+        qcomm = _fastest_qcomm(trows, "1gbit")
+        if peer is not None and peer.get("speedup_vs_fp32") is not None:
+            base = [f"{b['label']}: {b['speedup_vs_fp32']:.2f}x" for b in (everyone, qcomm)
+                    if b is not None and b.get("speedup_vs_fp32") is not None]
+            judged = "; ".join(_verdict(t) for t in topo.get("targets", []) if t["rate"] == "1gbit") or "-"
+            lines.append(f"| [Two emulated nodes x 2 ranks, 1 Gbit/s between them, DLAC to the other node only"
+                         f" (`compress_peers`)]({BENCH}#two-nodes-per-peer-compression-on-an-emulated-network-issue-37)"
+                         f" | {peer['speedup_vs_fp32']:.2f}x FP32's speed (per repeat"
+                         f" {_range(peer['speedup_vs_fp32_per_repeat'])}) | {'; '.join(base) or '-'} | {judged} |"
+                         " `e2e_topology.json` |")
+            used.append("e2e_topology.json")
     name = "adaptive_accuracy_criteo_1epoch.json"
     if results.get(name) is not None:
         acc_rows = [r for r in adaptive_accuracy.load_rows([results.directory / name])[0] if r["dataset"] == "criteo"]
@@ -952,7 +971,7 @@ BLOCKS: dict[str, Block] = {
     "codec_headline": Block(("codec_bench.json",), readme_codec),
     "e2e_summary": Block(("e2e_throttled.json",), readme_e2e, optional=("e2e_unthrottled.json",)),
     "readme_headline": Block(("codec_bench.json", "e2e_throttled.json"), readme_headline,
-                             optional=("e2e_unthrottled.json", "e2e_dlrm_v2.json",
+                             optional=("e2e_unthrottled.json", "e2e_dlrm_v2.json", "e2e_topology.json",
                                        "adaptive_accuracy_criteo_1epoch.json")),
     "adaptive_summary": Block(("adaptive_accuracy_criteo_1epoch.json",), readme_adaptive),
     "calibration_modes": Block(("calibration_bench.json",), calibration_modes,
@@ -1143,7 +1162,33 @@ def qcomm_race(results: Results) -> list[str]:
     return lines
 
 
+def e2e_topology(results: Results) -> list[str]:
+    """The two-node run (issue 37): the e2e table, and the bytes each rank sent per link class."""
+    from e2e_bandwidth import speedups
+
+    rows = results.get("e2e_topology.json")["results"]
+    if not any("speedup_vs_fp32" in r for r in rows):
+        speedups(rows)  # the first file was written before e2e_topology.py stored them (derived from its launches)
+    lines = _e2e_body(results, ("e2e_topology.json",))
+    lines += ["", "Bytes per step and rank to each link class (forward + backward payloads; DLAC from its counters,"
+              " FP32 and qcomm each peer's equal share), and what left each node over its throttled veth and over"
+              " its loopback in the last launch (the whole launch: set-up, warm-up and the dense all-reduce too):",
+              "", "| rate | variant | to the other node, MiB (ranks 0-3) | within the node, MiB (ranks 0-3) |"
+              " node A veth / lo, MB | node B veth / lo, MB |", "|---|---|---|---|---:|---:|"]
+    for r in rows:
+        if "link_bytes_per_step" not in r:
+            continue
+        other = " / ".join(f"{x['other_nodes'] / 2**20:.1f}" for x in r["link_bytes_per_step"])
+        same = " / ".join(f"{x['same_node'] / 2**20:.1f}" for x in r["link_bytes_per_step"])
+        last = (r.get("launch_link_bytes") or [{}])[-1]
+        nodes = [f"{last[f'{n}_veth'] / 1e6:.1f} / {last[f'{n}_lo'] / 1e6:.1f}" if f"{n}_veth" in last else "-"
+                 for n in ("a", "b")]
+        lines.append(f"| {r['rate']} | {r['label']} | {other} | {same} | {nodes[0]} | {nodes[1]} |")
+    return lines
+
+
 BLOCKS.update({
+    "e2e_topology": Block(("e2e_topology.json",), e2e_topology),
     "exchange_profile": Block(("exchange_profile.json",), exchange_profile),
     "qcomm_race": Block(("e2e_qcomm_race.json",), qcomm_race,
                         optional=("e2e_qcomm_race_10gbit.json", "e2e_qcomm_race_starved.json",

@@ -50,6 +50,7 @@ E2E_PIPELINE_ALTERNATE = "fp32_alternate,dlac_dlac_alternate,dlac_dlac_overlap_a
 # Issue 34: every TorchRec codec against DLAC, and the same with every rank on one core (FP8 cannot run on CPU).
 E2E_QCOMM_RACE = "fp32,qcomm_int8_fp16,qcomm_fp8,qcomm_mx4,qcomm_mx4_bf16,dlac_bf16,dlac_dlac,ceiling_dlac_dlac"
 E2E_QCOMM_STARVED = "fp32,qcomm_int8_fp16,qcomm_mx4,dlac_bf16,dlac_dlac,ceiling_dlac_dlac"
+E2E_TOPOLOGY = "fp32,qcomm_int8_fp16,dlac_dlac_all,dlac_dlac_other_nodes,ceiling_dlac_dlac_other_nodes"
 # At 10 Gbit/s against the fastest qcomm variant of the 1 Gbit/s race (MX4's CPU kernels are slower than the wire
 # there already; the full depth also runs the whole race at both rates).
 E2E_QCOMM_FAST_LINK = "fp32,qcomm_int8_fp16,dlac_bf16,dlac_dlac,ceiling_dlac_dlac"
@@ -133,6 +134,11 @@ STEPS: tuple[Step, ...] = (
         "smoke": _e2e("1gbit", "fp32,dlac_dlac", 256, 2, 1, 2, "--cpu-starved"),
         "quick": _e2e("1gbit", E2E_QCOMM_STARVED, 4096, 4, 1, 4, "--cpu-starved"),
         "full": _e2e("1gbit", E2E_QCOMM_STARVED, 4096, 6, 2, 4, "--cpu-starved"),
+    }),
+    Step("e2e_topology.json", "benchmarks/e2e_topology.py", {
+        "smoke": _e2e("1gbit", "fp32,dlac_dlac_all,dlac_dlac_other_nodes", 256, 2, 1, 2),
+        "quick": _e2e("1gbit", E2E_TOPOLOGY, 2048, 4, 2, 4),
+        "full": _e2e("1gbit,10gbit", E2E_TOPOLOGY, 4096, 6, 2, 4),
     }),
     Step("e2e_world3.json", "benchmarks/e2e_bandwidth.py", {
         "full": _e2e("1gbit,unthrottled", E2E_MODEL, 4096, 4, 2, 3, "--world-size", "3"),
