@@ -319,7 +319,8 @@ def _storage_reservation(module: nn.Module, embedding_modules: Sequence[nn.Modul
 
 def _dense_data_parallel(find_unused_parameters: bool, static_graph: bool, bucket_cap_mb: int) -> Any:
     """TorchRec's wrapper of the dense parameters in a DDP, with torch's current buffer option
-    (``forward_sync_buffers=False``) where TorchRec 1.8 passes the deprecated ``broadcast_buffers=False``."""
+    (``forward_sync_buffers=False``) where TorchRec 1.8 passes the deprecated ``broadcast_buffers=False``, and its
+    gradient buckets laid out once for the whole run (:func:`_fix_bucket_layout`)."""
     from torchrec.distributed.model_parallel import DefaultDataParallelWrapper
 
     class DenseDataParallel(DefaultDataParallelWrapper):
@@ -339,9 +340,31 @@ def _dense_data_parallel(find_unused_parameters: bool, static_graph: bool, bucke
                 static_graph=self._static_graph, find_unused_parameters=self._find_unused_parameters,
                 bucket_cap_mb=self._bucket_cap_mb,
             )  # fmt: skip
+            _fix_bucket_layout(dmp._dmp_wrapped_module)
 
     return DenseDataParallel(bucket_cap_mb=bucket_cap_mb, static_graph=static_graph,
                              find_unused_parameters=find_unused_parameters)
+
+
+def _fix_bucket_layout(ddp: Any) -> None:
+    """Give a new DDP the gradient-bucket layout it keeps for the whole run, the same in a fresh and a resumed run.
+
+    An all-reduce sums each gradient element over the ranks in an order that depends on where the element lies in
+    its bucket's flat buffer (gloo's and NCCL's ring algorithms reduce each chunk of the buffer in another rank
+    order). DDP reduces its first step with every parameter in one bucket in definition order, then rebuilds its
+    buckets once, in the order that step's backward made the gradients ready. A run resumed from a checkpoint builds
+    a new DDP, so its first step reduced with the first-step layout where the run it continues used the rebuilt one:
+    on 3 or more ranks some elements summed their addends in another order, the dense weights differed in the last
+    bit after the first resumed step, and the losses a few steps later (with 2 ranks ``a + b == b + a`` hid it).
+    Rebuilding now, in definition order (the order DDP's own join hook pushes), fixes the layout before any step;
+    where DDP never rebuilds (``find_unused_parameters=True`` without ``static_graph``) both calls do nothing.
+
+    The cost: with more than one bucket (dense parameters beyond ``bucket_cap_mb``) the buckets follow definition
+    order rather than the backward's, so their all-reduces start when the backward reaches the first layers instead
+    of overlapping the rest of it.
+    """
+    ddp.reducer._push_all_rebuilt_params()
+    ddp.reducer._rebuild_buckets()  # a broadcast of the layout from rank 0: every rank builds its DDP here
 
 
 def plan_summary(plan: Any) -> str:

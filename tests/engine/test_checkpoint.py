@@ -1,6 +1,6 @@
-"""Save and resume of a 2-rank sharded run: table shards, fused and dense optimizer state, loops, DLACCallback, and
-every rank's random state (the model's training step draws from torch, NumPy and Python's generators:
-tests/engine/_random_dlrm.py)."""
+"""Save and resume of a sharded run: table shards, fused and dense optimizer state, loops, DLACCallback, and every
+rank's random state (the model's training step draws from torch, NumPy and Python's generators:
+tests/engine/_random_dlrm.py), on 2 ranks; on 3, where an all-reduce's order of addition can differ."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_dlac import DLACCallback, DLACStrategy
 from lightning_dlac.testing import run_ranks
-from tests.conftest import FEATURES, ROWS, bounds_recorder, loss_recorder, small_data, trainer
+from tests.conftest import FEATURES, ROWS, bounds_recorder, loss_recorder, small_data, small_dlrm, trainer
 from tests.engine._random_dlrm import RandomDLRM
 
 # Two ways the checkpoint (after batch 9 of 20; the linear schedule, T=15, runs across it) meets calibration:
@@ -95,6 +95,45 @@ def test_resumed_run_continues_exactly(tmp_path: Path, case: str) -> None:
         assert r["multipliers"] == u["multipliers"][10:]
         assert r["effective"] == u["effective"][10:]
         assert u["multipliers"][10] > 1.0  # the resume happened inside the early stage
+
+
+def _fit_and_resume(rank: int, world_size: int, ckpt_dir: str) -> dict:
+    """Two epochs of 3 batches uninterrupted, then one saved at its end and the second resumed from it, in one launch;
+    the losses and this rank's weights (dense, and its table shards) at the end of each two-epoch run."""
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+
+    def fit(epochs: int, save: bool = False, ckpt_path: str | None = None) -> tuple[list[float], dict]:
+        torch.manual_seed(0)
+        model, recorder = small_dlrm(), loss_recorder()
+        callbacks: list = [recorder]
+        if save:
+            callbacks.append(ModelCheckpoint(dirpath=ckpt_dir, every_n_epochs=1, save_top_k=-1))
+        t = trainer(world_size, DLACStrategy(), max_epochs=epochs, callbacks=callbacks, enable_checkpointing=save)
+        t.fit(model, datamodule=small_data(train_batches=3), ckpt_path=ckpt_path)
+        # As bytes: equal means bit for bit (and no tensor has to outlive the rank that sends it back). A rank holds
+        # none, one or several shards of a table.
+        weights = {}
+        for key, value in model.state_dict().items():
+            tensors = [s.tensor for s in value.local_shards()] if isinstance(value, ShardedTensor) else [value]
+            weights[key] = [t.numpy().tobytes() for t in tensors]
+        return recorder.losses, weights
+
+    uninterrupted = fit(2)
+    fit(1, save=True)
+    resumed = fit(2, ckpt_path=str(next(Path(ckpt_dir).iterdir())))
+    return {"uninterrupted": uninterrupted, "resumed": resumed}
+
+
+@pytest.mark.slow
+def test_resumed_run_on_3_ranks_continues_exactly(tmp_path: Path) -> None:
+    # Over 3 ranks an all-reduce sums three addends per gradient element, in an order that depends on where the
+    # element lies in DDP's gradient bucket (over 2, a + b == b + a whatever the order): the resumed run's DDP must
+    # reduce its first step with the bucket layout the uninterrupted run had reached by then.
+    for rank, run in enumerate(run_ranks(_fit_and_resume, 3, str(tmp_path))):
+        (losses, weights), (resumed_losses, resumed_weights) = run["uninterrupted"], run["resumed"]
+        differ = sorted(k for k in weights if weights[k] != resumed_weights[k])
+        assert not differ, f"rank {rank}: these weights differ from the uninterrupted run's at the end: {differ}"
+        assert resumed_losses == losses[3:]
 
 
 def test_loading_a_single_file_checkpoint_names_the_problem(tmp_path: Path) -> None:
