@@ -15,8 +15,22 @@ seeds and the same data order; only the compression changes:
 - ``DLAC both directions``: the homogenization policy forward plus DLAC-compressed gradients at ``backward_eps``
   (``--backward-eps``, default 0.01), what the end-to-end speedup figures use;
 - ``constant 0.05``: every table at the loosest class bound (the all-loose run calibration must beat on accuracy);
+  any other ``constant X`` (0 < X < 1) is every table at eps X the same way (``constant 0.002``, ...);
 - ``qcomm INT8/FP16``: TorchRec's practical baseline, ``DLACStrategy(compress=False)`` with the sharder given
-  TorchRec's qcomm codecs (INT8 row-wise forward, FP16 backward; the registry of benchmarks/e2e_bandwidth.py).
+  TorchRec's qcomm codecs (INT8 row-wise forward, FP16 backward; the registry of benchmarks/e2e_bandwidth.py); any
+  other qcomm label of e2e_bandwidth's VARIANTS runs the same way (``qcomm FP16/FP16``, ``qcomm FP8/FP8``,
+  ``qcomm MX4/MX4``, TorchRec's 4-bit codec). A codec TorchRec cannot run here (FP8 on CPU) is recorded in the
+  results file under ``failed`` with its error and not launched again for later seeds.
+
+With constant bounds and qcomm variants among those launched, the results file also holds ``frontier``, issue 33
+item 3's accuracy-bytes frontier (:func:`frontier`, its definitions in FRONTIER_DEFINITIONS): per variant the AUROC
+difference from the uncompressed run and the forward and total bytes per step, per qcomm point the DLAC points that
+dominate it within noise, and whether the default is on or near the frontier (docs/adaptive.md renders it):
+
+    V="uncompressed,constant 0.002,constant 0.005,constant 0.01,constant 0.03,constant 0.05,DLAC default"
+    python benchmarks/adaptive_accuracy.py --datasets criteo --seeds 0,1,2,3,4 --criteo-epochs 2 \
+        --variants "$V,qcomm FP16/FP16,qcomm INT8/FP16,qcomm FP8/FP8,qcomm MX4/MX4" \
+        --json-out benchmarks/results/adaptive_frontier_criteo.json
 
 The policy variants other than ``DLAC default`` take ``--calibration-batches``, ``--calibration-start`` (a share of
 training), ``--sensitivity-batches`` and, with ``--callback KEY=VALUE`` (repeatable), any other ``DLACCallback``
