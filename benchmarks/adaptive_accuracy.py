@@ -463,6 +463,7 @@ def frontier(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             deltas = [r["val_auroc"] - base[r.get("seed", 0)] for r in runs if r.get("seed", 0) in base]
             points.append(dict(
                 variant=variant, seeds=[r.get("seed", 0) for r in runs],
+                val_auroc_mean=statistics.fmean(r["val_auroc"] for r in runs),
                 kind="qcomm" if variant.startswith("qcomm ") else "uncompressed" if variant == "uncompressed"
                 else "dlac",
                 delta_mean=statistics.fmean(deltas) if deltas else float("nan"),
@@ -518,10 +519,12 @@ def frontier_lines(summary: list[dict[str, Any]], failed: list[dict[str, Any]]) 
         ordered = sorted(f["points"], key=lambda p: p["fwd_bytes_per_step"])
         lines += [f"{f['dataset']}, sorted by forward bytes (AUROC difference from the uncompressed run of the same"
                   " seed; bytes per step to other ranks, both ranks summed, mean over seeds):", "",
-                  "| variant | seeds | AUROC vs uncompressed: mean | sd | fwd KiB/step | total (fwd+bwd) KiB/step |",
-                  "|---|---:|---:|---:|---:|---:|"]
+                  "| variant | seeds | mean val AUROC | AUROC vs uncompressed: mean | sd | fwd KiB/step |"
+                  " total (fwd+bwd) KiB/step |",
+                  "|---|---:|---:|---:|---:|---:|---:|"]
         for p in ordered:
-            lines.append(f"| {p['variant']} | {len(p['seeds'])} | {num(p['delta_mean'], '+.4f')} |"
+            lines.append(f"| {p['variant']} | {len(p['seeds'])} | {num(p.get('val_auroc_mean', float('nan')), '.4f')} |"
+                         f" {num(p['delta_mean'], '+.4f')} |"
                          f" {num(p['delta_sd'], '.4f')} | {p['fwd_bytes_per_step'] / 1024:.1f} |"
                          f" {p['total_bytes_per_step'] / 1024:.1f} |")
         lines += ["", "| qcomm point | DLAC points with no more forward bytes: AUROC difference from it"
@@ -534,6 +537,10 @@ def frontier_lines(summary: list[dict[str, Any]], failed: list[dict[str, Any]]) 
             total = [c["dlac"] for c in pr["candidates"] if c["dominates"] and c["no_more_total_bytes"]]
             lines.append(f"| {pr['qcomm']} | {cells} | {', '.join(pr['dominated_by']) or '**none**'} |"
                          f" {', '.join(total) or 'none'} |")
+        noise = [c["noise"] for pr in f["pairs"] for c in pr["candidates"] if c["no_more_fwd_bytes"] and c["seeds"]]
+        if noise:
+            lines += ["", f"The noise of these comparisons is {min(noise):.4f} to {max(noise):.4f} AUROC: a DLAC point"
+                      " counts as no worse than a qcomm point while it is less than that much below it."]
         lines += ["", "Targets (issue 33 item 3):", ""]
         for t in f["targets"]:
             word = "met" if t["met"] else "not met"
