@@ -15,8 +15,22 @@ seeds and the same data order; only the compression changes:
 - ``DLAC both directions``: the homogenization policy forward plus DLAC-compressed gradients at ``backward_eps``
   (``--backward-eps``, default 0.01), what the end-to-end speedup figures use;
 - ``constant 0.05``: every table at the loosest class bound (the all-loose run calibration must beat on accuracy);
+  any other ``constant X`` (0 < X < 1) is every table at eps X the same way (``constant 0.002``, ...);
 - ``qcomm INT8/FP16``: TorchRec's practical baseline, ``DLACStrategy(compress=False)`` with the sharder given
-  TorchRec's qcomm codecs (INT8 row-wise forward, FP16 backward; the registry of benchmarks/e2e_bandwidth.py).
+  TorchRec's qcomm codecs (INT8 row-wise forward, FP16 backward; the registry of benchmarks/e2e_bandwidth.py); any
+  other qcomm label of e2e_bandwidth's VARIANTS runs the same way (``qcomm FP16/FP16``, ``qcomm FP8/FP8``,
+  ``qcomm MX4/MX4``, TorchRec's 4-bit codec). A codec TorchRec cannot run here (FP8 on CPU) is recorded in the
+  results file under ``failed`` with its error and not launched again for later seeds.
+
+With constant bounds and qcomm variants among those launched, the results file also holds ``frontier``, issue 33
+item 3's accuracy-bytes frontier (:func:`frontier`, its definitions in FRONTIER_DEFINITIONS): per variant the AUROC
+difference from the uncompressed run and the forward and total bytes per step, per qcomm point the DLAC points that
+dominate it within noise, and whether the default is on or near the frontier (docs/adaptive.md renders it):
+
+    V="uncompressed,constant 0.002,constant 0.005,constant 0.01,constant 0.03,constant 0.05,DLAC default"
+    python benchmarks/adaptive_accuracy.py --datasets criteo --seeds 0,1,2,3,4 --criteo-epochs 2 \
+        --variants "$V,qcomm FP16/FP16,qcomm INT8/FP16,qcomm FP8/FP8,qcomm MX4/MX4" \
+        --json-out benchmarks/results/adaptive_frontier_criteo.json
 
 The policy variants other than ``DLAC default`` take ``--calibration-batches``, ``--calibration-start`` (a share of
 training), ``--sensitivity-batches`` and, with ``--callback KEY=VALUE`` (repeatable), any other ``DLACCallback``
@@ -49,6 +63,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shlex
 import statistics
 import sys
@@ -67,7 +82,38 @@ BEGIN, END = "<!-- BEGIN render:adaptive_accuracy -->", "<!-- END render:adaptiv
 VARIANTS = ("uncompressed", "constant 0.01", "DLAC default", "DLAC gradient", "DLAC homogenization", "DLAC sensitivity",
             "DLAC both directions",
             "constant 0.05", "qcomm INT8/FP16")
+# Issue 33's accuracy-bytes frontier: the constant bounds and TorchRec's codecs it sets against each other (any
+# ``constant X`` and any qcomm label of benchmarks/e2e_bandwidth.py's VARIANTS is accepted; these are the issue's).
+FRONTIER_CONSTANTS = ("constant 0.002", "constant 0.005", "constant 0.01", "constant 0.03", "constant 0.05")
+FRONTIER_QCOMM = ("qcomm FP16/FP16", "qcomm INT8/FP16", "qcomm FP8/FP8", "qcomm MX4/MX4")
 DATASETS = ("criteo", "synthetic", "planted", "synthetic_v2")
+
+
+def constant_bound(variant: str) -> float | None:
+    """The bound of a ``constant X`` variant (every table at eps X for the whole run), else None."""
+    name, _, value = variant.partition(" ")
+    if name != "constant":
+        return None
+    try:
+        eps = float(value)
+    except ValueError:
+        return None
+    return eps if 0 < eps < 1 else None
+
+
+def qcomm_variant(variant: str) -> Any:
+    """benchmarks/e2e_bandwidth.py's ``Variant`` of TorchRec's codec labelled ``variant`` (``qcomm FP8/FP8``, ...),
+    else None."""
+    if not variant.startswith("qcomm "):
+        return None
+    from e2e_bandwidth import VARIANTS as E2E_VARIANTS
+
+    return next((v for v in E2E_VARIANTS.values() if v.kind == "qcomm" and v.label == variant), None)
+
+
+def known_variant(variant: str) -> bool:
+    """Whether this script can launch ``variant``: a name of VARIANTS, any ``constant X`` or a qcomm label."""
+    return variant in VARIANTS or constant_bound(variant) is not None or qcomm_variant(variant) is not None
 
 
 def _datamodule(dataset: str, cfg: dict[str, Any]):
@@ -115,7 +161,7 @@ def _callback(variant: str, total_steps: int, cfg: dict[str, Any]):
     from lightning_dlac import DLACCallback
 
     common = dict(log_every_n_steps=10_000, prog_bar=False)
-    if variant.startswith("constant"):
+    if constant_bound(variant) is not None:
         return DLACCallback(mode="off", c=1.0, **common)
     if variant == "DLAC default":
         return DLACCallback(**common)
@@ -129,15 +175,17 @@ def _callback(variant: str, total_steps: int, cfg: dict[str, Any]):
 
 
 def _strategy(variant: str, cfg: dict[str, Any]):
-    """The variant's DLACStrategy, and for ``qcomm INT8/FP16`` the byte-counting forward codec TorchRec uses."""
+    """The variant's DLACStrategy, and for a qcomm variant the byte-counting codecs (forward, backward) TorchRec
+    uses."""
     from lightning_dlac import DLACStrategy
 
     common = dict(embedding_optimizer="adagrad", embedding_lr=0.02)
     if variant == "uncompressed":
         return DLACStrategy(compress=False, **common), None
-    if variant == "qcomm INT8/FP16":
-        return DLACStrategy(compress=False, **common), _install_qcomm()
-    eps = 0.05 if variant == "constant 0.05" else 0.01
+    qcomm = qcomm_variant(variant)
+    if qcomm is not None:
+        return DLACStrategy(compress=False, **common), _install_qcomm(qcomm)
+    eps = constant_bound(variant) or 0.01
     if variant == "DLAC both directions":
         return DLACStrategy(compress=True, eps=eps, backward_compression="dlac", backward_eps=cfg["backward_eps"],
                             **common), None
@@ -145,14 +193,14 @@ def _strategy(variant: str, cfg: dict[str, Any]):
     return DLACStrategy(compress=True, eps=eps, **common, **backward), None
 
 
-def _install_qcomm():
-    """Make every EmbeddingBagCollectionSharder built in this process carry TorchRec's qcomm INT8/FP16 codecs
-    (DLACStrategy has no qcomm option: with compress=False its sharder is TorchRec's own). The registry and its
-    byte-counting wrappers are benchmarks/e2e_bandwidth.py's."""
+def _install_qcomm(qcomm: Any):
+    """Make every EmbeddingBagCollectionSharder built in this process carry the TorchRec codecs of ``qcomm`` (an
+    e2e_bandwidth ``Variant``; DLACStrategy has no qcomm option: with compress=False its sharder is TorchRec's own).
+    The registry and its byte-counting wrappers are benchmarks/e2e_bandwidth.py's."""
     import torchrec.distributed.embeddingbag as ebc
-    from e2e_bandwidth import Variant, codecs_registry
+    from e2e_bandwidth import codecs_registry
 
-    registry, fwd, bwd = codecs_registry(Variant("qcomm_int8_fp16", "qcomm INT8/FP16", "qcomm", "int8", "fp16"))
+    registry, fwd, bwd = codecs_registry(qcomm)
     base = ebc.EmbeddingBagCollectionSharder
 
     class QCommSharder(base):  # noqa: D101 - a one-argument default
@@ -253,12 +301,12 @@ def normalize_bytes(rows: list[dict[str, Any]], world_size: int = 2) -> list[dic
     an equal share) and their uncompressed rows get the float32 bytes DLAC's rows of the same dataset and seed
     stood for (``fwd_raw_bytes``, the same by construction). Returns new row dicts."""
     fp32 = {(r["dataset"], r.get("seed", 0)): r["fwd_raw_bytes"] for r in rows
-            if r["variant"] not in ("uncompressed", "qcomm INT8/FP16") and r.get("fwd_raw_bytes")}
+            if r["variant"] != "uncompressed" and not r["variant"].startswith("qcomm ") and r.get("fwd_raw_bytes")}
     out = []
     for r in rows:
         r = dict(r)
         if not str(r.get("byte_accounting", "")).startswith("remote"):
-            if r["variant"] == "qcomm INT8/FP16":
+            if r["variant"].startswith("qcomm "):
                 for key in ("fwd_raw_bytes", "fwd_sent_bytes", "bwd_raw_bytes", "bwd_sent_bytes"):
                     r[key] = r.get(key, 0) * (world_size - 1) // world_size
             elif r["variant"] == "uncompressed" and (r["dataset"], r.get("seed", 0)) in fp32:
@@ -266,6 +314,13 @@ def normalize_bytes(rows: list[dict[str, Any]], world_size: int = 2) -> list[dic
             r["byte_accounting"] = "remote (converted from a file written before issue 25's fix)"
         out.append(r)
     return out
+
+
+def _error_line(text: str) -> str:
+    """The exception line of a failed launch's traceback (the last line that names an error)."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    named = [line for line in lines if re.match(r"^[\w.]+(Error|Exception|Failed)\b", line)]
+    return (named or lines or [""])[-1][:500]
 
 
 def _summarize(by_rank: list[dict[str, Any]]) -> dict[str, Any]:
@@ -362,6 +417,146 @@ def _table(rows: list[dict[str, Any]]) -> list[str]:
             f" {f'{per_step / 1024:.1f}' if per_step else '-'} | {'-' if ratio != ratio else f'{ratio:.1f}x'} |"
             f" {'-' if vs_const != vs_const else f'{vs_const:.2f}'} | {r['seconds']:.0f} |"
         )
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Issue 33 item 3: the accuracy-bytes frontier against TorchRec's codecs
+
+FRONTIER_DEFINITIONS = (
+    "A DLAC point (a constant bound or the default) *dominates a qcomm point within noise* when its mean forward"
+    " bytes per step are no more than the qcomm point's and its mean AUROC difference from the uncompressed run is"
+    " no worse than the qcomm point's minus the noise, 2 x the standard error over seeds of the paired per-seed"
+    " difference of the two variants' AUROCs (0 with one seed). The default is *on the frontier* when no launched"
+    " variant has no more forward bytes and a higher mean AUROC difference, and *near* it when no such variant is"
+    " higher by more than the same noise (2 x the paired standard error against the default): being beaten only"
+    " within noise counts as near. Forward bytes are compared because the table-wise bounds act on the forward"
+    " exchange; the DLAC variants send gradients in bf16 and the qcomm variants in their own backward precision, so"
+    " the total (forward + backward) bytes are reported beside them and each domination says whether it holds on"
+    " total bytes too."
+)
+
+
+def _paired(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> tuple[float, float, int]:
+    """Mean and standard error over the seeds both ran of ``a``'s AUROC minus ``b``'s (SE 0 with one seed)."""
+    by_seed = {r.get("seed", 0): r["val_auroc"] for r in b}
+    diffs = [r["val_auroc"] - by_seed[r.get("seed", 0)] for r in a if r.get("seed", 0) in by_seed]
+    if not diffs:
+        return float("nan"), float("nan"), 0
+    se = statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else 0.0
+    return statistics.fmean(diffs), se, len(diffs)
+
+
+def frontier(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per dataset: every variant's point (AUROC difference from the uncompressed run of the same seed, mean and
+    sample standard deviation over seeds; forward and total bytes per step, summed over both ranks, mean over seeds),
+    every qcomm point's dominating DLAC points, and the judged targets of issue 33 item 3 (FRONTIER_DEFINITIONS)."""
+    out = []
+    for dataset in dict.fromkeys(r["dataset"] for r in rows):
+        rs = [r for r in rows if r["dataset"] == dataset]
+        base = {r.get("seed", 0): r["val_auroc"] for r in rs if r["variant"] == "uncompressed"}
+        groups: dict[str, list[dict[str, Any]]] = {}
+        for r in rs:
+            groups.setdefault(r["variant"], []).append(r)
+        points = []
+        for variant, runs in groups.items():
+            deltas = [r["val_auroc"] - base[r.get("seed", 0)] for r in runs if r.get("seed", 0) in base]
+            points.append(dict(
+                variant=variant, seeds=[r.get("seed", 0) for r in runs],
+                val_auroc_mean=statistics.fmean(r["val_auroc"] for r in runs),
+                kind="qcomm" if variant.startswith("qcomm ") else "uncompressed" if variant == "uncompressed"
+                else "dlac",
+                delta_mean=statistics.fmean(deltas) if deltas else float("nan"),
+                delta_sd=statistics.stdev(deltas) if len(deltas) > 1 else float("nan"),
+                fwd_bytes_per_step=statistics.fmean(r["fwd_sent_bytes"] / r["steps"] for r in runs),
+                total_bytes_per_step=statistics.fmean((r["fwd_sent_bytes"] + r["bwd_sent_bytes"]) / r["steps"]
+                                                      for r in runs),
+            ))
+        by_name = {p["variant"]: p for p in points}
+        dlac = [p for p in points if p["kind"] == "dlac" and (constant_bound(p["variant"]) is not None
+                                                              or p["variant"] == "DLAC default")]
+        pairs = []
+        for q in [p for p in points if p["kind"] == "qcomm"]:
+            candidates = []
+            for d in dlac:
+                diff, se, n = _paired(groups[d["variant"]], groups[q["variant"]])
+                fewer = d["fwd_bytes_per_step"] <= q["fwd_bytes_per_step"]
+                candidates.append(dict(dlac=d["variant"], auroc_diff=diff, noise=2 * se, seeds=n,
+                                       no_more_fwd_bytes=fewer,
+                                       no_more_total_bytes=d["total_bytes_per_step"] <= q["total_bytes_per_step"],
+                                       dominates=fewer and n > 0 and diff >= -2 * se))
+            pairs.append(dict(qcomm=q["variant"], candidates=candidates,
+                              dominated_by=[c["dlac"] for c in candidates if c["dominates"]]))
+        default = by_name.get("DLAC default")
+        beaten = []
+        if default is not None:
+            for p in points:
+                if p is default or p["fwd_bytes_per_step"] > default["fwd_bytes_per_step"]:
+                    continue
+                diff, se, n = _paired(groups[p["variant"]], groups["DLAC default"])
+                if n and diff > 0:
+                    beaten.append(dict(variant=p["variant"], auroc_diff=diff, noise=2 * se, seeds=n,
+                                       beyond_noise=diff > 2 * se))
+        targets = [dict(target="every qcomm point dominated within noise by a DLAC point",
+                        met=bool(pairs) and all(pr["dominated_by"] for pr in pairs),
+                        judged=[pr["qcomm"] for pr in pairs],
+                        not_dominated=[pr["qcomm"] for pr in pairs if not pr["dominated_by"]])]
+        if default is not None:
+            targets.append(dict(target="the default on or near the frontier",
+                                met=not any(b["beyond_noise"] for b in beaten),
+                                on_frontier=not beaten, beaten_by=beaten))
+        out.append(dict(dataset=dataset, points=points, pairs=pairs, targets=targets))
+    return out
+
+
+def frontier_lines(summary: list[dict[str, Any]], failed: list[dict[str, Any]]) -> list[str]:
+    """The frontier tables and verdicts of :func:`frontier` and the codecs that could not run, as markdown."""
+    def num(v: float, fmt: str) -> str:
+        return "-" if v != v else format(v, fmt)
+
+    lines = []
+    for f in summary:
+        ordered = sorted(f["points"], key=lambda p: p["fwd_bytes_per_step"])
+        lines += [f"{f['dataset']}, sorted by forward bytes (AUROC difference from the uncompressed run of the same"
+                  " seed; bytes per step to other ranks, both ranks summed, mean over seeds):", "",
+                  "| variant | seeds | mean val AUROC | AUROC vs uncompressed: mean | sd | fwd KiB/step |"
+                  " total (fwd+bwd) KiB/step |",
+                  "|---|---:|---:|---:|---:|---:|---:|"]
+        for p in ordered:
+            lines.append(f"| {p['variant']} | {len(p['seeds'])} | {num(p.get('val_auroc_mean', float('nan')), '.4f')} |"
+                         f" {num(p['delta_mean'], '+.4f')} |"
+                         f" {num(p['delta_sd'], '.4f')} | {p['fwd_bytes_per_step'] / 1024:.1f} |"
+                         f" {p['total_bytes_per_step'] / 1024:.1f} |")
+        lines += ["", "| qcomm point | DLAC points with no more forward bytes: AUROC difference from it"
+                  " (paired mean, noise = 2 SE) | dominated within noise by | of them with no more total bytes |",
+                  "|---|---|---|---|"]
+        for pr in f["pairs"]:
+            cheaper = [c for c in pr["candidates"] if c["no_more_fwd_bytes"]]
+            cells = ", ".join(f"{c['dlac']} {num(c['auroc_diff'], '+.4f')} (noise {num(c['noise'], '.4f')})"
+                              for c in cheaper) or "none"
+            total = [c["dlac"] for c in pr["candidates"] if c["dominates"] and c["no_more_total_bytes"]]
+            lines.append(f"| {pr['qcomm']} | {cells} | {', '.join(pr['dominated_by']) or '**none**'} |"
+                         f" {', '.join(total) or 'none'} |")
+        noise = [c["noise"] for pr in f["pairs"] for c in pr["candidates"] if c["no_more_fwd_bytes"] and c["seeds"]]
+        if noise:
+            lines += ["", f"The noise of these comparisons is {min(noise):.4f} to {max(noise):.4f} AUROC: a DLAC point"
+                      " counts as no worse than a qcomm point while it is less than that much below it."]
+        lines += ["", "Targets (issue 33 item 3):", ""]
+        for t in f["targets"]:
+            word = "met" if t["met"] else "not met"
+            if "not_dominated" in t:
+                why = (f"{len(t['judged']) - len(t['not_dominated'])} of {len(t['judged'])} qcomm points that ran"
+                       " are dominated" + (f"; not: {', '.join(t['not_dominated'])}" if t["not_dominated"] else ""))
+            else:
+                beaten = ", ".join(f"{b['variant']} {b['auroc_diff']:+.4f} (noise {b['noise']:.4f})"
+                                   for b in t["beaten_by"])
+                why = ("on the frontier" if t["on_frontier"] else
+                       f"off the frontier; higher with no more forward bytes: {beaten}")
+            lines.append(f"- {f['dataset']}: {t['target']}: **{word}** ({why})")
+    for e in failed:
+        lines += ["", f"{e['dataset']}, {e['variant']}: TorchRec could not run it here (seed {e['seed']}; not"
+                  f" launched again for seeds {', '.join(map(str, e['seeds_not_launched'])) or 'none'}):"
+                  f" `{e['error']}`"]
     return lines
 
 
@@ -504,10 +699,13 @@ def main() -> None:
 
     datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-    for given, known, what in ((datasets, DATASETS, "dataset"), (variants, VARIANTS, "variant")):
-        unknown = sorted(set(given) - set(known))
-        if unknown:
-            parser.error(f"unknown {what}(s) {unknown}; choose from {list(known)}")
+    unknown = sorted(set(datasets) - set(DATASETS))
+    if unknown:
+        parser.error(f"unknown dataset(s) {unknown}; choose from {list(DATASETS)}")
+    unknown = [v for v in variants if not known_variant(v)]
+    if unknown:
+        parser.error(f"unknown variant(s) {unknown}; choose from {list(VARIANTS)}, any `constant X` (0 < X < 1) or"
+                     f" {list(FRONTIER_QCOMM)}")
     if "criteo" in datasets and not args.criteo_path.is_file():
         parser.error(f"{args.criteo_path} does not exist; pass --criteo-path or --datasets synthetic")
     if not 0 <= args.calibration_start < 1:
@@ -544,13 +742,28 @@ def main() -> None:
     if not native_available():
         print("warning: the native DLAC codec did not build; the compressed variants run the reference codec.")
     command = "python benchmarks/adaptive_accuracy.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    rows = []
+    from lightning_dlac.testing import RanksFailed
+
+    rows: list[dict[str, Any]] = []
+    failed: dict[tuple[str, str], dict[str, Any]] = {}  # (dataset, variant) -> its first launch's error
     for dataset in datasets:
         for seed in seeds:  # variants of one seed back to back: they share the machine's load most closely
             for variant in variants:
+                if (dataset, variant) in failed:  # TorchRec cannot run it here: its error is the platform's
+                    failed[(dataset, variant)]["seeds_not_launched"].append(seed)
+                    continue
                 print(f"{dataset} / seed {seed} / {variant} ...", flush=True)
                 launch = dict(cfg, seed=seed)
-                rows.append(_summarize(run_ranks(_run, 2, dataset, variant, launch, timeout=args.timeout)))
+                try:
+                    rows.append(_summarize(run_ranks(_run, 2, dataset, variant, launch, timeout=args.timeout)))
+                except RanksFailed as err:
+                    if qcomm_variant(variant) is None:  # only TorchRec's codecs may be unable to run here
+                        raise
+                    failed[(dataset, variant)] = dict(dataset=dataset, variant=variant, seed=seed,
+                                                      error=_error_line(str(err)),
+                                                      traceback_tail=str(err)[-3000:], seeds_not_launched=[])
+                    print(f"  FAILED: {failed[(dataset, variant)]['error']}", flush=True)
+                    continue
                 r = rows[-1]
                 print(f"  val AUROC {r['val_auroc']:.4f}, forward bytes/step {r['fwd_sent_bytes'] / r['steps']:.0f},"
                       f" {r['seconds']:.0f} s", flush=True)
@@ -558,7 +771,12 @@ def main() -> None:
     print("\n".join(_table(rows)))
     print()
     print("\n".join(_seed_table(_over_seeds(rows))))
-    write_results(args.json_out, metadata, cfg, rows)
+    extra = {}
+    if any(constant_bound(v) is not None for v in variants) and any(qcomm_variant(v) for v in variants):
+        extra["frontier"] = frontier(rows)
+        print()
+        print("\n".join(frontier_lines(extra["frontier"], list(failed.values()))))
+    write_results(args.json_out, metadata, cfg, rows, failed=list(failed.values()), **extra)
     print(f"\nwrote {args.json_out}")
     if args.markdown_out is not None:
         machine = f"{os.cpu_count()} CPU cores; torch {torch.__version__}"

@@ -1264,5 +1264,33 @@ BLOCKS["calibration_worlds"] = Block(("calibration_worlds_quick.json",),
                                      lambda results: calibration_worlds(results) + _calibration_fit_line(results),
                                      optional=("calibration_worlds_fit.json",))
 
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The accuracy-bytes frontier against TorchRec's codecs on the Criteo sample (issue 33 item 3): docs/adaptive.md's
+# adaptive_frontier block. Kept apart, at the end.
+
+FRONTIER_FILE = "adaptive_frontier_criteo.json"
+
+
+def adaptive_frontier(results: Results) -> list[str]:
+    """Per variant the AUROC difference from the uncompressed run (over seeds) and the forward and total bytes per
+    step; per qcomm point the DLAC points that dominate it within noise; the two targets; the codecs TorchRec could
+    not run here, with their errors."""
+    import adaptive_accuracy
+
+    data = results.get(FRONTIER_FILE)
+    rows, _, _ = adaptive_accuracy.load_rows([results.directory / FRONTIER_FILE])
+    cfg = data.get("config", {})
+    seeds = ", ".join(map(str, cfg.get("seeds", [])))
+    return [source_line(FRONTIER_FILE, data, results.shown), "",
+            f"Criteo sample, {cfg.get('criteo_epochs')} epochs, batch {cfg.get('criteo_batch')} per rank, 2 gloo"
+            f" ranks, seeds {seeds} (evaluation seeds: no bound was chosen on them).", "",
+            adaptive_accuracy.FRONTIER_DEFINITIONS, "",
+            *adaptive_accuracy.frontier_lines(adaptive_accuracy.frontier(rows), data.get("failed", []))]
+
+
+BLOCKS["adaptive_frontier"] = Block((FRONTIER_FILE,), adaptive_frontier)
+
+
 if __name__ == "__main__":
     main()

@@ -56,6 +56,9 @@ E2E_TOPOLOGY = "fp32,qcomm_int8_fp16,dlac_dlac_all,dlac_dlac_other_nodes,ceiling
 E2E_QCOMM_FAST_LINK = "fp32,qcomm_int8_fp16,dlac_bf16,dlac_dlac,ceiling_dlac_dlac"
 # The default policy against uncompressed, a constant 0.01, all-loose (0.05) and TorchRec's practical baseline.
 ADAPTIVE_QUICK = "uncompressed,constant 0.01,constant 0.05,DLAC default,qcomm INT8/FP16"
+# Issue 33 item 3's accuracy-bytes frontier: every constant bound and TorchRec codec it names
+ADAPTIVE_FRONTIER = ("uncompressed,constant 0.002,constant 0.005,constant 0.01,constant 0.03,constant 0.05,"
+                     "DLAC default,qcomm FP16/FP16,qcomm INT8/FP16,qcomm FP8/FP8,qcomm MX4/MX4")
 
 
 @dataclass(frozen=True)
@@ -158,6 +161,9 @@ STEPS: tuple[Step, ...] = (
     }, needs_criteo=True),
     Step("adaptive_accuracy_criteo_2epochs.json", "benchmarks/adaptive_accuracy.py", {
         "full": _adaptive("criteo", "0,1,2", None, "--criteo-epochs", "2"),
+    }, needs_criteo=True),
+    Step("adaptive_frontier_criteo.json", "benchmarks/adaptive_accuracy.py", {  # issue 33: against every qcomm codec
+        "full": _adaptive("criteo", "0,1,2,3,4", ADAPTIVE_FRONTIER, "--criteo-epochs", "2"),
     }, needs_criteo=True),
     Step("adaptive_accuracy_planted.json", "benchmarks/adaptive_accuracy.py", {
         "full": _adaptive("planted", "0,1,2", None, "--synthetic-batches", "240"),

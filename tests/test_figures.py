@@ -143,6 +143,43 @@ def test_qcomm_bytes_of_old_results_files_are_converted_to_remote_traffic() -> N
     assert [r["fwd_sent_bytes"] for r in again] == [r["fwd_sent_bytes"] for r in fixed.values()]
 
 
+def _frontier_rows(default_fwd: float) -> list[dict]:
+    """Three seeds of made-up launches: (variant, AUROC difference per seed, forward and backward bytes per step)."""
+    launches = [
+        ("uncompressed", (0.0, 0.0, 0.0), 1000, 1000),
+        ("qcomm FP16/FP16", (0.001, 0.001, 0.001), 500, 500),
+        ("qcomm MX4/MX4", (-0.005, -0.005, -0.005), 140, 140),
+        ("constant 0.002", (0.0005, 0.0015, 0.0), 150, 500),
+        ("DLAC default", (-0.01, -0.01, -0.01), default_fwd, 500),
+    ]
+    return [dict(dataset="criteo", seed=seed, variant=v, steps=10, val_auroc=0.7 + deltas[seed],
+                 fwd_raw_bytes=10_000, fwd_sent_bytes=fwd * 10, bwd_raw_bytes=10_000, bwd_sent_bytes=bwd * 10,
+                 byte_accounting="remote") for v, deltas, fwd, bwd in launches for seed in range(3)]
+
+
+def test_the_frontier_counts_a_qcomm_point_dominated_only_within_the_paired_noise() -> None:
+    import adaptive_accuracy
+
+    (f,) = adaptive_accuracy.frontier(_frontier_rows(default_fwd=100))
+    pairs = {p["qcomm"]: p for p in f["pairs"]}
+    # constant 0.002 against FP16: per-seed differences -0.0005, +0.0005, -0.001: mean -0.00033, 2 SE 0.00088
+    (c,) = [c for c in pairs["qcomm FP16/FP16"]["candidates"] if c["dlac"] == "constant 0.002"]
+    assert c["auroc_diff"] == pytest.approx(-0.001 / 3) and c["noise"] == pytest.approx(2 * 0.00076376 / 3 ** 0.5,
+                                                                                         rel=1e-4)
+    assert pairs["qcomm FP16/FP16"]["dominated_by"] == ["constant 0.002"] and c["no_more_total_bytes"]
+    assert pairs["qcomm MX4/MX4"]["dominated_by"] == []  # the default is cheaper but 0.005 worse, with no noise
+    every, default = f["targets"]
+    assert not every["met"] and every["not_dominated"] == ["qcomm MX4/MX4"]
+    assert default["met"] and default["on_frontier"]  # nothing sends fewer forward bytes than it
+    (f,) = adaptive_accuracy.frontier(_frontier_rows(default_fwd=200))  # now cheaper and better points exist
+    beaten = {b["variant"] for b in f["targets"][1]["beaten_by"]}
+    assert not f["targets"][1]["met"] and beaten == {"constant 0.002", "qcomm MX4/MX4"}
+    failed = [dict(dataset="criteo", variant="qcomm FP8/FP8", seed=0, error="RuntimeError: no", seeds_not_launched=[1])]
+    text = "\n".join(adaptive_accuracy.frontier_lines([f], failed))
+    assert "qcomm FP8/FP8: TorchRec could not run it here (seed 0; not launched again for seeds 1): `RuntimeError" \
+        in text
+
+
 def test_the_pipeline_block_sets_each_pipelined_variant_beside_its_twin_and_judges_the_target(
         tmp_path: Path) -> None:
     import e2e_bandwidth as e2e
