@@ -223,8 +223,6 @@ def test_sequence_embeddings_from_the_same_node_are_exact_and_from_the_other_nod
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.xfail(strict=True, reason="a resume with more than 2 ranks is not bit-exact (found here, with or without"
-                   " per-peer compression and the pipeline; being fixed on its own branch)")
 def test_a_two_node_lightning_run_compresses_across_nodes_by_default_and_resumes_pipelined_exactly(
         tmp_path) -> None:  # noqa: ANN001
     from tests.engine.test_pipeline import _resume
