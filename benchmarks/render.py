@@ -747,6 +747,25 @@ def readme_headline(results: Results) -> list[str]:
                          f" {_range(peer['speedup_vs_fp32_per_repeat'])}) | {'; '.join(base) or '-'} | {judged} |"
                          " `e2e_topology.json` |")
             used.append("e2e_topology.json")
+    frontier = results.get("adaptive_frontier_criteo.json")
+    if frontier is not None and frontier.get("frontier"):
+        f = frontier["frontier"][0]
+        points = {p["variant"]: p for p in f["points"]}
+        default = points.get("DLAC default")
+        qcomm = min((p for p in f["points"] if p["kind"] == "qcomm"), key=lambda p: p["fwd_bytes_per_step"],
+                    default=None)
+        if default is not None:
+            cfg = frontier.get("config", {})
+            judged = "; ".join(f"{t['target']}: **{'met' if t['met'] else 'not met'}**" for t in f["targets"])
+            lines.append(
+                f"| [Accuracy-bytes frontier against TorchRec's codecs, Criteo sample, {cfg.get('criteo_epochs')}"
+                f" epochs x {len(cfg.get('seeds', []))} seeds](docs/adaptive.md#the-accuracy-bytes-frontier-against-"
+                f"torchrecs-codecs) | `DLACCallback()`: {default['delta_mean']:+.4f} AUROC at"
+                f" {default['fwd_bytes_per_step'] / 1024:.1f} KiB forward per step |"
+                + (f" {qcomm['variant']} (fewest bytes): {qcomm['delta_mean']:+.4f} at"
+                   f" {qcomm['fwd_bytes_per_step'] / 1024:.1f} KiB |" if qcomm else " - |")
+                + f" {judged} (within noise; see the section) | `adaptive_frontier_criteo.json` |")
+            used.append("adaptive_frontier_criteo.json")
     name = "adaptive_accuracy_criteo_1epoch.json"
     if results.get(name) is not None:
         acc_rows = [r for r in adaptive_accuracy.load_rows([results.directory / name])[0] if r["dataset"] == "criteo"]
@@ -972,7 +991,7 @@ BLOCKS: dict[str, Block] = {
     "e2e_summary": Block(("e2e_throttled.json",), readme_e2e, optional=("e2e_unthrottled.json",)),
     "readme_headline": Block(("codec_bench.json", "e2e_throttled.json"), readme_headline,
                              optional=("e2e_unthrottled.json", "e2e_dlrm_v2.json", "e2e_topology.json",
-                                       "adaptive_accuracy_criteo_1epoch.json")),
+                                       "adaptive_frontier_criteo.json", "adaptive_accuracy_criteo_1epoch.json")),
     "adaptive_summary": Block(("adaptive_accuracy_criteo_1epoch.json",), readme_adaptive),
     "calibration_modes": Block(("calibration_bench.json",), calibration_modes,
                                optional=("calibration_bench_quick.json",)),
