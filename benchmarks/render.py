@@ -1188,7 +1188,21 @@ def e2e_topology(results: Results) -> list[str]:
     rows = results.get("e2e_topology.json")["results"]
     if not any("speedup_vs_fp32" in r for r in rows):
         speedups(rows)  # the first file was written before e2e_topology.py stored them (derived from its launches)
+    from e2e_bandwidth import paired
+
     lines = _e2e_body(results, ("e2e_topology.json",))
+    for rate in sorted({r["rate"] for r in rows}):
+        found = paired(rows, rate, "ceiling_dlac_dlac_other_nodes", "dlac_dlac_all")
+        if found is None:
+            continue
+        if found[0] < 1.1:
+            lines += ["", f"At {rate}, the ceiling of \"other nodes only\", which leaves out nothing but codec time, runs"
+                      f" at {found[0]:.2f}x DLAC to every peer: no codec could reach the 1.1x target on these ranks. The"
+                      " same-node share sent as float32 costs more loopback (CPU) time than encoding it for that peer"
+                      " did; on GPU nodes that share would cross NVLink instead."]
+        else:
+            lines += ["", f"At {rate}, the ceiling of \"other nodes only\" runs at {found[0]:.2f}x DLAC to every peer:"
+                      " the room the 1.1x target needs is there, and the gap to it is codec time."]
     lines += ["", "Bytes per step and rank to each link class (forward + backward payloads; DLAC from its counters,"
               " FP32 and qcomm each peer's equal share), and what left each node over its throttled veth and over"
               " its loopback in the last launch (the whole launch: set-up, warm-up and the dense all-reduce too):",
