@@ -1196,10 +1196,10 @@ def e2e_topology(results: Results) -> list[str]:
         if found is None:
             continue
         if found[0] < 1.1:
-            lines += ["", f"At {rate}, the ceiling of \"other nodes only\", which leaves out nothing but codec time, runs"
-                      f" at {found[0]:.2f}x DLAC to every peer: no codec could reach the 1.1x target on these ranks. The"
-                      " same-node share sent as float32 costs more loopback (CPU) time than encoding it for that peer"
-                      " did; on GPU nodes that share would cross NVLink instead."]
+            lines += ["", f"At {rate}, the ceiling of \"other nodes only\", which leaves out nothing but codec time,"
+                      f" runs at {found[0]:.2f}x DLAC to every peer: no codec could reach the 1.1x target on these"
+                      " ranks. The same-node share sent as float32 costs more loopback (CPU) time than encoding it for"
+                      " that peer did; on GPU nodes that share would cross NVLink instead."]
         else:
             lines += ["", f"At {rate}, the ceiling of \"other nodes only\" runs at {found[0]:.2f}x DLAC to every peer:"
                       " the room the 1.1x target needs is there, and the gap to it is codec time."]
