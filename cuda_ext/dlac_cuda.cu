@@ -13,6 +13,7 @@
 #include <tuple>
 
 #include "dlac_grid.h"
+#include "dlac_str.h"
 
 namespace {
 
@@ -39,8 +40,8 @@ void decode_grid_into_cuda(const at::Tensor& payload, const at::Tensor& sizes, c
   TORCH_CHECK(out.device() == payload.device() && out.scalar_type() == at::kFloat && out.dim() == 2,
               "out must be a 2-D float32 tensor on the payload's device");
   TORCH_CHECK(row_splits.size() >= 2 && col_splits.size() >= 2, "row_splits and col_splits need >= 2 points");
-  TORCH_CHECK(out.size(0) == row_splits.back() && out.size(1) == col_splits.back(), "out must be [",
-              row_splits.back(), ", ", col_splits.back(), "], got [", out.size(0), ", ", out.size(1), "]");
+  TORCH_CHECK(out.size(0) == row_splits.back() && out.size(1) == col_splits.back(), ::dlac::str("out must be [",
+              row_splits.back(), ", ", col_splits.back(), "], got [", out.size(0), ", ", out.size(1), "]"));
   const c10::cuda::CUDAGuard guard(payload.device());
   out.copy_(dlac::grid::decode_grid_op(payload, sizes, row_splits, col_splits));
 }

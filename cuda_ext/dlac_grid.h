@@ -53,6 +53,7 @@
 #include "dlac_grid_launch.h"
 #include "dlac_grid_transfer.h"
 #include "dlac_ops.h"
+#include "dlac_str.h"
 
 namespace dlac {
 namespace grid {
@@ -73,7 +74,8 @@ auto reporting_faults(const char* op, F&& body) -> decltype(body()) {
     return body();
   } catch (c10::Error& e) {
     if (is_device_error(e))
-      e.add_context(c10::str(op, ": CUDA reported this after the DLAC kernels ", kernel_names(), ", launched since the "
+      e.add_context(::dlac::str(op, ": CUDA reported this after the DLAC kernels ", kernel_names(),
+                                ", launched since the "
                              "last synchronization of a DLAC call (a fault inside a kernel surfaces at the next "
                              "one; DLAC_CUDA_SYNC_KERNELS=1 synchronizes after every kernel, to name the one)"));
     throw;
@@ -83,14 +85,14 @@ auto reporting_faults(const char* op, F&& body) -> decltype(body()) {
 inline std::tuple<at::Tensor, at::Tensor> encode_grid_op(const at::Tensor& x_in, c10::IntArrayRef rs,
                                                           c10::IntArrayRef cs, const at::Tensor& bounds,
                                                           bool relative) {
-  TORCH_CHECK(x_in.scalar_type() == at::kFloat, "x must be a float32 tensor, got ", x_in.scalar_type());
-  TORCH_CHECK(x_in.dim() == 2, "x must be 2-D [rows, dim], got ", x_in.dim(), " dimensions");
+  TORCH_CHECK(x_in.scalar_type() == at::kFloat, ::dlac::str("x must be a float32 tensor, got ", x_in.scalar_type()));
+  TORCH_CHECK(x_in.dim() == 2, ::dlac::str("x must be 2-D [rows, dim], got ", x_in.dim(), " dimensions"));
   check_splits(rs, x_in.size(0), "row_splits");
   check_splits(cs, x_in.size(1), "col_splits");
   check_chunk_limits(rs, cs);
   const int64_t C = int64_t(cs.size()) - 1;
   TORCH_CHECK(bounds.scalar_type() == at::kFloat && bounds.dim() == 1 && bounds.numel() == C,
-              "bounds must be a float32 tensor with one bound per column block (", C, ")");
+              ::dlac::str("bounds must be a float32 tensor with one bound per column block (", C, ")"));
   const std::vector<float> b = reporting_faults("dlac::encode_grid", [&] { return argument_on_host<float>(bounds); });
   check_bounds(b.data(), C, relative);
   // Chunks read a strided view; only the column stride must be 1.
@@ -106,19 +108,20 @@ inline at::Tensor decode_grid_op(const at::Tensor& payload_in, const at::Tensor&
   check_splits(rs, rs.back(), "row_splits");
   check_splits(cs, cs.back(), "col_splits");
   const int64_t nchunks = (int64_t(rs.size()) - 1) * (int64_t(cs.size()) - 1);
-  TORCH_CHECK(sizes_in.numel() == nchunks, "sizes must hold one entry per chunk (", nchunks, "), got ",
-              sizes_in.numel());
+  TORCH_CHECK(sizes_in.numel() == nchunks, ::dlac::str("sizes must hold one entry per chunk (", nchunks, "), got ",
+              sizes_in.numel()));
   // Sizes that do not fit the payload, like every error the decoder finds in the bytes, are a ValueError.
   const std::vector<int64_t> sizes = reporting_faults("dlac::decode_grid", [&] {
     return argument_on_host<int64_t>(sizes_in);
   });
   int64_t total = 0;
   for (int64_t i = 0; i < nchunks; ++i) {
-    TORCH_CHECK_VALUE(sizes[i] >= 0, "chunk ", i, ": negative size ", sizes[i]);
+    TORCH_CHECK_VALUE(sizes[i] >= 0, ::dlac::str("chunk ", i, ": negative size ", sizes[i]));
     total += sizes[i];
   }
-  TORCH_CHECK_VALUE(total == payload_in.numel(), "chunk sizes sum to ", total, " bytes but the payload holds ",
-                    payload_in.numel(), " (truncated payload?)");
+  TORCH_CHECK_VALUE(total == payload_in.numel(), ::dlac::str("chunk sizes sum to ", total,
+                                                             " bytes but the payload holds ",
+                    payload_in.numel(), " (truncated payload?)"));
   return reporting_faults("dlac::decode_grid",
                           [&] { return decode_grid_device(payload_in.contiguous(), sizes, rs, cs); });
 }

@@ -13,6 +13,7 @@
 #include "dlac_codec.h"
 #include "dlac_grid_launch.h"
 #include "dlac_grid_transfer.h"
+#include "dlac_str.h"
 
 namespace dlac {
 namespace grid {
@@ -231,7 +232,8 @@ inline at::Tensor decode_grid_device(const at::Tensor& payload, const std::vecto
       if (k >= 0 && herrs[k]) msg = huff_error_message(int(herrs[k]));
     }
     if (msg.empty() && cerrs[i]) msg = "DEDUP index out of range";
-    TORCH_CHECK_VALUE(msg.empty(), "chunk ", i, " (row block ", i / C, ", column block ", i % C, "): ", msg);
+    TORCH_CHECK_VALUE(msg.empty(), ::dlac::str("chunk ", i, " (row block ", i / C, ", column block ", i % C, "): ",
+                                               msg));
   }
   return out_t;
 }

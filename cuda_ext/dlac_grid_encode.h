@@ -18,6 +18,7 @@
 #include "dlac_codec.h"
 #include "dlac_grid_launch.h"
 #include "dlac_grid_transfer.h"
+#include "dlac_str.h"
 
 namespace dlac {
 namespace grid {
@@ -216,7 +217,8 @@ inline int64_t hash_capacity(int64_t rows) {
 #if !defined(__CUDACC__)
   if (const char* forced = std::getenv("DLAC_EMULATE_HASH_SLOTS")) {
     const int64_t f = std::strtoll(forced, nullptr, 10);
-    TORCH_CHECK(f > 0 && (f & (f - 1)) == 0, "DLAC_EMULATE_HASH_SLOTS must be a power of two, got ", forced);
+    TORCH_CHECK(f > 0 && (f & (f - 1)) == 0, ::dlac::str("DLAC_EMULATE_HASH_SLOTS must be a power of two, got ",
+                                                         forced));
     cap = f;
   }
 #endif
@@ -573,9 +575,10 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
     const uint32_t* s = st + i * kStWords;
     if (s[kStError]) {
       const std::string what = (s[kStError] & kErrHashFull) ? "a row found no free slot in" : "a row was lost from";
-      TORCH_CHECK(false, "chunk ", i, " (row block ", i / C, ", column block ", i % C, "): the device encoder's row "
+      TORCH_CHECK(false, ::dlac::str("chunk ", i, " (row block ", i / C, ", column block ", i % C,
+                                     "): the device encoder's row "
                   "hash set is broken (", what, " its ", chunks[i].hash_cap, " slots for ", chunks[i].rows, " rows); "
-                  "this is a bug in the CUDA kernels: please report it, and encode on the CPU meanwhile (x.cpu())");
+                  "this is a bug in the CUDA kernels: please report it, and encode on the CPU meanwhile (x.cpu())"));
     }
     int64_t len[3];
     hist_lengths(s, chunks[i].rows, len);
@@ -682,8 +685,9 @@ inline std::tuple<at::Tensor, at::Tensor> encode_grid_device(const at::Tensor& x
       es.src = part.src;
       es.huff = part.p->huff ? 1 : 0;
       es.width = part.p->width;
-      TORCH_CHECK(part.p->width <= kMaxCodeBits, "chunk ", i, ": a ", part.p->width, "-bit PACK stream (the format "
-                  "allows ", kMaxCodeBits, "); this is a bug in the encoder's plan, please report it");
+      TORCH_CHECK(part.p->width <= kMaxCodeBits, ::dlac::str("chunk ", i, ": a ", part.p->width,
+                                                             "-bit PACK stream (the format "
+                  "allows ", kMaxCodeBits, "); this is a bug in the encoder's plan, please report it"));
       if (part.p->huff) {
         std::vector<uint8_t> prefix(huff_prefix_size(*part.p));
         write_huff_prefix(*part.p, uint64_t(part.count), prefix.data());

@@ -25,6 +25,7 @@
 #if defined(__CUDACC__)
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAStream.h>
+#include "dlac_str.h"
 #define DLAC_LAMBDA [=] __host__ __device__
 #else
 #define DLAC_LAMBDA [=]
@@ -80,17 +81,17 @@ inline bool sync_each_kernel() {
 }
 [[noreturn]] inline void throw_cuda_error(cudaError_t err, const std::string& what) {
   throw c10::AcceleratorError({__func__, __FILE__, uint32_t(__LINE__)}, int32_t(err),
-                              c10::str("CUDA error: ", cudaGetErrorString(err), " (", int(err), ") ", what));
+                              ::dlac::str("CUDA error: ", cudaGetErrorString(err), " (", int(err), ") ", what));
 }
 // After a launch: a launch error names its kernel; with DLAC_CUDA_SYNC_KERNELS=1 a fault inside it does too.
 inline void launched(const char* name) {
   kernels_in_flight().push_back(name);
   cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) throw_cuda_error(err, c10::str("on launching the DLAC kernel '", name, "'"));
+  if (err != cudaSuccess) throw_cuda_error(err, ::dlac::str("on launching the DLAC kernel '", name, "'"));
   if (sync_each_kernel()) {
     err = cudaStreamSynchronize(c10::cuda::getCurrentCUDAStream());
     if (err != cudaSuccess)
-      throw_cuda_error(err, c10::str("in the DLAC kernel '", name, "' (DLAC_CUDA_SYNC_KERNELS=1 synchronized "
+      throw_cuda_error(err, ::dlac::str("in the DLAC kernel '", name, "' (DLAC_CUDA_SYNC_KERNELS=1 synchronized "
                                      "after it)"));
   }
 }
@@ -151,8 +152,8 @@ void run_items(int64_t n, F f) {
   if (std::strcmp(order, "reverse") == 0) {
     std::reverse(items.begin(), items.end());
   } else {
-    TORCH_CHECK(std::strcmp(order, "shuffle") == 0, "DLAC_EMULATE_ORDER must be forward, reverse or shuffle, got ",
-                order);
+    TORCH_CHECK(std::strcmp(order, "shuffle") == 0,
+                ::dlac::str("DLAC_EMULATE_ORDER must be forward, reverse or shuffle, got ", order));
     const char* seed = std::getenv("DLAC_EMULATE_SEED");
     std::mt19937_64 rng(seed != nullptr ? std::strtoull(seed, nullptr, 10) : 0);
     std::shuffle(items.begin(), items.end(), rng);
@@ -250,7 +251,7 @@ __global__ void __launch_bounds__(kTileThreads) tile_kernel(const Tile* tiles, G
 template <class G, class F>
 void for_each_element_if(const char* name, const Tile* tiles, int64_t ntiles, G guard, F f) {
   if (ntiles <= 0) return;
-  TORCH_CHECK(ntiles < (int64_t(1) << 31), "too many tiles for one launch: ", ntiles);
+  TORCH_CHECK(ntiles < (int64_t(1) << 31), ::dlac::str("too many tiles for one launch: ", ntiles));
   tile_kernel<<<unsigned(ntiles), kTileThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(tiles, guard, f);
   launched(name);
 }
@@ -287,7 +288,7 @@ template <class Scratch, class G, class... P>
 void for_each_tile_block_if(const char* name, const Tile* tiles, int64_t ntiles, G guard, P... phases) {
   static_assert(sizeof(Scratch) <= 48 * 1024, "static shared memory is limited to 48 KB a block");
   if (ntiles <= 0) return;
-  TORCH_CHECK(ntiles < (int64_t(1) << 31), "too many tiles for one launch: ", ntiles);
+  TORCH_CHECK(ntiles < (int64_t(1) << 31), ::dlac::str("too many tiles for one launch: ", ntiles));
   block_kernel<Scratch><<<unsigned(ntiles), kTileThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(tiles, guard,
                                                                                                    phases...);
   launched(name);
