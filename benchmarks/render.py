@@ -1325,5 +1325,46 @@ def adaptive_frontier(results: Results) -> list[str]:
 BLOCKS["adaptive_frontier"] = Block((FRONTIER_FILE,), adaptive_frontier)
 
 
+# Results a lent GPU makes (benchmarks/gpu_session.sh, stage 4), not `make bench`: no CPU depth can write them.
+GPU_RESULTS = ("cuda_codec_bench.json",)
+GPU_TARGET_GBPS = 100.0  # docs/benchmarks.md, "Codec on GPU": each way, on an H200, for the realistic payloads
+SYNC_COUNT_FIXED = "2026-12-04T15"  # cuda_codec_bench.py reads the sync debug mode's stderr from this session on
+
+
+def cuda_codec(results: Results) -> list[str]:
+    """The CUDA kernels on the lent GPU: every row of the run, and the 100 GB/s target judged per DLAC row."""
+    from cuda_codec_bench import COLUMNS, Table
+
+    data = results.get("cuda_codec_bench.json")
+    rows = data["results"]
+    cfg = data.get("config", {})
+    # Runs before the bench read the sync debug mode's stderr counted only its Python warnings (the mode's own
+    # notice, no synchronization): their column is left out rather than shown wrong.
+    counted = data["metadata"].get("date", "") >= SYNC_COUNT_FIXED
+    cols = COLUMNS if counted else COLUMNS[:-1]
+    lines = [source_line("cuda_codec_bench.json", data, results.shown), "",
+             f"{cfg.get('device')}, payloads of {cfg.get('batch')} rows per destination; GB/s of float32 input as the"
+             " exchange calls the codec (op: the kernels alone), CUDA events; parity against the CPU kernels"
+             + ("; synchronizations per encode / decode." if counted else ". The synchronizations per call are"
+                " tests/codec/test_codec_cuda.py's (encode 1, decode 2, passed on the same machine): this run's own"
+                " count read the wrong channel, so its column is left out."), "",
+             "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(Table.cells(r)[: len(cols)]) + " |" for r in rows]
+    dlac = [r for r in rows if str(r["codec"]).startswith("dlac") and "host copies" not in r["codec"]
+            and r.get("encode_gbps")]
+    if dlac:
+        enc = statistics.median(r["encode_gbps"] for r in dlac)
+        dec = statistics.median(r["decode_gbps"] for r in dlac)
+        met = sum(r["encode_gbps"] >= GPU_TARGET_GBPS and r["decode_gbps"] >= GPU_TARGET_GBPS for r in dlac)
+        parity = sum(str(r.get("parity", "")).startswith("bytes+bits equal") for r in dlac)
+        lines += ["", f"Target {GPU_TARGET_GBPS:.0f} GB/s each way: **{'met' if met == len(dlac) else 'not met'}**"
+                  f" ({met} of {len(dlac)} DLAC rows; median encode {enc:.1f} GB/s, decode {dec:.1f} GB/s)."
+                  f" Byte and bit parity with the CPU kernels: {parity} of {len(dlac)} rows."]
+    return lines
+
+
+BLOCKS["cuda_codec"] = Block(("cuda_codec_bench.json",), cuda_codec)
+
+
 if __name__ == "__main__":
     main()
