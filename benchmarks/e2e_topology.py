@@ -34,7 +34,7 @@ fused Adagrad, one-hot Zipf ids), on the variants (``VARIANTS`` of e2e_bandwidth
 - ``fp32``: TorchRec, uncompressed; ``qcomm_int8_fp16``: TorchRec's fastest qcomm codec in e2e_qcomm_race.json;
 - ``dlac_dlac_all``: DLAC both directions, to every peer (``compress_peers="all"``);
 - ``dlac_dlac_other_nodes``: DLAC both directions to the other node's ranks, the same node's pair uncompressed
-  (``compress_peers="other_nodes"``, what ``"auto"`` picks on two nodes);
+  (``compress_peers="other_nodes"``, what ``"auto"`` picks on two GPU nodes; on gloo it compresses for every peer);
 - ``ceiling_dlac_dlac_other_nodes``: its like-for-like ceiling: the null codec (lightning_dlac/comm/null_codec.py)
   sending the bytes of the ``dlac_dlac_other_nodes`` launch of its repeat, launched right after it, no encode or
   decode; a launch faster than its ceiling by more than 5% is a benchmark error (e2e_bandwidth.ceiling_checks).

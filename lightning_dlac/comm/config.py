@@ -51,7 +51,8 @@ class CompressionConfig:
             competes with the step's compute (measured in docs/benchmarks.md: the synchronous path was faster in
             11 of 13 paired CPU launches).
         compress_peers: Which peers' payloads are compressed (:mod:`lightning_dlac.comm.peers`): ``"auto"``
-            (default: only those to other nodes when the job spans several nodes, every peer's on one node),
+            (default: only those to other nodes when the job spans several nodes on NCCL, every peer's on one node
+            or on gloo),
             ``"all"``, ``"other_nodes"``, or a function ``(src, dst) -> bool`` (or its import path). The others go
             as float32, exactly, in both directions.
     """

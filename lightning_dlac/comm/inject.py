@@ -20,7 +20,7 @@ from lightning_dlac.adaptive.bounds import ErrorBounds
 from lightning_dlac.comm.all_to_all import CompressedPooledEmbeddingsAllToAll
 from lightning_dlac.comm.config import CompressionConfig
 from lightning_dlac.comm.group import ExchangeGroup
-from lightning_dlac.comm.peers import PeerPlan, discover_nodes
+from lightning_dlac.comm.peers import PeerPlan, backend_of, discover_nodes
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ def install_compressed_all_to_all(module: nn.Module, config: CompressionConfig, 
 
     def plan(pg) -> PeerPlan:  # noqa: ANN001 - a ProcessGroup
         if id(pg) not in plans:
-            plans[id(pg)] = PeerPlan.from_policy(config.compress_peers, discover_nodes(pg, node))
+            plans[id(pg)] = PeerPlan.from_policy(config.compress_peers, discover_nodes(pg, node), backend_of(pg))
             rank = pg.rank() if hasattr(pg, "rank") else 0
             log.info(f"lightning-dlac: {plans[id(pg)].describe(rank)}")
         return plans[id(pg)]

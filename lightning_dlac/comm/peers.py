@@ -7,9 +7,12 @@ cross nodes and sends the others as they are (float32, bit-exact), as TorchRec w
 
 A policy (``CompressionConfig(compress_peers=...)``, ``DLACStrategy(compress_peers=...)``) is one of
 
-- ``"auto"`` (default): ``"other_nodes"`` when the job spans more than one node, ``"all"`` on a single node (one
-  node's ranks compress for each other only because the user asked for DLAC there: the benchmarks' throttled
-  loopback, a machine without a fast interconnect);
+- ``"auto"`` (default): ``"other_nodes"`` when the job spans more than one node and its ranks are GPUs on NCCL (a
+  node's GPUs share a fabric far faster than its NIC); ``"all"`` otherwise: on a single node (its ranks compress for
+  each other only because the user asked for DLAC there: a machine without a fast interconnect, the benchmarks'
+  throttled loopback), and on gloo, where a node's ranks talk over loopback TCP whose bytes cost CPU time, which
+  compressing them saves (benchmarks/e2e_topology.py measured "other nodes only" slower than "all" on two emulated
+  nodes of CPU ranks);
 - ``"all"``: every other rank;
 - ``"other_nodes"``: only ranks on another node;
 - a function ``(src, dst) -> bool`` of two ranks of the exchange's process group, or the dotted import path of one
@@ -74,6 +77,16 @@ def number_nodes(keys: Sequence[str]) -> tuple[int, ...]:
     return tuple(index.setdefault(k, len(index)) for k in keys)
 
 
+def backend_of(pg: dist.ProcessGroup) -> str | None:
+    """The backend of ``pg`` (``"nccl"``, ``"gloo"``), ``None`` without an initialized default group."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    try:
+        return str(dist.get_backend(pg))
+    except (RuntimeError, ValueError):  # a stand-in process group
+        return None
+
+
 def discover_nodes(pg: dist.ProcessGroup, node: int | str | None = None) -> tuple[int, ...]:
     """The node of every rank of ``pg`` (by group rank): each rank's ``node`` where given (a launcher's node rank,
     as Lightning's cluster environment reports it), its :func:`node_key` otherwise; every rank must call it. Without
@@ -110,12 +123,13 @@ class PeerPlan:
         return cls.from_policy("all", (0,) * world)
 
     @classmethod
-    def from_policy(cls, policy: PeerPolicy, nodes: Sequence[int]) -> PeerPlan:
-        """The plan ``policy`` (see the module docstring) makes for ranks on ``nodes``."""
+    def from_policy(cls, policy: PeerPolicy, nodes: Sequence[int], backend: str | None = None) -> PeerPlan:
+        """The plan ``policy`` (see the module docstring) makes for ranks on ``nodes`` whose process group runs on
+        ``backend`` (``"nccl"``, ``"gloo"``; ``"auto"`` compresses within nodes unless it is NCCL)."""
         policy = check_policy(policy)
         nodes = tuple(nodes)
         if policy == "auto":
-            policy = "other_nodes" if len(set(nodes)) > 1 else "all"
+            policy = "other_nodes" if len(set(nodes)) > 1 and backend == "nccl" else "all"
         if policy == "all":
             def rule(s: int, d: int) -> bool:
                 return True

@@ -32,7 +32,7 @@ from lightning_dlac.codec import decode_grid
 from lightning_dlac.codec.format import HEADER_SIZE
 from lightning_dlac.comm.config import CompressionConfig
 from lightning_dlac.comm.exchange import Grid
-from lightning_dlac.comm.peers import PeerPlan, discover_nodes
+from lightning_dlac.comm.peers import PeerPlan, backend_of, discover_nodes
 from lightning_dlac.comm.stats import CommStats
 from lightning_dlac.comm.timing import PhaseTimer
 
@@ -291,7 +291,8 @@ class RecordedExchange(nn.Module):
         self._pg = pg
         self._config = config
         self._tables_per_rank = tuple(tuple(t) for t in tables_per_rank)
-        self.peers = peers if peers is not None else PeerPlan.from_policy(config.compress_peers, discover_nodes(pg))
+        self.peers = peers if peers is not None else PeerPlan.from_policy(config.compress_peers, discover_nodes(pg),
+                                                                          backend_of(pg))
         if self.peers.world != pg.size():
             raise ValueError(f"a peer plan of {self.peers.world} ranks for a process group of {pg.size()}.")
         self.recorder = Recorder(config, bounds)

@@ -135,7 +135,8 @@ class DLACStrategy(DDPStrategy):
             same results; the model's forward must be traceable, see docs/strategy.md). ``None``: one batch at a
             time, as Lightning calls ``training_step``.
         compress_peers: Which peers' payloads are compressed: ``"auto"`` (default: only those to ranks on other
-            nodes when the job spans several nodes, every peer's on a single node), ``"all"``, ``"other_nodes"``, or
+            nodes when a GPU job (NCCL) spans several nodes, every peer's on one node or on gloo), ``"all"``,
+            ``"other_nodes"``, or
             a function ``(src, dst) -> bool`` of two global ranks (or its import path, for YAML). The others go as
             float32, exactly, both ways. Nodes come from Lightning's cluster environment (``node_rank``).
         verify_checkpoints: Checksum (CRC32) every file of a checkpoint when it is saved, by the rank that wrote it,

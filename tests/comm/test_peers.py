@@ -26,12 +26,14 @@ def between_racks(src: int, dst: int) -> bool:
 # ------------------------------------------------------------------------------------------------ plans, no processes
 
 
-def test_auto_compresses_across_nodes_on_a_cluster_and_every_peer_on_one_node() -> None:
-    plan = PeerPlan.from_policy("auto", NODES)
+def test_auto_compresses_across_nodes_on_a_gpu_cluster_and_every_peer_on_one_node_or_on_gloo() -> None:
+    plan = PeerPlan.from_policy("auto", NODES, "nccl")
     assert plan.compressed == PeerPlan.from_policy("other_nodes", NODES).compressed
+    # gloo: a node's ranks talk over loopback TCP, whose bytes cost CPU time (e2e_topology.json)
+    assert PeerPlan.from_policy("auto", NODES, "gloo").compressed == PeerPlan.from_policy("all", NODES).compressed
     assert plan.to(0) == (False, False, True, True) and plan.source(3) == (True, True, False, False)
     assert plan.link(0, 1) == "same_node" and plan.link(1, 2) == "other_nodes"
-    single = PeerPlan.from_policy("auto", (0, 0, 0))
+    single = PeerPlan.from_policy("auto", (0, 0, 0), "nccl")
     assert single.to(1) == (True, False, True)  # never a rank's own block
     assert not PeerPlan.from_policy("other_nodes", (0, 0, 0)).any  # one node: TorchRec's exchange
     assert PeerPlan.everyone(2).compressed == ((False, True), (True, False))
@@ -65,7 +67,7 @@ def _inputs(src: int, rows: int, cols: int) -> torch.Tensor:
     return torch.randn(rows, cols, generator=torch.Generator().manual_seed(100 + src)) * 2 + 1
 
 
-def _pooled(rank: int, world: int, backward: str, plan: PeerPlan | None) -> dict:
+def _pooled(rank: int, world: int, backward: str, plan: PeerPlan | None, policy: str = "other_nodes") -> dict:
     """One pooled exchange and its gradient against TorchRec's, per source rank: exact or the worst error / bound."""
     import torch.distributed as dist
     from torchrec.distributed.dist_data import PooledEmbeddingsAllToAll
@@ -77,7 +79,9 @@ def _pooled(rank: int, world: int, backward: str, plan: PeerPlan | None) -> dict
     tables = [[f"t{r}_{c}" for c in range(len(d))] for r, d in enumerate(dims)]
     batch = [5, 7, 3, 6]
     rows = [0, *torch.tensor(batch).cumsum(0).tolist()]
-    config = CompressionConfig(backward=backward, backward_eps=BACKWARD_EPS, error_every=0, impl="ref")
+    # Without a plan, the module makes one from the config's policy on the nodes it reads from the environment.
+    config = CompressionConfig(backward=backward, backward_eps=BACKWARD_EPS, error_every=0, impl="ref",
+                               compress_peers=policy)
     pg = dist.group.WORLD
     ours = CompressedPooledEmbeddingsAllToAll(pg, dims, tables, config, ErrorBounds(EPS), peers=plan)
     theirs = PooledEmbeddingsAllToAll(pg, [sum(d) for d in dims])
@@ -116,7 +120,8 @@ def _sequence(rank: int) -> dict:
     state = _SequenceModel().state_dict()
     result: dict = {}
     for mode in ("bf16", "dlac"):
-        model, group = _shard(_SequenceModel(), ["table_wise"], compress=True, backward=mode)
+        model, group = _shard(_SequenceModel(), ["table_wise"], compress=True, backward=mode,
+                              compress_peers="other_nodes")
         ref, _ = _shard(_SequenceModel(), ["table_wise"], compress=False)
         load_global_weights(model, state)
         load_global_weights(ref, state)
@@ -150,6 +155,7 @@ def _two_nodes(rank: int, world: int) -> dict:
     torch.distributed.init_process_group("gloo")
     out = {mode: _pooled(rank, world, mode, None) for mode in ("fp32", "bf16", "dlac")}
     out["all"] = _pooled(rank, world, "dlac", PeerPlan.from_policy("all", NODES))
+    out["auto"] = _pooled(rank, world, "bf16", None, "auto")  # gloo: every peer
     out["user"] = _pooled(rank, world, "bf16", PeerPlan.from_policy(between_racks, NODES))
     out["sequence"] = _sequence(rank)
     return out
@@ -183,11 +189,12 @@ def test_same_node_payloads_are_torchrecs_bit_for_bit_and_other_nodes_within_the
 @pytest.mark.slow
 @pytest.mark.timeout(500)
 def test_counters_split_the_bytes_by_link_and_the_same_node_bytes_are_the_passed_ones(two_nodes: list[dict]) -> None:
-    for result in two_nodes:
+    for rank, result in enumerate(two_nodes):
         dlac, everyone = result["dlac"], result["all"]
         assert dlac["same"] == dlac["passed"] > 0  # float32 both ways to the same-node peer
         assert dlac["other"] > 0 and dlac["table_passed"]
         assert everyone["passed"] == 0 and everyone["same"] < dlac["same"]  # "all" compresses on the node too
+        assert result["auto"]["to"] == tuple(d != rank for d in range(4)) and result["auto"]["passed"] == 0
         # The same node's raw bytes: every local table's rows for the peer forward, its tables' gradient back.
         assert result["fp32"]["same"] == result["dlac"]["same"] == result["bf16"]["same"]
 
@@ -223,11 +230,13 @@ def test_sequence_embeddings_from_the_same_node_are_exact_and_from_the_other_nod
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_a_two_node_lightning_run_compresses_across_nodes_by_default_and_resumes_pipelined_exactly(
+def test_a_two_node_lightning_run_compresses_across_nodes_and_resumes_pipelined_exactly(
         tmp_path) -> None:  # noqa: ANN001
     from tests.engine.test_pipeline import _resume
 
-    for rank, result in enumerate(run_ranks(_resume, 4, str(tmp_path), None, 2, timeout=540)):
+    # Lightning's num_nodes and NODE_RANK say which node a rank is on; "other_nodes" is what "auto" picks on NCCL.
+    policy = {"compress_peers": "other_nodes"}
+    for rank, result in enumerate(run_ranks(_resume, 4, str(tmp_path), policy, 2, timeout=540)):
         assert len(result["resumed"]) == 10 and result["resumed"] == result["uninterrupted"][10:]
         assert result["bounds"][0] == result["bounds"][1]
         for passed, same, other in result["links"]:  # every run: rows as they are within the node, DLAC across

@@ -53,14 +53,15 @@ def _batch(rank: int, step: int, batch_size: int = 6):  # noqa: ANN202
     return KeyedJaggedTensor(keys=FEATURES, values=torch.cat(ids), lengths=lengths)
 
 
-def _shard(model: nn.Module, sharding_types: list[str], compress: bool, backward: str = "fp32"):  # noqa: ANN202
+def _shard(model: nn.Module, sharding_types: list[str], compress: bool, backward: str = "fp32",  # noqa: ANN202
+           **config: object):
     from lightning_dlac.adaptive import ErrorBounds
     from lightning_dlac.comm import CompressionConfig, install_compressed_all_to_all
     from lightning_dlac.engine.sharding import ShardingOptions, shard_model
 
     dmp = shard_model(model, ShardingOptions(sharding_types=sharding_types, embedding_optimizer="sgd",
                                              embedding_lr=1.0), device=torch.device("cpu"))
-    group = install_compressed_all_to_all(dmp, CompressionConfig(backward=backward, error_every=1),
+    group = install_compressed_all_to_all(dmp, CompressionConfig(backward=backward, error_every=1, **config),
                                           ErrorBounds(EPS)) if compress else None
     return dmp, group
 
