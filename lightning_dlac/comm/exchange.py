@@ -200,6 +200,48 @@ def copy_raw(out: torch.Tensor, received: torch.Tensor) -> None:
         as_bytes(out).copy_(received.view(out.size(0), -1))
 
 
+def to_wire(block: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``block`` (2-D float32, last dimension contiguous) as the bytes of ``dtype``: cast where it is narrower, as it
+    is (no copy) for float32."""
+    return as_bytes(block if dtype == block.dtype else block.to(dtype))
+
+
+def from_wire(out: torch.Tensor, received: torch.Tensor, dtype: torch.dtype) -> None:
+    """Copy ``received`` (the bytes :func:`to_wire` made of a block of ``out``'s shape, in ``dtype``) into ``out``:
+    float32 byte for byte (:func:`copy_raw`), a narrower dtype cast back."""
+    if dtype == out.dtype:
+        copy_raw(out, received)
+    else:
+        out.copy_(received.view(dtype).view(out.shape))
+
+
+def place_rows(out: torch.Tensor, received: torch.Tensor, sizes: torch.Tensor, rows_of: Sequence[Sequence[int]],
+               col_splits: Sequence[int], compressed: Sequence[bool], me: int, own: torch.Tensor,
+               impl: Impl) -> torch.Tensor:
+    """Fill ``out`` with every source rank's row block, in rank order: a run of consecutive compressed sources
+    decoded at once straight into its rows (source ``s`` sent one chunk per (row block ``rows_of[s]``, column block
+    of ``col_splits``), ``sizes`` each chunk's bytes), a source that sent its rows as they are copied, this rank's
+    own block (``me``) copied from ``own``. Returns ``out``; raises :class:`~lightning_dlac.codec.CodecError` on a
+    bad payload."""
+    n_cols = len(col_splits) - 1
+    row_at = offsets([sum(r) for r in rows_of])
+    chunk_at = offsets([len(r) * n_cols for r in rows_of])
+    byte_at = offsets(rank_sums(sizes, [len(r) * n_cols for r in rows_of]))
+    for packed, lo, hi in runs(compressed):
+        if packed:
+            rows = offsets([r for s in range(lo, hi) for r in rows_of[s]])
+            decode_chunks(received[byte_at[lo] : byte_at[hi]], sizes[chunk_at[lo] : chunk_at[hi]], rows, col_splits,
+                          impl, out.device, out=out[row_at[lo] : row_at[hi]])
+            continue
+        for s in range(lo, hi):
+            block = out[row_at[s] : row_at[s + 1]]
+            if s == me:
+                block.copy_(own)
+            else:
+                copy_raw(block, received[byte_at[s] : byte_at[s + 1]])
+    return out
+
+
 def with_own(sizes: torch.Tensor, at: int, n_own: int) -> torch.Tensor:
     """The chunk sizes for the other ranks with ``n_own`` zeros inserted at ``at``: this rank's own chunks, which are
     never sent (the size exchange has a record for every destination)."""
@@ -403,6 +445,7 @@ def encode_for_others(
     grid per run of consecutive such ranks); the rows for the others go as they are, float32."""
     me, dev, cols = layout.rank, x.device, layout.local_cols
     n_local = len(layout.local_tables)
+    dims = layout.dims_per_rank[me]
     grids, pieces, sizes = [], [], []
     for compressed, lo, hi in runs(layout.compress_to):
         if compressed:
@@ -417,7 +460,6 @@ def encode_for_others(
             rows = row_splits[d + 1] - row_splits[d]
             if d != me:
                 pieces.append(as_bytes(x[row_splits[d] : row_splits[d + 1]]))
-            dims = layout.dims_per_rank[me]
             sizes.append(torch.tensor([0 if d == me else rows * c * 4 for c in dims], dtype=torch.int64, device=dev))
     all_sizes = torch.cat(sizes) if sizes else torch.zeros(0, dtype=torch.int64, device=dev)
     return Encoded(assemble(pieces, dev), all_sizes, grids, rank_sums(all_sizes, [n_local] * layout.world))
@@ -571,8 +613,7 @@ def start_backward_mixed_cast(grad: torch.Tensor, batch_size_per_rank: list[int]
         if r == me:
             send_bytes.append(0)
             continue
-        # A narrower dtype's piece is cast on its way; float32 goes as its bytes.
-        piece = as_bytes(block if to_dtype[r] == grad.dtype else block.to(to_dtype[r]))
+        piece = to_wire(block, to_dtype[r])  # a narrower dtype's piece is cast on its way
         pieces.append(piece)
         send_bytes.append(piece.numel())
     recv_bytes = [0 if s == me else b * d_me * from_dtype[s].itemsize for s, b in enumerate(batch_size_per_rank)]
@@ -632,10 +673,8 @@ def finish_backward(pending: BackwardInFlight, batch_size_per_rank: list[int], l
             n = 0 if s == me else block.numel() * dtype.itemsize
             if s == me:
                 block.copy_(own)
-            elif dtype == torch.float32:
-                copy_raw(block, received[at : at + n])
             else:
-                block.copy_(received[at : at + n].view(dtype).view(block.shape))
+                from_wire(block, received[at : at + n], dtype)
             at += n
         return out
     if pending.recv_sizes is None:  # a cast: every source rank's rows, in rank order, this rank's own among them
@@ -644,28 +683,14 @@ def finish_backward(pending: BackwardInFlight, batch_size_per_rank: list[int], l
         if rows.dtype == torch.float32:
             return rows
         return (buffers or ResultBuffers()).empty(rows.size(0), d_me, rows.device).copy_(rows)
-    n_local = len(layout.local_tables)
-    recv_sizes = pending.recv_sizes
-    byte_at = offsets(rank_sums(recv_sizes, [n_local] * layout.world))
-    # Decoded (a run of compressed sources at once) or copied straight into the result's row blocks.
+    # Decoded (a run of compressed sources at once) or copied straight into the result's row blocks; the gradients
+    # come back as the embeddings went.
     out = (buffers or ResultBuffers()).empty(row_at[-1], d_me, own.device)
-    cols = layout.local_cols
     try:
-        for compressed, lo, hi in runs(layout.compress_to):  # the gradients come back as the embeddings went
-            if compressed:
-                decode_chunks(received[byte_at[lo] : byte_at[hi]], recv_sizes[lo * n_local : hi * n_local],
-                              offsets(batch_size_per_rank[lo:hi]), cols, impl, own.device,
-                              out=out[row_at[lo] : row_at[hi]])
-                continue
-            for s in range(lo, hi):
-                block = out[row_at[s] : row_at[s + 1]]
-                if s == me:
-                    block.copy_(own)
-                else:
-                    copy_raw(block, received[byte_at[s] : byte_at[s + 1]])
+        return place_rows(out, received, pending.recv_sizes, [[b] for b in batch_size_per_rank], layout.local_cols,
+                          layout.compress_to, me, own, impl)
     except CodecError as err:
         raise CompressedExchangeError(
             f"rank {me}: embedding gradients received for tables {list(layout.local_tables)} failed to decode"
             f" ({err})."
         ) from err
-    return out

@@ -36,7 +36,6 @@ import torch.distributed as dist
 
 PeerPolicy = str | Callable[[int, int], bool]
 POLICIES = ("auto", "all", "other_nodes")
-LINK_CLASSES = ("same_node", "other_nodes")
 NODE_VARIABLES = ("GROUP_RANK", "NODE_RANK", "SLURM_NODEID")  # read in this order; the host name where none is set
 
 

@@ -242,38 +242,15 @@ class CompressedSequenceEmbeddingsAllToAll(RecordedExchange):
             received = flight.wait()
         with timer.phase("decode_s", "dlac sequence decode"):
             try:
-                return self._place(received, records[:, 0], counts, call.recv_rows, layout.compress_from, own,
-                                   x.size(1), x.device)
+                out = torch.empty(sum(map(sum, call.recv_rows)), dim, device=x.device)
+                return exchange.place_rows(out, received, records[:, 0], call.recv_rows, [0, dim],
+                                           layout.compress_from, me, own, self._config.impl)
             except CodecError as err:
                 raise CompressedExchangeError(
                     f"rank {me}: sequence embeddings received from ranks {layout.other_ranks} failed to decode"
                     f" ({err}). The payload was corrupted in transit or the ranks run different lightning-dlac"
                     " versions."
                 ) from err
-
-    def _place(self, received: torch.Tensor, sizes: torch.Tensor, counts: Sequence[int],
-               rows_of: Sequence[Sequence[int]], compressed: Sequence[bool], own: torch.Tensor, dim: int,
-               device: torch.device) -> torch.Tensor:
-        """The rows every source sent this rank, in rank order, with ``own`` in this rank's place: a run of
-        compressed sources decoded at once (``sizes``: each chunk's bytes, ``counts[s]`` chunks of ``rows_of[s]``
-        rows each from source ``s``), a source that sent its rows as they are copied, straight into the result."""
-        row_at = offsets([sum(r) for r in rows_of])
-        byte_at = offsets(rank_sums(sizes, counts))
-        chunk_at = offsets(counts)
-        out = torch.empty(row_at[-1], dim, device=device)
-        for packed, lo, hi in runs(compressed):
-            if packed:
-                rows = offsets([r for s in range(lo, hi) for r in rows_of[s]])
-                exchange.decode_chunks(received[byte_at[lo] : byte_at[hi]], sizes[chunk_at[lo] : chunk_at[hi]],
-                                       rows, [0, dim], self._config.impl, device, out=out[row_at[lo] : row_at[hi]])
-                continue
-            for s in range(lo, hi):
-                block = out[row_at[s] : row_at[s + 1]]
-                if s == self._rank:
-                    block.copy_(own)
-                else:
-                    exchange.copy_raw(block, received[byte_at[s] : byte_at[s + 1]])
-        return out
 
     # ------------------------------------------------------------------ backward
 
@@ -325,7 +302,7 @@ class CompressedSequenceEmbeddingsAllToAll(RecordedExchange):
             if s == me:
                 send.append(0)
                 continue
-            pieces.append(exchange.as_bytes(block if to_dtype[s] == torch.float32 else block.to(to_dtype[s])))
+            pieces.append(exchange.to_wire(block, to_dtype[s]))
             send.append(pieces[-1].numel())
         back_rows = [sum(r) for r in layout.send_rows]
         recv = [0 if j == me else back_rows[j] * dim * from_dtype[j].itemsize for j in range(layout.world)]
@@ -338,12 +315,8 @@ class CompressedSequenceEmbeddingsAllToAll(RecordedExchange):
             if j == me:
                 block.copy_(self._own_rows(grad, call))
                 continue
-            n = recv[j]
-            if from_dtype[j] == torch.float32:
-                exchange.copy_raw(block, received[byte : byte + n])
-            else:
-                block.copy_(received[byte : byte + n].view(from_dtype[j]).view(block.shape))
-            byte += n
+            exchange.from_wire(block, received[byte : byte + recv[j]], from_dtype[j])
+            byte += recv[j]
         return out, send
 
     def _backward_dlac(self, grad: torch.Tensor, call: _SeqCall) -> tuple[torch.Tensor, list[int]]:
@@ -372,8 +345,9 @@ class CompressedSequenceEmbeddingsAllToAll(RecordedExchange):
         flight = exchange.start_payload(exchange.assemble(pieces, grad.device), send,
                                         rank_sums(recv_sizes, [n_local] * layout.world), self._pg)
         try:
-            back = self._place(flight.wait(), recv_sizes, [n_local] * layout.world, layout.send_rows,
-                               layout.compress_to, self._own_rows(grad, call), dim, grad.device)
+            out = torch.empty(sum(map(sum, layout.send_rows)), dim, device=grad.device)
+            back = exchange.place_rows(out, flight.wait(), recv_sizes, layout.send_rows, [0, dim], layout.compress_to,
+                                       me, self._own_rows(grad, call), impl)
         except CodecError as err:
             raise CompressedExchangeError(
                 f"rank {me}: sequence-embedding gradients for tables {list(layout.local_tables)} failed to decode"
