@@ -554,6 +554,9 @@ def _spread(values: list[float], fmt: str = ".0f") -> str:
     return f"{min(values):{fmt}}-{max(values):{fmt}}" if len(values) > 1 else "-"
 
 
+spread = _spread  # e2e_topology.py's table gives its ranges the same way
+
+
 def table(rows: list[dict[str, Any]]) -> list[str]:
     """The markdown table of a results file's rows."""
     lines = [

@@ -73,6 +73,7 @@ from e2e_bandwidth import (
     paired,
     pool_launches,
     speedups,
+    spread,
     summarize,
 )
 
@@ -297,7 +298,7 @@ def _ratio(rows: list[dict[str, Any]], row: dict[str, Any], reference: str) -> s
     if found is None:
         return "-"
     pooled, reps = found
-    return f"{pooled:.2f}x" + (f" ({min(reps):.2f}-{max(reps):.2f})" if len(reps) > 1 else "")
+    return f"{pooled:.2f}x" + (f" ({spread(reps, '.2f')})" if len(reps) > 1 else "")
 
 
 def table(rows: list[dict[str, Any]]) -> list[str]:
@@ -311,9 +312,7 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
         links = r["link_bytes_per_step"]
         other, same = (statistics.fmean(x[k] for x in links) for k in ("other_nodes", "same_node"))
         veth = statistics.fmean(b["a_veth"] + b["b_veth"] for b in r["launch_link_bytes"])
-        spread = "-" if len(r["launch_median_ms"]) < 2 else \
-            f"{min(r['launch_median_ms']):.0f}-{max(r['launch_median_ms']):.0f}"
-        lines.append(f"| {r['rate']} | {r['label']} | {r['median_step_ms']:.0f} | {spread} |"
+        lines.append(f"| {r['rate']} | {r['label']} | {r['median_step_ms']:.0f} | {spread(r['launch_median_ms'])} |"
                      f" {_ratio(rows, r, 'fp32')} | {_ratio(rows, r, 'dlac_dlac_all')} | {_mib(other)} |"
                      f" {_mib(same)} | {_mib(veth)} | {r['final_loss']:.4f} |")
     return lines

@@ -731,10 +731,6 @@ def readme_headline(results: Results) -> list[str]:
     topo = results.get("e2e_topology.json")
     if topo is not None:
         trows = topo["results"]
-        if not any("speedup_vs_fp32" in r for r in trows):
-            from e2e_bandwidth import speedups
-
-            speedups(trows)
         peer, everyone = _pick(trows, "1gbit", "dlac_dlac_other_nodes"), _pick(trows, "1gbit", "dlac_dlac_all")
         qcomm = _fastest_qcomm(trows, "1gbit")
         if peer is not None and peer.get("speedup_vs_fp32") is not None:
@@ -1183,13 +1179,9 @@ def qcomm_race(results: Results) -> list[str]:
 
 def e2e_topology(results: Results) -> list[str]:
     """The two-node run (issue 37): the e2e table, and the bytes each rank sent per link class."""
-    from e2e_bandwidth import speedups
-
-    rows = results.get("e2e_topology.json")["results"]
-    if not any("speedup_vs_fp32" in r for r in rows):
-        speedups(rows)  # the first file was written before e2e_topology.py stored them (derived from its launches)
     from e2e_bandwidth import paired
 
+    rows = results.get("e2e_topology.json")["results"]
     lines = _e2e_body(results, ("e2e_topology.json",))
     for rate in sorted({r["rate"] for r in rows}):
         found = paired(rows, rate, "ceiling_dlac_dlac_other_nodes", "dlac_dlac_all")
