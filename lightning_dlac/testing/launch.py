@@ -8,6 +8,15 @@ LOCAL_RANK, so both ``dist.init_process_group("gloo")`` and a Lightning Trainer 
 treats the processes as externally launched) join the same group. One ``init_process_group`` per rank process: the
 store is not re-keyed between groups.
 
+Ranks start warm: they are forked from a server process (multiprocessing's ``forkserver``) that imported torch,
+NumPy, Lightning and TorchRec once (:data:`PRELOAD`), instead of each importing them anew as a ``spawn``-ed
+interpreter would (5-6 s of CPU per rank here, paid by every launch of a test suite; the server lives as long as
+the calling process). Each rank then takes what a spawned one would have had at launch time, not at the server's
+start: the caller's current environment variables, working directory and standard output and error (passed as
+file descriptors, so pytest's capture still sees what ranks print). What the preloaded libraries read from the
+environment at import is the server's, fixed when the first launch started it: a caller that changes such a
+variable between launches (torch's threading or allocator settings, say) gets ``spawn`` with ``preload=False``.
+
 Results are read while the ranks run, before joining: a result larger than the pipe buffer would otherwise block
 its rank in ``put`` while the parent waits in ``join``.
 
@@ -27,10 +36,16 @@ import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import timedelta
+from multiprocessing import reduction
 from typing import Any
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+# Imported once by the server the ranks are forked from (absent ones are skipped: a machine with torch alone still
+# launches). Only third-party libraries: lightning_dlac's own modules (and its native builds) load in each rank, so a
+# test that changes the codec's build environment between launches still sees the change.
+PRELOAD = ("torch", "torch.distributed", "numpy", "lightning.pytorch", "torchrec", "torchrec.distributed")
 
 
 class RanksFailed(AssertionError):
@@ -38,7 +53,32 @@ class RanksFailed(AssertionError):
     traceback); an AssertionError, so a test that launches ranks fails as its own assertion would."""
 
 
-def _entry(rank: int, world_size: int, port: int, fn: Callable[..., Any], args: tuple, queue: Any) -> None:
+class _Inherited:
+    """File descriptor ``fd`` of the launching process, installed as the same descriptor number in the rank when the
+    rank unpickles it (a forked server's ranks would otherwise write to the server's stdout and stderr)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __reduce__(self) -> tuple:
+        return _install_fd, (reduction.DupFd(self.fd), self.fd)
+
+
+def _install_fd(dup: Any, fd: int) -> int:
+    received = dup.detach()
+    if received != fd:
+        os.dup2(received, fd)
+        os.close(received)
+    return fd
+
+
+def _entry(rank: int, world_size: int, port: int, fn: Callable[..., Any], args: tuple, queue: Any,
+           launch: tuple[dict[str, str], str, tuple] | None = None) -> None:
+    if launch is not None:  # forked from the server: take the launching process's environment and directory
+        environ, cwd, _stdio = launch
+        os.environ.clear()
+        os.environ.update(environ)
+        os.chdir(cwd)
     # Lightning sees LOCAL_RANK and treats the processes as externally launched, so each rank builds its own Trainer
     # with devices=world_size and joins the same gloo group instead of re-launching the test.
     os.environ.update(
@@ -74,6 +114,7 @@ def run_ranks(
     *args: Any,
     timeout: float = 240.0,
     expect_exit: Mapping[int, int] | None = None,
+    preload: bool = True,
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned processes; return the results by rank.
 
@@ -82,13 +123,23 @@ def run_ranks(
     code, after killing the others; the ranks in ``expect_exit`` ({rank: exit code}) must die with that code (their
     result is ``None``) and the others carry on. Ranks still running after ``timeout`` seconds (or when the caller
     is interrupted, e.g. by pytest-timeout) are killed. A fixture that runs several fits passes a ``timeout`` of its
-    own, sized for them, and its tests a matching ``pytest.mark.timeout``.
+    own, sized for them, and its tests a matching ``pytest.mark.timeout``. ``preload=False`` spawns each rank as a
+    fresh interpreter instead of forking it from the preloaded server (the module docstring says when that matters).
     """
     expect_exit = dict(expect_exit or {})
-    ctx = mp.get_context("spawn")
+    launch = None
+    if preload and "forkserver" in mp.get_all_start_methods():
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(list(PRELOAD))  # takes effect when the server starts: at this process's first launch
+        sys.stdout.flush()
+        sys.stderr.flush()
+        launch = (dict(os.environ), os.getcwd(), (_Inherited(1), _Inherited(2)))
+    else:
+        ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout))
-    procs = [ctx.Process(target=_entry, args=(r, world_size, store.port, fn, args, queue)) for r in range(world_size)]
+    procs = [ctx.Process(target=_entry, args=(r, world_size, store.port, fn, args, queue, launch))
+             for r in range(world_size)]
     results: dict[int, Any] = {}
     errors: list[str] = []
 

@@ -131,3 +131,27 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def _where_am_i(rank: int, world_size: int, tag: str) -> tuple[str | None, str, str]:
+    print(f"rank {rank} says {tag}", flush=True)
+    import sys
+
+    return os.environ.get("DLAC_LAUNCH_PROBE"), os.getcwd(), sys.modules["torch"].__name__
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("preload", [True, False])
+def test_ranks_see_the_launching_process_as_it_is_at_each_launch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture, preload: bool
+) -> None:
+    # Forked from a server started at an earlier launch, a rank must still see this launch's environment, directory
+    # and standard output, as a freshly spawned one does.
+    for i, where in enumerate([tmp_path / "a", tmp_path / "b"]):
+        where.mkdir()
+        monkeypatch.chdir(where)
+        monkeypatch.setenv("DLAC_LAUNCH_PROBE", f"launch {i}")
+        assert run_ranks(_where_am_i, 2, f"tag {i}", preload=preload) == [(f"launch {i}", str(where), "torch")] * 2
+        out = capfd.readouterr().out
+        assert f"rank 0 says tag {i}" in out and f"rank 1 says tag {i}" in out
