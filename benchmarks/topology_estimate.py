@@ -43,7 +43,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from common import REPO, judge
+from common import REPO, judge, span
 
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
@@ -212,6 +212,53 @@ def lines(checks: list[dict[str, Any]]) -> list[str]:
         out.append(f"{'MET    ' if c['met'] else 'NOT MET'} {c['rate']}: {c['target']}: predicted"
                    f" {c['predicted_ms']:.0f} ms, measured {c['measured_ms']:.0f} ms, ratio {c['ratio']:.2f}"
                    f" (per repeat {reps}; {c['repeats_meeting']} of {c['repeats']} within 15%)")
+    return out
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def inputs_line(check_: dict[str, Any]) -> str:
+    """The model's inputs of one rate, and what the probe measured beside them, as a sentence."""
+    i, p = check_["inputs"], check_["probe"]
+    load = check_.get("probe_loadavg_1m")
+    return (f"At {check_['rate']}, `dlac estimate --nodes 2 --ranks-per-node 2` with: from the `dlac_run.json` summary"
+            f" of the DLAC-to-every-peer launches, compute {i['compute_ms']:.1f} ms per step, forward ratio"
+            f" {i['forward_ratio']:.1f}, encode {i['encode_gb_s']:.2f} GB/s, decode {i['decode_gb_s']:.2f} GB/s"
+            f" (gradients at the same rates), gradient ratio {i['backward_ratio']:.1f}; across nodes"
+            f" {i['inter_gbit']:.3f} Gbit/s per node (the tbf rate as TCP payload); from the set-up probe"
+            + ("" if load is None else f" (load average {load:.1f})")
+            + f", within a node {i['intra_gbit']:.2f} Gbit/s per rank (loopback TCP on the shared cores) and"
+            f" {i['latency_us']:.0f} us per message. The probe's float32 all-to-all took {p['all_peers_ms']:.1f} ms,"
+            f" its share to the other node alone {p['other_nodes_ms']:.1f} ms ({p['inter_gbit_measured']:.3f}"
+            " Gbit/s per node).")
+
+
+def table(checks: list[dict[str, Any]], terms: bool = True) -> list[str]:
+    """The markdown of the check: predicted against measured per variant with the verdict, then (``terms``) each
+    term's prediction beside its measurement."""
+    out = ["| rate | variant (policy) | predicted ms | measured ms (launch medians) | predicted / measured (per"
+           " repeat) | within 15% |", "|---|---|---:|---:|---:|---|"]
+    for c in checks:
+        launches = c["per_repeat_measured_ms"]
+        spread = f" ({min(launches):.0f}-{max(launches):.0f})" if launches else ""
+        reps = span(c["per_repeat_ratio"]) if c["per_repeat_ratio"] else "-"
+        word = "met" if c["met"] else "not met"
+        out.append(f"| {c['rate']} | {c['label']} (`{c['policy']}`) | {c['predicted_ms']:.0f} |"
+                   f" {c['measured_ms']:.0f}{spread} | {c['ratio']:.2f} ({reps}) | **{word}**"
+                   f" ({c['repeats_meeting']} of {c['repeats']} repeats) |")
+    if not terms:
+        return out
+    out += ["", "Term by term, predicted / measured ms per step (measured: the launches' own `dlac_run.json`"
+            " figures; FP32's exchanges are not timed by phase):", "",
+            "| rate | variant | compute | forward codec | forward exchange | backward (codec + exchange) | step |",
+            "|---|---|---:|---:|---:|---:|---:|"]
+    for c in checks:
+        p, m = c["predicted_terms"], c["measured_terms"]
+        cells = [f"{_ms(p[k])} / {_ms(m[k])}" for k in ("compute_ms", "forward_codec_ms", "forward_wire_ms",
+                                                          "backward_ms", "step_ms")]
+        out.append(f"| {c['rate']} | {c['label']} | " + " | ".join(cells) + " |")
     return out
 
 
