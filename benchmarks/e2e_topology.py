@@ -45,6 +45,13 @@ rank records the payload bytes it sent to the peers of each link class (forward 
 ``CommStats`` (``same_node_sent_bytes``, ``other_nodes_sent_bytes``), for FP32 and qcomm each peer's equal share of
 what the rank sent. The targets (``TARGETS``, judged by the rule of benchmarks/common.py): at 1 Gbit/s between the
 nodes, DLAC to other nodes only >= 1.1x DLAC to every peer, and ahead of every qcomm variant that ran.
+
+``dlac estimate`` against these launches (issue 37 item 3): each rate starts with a probe launch (``probe_rank``:
+a node's two ranks exchanging one peer's share over their loopback, the share to the other node alone, a whole
+float32 all-to-all and a one-float message round, recorded under ``probes``), each DLAC launch records the
+``dlac_run.json`` summary ``DLACCallback`` would write (``run_summary``), and the run ends with
+topology_estimate.py's check of each policy's predicted step against its launches (``estimate_check``; its
+docstring says where each input comes from).
 """
 
 from __future__ import annotations
