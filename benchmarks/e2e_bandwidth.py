@@ -291,6 +291,8 @@ def _train_rank(rank: int, world_size: int, variant_name: str, cfg: dict[str, An
                 bytes_per_call=bytes_per_call(stats),  # what a null-codec launch sends to stand in for this one
                 # Payload bytes to the peers of each link class, forward + backward (compress_peers).
                 same_node_sent_bytes=stats.same_node_sent_bytes, other_nodes_sent_bytes=stats.other_nodes_sent_bytes,
+                # Of fwd_raw_bytes / fwd_sent_bytes, those sent as they are (dlac_run.json's forward_passed_bytes)
+                fwd_passed_bytes=sum(stats.table_passed_bytes.values()),
             )
         elif fwd_codec is not None:
             # TorchRec's codecs see the whole send buffer, every destination's equal share included.

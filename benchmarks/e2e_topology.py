@@ -45,6 +45,13 @@ rank records the payload bytes it sent to the peers of each link class (forward 
 ``CommStats`` (``same_node_sent_bytes``, ``other_nodes_sent_bytes``), for FP32 and qcomm each peer's equal share of
 what the rank sent. The targets (``TARGETS``, judged by the rule of benchmarks/common.py): at 1 Gbit/s between the
 nodes, DLAC to other nodes only >= 1.1x DLAC to every peer, and ahead of every qcomm variant that ran.
+
+``dlac estimate`` against these launches (issue 37 item 3): each rate starts with a probe launch (``probe_rank``:
+a node's two ranks exchanging one peer's share over their loopback, the share to the other node alone, a whole
+float32 all-to-all and a one-float message round, recorded under ``probes``), each DLAC launch records the
+``dlac_run.json`` summary ``DLACCallback`` would write (``run_summary``), and the run ends with
+topology_estimate.py's check of each policy's predicted step against its launches (``estimate_check``; its
+docstring says where each input comes from).
 """
 
 from __future__ import annotations
@@ -64,6 +71,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import topology_estimate
 from common import REPO, judge, start_run, write_results
 from e2e_bandwidth import (
     VARIANTS,
@@ -89,6 +97,8 @@ TARGETS = (
     ("1gbit", "DLAC to other nodes only >= 1.1x DLAC to every peer", "dlac_dlac_other_nodes", "dlac_dlac_all", 1.1),
 )
 TARGET_RATE = "1gbit"
+PROBE = "probe"  # the set-up launch that measures the links for topology_estimate.py (not a variant)
+PROBE_REPEATS = 5
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -189,12 +199,51 @@ def _rank_main(spec_path: Path, out: Path) -> None:
     from e2e_bandwidth import train_rank
 
     spec = json.loads(spec_path.read_text())
-    result = train_rank(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), spec["variant"], spec["cfg"])
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if spec["variant"] == PROBE:
+        result = probe_rank(rank, world, spec["cfg"]["share_bytes"], spec["cfg"]["probe_repeats"])
+    else:
+        result = train_rank(rank, world, spec["variant"], spec["cfg"])
     out.write_text(json.dumps(result))
     # As lightning_dlac/testing/launch.py: skip the interpreter's teardown, where gloo's threads occasionally abort.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def probe_rank(rank: int, world: int, share_bytes: int, repeats: int) -> dict[str, Any]:
+    """A rank of the set-up probe (topology_estimate.py's link inputs): seconds per repeat, after one untimed round,
+    of a one-float all-to-all of all ranks (``tiny_s``), the two ranks of each node exchanging ``share_bytes`` with
+    each other, both nodes at once (``same_node_s``: loopback), every rank sending ``share_bytes`` to each rank of the
+    other node only (``other_nodes_s``: the veth) and a whole float32 all-to-all (``all_peers_s``), each started
+    after a barrier."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        node, elems = Topology.node_of(rank), share_bytes // 4
+        groups = [dist.new_group(list(range(n * RANKS_PER_NODE, (n + 1) * RANKS_PER_NODE))) for n in range(NODES)]
+        splits = [0 if Topology.node_of(peer) == node else elems for peer in range(world)]
+
+        def timed(send: torch.Tensor, **kwargs: Any) -> list[float]:
+            recv, out = torch.empty_like(send), []
+            for i in range(repeats + 1):
+                dist.barrier()
+                t0 = time.perf_counter()
+                dist.all_to_all_single(recv, send, **kwargs)
+                if i:
+                    out.append(time.perf_counter() - t0)
+            return out
+
+        return dict(
+            tiny_s=timed(torch.zeros(world)),
+            same_node_s=timed(torch.zeros(RANKS_PER_NODE * elems), group=groups[node]),
+            other_nodes_s=timed(torch.zeros(sum(splits)), output_split_sizes=splits, input_split_sizes=splits),
+            all_peers_s=timed(torch.zeros(world * elems)),
+        )
+    finally:
+        dist.destroy_process_group()
 
 
 class LaunchFailed(RuntimeError):
@@ -322,10 +371,20 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
 # Parent
 
 
-def run_rate(topo: Topology, rate: str, variants: list[str], cfg: dict[str, Any], port: int) -> tuple[list[dict], int]:
-    """Every variant ``cfg["repeats"]`` times at ``rate`` (ABBA, each ceiling right after its source); the rows and
-    the next free port."""
+def run_rate(topo: Topology, rate: str, variants: list[str], cfg: dict[str, Any],
+             port: int) -> tuple[list[dict], dict[str, Any], int]:
+    """The set-up probe, then every variant ``cfg["repeats"]`` times at ``rate`` (ABBA, each ceiling right after its
+    source); the rows, the probe and the next free port."""
     _run(rate_commands(topo, rate), check=rate != "unthrottled")
+    # The links as the model sees them, measured before the first variant: one peer's float32 share of a step.
+    share = cfg["batch_size"] * sum(topology_estimate.DIMS) * 4 // WORLD_SIZE
+    load = os.getloadavg()[0]
+    probe_ranks = launch(topo, PROBE, dict(share_bytes=share, probe_repeats=PROBE_REPEATS), port, cfg["timeout"])
+    port += 1
+    probe = dict(share_bytes=share, repeats=PROBE_REPEATS, loadavg_1m=load, per_rank=probe_ranks)
+    fig = topology_estimate.probe_figures(probe, NODES, RANKS_PER_NODE)
+    print(f"  [{rate}] probe: within a node {fig['intra_gbit']:.2f} Gbit/s per rank, to the other node"
+          f" {fig['inter_gbit_measured']:.3f} Gbit/s per node, {fig['latency_us']:.0f} us per message", flush=True)
     launches: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
     for rep in range(cfg["repeats"]):
         for position, name in enumerate(ceilings_after_sources(launch_order(variants, rep))):
@@ -340,6 +399,8 @@ def run_rate(topo: Topology, rate: str, variants: list[str], cfg: dict[str, Any]
             median = summarize(VARIANTS[name], rate, per_rank, cfg)["median_step_ms"]
             launches[name].append(dict(repeat=rep, position=position, loadavg_1m=load, median_ms=median,
                                        link_bytes={k: after[k] - before[k] for k in after}, per_rank=per_rank))
+            if VARIANTS[name].kind == "dlac":  # what DLACCallback would write as dlac_run.json (dlac estimate's input)
+                launches[name][-1]["run_summary"] = topology_estimate.run_summary(per_rank)
             print(f"  [{rate}] {name} (repeat {rep + 1}/{cfg['repeats']}): {median:.0f} ms/step"
                   f" ({time.perf_counter() - t0:.0f} s)", flush=True)
     rows = []
@@ -352,11 +413,14 @@ def run_rate(topo: Topology, rate: str, variants: list[str], cfg: dict[str, Any]
             launch_link_bytes=[x["link_bytes"] for x in launches[name]],  # whole launch, set-up included
             link_bytes_per_step=link_bytes_per_step(name, pooled),
             launches=[dict(repeat=x["repeat"], position=x["position"], median_ms=x["median_ms"],
-                           link_bytes=x["link_bytes"], step_s_per_rank=[r["times"] for r in x["per_rank"]])
+                           link_bytes=x["link_bytes"], step_s_per_rank=[r["times"] for r in x["per_rank"]],
+                           **({"run_summary": x["run_summary"]} if "run_summary" in x else {}))
                       for x in launches[name]],
         )
+        if VARIANTS[name].kind == "dlac":
+            row["run_summary"] = topology_estimate.run_summary(pooled)
         rows.append(row)
-    return rows, port
+    return rows, probe, port
 
 
 def main() -> None:
@@ -413,12 +477,13 @@ def main() -> None:
 
     topo = Topology(os.getpid())
     rows: list[dict[str, Any]] = []
+    probes: dict[str, dict[str, Any]] = {}
     try:
         _run(setup_commands(topo))
         port = BASE_PORT
         for rate in rates:
             print(f"rate {rate} between the nodes: {len(variants)} variant(s), {args.repeats} repeat(s)", flush=True)
-            found, port = run_rate(topo, rate, variants, cfg, port)
+            found, probes[rate], port = run_rate(topo, rate, variants, cfg, port)
             rows += found
     finally:
         _run(teardown_commands(topo), check=False)
@@ -440,7 +505,10 @@ def main() -> None:
               f" per repeat {reps}{noisy}")
     for e in errors:
         print(f"BENCHMARK ERROR {e['message']}")
-    write_results(args.json_out, metadata, cfg, rows, targets=targets, errors=errors)
+    estimate_check = topology_estimate.check(rows, probes, cfg)
+    print("\n".join(topology_estimate.lines(estimate_check)))
+    write_results(args.json_out, metadata, cfg, rows, targets=targets, errors=errors, probes=probes,
+                  estimate_check=estimate_check)
     print(f"\nwrote {args.json_out}")
 
 

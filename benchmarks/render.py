@@ -1037,7 +1037,8 @@ def summary(results: Results) -> tuple[list[str], list[str]]:
         data = results.get(name)
         judged = data.get("targets") or []
         # calibration_bench.json keeps its thresholds under "targets" (a mapping); its block judges them itself.
-        for t in judged if isinstance(judged, list) else []:
+        # e2e_topology.json judges dlac estimate's predictions apart from its speed targets (estimate_check).
+        for t in [*(judged if isinstance(judged, list) else []), *(data.get("estimate_check") or [])]:
             where = t.get("rate") or f"{t.get('payload')} eps {t.get('eps')}"
             targets.append(f"{name}: {where}: {t['target']}: {'met' if t['met'] else 'NOT met'}")
         for e in data.get("errors", []) or []:
@@ -1209,11 +1210,37 @@ def e2e_topology(results: Results) -> list[str]:
         nodes = [f"{last[f'{n}_veth'] / 1e6:.1f} / {last[f'{n}_lo'] / 1e6:.1f}" if f"{n}_veth" in last else "-"
                  for n in ("a", "b")]
         lines.append(f"| {r['rate']} | {r['label']} | {other} | {same} | {nodes[0]} | {nodes[1]} |")
+    checks = results.get("e2e_topology.json").get("estimate_check")
+    if checks:
+        import topology_estimate
+
+        lines += ["", "`dlac estimate`'s prediction for these launches (issue 37 item 3;"
+                  " benchmarks/topology_estimate.py, whose docstring says where each input comes from; target: within"
+                  " 15% of the measured step, by the rule):", ""]
+        for rate in dict.fromkeys(c["rate"] for c in checks):
+            lines += [topology_estimate.inputs_line(next(c for c in checks if c["rate"] == rate)), ""]
+        lines += topology_estimate.table(checks)
     return lines
+
+
+def topology_estimate_check(results: Results) -> list[str]:
+    """docs/multinode.md: `dlac estimate`'s prediction against the emulated two-node launches (issue 37 item 3)."""
+    import topology_estimate
+
+    data = results.get("e2e_topology.json")
+    checks = data.get("estimate_check")
+    if not checks:
+        return [source_line("e2e_topology.json", data, results.shown), "",
+                "This run predates the check: `python benchmarks/e2e_topology.py` records it."]
+    lines = [source_line("e2e_topology.json", data, results.shown), ""]
+    for rate in dict.fromkeys(c["rate"] for c in checks):
+        lines += [topology_estimate.inputs_line(next(c for c in checks if c["rate"] == rate)), ""]
+    return lines + topology_estimate.table(checks, terms=False)
 
 
 BLOCKS.update({
     "e2e_topology": Block(("e2e_topology.json",), e2e_topology),
+    "topology_estimate": Block(("e2e_topology.json",), topology_estimate_check),
     "exchange_profile": Block(("exchange_profile.json",), exchange_profile),
     "qcomm_race": Block(("e2e_qcomm_race.json",), qcomm_race,
                         optional=("e2e_qcomm_race_10gbit.json", "e2e_qcomm_race_starved.json",
