@@ -56,6 +56,7 @@ __all__ = [
     "RankBatches",
     "RankShardedDataModule",
     "ResumableDataLoader",
+    "RowSplitsDataModule",
     "check_batch",
     "make_batch",
     "stream_seed",
@@ -448,3 +449,47 @@ class RankShardedDataModule(LightningDataModule):
         # the Trainer it is attached to stays in the main process.
         return {**self.__dict__, "trainer": None}
 
+
+
+
+class RowSplitsDataModule(RankShardedDataModule):
+    """A :class:`RankShardedDataModule` whose splits are rows read from files: a split holds
+    ``split_rows(split) // batch_size`` global batches (the last partial one is dropped).
+
+    Subclasses implement :meth:`split_rows` and :meth:`read_batch`, and call :meth:`check_split_sizes` at the end of
+    ``setup``, once the rows are known.
+    """
+
+    def split_rows(self, split: str) -> int:
+        """Rows in ``split`` before cutting into batches (0 for a split the source lacks). Implement in a subclass."""
+        raise NotImplementedError(f"{type(self).__name__} must implement split_rows(split) -> int.")
+
+    def num_batches(self, split: str) -> int:
+        """Global batches of ``split``: its rows // batch_size."""
+        return self.split_rows(split) // self.batch_size
+
+    @property
+    def num_train_batches(self) -> int:
+        """Training batches per rank per epoch (the same on every rank)."""
+        return self.batches_per_rank("train")
+
+    @property
+    def num_val_batches(self) -> int:
+        """Validation batches per rank (the same on every rank)."""
+        return self.batches_per_rank("val")
+
+    @property
+    def num_test_batches(self) -> int:
+        """Test batches per rank (the same on every rank)."""
+        return self.batches_per_rank("test")
+
+    def check_split_sizes(self, source: str, fix: str) -> None:
+        """Fail when ``source`` (what the rows came from, as the user named it) gives less than one training batch
+        per rank, saying ``fix``; warn when its validation rows make no full batch per rank."""
+        per_step = f"batch_size={self.batch_size} x world_size={self.world_size}"
+        if self.num_train_batches == 0:
+            raise ValueError(f"{source} gives {self.split_rows('train')} training rows, fewer than one batch per rank"
+                             f" ({per_step}). {fix}")
+        if self.num_val_batches == 0 and self.split_rows("val") > 0:
+            rank_zero_warn(f"{self.split_rows('val')} validation rows make no full batch per rank ({per_step});"
+                           " validation is empty.")

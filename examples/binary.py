@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from lightning.pytorch.utilities import rank_zero_warn
 from torchrec.datasets.utils import Batch
 from typing_extensions import override
 
@@ -28,7 +27,7 @@ from lightning_dlac.criteo import (
     read_npy_header,
 )
 
-from .base import DEFAULT_MAX_ROWS, RankShardedDataModule, ResumableDataLoader, make_batch, table_sizes
+from .base import DEFAULT_MAX_ROWS, ResumableDataLoader, RowSplitsDataModule, make_batch, table_sizes
 
 __all__ = ["CriteoBinaryDataModule"]
 
@@ -186,7 +185,7 @@ class _BinaryBatches:
         return make_batch(dense, ids, labels, self.lengths, feature_names=FEATURE_NAMES)
 
 
-class CriteoBinaryDataModule(RankShardedDataModule):
+class CriteoBinaryDataModule(RowSplitsDataModule):
     """Criteo in TorchRec's binary layout (``<stem>_{dense,sparse,labels}.npy``), memory-mapped: full-size data.
 
     Create the files once with ``dlac preprocess criteo --output DATA_DIR day_0 ... day_23`` (Criteo 1TB) or
@@ -350,36 +349,8 @@ class CriteoBinaryDataModule(RankShardedDataModule):
 
     @override
     def setup(self, stage: str) -> None:
-        if self.num_train_batches == 0:
-            raise ValueError(
-                f"{self.split_rows('train')} training rows in {self.data_dir} ({self.train_stems}) make fewer than"
-                f" one batch per rank (batch_size={self.batch_size} x world_size={self.world_size}). Lower"
-                " `batch_size`, raise `max_samples`, or add training stems."
-            )
-        if self.num_val_batches == 0 and self.split_rows("val") > 0:
-            rank_zero_warn(
-                f"{self.split_rows('val')} validation rows make no full batch per rank (batch_size="
-                f"{self.batch_size} x world_size={self.world_size}); validation is empty."
-            )
-
-    @property
-    def num_train_batches(self) -> int:
-        """Training batches per rank per epoch (the same on every rank)."""
-        return self.batches_per_rank("train")
-
-    @property
-    def num_val_batches(self) -> int:
-        """Validation batches per rank (the same on every rank)."""
-        return self.batches_per_rank("val")
-
-    @property
-    def num_test_batches(self) -> int:
-        """Test batches per rank (the same on every rank)."""
-        return self.batches_per_rank("test")
-
-    def num_batches(self, split: str) -> int:
-        """Global batches of ``split`` (``train``, ``val`` or ``test``): its rows // batch_size."""
-        return self.split_rows(split) // self.batch_size
+        self.check_split_sizes(f"{self.data_dir} ({self.train_stems})",
+                               "Lower `batch_size`, raise `max_samples`, or add training stems.")
 
     def read_batch(self, split: str, index: int) -> Batch:
         """Global batch ``index`` of ``split``: its rows ``[g * B, (g + 1) * B)`` for ``g = index``, or the shuffled

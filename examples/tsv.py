@@ -18,7 +18,7 @@ from typing_extensions import override
 
 from lightning_dlac.criteo import dense_log1p, dense_torchrec, read_tsv
 
-from .base import DEFAULT_MAX_ROWS, RankShardedDataModule, table_sizes
+from .base import DEFAULT_MAX_ROWS, RowSplitsDataModule, table_sizes
 
 __all__ = ["TSV_SIZE_WARNING_BYTES", "CriteoTSVDataModule"]
 
@@ -31,7 +31,7 @@ _DENSE_TRANSFORMS = ("log1p", "torchrec")
 _Rows = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
-class CriteoTSVDataModule(RankShardedDataModule):
+class CriteoTSVDataModule(RowSplitsDataModule):
     """Criteo Kaggle display-advertising TSV files (``train.txt`` format) as DLRM batches: for small files.
 
     Every rank reads the whole file into memory, which suits samples up to about a million rows. For full-size data
@@ -153,37 +153,13 @@ class CriteoTSVDataModule(RankShardedDataModule):
             perm = torch.randperm(train[0].shape[0], generator=torch.Generator().manual_seed(self.seed))
             train = tuple(t[perm] for t in train)
         self._splits = {"train": train, "val": val}  # type: ignore[dict-item]
-        if self.num_train_batches == 0:
-            raise ValueError(
-                f"{self.train_path!r} gives {self.split_rows('train')} training rows, fewer than one batch per rank "
-                f"(batch_size={self.batch_size} x world_size={self.world_size}). Lower `batch_size` or raise "
-                "`max_samples`."
-            )
-        if self.num_val_batches == 0 and self.split_rows("val") > 0:
-            rank_zero_warn(
-                f"{self.split_rows('val')} validation rows make no full batch per rank (batch_size={self.batch_size} x "
-                f"world_size={self.world_size}); validation is empty."
-            )
+        self.check_split_sizes(repr(self.train_path), "Lower `batch_size` or raise `max_samples`.")
 
     def split_rows(self, split: str) -> int:
         """Rows in ``split`` (``train`` or ``val``), before cutting into batches."""
         if self._splits is None:
             raise RuntimeError(f"Call {type(self).__name__}.setup() before asking for batches.")
         return int(self._splits[split][0].shape[0]) if split in self._splits else 0
-
-    @property
-    def num_train_batches(self) -> int:
-        """Training batches per rank per epoch (the same on every rank)."""
-        return self.batches_per_rank("train")
-
-    @property
-    def num_val_batches(self) -> int:
-        """Validation batches per rank (the same on every rank)."""
-        return self.batches_per_rank("val")
-
-    def num_batches(self, split: str) -> int:
-        """Global batches of ``split``: its rows // batch_size."""
-        return self.split_rows(split) // self.batch_size
 
     def read_batch(self, split: str, index: int) -> Batch:
         """Rows ``[index * batch_size, (index + 1) * batch_size)`` of ``split``."""

@@ -451,6 +451,10 @@ def test_the_documented_data_source_shards_and_checks_its_batches(tmp_path: Path
     outside = r"read_batch\('train', 0\): feature 'item' has ids from \d+ to \d+, outside its table of 1000 rows"
     with pytest.raises(ValueError, match=outside):
         _batches(source(num_embeddings_per_feature=[944, 1000, 19, 21]))
+    # Rows for less than one training batch: stopped in setup, naming the file, the rows and the fix.
+    with pytest.raises(ValueError, match=r"ratings\.npz gives 800 training rows, fewer than one batch per rank"
+                                         r" \(batch_size=1000 x world_size=1\)\. Lower `batch_size` or `val_rows`"):
+        source(batch_size=1000)
 
 
 def test_a_batch_made_for_other_features_fails_in_the_datamodule_with_both_numbers() -> None:
