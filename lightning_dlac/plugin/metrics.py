@@ -163,6 +163,12 @@ class CompressionMonitor:
             "other_nodes_sent_bytes": t.other_nodes_sent_bytes,
             "passed_bytes": t.passed_bytes,
             "forward_passed_bytes": sum(t.table_passed_bytes.values()),  # of raw_bytes / sent_bytes: not encoded
+            # The gradient exchange's bytes (raw float32, sent: payload and size exchange, and of both those sent as
+            # they are), so that `dlac estimate --from-run` costs the backward at its own ratio; its time is
+            # backward_ms (one phase: CommStats does not time the gradient codec apart from its exchange)
+            "backward_raw_bytes": t.backward_raw_bytes,
+            "backward_sent_bytes": t.backward_sent_bytes,
+            "backward_passed_bytes": sum(t.table_backward_passed_bytes.values()),
             "train_s": self.train_s,
             "a2a_s": self.a2a_s,
             "encode_ms": t.encode_s * ms,

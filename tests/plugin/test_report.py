@@ -197,3 +197,22 @@ def test_tables_left_at_the_strategys_eps_by_a_calibration_are_counted() -> None
     run = {**_run({}, [0.7]), "final_effective_bounds": {"t_cat_0": 0.05, "t_seq_0": 0.01}}
     (line,) = [line for line in headline(run) if line.startswith("bounds (")]
     assert "1 at the strategy's eps=0.01 (no measured loss gradient)" in line
+
+
+def test_the_run_summary_records_what_the_gradient_exchange_sent() -> None:
+    """``dlac estimate --from-run`` costs the backward at the run's own gradient ratio: the summary carries the
+    gradient bytes, and of them those a per-peer plan sent as they are."""
+    from lightning_dlac.comm import CommStats
+    from lightning_dlac.plugin.metrics import CompressionMonitor
+
+    monitor = CompressionMonitor(per_table=False, all_reduce=lambda tensor, op: tensor)
+    monitor.totals = CommStats(calls=20, raw_bytes=4_000_000, sent_bytes=200_000, backward_calls=20,
+                               backward_raw_bytes=4_000_000, backward_sent_bytes=1_500_000, backward_s=0.3,
+                               table_backward_passed_bytes={"t_cat_0": 600_000, "t_cat_1": 400_000})
+    monitor.batches = 10
+    summary = monitor.summary(world_size=2)
+    assert summary["backward_raw_bytes"] == 4_000_000
+    assert summary["backward_sent_bytes"] == 1_500_000
+    assert summary["backward_passed_bytes"] == 1_000_000  # both tables' gradients sent as they were
+    assert summary["backward_ms"] == pytest.approx(0.3 / 20 * 1e3)  # per batch and rank: 15 ms
+    json.dumps(summary)  # plain data, as dlac_run.json holds it
