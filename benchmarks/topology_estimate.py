@@ -11,7 +11,9 @@ against:
   has before choosing a policy), built from that launch's counters and step times as ``DLACCallback`` builds it
   (:func:`run_summary`) and read by estimate's own :func:`~lightning_dlac.commands.estimate.rates_from_run`: the
   forward and gradient ratios, the codec rates (gradients at the forward's, as the command assumes: the summary
-  times the gradient exchange as one phase) and the compute per step; and, as the command does with ``--nodes``
+  times the gradient exchange as one phase) and the compute per step, of the median step (``step_ms``: the median
+  of the launch's per-rank step times; results written before the summary had it get it from their launches'
+  ``step_s_per_rank``); and, as the command does with ``--nodes``
   and ``--from-run``, the wait on the slowest rank (:func:`~lightning_dlac.commands.estimate.wait_from_run`: the
   launch's exchange time per step beyond the model's own ``all`` on the links below);
 - ``--inter-gbit``: the ``tbf`` rate on the veth, as TCP payload: tbf meters whole Ethernet frames, so a 1500-byte
@@ -99,7 +101,21 @@ def run_summary(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
         decode_ms=total("fwd_decode_s") * ms, backward_ms=total("bwd_s") * ms,
         backward_raw_bytes=total("bwd_raw_bytes"), backward_sent_bytes=total("bwd_sent_bytes"),
         backward_passed_bytes=total("bwd_passed_bytes"),
+        step_ms=median_step_ms([r["times"] for r in per_rank]),
     )
+
+
+def median_step_ms(times_per_rank: list[list[float]]) -> float:
+    """``dlac_run.json``'s ``step_ms``: the median batch wall time over ranks and steps, in ms."""
+    return statistics.median(t for times in times_per_rank for t in times) * 1e3
+
+
+def _with_step(summary: dict[str, Any], launches: list[dict[str, Any]]) -> dict[str, Any]:
+    """``summary`` with its ``step_ms`` from the launches' per-rank step times where it was recorded without one
+    (results written before the summary had it)."""
+    if "step_ms" in summary or not all("step_s_per_rank" in x for x in launches):
+        return summary
+    return dict(summary, step_ms=median_step_ms([t for x in launches for t in x["step_s_per_rank"]]))
 
 
 def probe_figures(probe: dict[str, Any], nodes: int, ranks_per_node: int) -> dict[str, float]:
@@ -176,8 +192,10 @@ def check(rows: list[dict[str, Any]], probes: dict[str, dict[str, Any]], cfg: di
             continue
         inter = gbit * TCP_PAYLOAD_SHARE
         figures = probe_figures(probe, nodes, per_node)
-        inputs, pooled = predict_from_summary(source["run_summary"], figures, inter, batch, nodes, per_node)
-        per_repeat = {x["repeat"]: predict_from_summary(x["run_summary"], figures, inter, batch, nodes, per_node)[1]
+        summary = _with_step(source["run_summary"], source["launches"])
+        inputs, pooled = predict_from_summary(summary, figures, inter, batch, nodes, per_node)
+        per_repeat = {x["repeat"]: predict_from_summary(_with_step(x["run_summary"], [x]), figures, inter, batch,
+                                                        nodes, per_node)[1]
                       for x in source["launches"]}
         for policy, variant in CHECKED.items():
             row = by_variant.get(variant)

@@ -299,6 +299,16 @@ def test_rates_from_a_run_read_the_gradient_ratio_and_the_exchange_time(tmp_path
     assert rates_from_run(tmp_path).forward_ratio == pytest.approx(20.0)
 
 
+def test_rates_from_a_run_with_a_median_step_are_those_of_a_typical_step(tmp_path: Path) -> None:
+    # The mean step is 2 s / 20 = 100 ms (75 compute, 25 exchanges); the median one 80 ms: a few slow steps pulled
+    # the sums up, so both are shared out of the median step in the sums' proportion (x 0.8).
+    rates = rates_from_run(_write_run(tmp_path, step_ms=80.0))
+    assert rates.step_ms == 80.0
+    assert rates.compute_ms == pytest.approx(60.0) and rates.exchanges_ms == pytest.approx(20.0)
+    assert rates.encode_gb_s == pytest.approx(4e6 / 0.04 / 1e9)  # the codec rates stay the sums'
+    assert rates_from_run(_write_run(tmp_path, step_ms=None)).compute_ms == pytest.approx(75.0)  # no median: the mean
+
+
 # 2 nodes x 1 rank, batch 1000 x 250 columns: 1 MB per direction, one 0.5 MB share to the one peer (on the other
 # node); codec 1 GB/s each way, 4 Gbit/s across, no latency.
 TWO = Topology(nodes=2, ranks_per_node=1, intra_gbit_s=4.0, inter_gbit_s=4.0, latency_us=0.0)
