@@ -293,6 +293,7 @@ def _train_rank(rank: int, world_size: int, variant_name: str, cfg: dict[str, An
                 same_node_sent_bytes=stats.same_node_sent_bytes, other_nodes_sent_bytes=stats.other_nodes_sent_bytes,
                 # Of fwd_raw_bytes / fwd_sent_bytes, those sent as they are (dlac_run.json's forward_passed_bytes)
                 fwd_passed_bytes=sum(stats.table_passed_bytes.values()),
+                bwd_passed_bytes=sum(stats.table_backward_passed_bytes.values()),  # the same of the gradients
             )
         elif fwd_codec is not None:
             # TorchRec's codecs see the whole send buffer, every destination's equal share included.

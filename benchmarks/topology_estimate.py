@@ -10,8 +10,12 @@ against:
 - the run (``--from-run``): the ``dlac_run.json`` summary of the DLAC-to-every-peer launch (``SOURCE``: the run a user
   has before choosing a policy), built from that launch's counters and step times as ``DLACCallback`` builds it
   (:func:`run_summary`) and read by estimate's own :func:`~lightning_dlac.commands.estimate.rates_from_run`: the
-  forward ratio, the codec rates (gradients at the forward's, as the command assumes) and the compute per step;
-  ``--backward-ratio`` from the same launch's gradient bytes (the summary has no gradient ratio);
+  forward and gradient ratios, the codec rates (gradients at the forward's, as the command assumes: the summary
+  times the gradient exchange as one phase) and the compute per step, of the median step (``step_ms``: the median
+  of the launch's per-rank step times; results written before the summary had it get it from their launches'
+  ``step_s_per_rank``); and, as the command does with ``--nodes``
+  and ``--from-run``, the wait on the slowest rank (:func:`~lightning_dlac.commands.estimate.wait_from_run`: the
+  launch's exchange time per step beyond the model's own ``all`` on the links below);
 - ``--inter-gbit``: the ``tbf`` rate on the veth, as TCP payload: tbf meters whole Ethernet frames, so a 1500-byte
   MTU carries ``1448 / 1514`` of its rate as payload (20 bytes of IP header, 32 of TCP with timestamps, 14 of
   Ethernet header) (:data:`TCP_PAYLOAD_SHARE`, from the protocols' header sizes, not from any timing);
@@ -40,6 +44,7 @@ import re
 import statistics
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +59,7 @@ from lightning_dlac.commands.estimate import (  # noqa: E402
     Workload,
     predict_policies,
     rates_from_run,
+    wait_from_run,
 )
 
 # tbf meters Ethernet frames; TCP payload per 1500-byte MTU frame: 1500 - 20 (IP) - 32 (TCP with timestamps), of the
@@ -79,7 +85,7 @@ def tc_rate_gbit(rate: str) -> float | None:
 def run_summary(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
     """The ``summary`` of ``dlac_run.json`` (``CompressionMonitor.summary``) for a launch's (or pooled launches')
     per-rank records of e2e_bandwidth's ``_train_rank``: counters and seconds summed over ranks, times per step and
-    rank; plus the gradient bytes (``backward_*_bytes``, not in ``dlac_run.json``) for ``--backward-ratio``."""
+    rank, gradient bytes included."""
     world, batches = len(per_rank), len(per_rank[0]["times"])
 
     def total(key: str) -> float:
@@ -94,7 +100,22 @@ def run_summary(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
         encode_ms=total("fwd_encode_s") * ms, exchange_ms=total("fwd_exchange_s") * ms,
         decode_ms=total("fwd_decode_s") * ms, backward_ms=total("bwd_s") * ms,
         backward_raw_bytes=total("bwd_raw_bytes"), backward_sent_bytes=total("bwd_sent_bytes"),
+        backward_passed_bytes=total("bwd_passed_bytes"),
+        step_ms=median_step_ms([r["times"] for r in per_rank]),
     )
+
+
+def median_step_ms(times_per_rank: list[list[float]]) -> float:
+    """``dlac_run.json``'s ``step_ms``: the median batch wall time over ranks and steps, in ms."""
+    return statistics.median(t for times in times_per_rank for t in times) * 1e3
+
+
+def _with_step(summary: dict[str, Any], launches: list[dict[str, Any]]) -> dict[str, Any]:
+    """``summary`` with its ``step_ms`` from the launches' per-rank step times where it was recorded without one
+    (results written before the summary had it)."""
+    if "step_ms" in summary or not all("step_s_per_rank" in x for x in launches):
+        return summary
+    return dict(summary, step_ms=median_step_ms([t for x in launches for t in x["step_s_per_rank"]]))
 
 
 def probe_figures(probe: dict[str, Any], nodes: int, ranks_per_node: int) -> dict[str, float]:
@@ -126,19 +147,20 @@ def predict_from_summary(summary: dict[str, Any], figures: dict[str, float], int
         path = Path(tmp) / "dlac_run.json"
         path.write_text(json.dumps({"summary": summary}))
         rates = rates_from_run(path)
-    backward_ratio = summary["backward_raw_bytes"] / summary["backward_sent_bytes"]
+    backward_ratio = rates.backward_ratio
     workload = Workload(batch, DIMS, rates.compute_ms)
     codec = Codec(rates.forward_ratio, backward_ratio, rates.encode_gb_s, rates.decode_gb_s)
     topology = Topology(nodes, ranks_per_node, figures["intra_gbit"], inter_gbit, figures["latency_us"])
+    wait = wait_from_run(rates, workload, codec, topology) or 0.0
     inputs = dict(compute_ms=rates.compute_ms, forward_ratio=rates.forward_ratio, backward_ratio=backward_ratio,
                   encode_gb_s=rates.encode_gb_s, decode_gb_s=rates.decode_gb_s, intra_gbit=figures["intra_gbit"],
-                  inter_gbit=inter_gbit, latency_us=figures["latency_us"])
-    return inputs, predict_policies(workload, codec, topology)
+                  inter_gbit=inter_gbit, latency_us=figures["latency_us"], wait_ms=wait)
+    return inputs, predict_policies(replace(workload, wait_ms=wait), codec, topology)
 
 
 def _terms(pred: Any) -> dict[str, float]:
     p = pred.parts
-    return dict(compute_ms=pred.compute_ms, forward_codec_ms=p["forward_codec_ms"],
+    return dict(compute_ms=pred.compute_ms, wait_ms=pred.wait_ms, forward_codec_ms=p["forward_codec_ms"],
                 forward_wire_ms=max(p["forward_same_node_ms"], p["forward_other_nodes_ms"]),
                 backward_ms=pred.backward_ms, step_ms=pred.step_ms)
 
@@ -147,8 +169,8 @@ def _measured_terms(row: dict[str, Any]) -> dict[str, float | None]:
     """What the launches measured of the same terms (DLAC variants: from their exchanges' phase times; FP32: only the
     step, whose exchanges are not timed by phase)."""
     summary = row.get("run_summary")
-    out: dict[str, float | None] = dict(step_ms=row["median_step_ms"], compute_ms=None, forward_codec_ms=None,
-                                        forward_wire_ms=None, backward_ms=None)
+    out: dict[str, float | None] = dict(step_ms=row["median_step_ms"], compute_ms=None, wait_ms=None,
+                                        forward_codec_ms=None, forward_wire_ms=None, backward_ms=None)
     if summary:
         rank_steps = summary["batches"] * summary["world_size"]
         out.update(compute_ms=(summary["train_s"] - summary["a2a_s"]) * 1e3 / rank_steps,
@@ -170,8 +192,10 @@ def check(rows: list[dict[str, Any]], probes: dict[str, dict[str, Any]], cfg: di
             continue
         inter = gbit * TCP_PAYLOAD_SHARE
         figures = probe_figures(probe, nodes, per_node)
-        inputs, pooled = predict_from_summary(source["run_summary"], figures, inter, batch, nodes, per_node)
-        per_repeat = {x["repeat"]: predict_from_summary(x["run_summary"], figures, inter, batch, nodes, per_node)[1]
+        summary = _with_step(source["run_summary"], source["launches"])
+        inputs, pooled = predict_from_summary(summary, figures, inter, batch, nodes, per_node)
+        per_repeat = {x["repeat"]: predict_from_summary(_with_step(x["run_summary"], [x]), figures, inter, batch,
+                                                        nodes, per_node)[1]
                       for x in source["launches"]}
         for policy, variant in CHECKED.items():
             row = by_variant.get(variant)
@@ -201,7 +225,8 @@ def lines(checks: list[dict[str, Any]]) -> list[str]:
         if c["rate"] not in seen:
             seen.add(c["rate"])
             i, p = c["inputs"], c["probe"]
-            out.append(f"{c['rate']}: dlac estimate's inputs: compute {i['compute_ms']:.1f} ms, ratios"
+            out.append(f"{c['rate']}: dlac estimate's inputs: compute {i['compute_ms']:.1f} ms, wait on the slowest"
+                       f" rank {i.get('wait_ms', 0.0):.1f} ms, ratios"
                        f" {i['forward_ratio']:.1f} / {i['backward_ratio']:.1f}, codec {i['encode_gb_s']:.2f} /"
                        f" {i['decode_gb_s']:.2f} GB/s (from {SOURCE}); within a node {i['intra_gbit']:.2f} Gbit/s per"
                        f" rank (probe), across {i['inter_gbit']:.3f} Gbit/s per node (tbf as TCP payload),"
@@ -224,7 +249,9 @@ def inputs_line(check_: dict[str, Any]) -> str:
     i, p = check_["inputs"], check_["probe"]
     load = check_.get("probe_loadavg_1m")
     return (f"At {check_['rate']}, `dlac estimate --nodes 2 --ranks-per-node 2` with: from the `dlac_run.json` summary"
-            f" of the DLAC-to-every-peer launches, compute {i['compute_ms']:.1f} ms per step, forward ratio"
+            f" of the DLAC-to-every-peer launches, compute {i['compute_ms']:.1f} ms per step, wait on the slowest rank"
+            f" {i.get('wait_ms', 0.0):.1f} ms per step (their exchange time beyond the model's for `all` on these"
+            " links), forward ratio"
             f" {i['forward_ratio']:.1f}, encode {i['encode_gb_s']:.2f} GB/s, decode {i['decode_gb_s']:.2f} GB/s"
             f" (gradients at the same rates), gradient ratio {i['backward_ratio']:.1f}; across nodes"
             f" {i['inter_gbit']:.3f} Gbit/s per node (the tbf rate as TCP payload); from the set-up probe"
@@ -251,13 +278,15 @@ def table(checks: list[dict[str, Any]], terms: bool = True) -> list[str]:
     if not terms:
         return out
     out += ["", "Term by term, predicted / measured ms per step (measured: the launches' own `dlac_run.json`"
-            " figures; FP32's exchanges are not timed by phase):", "",
-            "| rate | variant | compute | forward codec | forward exchange | backward (codec + exchange) | step |",
-            "|---|---|---:|---:|---:|---:|---:|"]
+            " figures, whose exchange times hold the wait on the slowest rank, which no launch times apart; FP32's"
+            " exchanges are not timed by phase):", "",
+            "| rate | variant | compute | wait | forward codec | forward exchange | backward (codec + exchange) |"
+            " step |",
+            "|---|---|---:|---:|---:|---:|---:|---:|"]
     for c in checks:
         p, m = c["predicted_terms"], c["measured_terms"]
-        cells = [f"{_ms(p[k])} / {_ms(m[k])}" for k in ("compute_ms", "forward_codec_ms", "forward_wire_ms",
-                                                          "backward_ms", "step_ms")]
+        cells = [f"{_ms(p.get(k))} / {_ms(m.get(k))}" for k in ("compute_ms", "wait_ms", "forward_codec_ms",
+                                                                  "forward_wire_ms", "backward_ms", "step_ms")]
         out.append(f"| {c['rate']} | {c['label']} | " + " | ".join(cells) + " |")
     return out
 

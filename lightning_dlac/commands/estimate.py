@@ -46,13 +46,32 @@ the inter-node bandwidth is per node (all its NICs together), shared by the node
 | ``m``, messages per peer | 2 where the policy compresses for any peer (sizes to every peer, then payload); else 1 |
 | codec time | ``C / encode_rate + C / decode_rate``, ``C`` the raw bytes of the compressed peers' shares |
 | a direction | ``codec + max(same node, other nodes)`` (the two link classes carry their bytes at once) |
-| step | ``compute + forward + backward`` (exposed, as above) |
+| step | ``compute + wait + forward + backward`` (exposed, as above) |
+| wait, from a run | ``max(0, a2a - forward(p) - backward(p))``: the run's exchange time per step and rank |
+| | beyond what this model makes of its own policy ``p`` on these links (:func:`wait_from_run`) |
 
 Policies: ``none`` (FP32 to every peer), ``all`` (DLAC to every peer) and ``other_nodes`` (DLAC to the ranks on
 other nodes, FP32 within the node); gradients go back compressed where their embeddings came compressed, as
 ``compress_peers`` does. With one rank per node ``all`` and ``other_nodes`` are the same policy; with one node
 ``other_nodes`` is ``none``. The dense all-reduce and the input dist are the same under every policy and left out of
 this comparison (a ``compute_ms`` read from a run holds them as they ran).
+
+**The wait on the slowest rank.** The ranks meet at every exchange, so a rank that is ahead waits there for the
+slowest one, and a run times that wait as exchange time: ``compute = (train_s - a2a_s) / steps`` is the *mean* rank's
+compute, below the slowest rank's, and the step is the slowest rank's compute plus the exchanges. The model's codec
+and wire terms cover none of that wait, so a step built from them and the mean compute falls short by it under every
+policy. The wait is a property of the ranks' imbalance (data, cores, stragglers), not of which peers are compressed,
+so it is measured once and kept as a fixed cost per step: from a run on the same nodes, it is the run's exchange time
+per step and rank (``a2a_s``, all four phases, training steps only) less the model's forward and backward for the
+policy the run used (``all``, or ``other_nodes`` where it sent forward bytes as they are). That makes the run's own
+policy predict the run's own step exactly (compute + a2a; its median step where the summary has one, see
+:func:`rates_from_run`), and every other policy that step with only the modelled exchange replaced. What the
+remainder also holds, and therefore carries to every policy unchanged: any error of the wire terms on the run's
+links, and, since a run times the gradient exchange as one phase, the gradient codec time that the forward's codec
+rates (the gradients' default) miss. That part belongs in truth to the compressed peers' shares only (all of it
+under ``all``, ``(W - G) / (W - 1)`` of it under ``other_nodes``, none under ``none``), so the model over-predicts
+the policies that compress less by the rest. A run measured elsewhere (another topology, batch or model) has its
+wait on other terms: give ``--wait-ms`` then (0 leaves it out).
 """
 
 from __future__ import annotations
@@ -61,7 +80,7 @@ import argparse
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 LINK_KINDS = ("per_gpu", "shared")
@@ -128,6 +147,8 @@ class Workload:
         allreduce_hidden: Share of the dense all-reduce hidden behind the backward (0: fully exposed).
         ids_per_sample: Ids per sample over all features (one-hot: one per feature; multi-hot: the pooling factors'
             sum), sent in the input dist. 0 leaves the input dist out of the model (then ``compute_ms`` holds it).
+        wait_ms: Per step, the ranks' wait for the slowest rank at the exchanges, the same under every method and
+            policy (measured: :func:`wait_from_run`; 0: the ranks are balanced).
     """
 
     batch_per_rank: int
@@ -136,6 +157,7 @@ class Workload:
     dense_params: int = 0
     allreduce_hidden: float = 0.0
     ids_per_sample: float = 0.0
+    wait_ms: float = 0.0
 
     def __post_init__(self) -> None:
         if self.batch_per_rank < 1:
@@ -148,6 +170,7 @@ class Workload:
         if not 0 <= self.allreduce_hidden <= 1:
             raise ValueError(f"allreduce_hidden={self.allreduce_hidden} must be between 0 and 1.")
         _positive(self.ids_per_sample, "ids_per_sample", allow_zero=True)
+        _positive(self.wait_ms, "wait_ms", allow_zero=True)
 
     @property
     def total_dim(self) -> int:
@@ -216,10 +239,12 @@ class Prediction:
     allreduce_ms: float
     parts: dict[str, float] = field(default_factory=dict)  # codec and wire time of each direction, the input dist's
     input_dist_ms: float = 0.0  # the input dist on the step's path (the part a pipeline does not hide)
+    wait_ms: float = 0.0  # the ranks' wait for the slowest rank (Workload.wait_ms)
 
     @property
     def step_ms(self) -> float:
-        return self.compute_ms + self.input_dist_ms + self.forward_ms + self.backward_ms + self.allreduce_ms
+        return (self.compute_ms + self.wait_ms + self.input_dist_ms + self.forward_ms + self.backward_ms
+                + self.allreduce_ms)
 
 
 def _direction_ms(encoding: str, ratio: float, rates: tuple[float, float], cast_gb_s: float, workload: Workload,
@@ -271,7 +296,7 @@ def predict(method: str, workload: Workload, codec: Codec, link: Link, world: in
     return Prediction(method, world, workload.compute_ms, sum(fwd), sum(bwd),
                       (1 - workload.allreduce_hidden) * allreduce,
                       {"forward_codec_ms": fwd[0], "forward_wire_ms": fwd[1], "backward_codec_ms": bwd[0],
-                       "backward_wire_ms": bwd[1], "input_dist_ms": ids}, exposed)
+                       "backward_wire_ms": bwd[1], "input_dist_ms": ids}, exposed, workload.wait_ms)
 
 
 def predict_all(workload: Workload, codec: Codec, link: Link, world: int,
@@ -347,7 +372,8 @@ def _policy_direction_ms(policy: str, ratio: float, rates: tuple[float, float], 
 
 def predict_policy(policy: str, workload: Workload, codec: Codec, topology: Topology) -> Prediction:
     """The step of ``policy`` (one of :data:`POLICIES`: which peers get DLAC, in both directions) on
-    ``topology``: compute plus the two exchanges; no all-reduce and no input dist (the same under every policy).
+    ``topology``: compute, the wait on the slowest rank and the two exchanges; no all-reduce and no input dist (the
+    same under every policy).
     ``Prediction.method`` holds the policy; ``parts`` each direction's codec, same-node and other-node wire time."""
     if policy not in POLICIES:
         raise ValueError(f"compress_peers policy {policy!r} is not modelled; choose one of {list(POLICIES)}.")
@@ -359,7 +385,8 @@ def predict_policy(policy: str, workload: Workload, codec: Codec, topology: Topo
         parts.update({f"{direction}_codec_ms": codec_ms, f"{direction}_same_node_ms": intra_ms,
                       f"{direction}_other_nodes_ms": inter_ms})
         totals.append(codec_ms + max(intra_ms, inter_ms))
-    return Prediction(policy, topology.world, workload.compute_ms, totals[0], totals[1], 0.0, parts)
+    return Prediction(policy, topology.world, workload.compute_ms, totals[0], totals[1], 0.0, parts,
+                      wait_ms=workload.wait_ms)
 
 
 def predict_policies(workload: Workload, codec: Codec, topology: Topology) -> dict[str, Prediction]:
@@ -401,12 +428,24 @@ class RunRates:
         encode_gb_s: Encode rate per rank, GB/s of float32 input.
         decode_gb_s: Decode rate per rank, GB/s of float32 output.
         compute_ms: A training step per rank without its exchanges; ``None`` where the run did not record it.
+        backward_ratio: Gradient raw over sent bytes (size exchange included, bytes sent as they are left out);
+            ``None`` where the summary has no gradient bytes (runs before they were recorded).
+        exchanges_ms: The run's exchanges per training step and rank, all four phases (``a2a_s``: codec, wire and
+            the wait for the slowest rank); ``None`` where the run did not record it.
+        policy: The ``compress_peers`` policy the run's bytes show: ``other_nodes`` where it sent forward bytes as
+            they are, else ``all`` (what :func:`wait_from_run` models the run as).
+        step_ms: The run's median training step (``None`` where the summary has none); where it is known,
+            ``compute_ms`` and ``exchanges_ms`` are those of such a step (see :func:`rates_from_run`).
     """
 
     forward_ratio: float
     encode_gb_s: float
     decode_gb_s: float
     compute_ms: float | None
+    backward_ratio: float | None = None
+    exchanges_ms: float | None = None
+    policy: str = "all"
+    step_ms: float | None = None
 
 
 def rates_from_run(path: str | Path) -> RunRates:
@@ -420,7 +459,18 @@ def rates_from_run(path: str | Path) -> RunRates:
     and the codec times; an exchange sent uncompressed (``compress="auto"``'s fallback) counts its bytes but no codec
     time, so the rates read high when the run fell back. The forward bytes a per-peer plan sent as they are
     (``forward_passed_bytes``: ``compress_peers`` left those peers uncompressed) are taken out of both, so the ratio and
-    the rates are the codec's. Gradient ratio and rates are not in the summary.
+    the rates are the codec's. The gradient ratio is ``(backward_raw_bytes - backward_passed_bytes) /
+    (backward_sent_bytes - backward_passed_bytes)``, whatever the run's gradient encoding was (bf16's is 2); the
+    gradient codec's rates are not in the summary (the gradient exchange is timed as one phase, ``backward_ms``), so
+    the model keeps the forward's for them. Files written before the gradient bytes were recorded load with
+    ``backward_ratio=None``.
+
+    A typical step, not the mean one: ``train_s`` and ``a2a_s`` are sums, so a few slow steps (a loaded machine, a
+    straggler) pull compute and exchanges above what most steps take, and a prediction made of them above the median
+    step a benchmark judges. Where the summary has ``step_ms`` (the median batch wall time over ranks and training
+    batches), compute and exchanges are shared out of that median step in the proportion the sums hold them: both
+    scaled by ``step_ms / (train_s / (batches * world_size))`` (the summary has no per-step phase times, so the slow
+    steps are taken to stretch compute and exchanges alike). Files without ``step_ms`` give the means, as before.
 
     Raises:
         ValueError: The file is missing or not JSON, or lacks a field the rates need (named, with the fix).
@@ -457,15 +507,46 @@ def rates_from_run(path: str | Path) -> RunRates:
         values["raw_bytes"] -= passed
         values["sent_bytes"] -= passed
     rank_steps = values["batches"] * values["world_size"]
-    compute_ms = None
-    if all(isinstance(summary.get(n), (int, float)) for n in ("train_s", "a2a_s")):
+    compute_ms = exchanges_ms = step_ms = None
+    if all(_number(summary.get(n)) for n in ("train_s", "a2a_s")):
         compute_ms = max(0.0, (summary["train_s"] - summary["a2a_s"]) * 1e3 / rank_steps)
+        exchanges_ms = max(0.0, summary["a2a_s"] * 1e3 / rank_steps)
+        step_ms = summary.get("step_ms")
+        if _number(step_ms) and step_ms > 0 and summary["train_s"] > 0:
+            typical = step_ms * 1e-3 * rank_steps / summary["train_s"]  # the median step over the mean one
+            compute_ms, exchanges_ms = compute_ms * typical, exchanges_ms * typical
+        else:
+            step_ms = None
+    backward_ratio = None
+    if all(_number(summary.get(n)) for n in ("backward_raw_bytes", "backward_sent_bytes")):
+        gone = summary.get("backward_passed_bytes", 0) if _number(summary.get("backward_passed_bytes", 0)) else 0
+        raw, sent = summary["backward_raw_bytes"] - gone, summary["backward_sent_bytes"] - gone
+        backward_ratio = raw / sent if raw > 0 and sent > 0 else None
     return RunRates(
         forward_ratio=values["raw_bytes"] / values["sent_bytes"],
         encode_gb_s=values["raw_bytes"] / (values["encode_ms"] * 1e-3 * rank_steps) / 1e9,
         decode_gb_s=values["raw_bytes"] / (values["decode_ms"] * 1e-3 * rank_steps) / 1e9,
         compute_ms=compute_ms,
+        backward_ratio=backward_ratio,
+        exchanges_ms=exchanges_ms,
+        policy="other_nodes" if isinstance(passed, (int, float)) and passed > 0 else "all",
+        step_ms=step_ms,
     )
+
+
+def _number(value: object) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def wait_from_run(rates: RunRates, workload: Workload, codec: Codec, topology: Topology) -> float | None:
+    """The run's wait for the slowest rank per step, in ms: its exchange time per step and rank less the forward and
+    backward :func:`predict_policy` gives its own policy (``rates.policy``) on ``topology`` for ``workload`` and
+    ``codec`` (its wait left out), at least 0; ``None`` where the run recorded no exchange time. Meaningful where
+    the run ran on ``topology`` with ``workload``'s batch and dims (see the module docstring)."""
+    if rates.exchanges_ms is None:
+        return None
+    own = predict_policy(rates.policy, workload, codec, topology)
+    return max(0.0, rates.exchanges_ms - own.forward_ms - own.backward_ms)
 
 
 def table(predictions: Mapping[int, Mapping[str, Prediction]]) -> list[str]:
@@ -546,9 +627,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=4096, help="samples per rank per step")
     parser.add_argument("--dims", default="26x64", help="pooled-embedding dims: COUNTxDIM or DIM, comma-separated")
     parser.add_argument("--from-run", default=None, metavar="DLAC_RUN_JSON",
-                        help="a finished run's dlac_run.json (or its directory): the forward ratio, codec rates and"
-                             " compute per step it measured (that compute holds the dense all-reduce as it ran: add"
-                             " --dense-params 0 not to count it twice); flags given as well override it")
+                        help="a finished run's dlac_run.json (or its directory): the forward and gradient ratios,"
+                             " codec rates, compute per step and (with --nodes) wait on the slowest rank it measured"
+                             " (that compute holds the dense all-reduce as it ran: add --dense-params 0 not to count"
+                             " it twice); flags given as well override it")
     parser.add_argument("--compute-ms", type=float, default=None,
                         help="step time without the embedding all-to-alls and the dense all-reduce (measured)")
     parser.add_argument("--dense-params", type=int, default=159_553, help="dense parameters (float32 all-reduce)")
@@ -559,7 +641,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pipeline", choices=["none", "sparse_dist"], default="none",
                         help="sparse_dist: DLACStrategy(pipeline='sparse_dist'), the input dist hidden behind compute")
     parser.add_argument("--forward-ratio", type=float, default=None, help="DLAC forward ratio (measured; default 29)")
-    parser.add_argument("--backward-ratio", type=float, default=9.0, help="DLAC gradient ratio (measured)")
+    parser.add_argument("--backward-ratio", type=float, default=None,
+                        help="DLAC gradient ratio (measured; default the run's with --from-run, else 9)")
+    parser.add_argument("--wait-ms", type=float, default=None,
+                        help="per step, the ranks' wait for the slowest rank at the exchanges (default: with --nodes"
+                             " and --from-run, the run's exchange time beyond the model's for its own policy on these"
+                             " nodes; else 0)")
     parser.add_argument("--encode-gbps", type=float, default=None, help="DLAC encode GB/s per rank (your device)")
     parser.add_argument("--decode-gbps", type=float, default=None, help="DLAC decode GB/s per rank (your device)")
     parser.add_argument("--backward-encode-gbps", type=float, default=None, help="gradients; default --encode-gbps")
@@ -572,12 +659,18 @@ def main(argv: list[str] | None = None) -> None:
     gbit = 100.0 if args.gbit is None else args.gbit  # None until here: --nodes refuses it given
     try:
         topo = _topology(args)
-        read = _fill_from_run(args)
+        read, rates = _fill_from_run(args)
         workload = Workload(args.batch, _dims(args.dims), args.compute_ms, args.dense_params, args.allreduce_hidden,
-                            args.ids_per_sample)
+                            args.ids_per_sample, args.wait_ms or 0.0)
         codec = Codec(args.forward_ratio, args.backward_ratio, args.encode_gbps, args.decode_gbps,
                       args.backward_encode_gbps, args.backward_decode_gbps,
                       1.0 if args.cast_gbps is None else args.cast_gbps)  # None: --nodes, which has no cast
+        if topo is not None and rates is not None and args.wait_ms is None:
+            wait = wait_from_run(rates, workload, codec, topo)
+            if wait is not None:
+                workload = replace(workload, wait_ms=wait)
+                read += (f"; wait on the slowest rank {wait:.2f} ms per step (the run's exchanges beyond this"
+                         f" model's for its policy {rates.policy} on these nodes)")
         if topo is not None:
             policies = predict_policies(workload, codec, topo)
         else:
@@ -593,7 +686,9 @@ def main(argv: list[str] | None = None) -> None:
         rank_zero_info(f"dlac estimate: {topo.nodes} nodes x {topo.ranks_per_node} ranks; within a node"
                        f" {topo.intra_gbit_s:g} Gbit/s per rank, across nodes {topo.inter_gbit_s:g} Gbit/s per node"
                        f" (shared by its {topo.ranks_per_node} ranks); {topo.latency_us:g} us per message; batch"
-                       f" {args.batch} x {workload.total_dim} columns per rank; step = compute + both exchanges")
+                       f" {args.batch} x {workload.total_dim} columns per rank; step = compute"
+                       + (f" + wait on the slowest rank ({workload.wait_ms:.2f} ms)" if workload.wait_ms else "")
+                       + " + both exchanges")
         for line in policy_table(policies):
             rank_zero_info(line)
         return
@@ -633,21 +728,27 @@ def _topology(args: argparse.Namespace) -> Topology | None:
     return Topology(args.nodes, args.ranks_per_node, args.intra_gbit, args.inter_gbit, args.latency_us)
 
 
-def _fill_from_run(args: argparse.Namespace) -> str:
+def _fill_from_run(args: argparse.Namespace) -> tuple[str, RunRates | None]:
     """Fill the rates the user did not give from ``--from-run``, then the defaults; check the required ones are
-    there. Returns what was read from the run, as a line for the log ("" without ``--from-run``)."""
+    there. Returns what was read from the run, as a line for the log ("" without ``--from-run``), and the run's
+    rates (``None`` without it)."""
     taken = []
+    rates = None
     if args.from_run is not None:
         rates = rates_from_run(args.from_run)
         for dest, value, label in (("forward_ratio", rates.forward_ratio, "forward ratio {:.2f}"),
                                    ("encode_gbps", rates.encode_gb_s, "encode {:.3g} GB/s"),
                                    ("decode_gbps", rates.decode_gb_s, "decode {:.3g} GB/s"),
-                                   ("compute_ms", rates.compute_ms, "compute {:.2f} ms per step")):
+                                   ("compute_ms", rates.compute_ms, "compute {:.2f} ms per step"),
+                                   ("backward_ratio", rates.backward_ratio, "gradient ratio {:.2f}")):
             if getattr(args, dest) is None and value is not None:
                 setattr(args, dest, value)
                 taken.append(label.format(value))
     if args.forward_ratio is None:
         args.forward_ratio = 29.0
+    gradient_ratio_read = args.backward_ratio is not None and any(t.startswith("gradient") for t in taken)
+    if args.backward_ratio is None:
+        args.backward_ratio = 9.0
     needed = ["--compute-ms", "--encode-gbps", "--decode-gbps"]
     if args.nodes is None:
         needed.append("--cast-gbps")
@@ -657,4 +758,6 @@ def _fill_from_run(args: argparse.Namespace) -> str:
                else "")
         raise ValueError(f"{', '.join(missing)} required: give them{why}, or --from-run with a finished run's"
                          " dlac_run.json for the codec rates and the compute.")
-    return ", ".join(taken) + ("; gradient ratio and rates from the flags" if taken else "")
+    tail = ("; gradient codec rates from the flags, else the forward's (a run times the gradient exchange as one"
+            " phase)" if gradient_ratio_read else "; gradient ratio and rates from the flags")
+    return ", ".join(taken) + (tail if taken else ""), rates

@@ -10,6 +10,7 @@ its hooks, as Lightning keeps ``LearningRateMonitor`` apart from the loop.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -25,6 +26,29 @@ from lightning_dlac.comm import CommStats, ExchangeGroup
 # Figures that only make sense per training batch: left out of a write that followed no training batch.
 _PER_STEP = ("ratio", "raw_bytes_per_step", "sent_bytes_per_step", "encode_ms", "exchange_ms", "decode_ms",
              "backward_ms", "a2a_share")
+# The training batches' wall times are counted in fixed bins, 2% wide from 10 us to beyond 10^4 s, so that ranks sum
+# them with the interval's other counters (one fixed-size all-reduce) and the run's median step (dlac_run.json's
+# step_ms) costs a fixed few kB however long the run: the median is read within 1% (half a bin).
+_STEP_BIN_BASE_S, _STEP_BIN_GROWTH, _STEP_BINS = 1e-5, 1.02, 1047
+
+
+def _step_bin(seconds: float) -> int:
+    k = math.floor(math.log(max(seconds, _STEP_BIN_BASE_S) / _STEP_BIN_BASE_S) / math.log(_STEP_BIN_GROWTH))
+    return min(max(k, 0), _STEP_BINS - 1)
+
+
+def median_step_s(counts: Mapping[int, int]) -> float | None:
+    """The median of the batch times counted in ``counts`` (bin -> batches), as its bin's geometric centre; ``None``
+    without any."""
+    total = sum(counts.values())
+    if not total:
+        return None
+    seen = 0
+    for k in sorted(counts):
+        seen += counts[k]
+        if 2 * seen >= total:
+            return _STEP_BIN_BASE_S * _STEP_BIN_GROWTH ** (k + 0.5)
+    raise AssertionError("unreachable: the counts sum to total")
 
 
 class CompressionMonitor:
@@ -33,35 +57,42 @@ class CompressionMonitor:
     Args:
         per_table: Also report ratio, bound and max error / bound of every table.
         all_reduce: Combines a tensor over ranks (``"sum"`` / ``"max"``).
+        clock: Wall clock of the training batches (tests inject a fake one).
     """
 
-    def __init__(self, per_table: bool, all_reduce: AllReduce) -> None:
+    def __init__(self, per_table: bool, all_reduce: AllReduce,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         self.per_table = per_table
         self._all_reduce = all_reduce
+        self._clock = clock
         self._last = CommStats()  # this rank's counters at the previous write
         self.totals = CommStats()  # every rank, every write: the report's figures
         self.batches = 0
         self.train_s = 0.0  # training-batch wall time, summed over ranks
         self.a2a_s = 0.0  # of which in the all-to-all
         self.history: list[dict[str, Any]] = []  # every write, with the module's scalar metrics at that point
+        self.step_counts: dict[int, int] = {}  # training batches per wall-time bin, every rank (median_step_s)
         self.non_finite_reported: set[str] = set()
         self.last_ratio: float | None = None
         self._interval_s = 0.0  # this rank's training-batch seconds since the last write
         self._interval_batches = 0
+        self._interval_steps = torch.zeros(_STEP_BINS, dtype=torch.float64)  # this rank's batches per time bin
         self._batch_start = 0.0
 
     # ------------------------------------------------------------------ per batch (no time of the exchanges is read)
 
     def batch_started(self, group: ExchangeGroup) -> None:
         """A training batch starts: its exchanges count as the step's (``CommStats.in_step_s``)."""
-        self._batch_start = time.perf_counter()
+        self._batch_start = self._clock()
         group.set_in_step(True)
 
     def batch_ended(self, group: ExchangeGroup, excluded_s: float = 0.0) -> None:
         """The training batch ended; ``excluded_s`` of its wall time was not training (calibration probes)."""
         group.set_in_step(False)
-        self._interval_s += time.perf_counter() - self._batch_start - excluded_s
+        seconds = self._clock() - self._batch_start - excluded_s
+        self._interval_s += seconds
         self._interval_batches += 1
+        self._interval_steps[_step_bin(seconds)] += 1
 
     def pending(self, group: ExchangeGroup) -> bool:
         """Whether a training batch or an exchange happened since the last write."""
@@ -76,11 +107,15 @@ class CompressionMonitor:
         tables = group.all_compressed_tables
         now = group.stats()  # reads the exchanges' times (on a GPU, waits for the device)
         tensors = (now - self._last).to_tensors(tables)
-        # The interval's training time travels with the counters' sums: one all-reduce for both.
-        sums = self._all_reduce(torch.cat([tensors["sum"], torch.tensor([self._interval_s], dtype=torch.float64)]),
-                                "sum")
-        interval = CommStats.from_tensors(tables, {"sum": sums[:-1], "max": self._all_reduce(tensors["max"], "max")})
-        step_s, a2a_s = float(sums[-1]), interval.in_step_s  # a2a_s: the exchanges within training batches
+        # The interval's training time and batch-time bins travel with the counters' sums: one all-reduce for all.
+        n = tensors["sum"].numel()
+        sums = self._all_reduce(torch.cat([tensors["sum"], torch.tensor([self._interval_s], dtype=torch.float64),
+                                           self._interval_steps]), "sum")
+        interval = CommStats.from_tensors(tables, {"sum": sums[:n], "max": self._all_reduce(tensors["max"], "max")})
+        step_s, a2a_s = float(sums[n]), interval.in_step_s  # a2a_s: the exchanges within training batches
+        for k in sums[n + 1:].nonzero().flatten().tolist():
+            self.step_counts[k] = self.step_counts.get(k, 0) + int(round(float(sums[n + 1 + k])))
+        self._interval_steps.zero_()
         self._last = now
         self.totals = self.totals + interval
         batches = self._interval_batches
@@ -151,6 +186,7 @@ class CompressionMonitor:
         """The whole run's traffic and time (the ``summary`` of ``dlac_run.json``)."""
         t = self.totals
         ms = 1000.0 / (max(self.batches, 1) * world_size)
+        median = median_step_s(self.step_counts)
         return {
             "world_size": world_size,
             "batches": self.batches,
@@ -163,18 +199,28 @@ class CompressionMonitor:
             "other_nodes_sent_bytes": t.other_nodes_sent_bytes,
             "passed_bytes": t.passed_bytes,
             "forward_passed_bytes": sum(t.table_passed_bytes.values()),  # of raw_bytes / sent_bytes: not encoded
+            # The gradient exchange's bytes (raw float32, sent: payload and size exchange, and of both those sent as
+            # they are), so that `dlac estimate --from-run` costs the backward at its own ratio; its time is
+            # backward_ms (one phase: CommStats does not time the gradient codec apart from its exchange)
+            "backward_raw_bytes": t.backward_raw_bytes,
+            "backward_sent_bytes": t.backward_sent_bytes,
+            "backward_passed_bytes": sum(t.table_backward_passed_bytes.values()),
             "train_s": self.train_s,
             "a2a_s": self.a2a_s,
             "encode_ms": t.encode_s * ms,
             "exchange_ms": t.exchange_s * ms,
             "decode_ms": t.decode_s * ms,
             "backward_ms": t.backward_s * ms,
+            # The median training batch's wall time over ranks and batches (within 1%): the typical step, where
+            # train_s / (batches * world_size) is the mean one that a few slow steps pull up
+            "step_ms": None if median is None else median * 1e3,
         }
 
     def state_dict(self) -> dict[str, Any]:
         """Totals and history (a resumed run's report covers the whole run)."""
         totals = {"batches": self.batches, "train_s": self.train_s, "a2a_s": self.a2a_s, **self.totals.as_dict()}
-        return {"totals": totals, "history": list(self.history), "non_finite_tables": sorted(self.non_finite_reported)}
+        return {"totals": totals, "history": list(self.history), "non_finite_tables": sorted(self.non_finite_reported),
+                "step_counts": sorted(self.step_counts.items())}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`state_dict` (also the ``totals`` / ``history`` of checkpoints written before it existed)."""
@@ -185,6 +231,7 @@ class CompressionMonitor:
         self.totals = CommStats.from_dict(totals)
         self.history = list(state["history"])
         self.non_finite_reported = set(state.get("non_finite_tables", []))
+        self.step_counts = {int(k): int(n) for k, n in state.get("step_counts", [])}  # none before they were kept
 
 
 def scalar_metrics(trainer: pl.Trainer, validation: bool | None = None) -> dict[str, float]:

@@ -17,6 +17,7 @@ from lightning_dlac.commands.estimate import (
     POLICIES,
     Codec,
     Link,
+    RunRates,
     Topology,
     Workload,
     _dims,
@@ -29,6 +30,7 @@ from lightning_dlac.commands.estimate import (
     predict_policy,
     rates_from_run,
     table,
+    wait_from_run,
 )
 
 # 2 tables of dim 8, batch 1000 per rank: a rank sends (W - 1) / W * 1000 * 16 * 4 bytes per direction.
@@ -278,6 +280,88 @@ def test_rates_from_a_run_leave_out_what_a_per_peer_plan_sent_as_it_was(tmp_path
                                       forward_passed_bytes=1_000_000))
     assert rates.forward_ratio == pytest.approx(15.0)
     assert rates.encode_gb_s == pytest.approx(3e6 / 0.04 / 1e9)
+    assert rates.policy == "other_nodes"  # the run's wait is measured against the policy it ran
+
+
+def test_rates_from_a_run_read_the_gradient_ratio_and_the_exchange_time(tmp_path: Path) -> None:
+    # Gradients: 4 MB raw, 1.5 MB sent, of which 1 MB as it was (to same-node peers): the codec made 0.5 MB of 3 MB.
+    rates = rates_from_run(_write_run(tmp_path, backward_raw_bytes=4_000_000, backward_sent_bytes=1_500_000,
+                                      backward_passed_bytes=1_000_000))
+    assert rates.backward_ratio == pytest.approx(6.0)
+    assert rates.exchanges_ms == pytest.approx(0.5 / 20 * 1e3)  # a2a_s over 10 batches x 2 ranks: 25 ms
+    assert rates.policy == "all"
+    # A file from before the gradient bytes were recorded still loads, without a gradient ratio.
+    old = json.loads((tmp_path / "dlac_run.json").read_text())
+    for key in ("backward_raw_bytes", "backward_sent_bytes", "backward_passed_bytes"):
+        del old["summary"][key]
+    (tmp_path / "dlac_run.json").write_text(json.dumps(old))
+    assert rates_from_run(tmp_path).backward_ratio is None
+    assert rates_from_run(tmp_path).forward_ratio == pytest.approx(20.0)
+
+
+def test_rates_from_a_run_with_a_median_step_are_those_of_a_typical_step(tmp_path: Path) -> None:
+    # The mean step is 2 s / 20 = 100 ms (75 compute, 25 exchanges); the median one 80 ms: a few slow steps pulled
+    # the sums up, so both are shared out of the median step in the sums' proportion (x 0.8).
+    rates = rates_from_run(_write_run(tmp_path, step_ms=80.0))
+    assert rates.step_ms == 80.0
+    assert rates.compute_ms == pytest.approx(60.0) and rates.exchanges_ms == pytest.approx(20.0)
+    assert rates.encode_gb_s == pytest.approx(4e6 / 0.04 / 1e9)  # the codec rates stay the sums'
+    assert rates_from_run(_write_run(tmp_path, step_ms=None)).compute_ms == pytest.approx(75.0)  # no median: the mean
+
+
+# 2 nodes x 1 rank, batch 1000 x 250 columns: 1 MB per direction, one 0.5 MB share to the one peer (on the other
+# node); codec 1 GB/s each way, 4 Gbit/s across, no latency.
+TWO = Topology(nodes=2, ranks_per_node=1, intra_gbit_s=4.0, inter_gbit_s=4.0, latency_us=0.0)
+RUN = RunRates(forward_ratio=10.0, encode_gb_s=1.0, decode_gb_s=1.0, compute_ms=75.0, backward_ratio=5.0,
+               exchanges_ms=25.0)
+
+
+def test_the_wait_is_the_runs_exchange_time_beyond_the_models_exchanges_for_its_own_policy() -> None:
+    workload = Workload(batch_per_rank=1000, embedding_dims=(250,), compute_ms=75.0)
+    codec = Codec(forward_ratio=10.0, backward_ratio=5.0, encode_gb_s=1.0, decode_gb_s=1.0)
+    # all: codec 0.5 MB / 1 GB/s twice = 1 ms per direction; wire 8 x 0.5 MB / ratio / 4 Gbit/s = 0.1 ms forward
+    # (ratio 10), 0.2 ms backward (ratio 5): 2.3 ms of the run's 25 ms of exchanges are modelled, 22.7 ms are the wait.
+    assert wait_from_run(RUN, workload, codec, TWO) == pytest.approx(22.7)
+    preds = predict_policies(replace(workload, wait_ms=22.7), codec, TWO)
+    assert preds["all"].step_ms == pytest.approx(100.0)  # the run's own step: compute + exchanges (75 + 25)
+    assert preds["none"].step_ms == pytest.approx(75.0 + 22.7 + 2 * 1.0)  # float32: 8 x 0.5 MB / 4 Gbit/s = 1 ms
+    assert preds["none"].wait_ms == pytest.approx(22.7)
+    # Run against another policy (other_nodes: here every peer is on the other node, so the same exchanges).
+    assert wait_from_run(replace(RUN, policy="other_nodes"), workload, codec, TWO) == pytest.approx(22.7)
+    # A run faster than the model's exchanges waited for nobody; one without a2a_s has no wait to give.
+    assert wait_from_run(replace(RUN, exchanges_ms=1.0), workload, codec, TWO) == 0.0
+    assert wait_from_run(replace(RUN, exchanges_ms=None), workload, codec, TWO) is None
+    with pytest.raises(ValueError, match="wait_ms"):
+        Workload(batch_per_rank=1000, embedding_dims=(250,), compute_ms=75.0, wait_ms=-1.0)
+
+
+def test_dlac_estimate_from_run_adds_the_runs_wait_and_gradient_ratio(tmp_path: Path,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    # The run above as a file: 10 batches x 2 ranks, 2 s of training of which 0.5 s exchanges (compute 75 ms, 25 ms
+    # of exchanges per step); gradients 4 MB raw sent as 0.8 MB (ratio 5).
+    path = _write_run(tmp_path, backward_raw_bytes=4_000_000, backward_sent_bytes=800_000)
+    argv = ["--nodes", "2", "--ranks-per-node", "1", "--intra-gbit", "4", "--inter-gbit", "4", "--latency-us", "0",
+            "--batch", "1000", "--dims", "250", "--from-run", str(path), "--forward-ratio", "10", "--encode-gbps", "1",
+            "--decode-gbps", "1"]
+    with caplog.at_level(logging.INFO):
+        main(argv)
+    read = next(line for line in caplog.text.splitlines() if "dlac estimate: from" in line)
+    assert read.endswith("compute 75.00 ms per step, gradient ratio 5.00; gradient codec rates from the flags, else"
+                         " the forward's (a run times the gradient exchange as one phase); wait on the slowest rank"
+                         " 22.70 ms per step (the run's exchanges beyond this model's for its policy all on these"
+                         " nodes)")
+    assert "step = compute + wait on the slowest rank (22.70 ms) + both exchanges" in caplog.text
+    rows = {p: next(line for m in caplog.messages for line in m.splitlines() if line.startswith(f"| {p} "))
+            for p in POLICIES}
+    assert float(rows["all"].split("|")[4].split()[0]) == pytest.approx(100.0)
+    assert float(rows["none"].split("|")[4].split()[0]) == pytest.approx(99.7)
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        main([*argv, "--wait-ms", "0", "--backward-ratio", "2"])  # flags override the run
+    assert "wait on the slowest rank" not in caplog.text
+    rows = {p: next(line for m in caplog.messages for line in m.splitlines() if line.startswith(f"| {p} "))
+            for p in POLICIES}
+    assert float(rows["none"].split("|")[4].split()[0]) == pytest.approx(77.0)
 
 
 def test_dlac_estimate_from_run_and_flags_override_it(tmp_path: Path, caplog: pytest.LogCaptureFixture,
@@ -288,7 +372,8 @@ def test_dlac_estimate_from_run_and_flags_override_it(tmp_path: Path, caplog: py
     read = next(line for line in caplog.text.splitlines() if "dlac estimate: from" in line)
     # the decode rate given on the command line, everything else from the run
     assert read.endswith(f"dlac estimate: from {path}: forward ratio 20.00, encode 0.1 GB/s, compute 75.00 ms per"
-                         " step; gradient ratio and rates from the flags")
+                         " step; gradient ratio and rates from the flags; wait on the slowest rank 0.00 ms per step"
+                         " (the run's exchanges beyond this model's for its policy all on these nodes)")
     none_row = next(line for line in caplog.text.splitlines() if "| none (FP32 to every peer) |" in line)
     assert float(none_row.split("|")[4].split()[0]) > 75.0  # the run's compute plus the exchanges
     # The single-link model still needs the cast rate, which a run does not measure.

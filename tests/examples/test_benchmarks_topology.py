@@ -123,12 +123,22 @@ def test_a_launch_reads_back_through_estimates_own_reader_as_its_dlac_run_json_w
     assert inputs["decode_gb_s"] == pytest.approx(2e9 / 0.05 / 1e9)
     assert inputs["compute_ms"] == pytest.approx((3.2 - 1.2) * 1e3 / 8)
     assert inputs["backward_ratio"] == pytest.approx(6.0)
+    # The wait on the slowest rank: the launch's 150 ms of exchanges per rank-step (0.3 s per rank over 2 steps)
+    # beyond the model's for its own policy, other_nodes (it passed forward bytes as they are). Per direction: the
+    # codec on the two shares to the other node (20 GB/s encode, 40 decode; gradients at the same rates), then the
+    # slower of one share raw over loopback (2 messages: the size exchange goes to every peer) and the node's four
+    # shares to the other node at the direction's ratio (20 forward, 6 backward; 2 messages each, shared link).
+    codec = 2 * SHARE / 20e9 * 1e3 + 2 * SHARE / 40e9 * 1e3
+    loopback = 2.0 + 8 * SHARE / 2e9 * 1e3
+    forward = codec + max(loopback, 4.0 + 8 * 2 * 2 * SHARE / 20 / 1e9 * 1e3)
+    backward = codec + max(loopback, 4.0 + 8 * 2 * 2 * SHARE / 6 / 1e9 * 1e3)
+    assert inputs["wait_ms"] == pytest.approx(150.0 - forward - backward)
     # FP32 to every peer, by hand: per direction the slower of one share over loopback (1 message, 2 Gbit/s per
-    # rank) and the node's four shares to the other node (2 messages each rank, 1 Gbit/s per node)
+    # rank) and the node's four shares to the other node (2 messages each rank, 1 Gbit/s per node), plus the wait
     intra = 1.0 + 8 * SHARE / 2e9 * 1e3
     inter = 2.0 + 8 * 4 * SHARE / 1e9 * 1e3
     assert inter > intra
-    assert preds["none"].step_ms == pytest.approx(250.0 + 2 * inter)
+    assert preds["none"].step_ms == pytest.approx(250.0 + inputs["wait_ms"] + 2 * inter)
     assert set(preds) == {"none", "all", "other_nodes"}
 
 

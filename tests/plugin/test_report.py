@@ -197,3 +197,58 @@ def test_tables_left_at_the_strategys_eps_by_a_calibration_are_counted() -> None
     run = {**_run({}, [0.7]), "final_effective_bounds": {"t_cat_0": 0.05, "t_seq_0": 0.01}}
     (line,) = [line for line in headline(run) if line.startswith("bounds (")]
     assert "1 at the strategy's eps=0.01 (no measured loss gradient)" in line
+
+
+def test_the_run_summary_records_what_the_gradient_exchange_sent() -> None:
+    """``dlac estimate --from-run`` costs the backward at the run's own gradient ratio: the summary carries the
+    gradient bytes, and of them those a per-peer plan sent as they are."""
+    from lightning_dlac.comm import CommStats
+    from lightning_dlac.plugin.metrics import CompressionMonitor
+
+    monitor = CompressionMonitor(per_table=False, all_reduce=lambda tensor, op: tensor)
+    monitor.totals = CommStats(calls=20, raw_bytes=4_000_000, sent_bytes=200_000, backward_calls=20,
+                               backward_raw_bytes=4_000_000, backward_sent_bytes=1_500_000, backward_s=0.3,
+                               table_backward_passed_bytes={"t_cat_0": 600_000, "t_cat_1": 400_000})
+    monitor.batches = 10
+    summary = monitor.summary(world_size=2)
+    assert summary["backward_raw_bytes"] == 4_000_000
+    assert summary["backward_sent_bytes"] == 1_500_000
+    assert summary["backward_passed_bytes"] == 1_000_000  # both tables' gradients sent as they were
+    assert summary["backward_ms"] == pytest.approx(0.3 / 20 * 1e3)  # per batch and rank: 15 ms
+    json.dumps(summary)  # plain data, as dlac_run.json holds it
+
+
+class _Group:
+    """The two things CompressionMonitor asks of an ExchangeGroup, with no exchange behind them."""
+
+    all_compressed_tables: list[str] = []
+
+    def set_in_step(self, in_step: bool) -> None:
+        pass
+
+    def stats(self):  # noqa: ANN201
+        from lightning_dlac.comm import CommStats
+
+        return CommStats()
+
+
+def test_the_run_summary_gives_the_median_training_step_of_every_rank_and_batch() -> None:
+    """``step_ms``: the typical step, which a few slow ones do not pull up as they pull up the mean; it survives a
+    checkpoint."""
+    from lightning_dlac.plugin.metrics import CompressionMonitor
+
+    ticks = iter([0.0, 0.1, 1.0, 1.3, 2.0, 2.2, 3.0, 3.25, 4.0, 9.0])  # batches of 0.1, 0.3, 0.2, 0.25 and 5 s
+    monitor = CompressionMonitor(per_table=False, all_reduce=lambda tensor, op: tensor, clock=lambda: next(ticks))
+    group = _Group()
+    for written in (3, 2):  # two metric writes, after 3 and 2 batches
+        for _ in range(written):
+            monitor.batch_started(group)
+            monitor.batch_ended(group)
+        monitor.write(group, 1, lambda table: 0.01, 1.0)
+    summary = monitor.summary(world_size=1)
+    assert summary["step_ms"] == pytest.approx(250.0, rel=0.01)  # the median of the five, within half a 2% bin
+    assert summary["train_s"] == pytest.approx(5.85)  # the mean (1.17 s) holds the one slow batch
+    restored = CompressionMonitor(per_table=False, all_reduce=lambda tensor, op: tensor)
+    restored.load_state_dict(monitor.state_dict())
+    assert restored.summary(world_size=1)["step_ms"] == summary["step_ms"]
+    assert CompressionMonitor(per_table=False, all_reduce=lambda tensor, op: tensor).summary(1)["step_ms"] is None
