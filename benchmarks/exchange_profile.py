@@ -142,7 +142,8 @@ def _install(clock: PhaseClock) -> None:
     from lightning_dlac.comm import exchange
 
     for name, phase in WRAPPED.items():
-        setattr(exchange, name, clock.wrap(name, getattr(exchange, name), phase))
+        if hasattr(exchange, name):  # an older exchange (--label) may lack some
+            setattr(exchange, name, clock.wrap(name, getattr(exchange, name), phase))
     wait = exchange.InFlight.wait
 
     def timed_wait(flight: Any) -> torch.Tensor:
