@@ -71,6 +71,7 @@ WRAPPED = {
     "encode_grid": "encode",
     "start_forward": "payload launch",
     "exchange_sizes": "size exchange",
+    "exchange_unknown_sizes": "size exchange",
     "start_payload": "payload launch",
     "start_cast": "payload launch",
     "decode_from_others": "decode: concatenation",

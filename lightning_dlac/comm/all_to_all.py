@@ -196,7 +196,7 @@ class CompressedPooledEmbeddingsAllToAll(RecordedExchange):
                 encoded = exchange.encode_for_others(x, row_splits, layout, eps, self.forward_impl)
             own = x[row_splits[layout.rank] : row_splits[layout.rank + 1]]
             with timer.phase("exchange_s", "dlac exchange"):
-                flight, recv_sizes = exchange.start_forward(encoded, layout, self._pg)
+                flight, recv_sizes = exchange.start_forward(encoded, layout, own.size(0), self._pg)
                 # The exact block this rank kept goes into the output while the bytes travel (exchange time: it
                 # overlaps the transfer).
                 out = exchange.start_output(own, layout, self._forward_buffers)
@@ -206,8 +206,9 @@ class CompressedPooledEmbeddingsAllToAll(RecordedExchange):
                 table_sent = per_chunk.sum(0).tolist() if n_local else []
                 passed = [d for d in layout.other_ranks if not layout.compress_to[d]]
                 table_passed = per_chunk[passed].sum(0).tolist() if passed and n_local else None
-                # The payload plus the size exchange: one int64 per (other rank, local table).
-                sent = int(encoded.payload.numel()) + (world - 1) * n_local * 8
+                # The payload plus the size exchange: one int64 per (compressed destination, local table).
+                records = sum(layout.compress_to[d] for d in layout.other_ranks) * n_local
+                sent = int(encoded.payload.numel()) + records * 8
                 rec.count_forward(tables, table_raw, table_sent, sent, table_passed=table_passed)
                 self.count_links(encoded.send_bytes, layout.compress_to)
                 rec.check(encoded.grids, dict(zip(tables, eps.tolist())))

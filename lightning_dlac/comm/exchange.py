@@ -8,7 +8,8 @@ calls the same function with the same layout.
 
 - :func:`encode_chunks`: one ``encode_grid`` over a block of rows, returned as a :class:`Grid`;
 - :func:`exchange_sizes`: every chunk's record (its compressed bytes, and its rows where the receiver cannot know
-  them) to its destination, in one small int64 all-to-all;
+  them) to its destination, in one small int64 all-to-all; :func:`exchange_unknown_sizes` leaves out the records
+  a receiver knows (a payload sent as is, a rank's own block);
 - :func:`start_payload` / :meth:`InFlight.wait`: the payloads, one variable-split ``all_to_all_single``;
 - :func:`start_cast`: rows sent as float32, bf16 or fp16 instead (TorchRec's fixed-size exchanges);
 - :func:`decode_chunks`: the received chunks back into one tensor, or into a block of the caller's output, so
@@ -275,6 +276,28 @@ def exchange_sizes(sizes: torch.Tensor, send_counts: Sequence[int], recv_counts:
     return received.view(-1, width) if sizes.dim() == 2 else received
 
 
+def exchange_unknown_sizes(sizes: torch.Tensor, send_counts: Sequence[int], recv_counts: Sequence[int],
+                           sends: Sequence[bool], known: Sequence[torch.Tensor | None], pg) -> torch.Tensor:
+    """:func:`exchange_sizes` of 1-D records where some receivers know theirs already (a payload sent as is: rows x
+    dims x 4 bytes; a rank's own: 0): destination ``d``'s records go only where ``sends[d]``, and from source ``s``
+    nothing arrives where ``known[s]`` (its records, as this rank computes them) is given; ``known[s]`` stands in
+    for them. Every rank still joins the one collective (the records of the compressed peers need it), with only the
+    records nobody could know in it. The plan behind ``sends`` and ``known`` must agree across ranks: rank ``r``
+    sends to ``d`` exactly where ``d`` does not know the records from ``r``.
+
+    Returns:
+        The records of every source, grouped by source in rank order, as :func:`exchange_sizes` returns them.
+    """
+    send_at = offsets(send_counts)
+    parts = [sizes[send_at[d] : send_at[d + 1]] for d, go in enumerate(sends) if go]
+    sent = torch.cat(parts) if parts else sizes.new_zeros(0)
+    unknown = [0 if k is not None else c for c, k in zip(recv_counts, known)]
+    got = exchange_sizes(sent, [c if go else 0 for c, go in zip(send_counts, sends)], unknown, pg)
+    got_at = offsets(unknown)
+    pieces = [k.to(got.device) if k is not None else got[got_at[s] : got_at[s + 1]] for s, k in enumerate(known)]
+    return torch.cat(pieces) if pieces else got
+
+
 def start_payload(payload: torch.Tensor, send_bytes: list[int], recv_bytes: list[int], pg) -> InFlight:
     """Launch the payload exchange (``send_bytes[d]`` bytes of ``payload`` to rank ``d``, in rank order): once waited
     on, the bytes every source rank sent to this one, concatenated in rank order."""
@@ -472,11 +495,16 @@ def encode_for_others(
     return Encoded(assemble(pieces, dev), all_sizes, grids, rank_sums(all_sizes, [n_local] * layout.world))
 
 
-def start_forward(encoded: Encoded, layout: Layout, pg) -> tuple[InFlight, torch.Tensor]:
+def start_forward(encoded: Encoded, layout: Layout, rows: int, pg) -> tuple[InFlight, torch.Tensor]:
     """Exchange the chunk sizes and launch the payload exchange; return it and every source's chunk sizes for this
-    rank (source rank, then its tables)."""
-    counts = layout.chunk_counts
-    recv_sizes = exchange_sizes(encoded.sizes, [counts[layout.rank]] * layout.world, counts, pg)
+    rank (source rank, then its tables). Only compressed chunks' sizes travel: this rank computes those of a source
+    that sends its ``rows`` (this rank's batch) as they are, and of its own block (:func:`exchange_unknown_sizes`)."""
+    me, counts = layout.rank, layout.chunk_counts
+    known = [None if layout.compress_from[s] and s != me else
+             torch.tensor([0 if s == me else rows * d * 4 for d in layout.dims_per_rank[s]], dtype=torch.int64)
+             for s in range(layout.world)]
+    sends = [c and d != me for d, c in enumerate(layout.compress_to)]
+    recv_sizes = exchange_unknown_sizes(encoded.sizes, [counts[me]] * layout.world, counts, sends, known, pg)
     flight = start_payload(encoded.payload, encoded.send_bytes, rank_sums(recv_sizes, counts), pg)
     return flight, recv_sizes
 
@@ -684,10 +712,18 @@ def start_backward_dlac(grad: torch.Tensor, batch_size_per_rank: list[int], layo
             sizes.append(torch.tensor(raw, dtype=torch.int64, device=dev))
     payload = assemble(pieces, dev)
     all_sizes = torch.cat(sizes) if sizes else torch.zeros(0, dtype=torch.int64, device=dev)
-    recv_sizes = exchange_sizes(all_sizes, counts, [n_local] * world, pg)
+    # Only compressed chunks' sizes travel: an owner knows the size of a gradient sent as is (the source's batch rows
+    # x its dims x 4) and of its own block (0).
+    cols = layout.dims_per_rank[me]
+    known = [None if layout.compress_to[s] and s != me else
+             torch.tensor([0 if s == me else b * d * 4 for d in cols], dtype=torch.int64)
+             for s, b in enumerate(batch_size_per_rank)]
+    sends = [c and r != me for r, c in enumerate(layout.compress_from)]
+    recv_sizes = exchange_unknown_sizes(all_sizes, counts, [n_local] * world, sends, known, pg)
     send_bytes = rank_sums(all_sizes, counts)
     flight = start_payload(payload, send_bytes, rank_sums(recv_sizes, [n_local] * world), pg)
-    sent = int(payload.numel()) + (all_sizes.numel() - n_local) * 8
+    records = sum(c for c, go in zip(counts, sends) if go)  # the size records sent
+    sent = int(payload.numel()) + records * 8
     own = grad[:, owners[me] : owners[me + 1]]
     return BackwardInFlight(flight, sent, recv_sizes, own, all_sizes, send_bytes=send_bytes,
                             out=start_gradient(own, batch_size_per_rank, me, buffers))
