@@ -21,6 +21,8 @@ Python. Phases, per direction and step (median over steps, the slower rank):
   the launch did not finish; its CPU time is this thread's). The size exchange is the first point where the ranks
   meet after encoding: its wall time includes waiting for the slower rank's encode;
 - ``gather, cast``: the backward's gathering of the owners' columns and the cast to the wire dtype;
+- ``own block``: the result tensor and the copy into it of the block this rank keeps (its own rows or columns,
+  which never go on the wire), made between the payload's launch and its wait;
 - ``module``: the rest, as above.
 
 Each phase also counts this thread's minor page faults: a large new tensor is mapped fresh (glibc serves big
@@ -28,8 +30,10 @@ allocations with ``mmap`` until its threshold adapts, and returns them), so the 
 zeroed pages, whichever phase that is; ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_`` change that.
 
 Then, one rank at a time, the codec's native kernels (``torch.ops.dlac.encode_grid`` / ``decode_grid``) are called
-directly on the arguments of the last step's codec calls (same block, splits, bounds and payload), and for the
-bf16 / fp16 backward the cast of the same elements there and back: the kernel's own time for the same bytes. The
+directly on the arguments of the last step's codec calls (same block, splits, bounds and payload); for the
+bf16 / fp16 backward the cast of the same float32 gradient to the wire dtype and back, contiguous, into tensors made
+beforehand; for the own block a contiguous copy of the same bytes into a tensor made beforehand: the kernel's own
+time for the same bytes. The
 issue-34 target is each phase within 1.5x of it (``phase / kernel``, on wall and on CPU time; on a shared machine
 the CPU time is the steadier figure: wall time counts the slices other processes took). With ``--profiler-steps``,
 a ``torch.profiler`` pass over that many more steps adds the self CPU time of the copies (``aten::cat``,
@@ -67,6 +71,7 @@ WRAPPED = {
     "encode_grid": "encode",
     "start_forward": "payload launch",
     "exchange_sizes": "size exchange",
+    "exchange_unknown_sizes": "size exchange",
     "start_payload": "payload launch",
     "start_cast": "payload launch",
     "decode_from_others": "decode: concatenation",
@@ -75,10 +80,13 @@ WRAPPED = {
     "start_backward_dlac": "gather, cast",
     "start_backward_cast": "gather, cast",
     "finish_backward": "decode: concatenation",
+    "start_output": "own block",
+    "start_gradient": "own block",
+    "place_own": "own block",
 }
 WAIT = "payload wait"  # InFlight.wait
 MODULE = "module"
-PHASES = ("encode", "encode: joins", "gather, cast", "size exchange", "payload launch", WAIT, "decode",
+PHASES = ("encode", "encode: joins", "gather, cast", "size exchange", "payload launch", "own block", WAIT, "decode",
           "decode: concatenation", MODULE)
 # The profiler's ops that are copies and allocations.
 COPY_OPS = ("aten::cat", "aten::copy_", "aten::_to_copy", "aten::index", "aten::slice_scatter")
@@ -135,7 +143,8 @@ def _install(clock: PhaseClock) -> None:
     from lightning_dlac.comm import exchange
 
     for name, phase in WRAPPED.items():
-        setattr(exchange, name, clock.wrap(name, getattr(exchange, name), phase))
+        if hasattr(exchange, name):  # an older exchange (--label) may lack some
+            setattr(exchange, name, clock.wrap(name, getattr(exchange, name), phase))
     wait = exchange.InFlight.wait
 
     def timed_wait(flight: Any) -> torch.Tensor:
@@ -203,16 +212,27 @@ def _kernel_times(clock: PhaseClock, direction: str, repeat: int) -> dict[str, A
                 wire += payload.numel()
         if calls.get(name):
             out[op] = dict(seconds=total[0], cpu_seconds=total[1], raw_bytes=raw, wire_bytes=wire)
-    for args, _ in calls.get("start_cast", []):
-        values, wire_dtype = args[0], args[3]
+    for args, _ in calls.get("start_backward_cast", []):
+        grad, wire_dtype = args[0], args[3]
         if wire_dtype == torch.float32:
             continue
-        wire = values.to(wire_dtype)
+        # The whole gradient there and back, as the exchange casts it (the own block too: it goes on the wire), from
+        # float32 (the exchange is handed float32) into tensors made beforehand.
+        grad = grad.contiguous().float()
+        wire, back = torch.empty_like(grad, dtype=wire_dtype), torch.empty_like(grad)
         total = [0.0, 0.0]
-        _add(total, _median_s(repeat, values.to, wire_dtype))
-        _add(total, _median_s(repeat, wire.float))
-        out["cast"] = dict(seconds=total[0], cpu_seconds=total[1], raw_bytes=values.numel() * 4,
+        _add(total, _median_s(repeat, wire.copy_, grad))
+        _add(total, _median_s(repeat, back.copy_, wire))
+        out["cast"] = dict(seconds=total[0], cpu_seconds=total[1], raw_bytes=grad.numel() * 4,
                            wire_bytes=wire.numel() * wire.element_size())
+    total, nbytes = [0.0, 0.0], 0
+    for args, _ in calls.get("place_own", []):
+        own = args[1].contiguous()
+        copy = torch.empty_like(own)
+        _add(total, _median_s(repeat, copy.copy_, own))
+        nbytes += own.numel() * own.element_size()
+    if nbytes:
+        out["copy"] = dict(seconds=total[0], cpu_seconds=total[1], raw_bytes=nbytes, wire_bytes=0)
     return out
 
 
@@ -329,6 +349,8 @@ def _ratios(phases: dict[str, Any], kernels: dict[str, Any], clock: str) -> dict
         out["decode"] = (ms("decode") + ms("decode: concatenation")) / kernels["decode"][kkey]
     if "cast" in kernels:  # the backward's gather and cast, and the received gradient's cast and concatenation
         out["cast"] = (ms("gather, cast") + ms("decode: concatenation")) / kernels["cast"][kkey]
+    if "copy" in kernels and "own block" in phases:
+        out["own block"] = ms("own block") / kernels["copy"][kkey]
     return out
 
 
@@ -349,7 +371,7 @@ def summarize(per_rank: list[dict[str, Any]], backward: str) -> dict[str, Any]:
                 phases[phase] = dict(wall_ms=statistics.median(wall) * 1e3, cpu_ms=statistics.median(cpu) * 1e3,
                                      page_faults=statistics.median(faults))
         kernels = {}
-        for op in ("encode", "decode", "cast"):
+        for op in ("encode", "decode", "cast", "copy"):
             found = [r["kernels"][direction][op] for r in runs if op in r["kernels"][direction]]
             if found:
                 kernels[op] = dict(ms=max(k["seconds"] for k in found) * 1e3,

@@ -1086,6 +1086,10 @@ def main() -> None:
 QCOMM_RACE = ("qcomm_int8_fp16", "qcomm_fp8", "qcomm_mx4", "qcomm_mx4_bf16")
 
 
+# Issue 34's target for each phase of the exchange: within 1.5x of its kernel's own time for the same bytes.
+PHASE_TARGET = 1.5
+
+
 def exchange_profile(results: Results) -> list[str]:
     """Per backward encoding and direction: each phase's wall and CPU time and page faults, the kernels' own time for
     the same bytes and the phase / kernel ratios."""
@@ -1109,7 +1113,12 @@ def exchange_profile(results: Results) -> list[str]:
         for direction in ("forward", "backward"):
             ratios = s[direction]["phase_over_kernel"]["cpu"]
             text = ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items() if v is not None)
-            lines.append(f"- {direction}, CPU time over the kernels' own: {text}.")
+            phases = {k: v for k, v in ratios.items() if v is not None and k != "direction"}
+            met = [k for k, v in phases.items() if v <= PHASE_TARGET]
+            missed = [k for k, v in phases.items() if v > PHASE_TARGET]
+            verdict = (f"within {PHASE_TARGET}x: {', '.join(met) or 'none'}"
+                       + (f"; above it: {', '.join(missed)}" if missed else ""))
+            lines.append(f"- {direction}, CPU time over the kernels' own: {text} ({verdict}).")
         lines.append("")
     return lines
 

@@ -3,6 +3,7 @@
 // dlac::encode_grid / dlac::decode_grid encode or decode every (row block, column block) chunk of a 2-D float32
 // tensor in row-block-major order, in parallel over chunks. A single chunk is the 1x1 grid. dlac::decode_grid_into
 // is decode_grid writing into a given tensor (a view of the caller's output) instead of a new one.
+// dlac::cast_column_blocks (dlac_cast.h) is the cast gradient exchange's gather and cast in one pass.
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 #include <torch/types.h>
@@ -13,6 +14,7 @@
 
 #include "dlac_codec.h"
 #include "dlac_ops.h"
+#include "dlac_cast.h"
 
 namespace {
 
@@ -140,10 +142,12 @@ TORCH_LIBRARY(dlac, m) {
   m.def("encode_grid(Tensor x, int[] row_splits, int[] col_splits, Tensor bounds, bool relative) -> (Tensor, Tensor)");
   m.def("decode_grid(Tensor payload, Tensor sizes, int[] row_splits, int[] col_splits) -> Tensor");
   m.def("decode_grid_into(Tensor payload, Tensor sizes, int[] row_splits, int[] col_splits, Tensor(a!) out) -> ()");
+  m.def("cast_column_blocks(Tensor x, int[] col_splits, Tensor(a!) out) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(dlac, CPU, m) {
   m.impl("encode_grid", &encode_grid_cpu);
   m.impl("decode_grid", &decode_grid_cpu);
   m.impl("decode_grid_into", &decode_grid_into_cpu);
+  m.impl("cast_column_blocks", &dlac::cast_column_blocks_cpu);
 }

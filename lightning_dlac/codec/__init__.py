@@ -3,6 +3,7 @@
 from lightning_dlac.codec._loader import native_available
 from lightning_dlac.codec.api import (
     ChunkInfo,
+    cast_column_blocks,
     decode,
     decode_grid,
     encode,
@@ -18,6 +19,7 @@ __all__ = [
     "ChunkInfo",
     "CodecError",
     "Mode",
+    "cast_column_blocks",
     "decode",
     "decode_grid",
     "encode",

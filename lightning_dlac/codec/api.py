@@ -171,6 +171,30 @@ def decode_grid(
         return out.copy_(ref.decode_grid(payload, sz.tolist(), rs, cs))
 
 
+def cast_column_blocks(x: torch.Tensor, col_splits: Splits, out: torch.Tensor, impl: str = "auto") -> torch.Tensor:
+    """Write the column blocks ``col_splits[c]:col_splits[c + 1]`` of ``x`` (2-D float32, columns contiguous), each
+    flattened row by row and laid one after the other, into ``out`` (a contiguous 1-D bfloat16 or float16 tensor of
+    ``x.numel()`` elements) and return it: the bits of ``torch.cat([x[:, a:b].reshape(-1), ...]).to(out.dtype)``
+    (a NaN's payload bits aside). The native CPU kernel (``dlac::cast_column_blocks``) does it in one pass over
+    ``x``, row by row; the reference, and a tensor off the CPU, copy each block with ``copy_``."""
+    if not isinstance(x, torch.Tensor) or x.dtype != torch.float32 or x.dim() != 2:
+        raise ValueError(f"x must be a 2-D float32 tensor, got {getattr(x, 'dtype', type(x))}")
+    if x.size(1) > 1 and x.stride(1) != 1:
+        raise ValueError("x's columns must be contiguous (column stride 1)")
+    cs = ref.check_splits(col_splits, x.size(1), "col_splits")
+    if (out.dtype not in (torch.bfloat16, torch.float16) or out.dim() != 1 or not out.is_contiguous()
+            or out.numel() != x.numel() or out.device != x.device):
+        raise ValueError(f"out must be a contiguous 1-D bfloat16 or float16 tensor of {x.numel()} elements on"
+                         f" {x.device}, got {out.dtype} {tuple(out.shape)} on {out.device}")
+    if resolve_impl(impl) == "native" and x.device.type == "cpu":
+        torch.ops.dlac.cast_column_blocks(x, cs, out)
+        return out
+    rows = x.size(0)
+    for a, b in zip(cs[:-1], cs[1:]):
+        out[rows * a : rows * b].view(rows, b - a).copy_(x[:, a:b])
+    return out
+
+
 def _check_out(out: torch.Tensor, rows: int, cols: int) -> None:
     if not isinstance(out, torch.Tensor) or out.dtype != torch.float32 or tuple(out.shape) != (rows, cols):
         what = f"{out.dtype} tensor of shape {tuple(out.shape)}" if isinstance(out, torch.Tensor) else type(out)

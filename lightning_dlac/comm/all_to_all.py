@@ -194,17 +194,21 @@ class CompressedPooledEmbeddingsAllToAll(RecordedExchange):
         else:
             with timer.phase("encode_s", "dlac encode"):
                 encoded = exchange.encode_for_others(x, row_splits, layout, eps, self.forward_impl)
-            with timer.phase("exchange_s", "dlac exchange"):
-                flight, recv_sizes = exchange.start_forward(encoded, layout, self._pg)
             own = x[row_splits[layout.rank] : row_splits[layout.rank + 1]]
+            with timer.phase("exchange_s", "dlac exchange"):
+                flight, recv_sizes = exchange.start_forward(encoded, layout, own.size(0), self._pg)
+                # The exact block this rank kept goes into the output while the bytes travel (exchange time: it
+                # overlaps the transfer).
+                out = exchange.start_output(own, layout, self._forward_buffers)
             if call.on_record:  # while the payload is on its way
                 n_local, world = len(tables), layout.world
                 per_chunk = encoded.sizes.view(world, n_local)
                 table_sent = per_chunk.sum(0).tolist() if n_local else []
                 passed = [d for d in layout.other_ranks if not layout.compress_to[d]]
                 table_passed = per_chunk[passed].sum(0).tolist() if passed and n_local else None
-                # The payload plus the size exchange: one int64 per (other rank, local table).
-                sent = int(encoded.payload.numel()) + (world - 1) * n_local * 8
+                # The payload plus the size exchange: one int64 per (compressed destination, local table).
+                records = sum(layout.compress_to[d] for d in layout.other_ranks) * n_local
+                sent = int(encoded.payload.numel()) + records * 8
                 rec.count_forward(tables, table_raw, table_sent, sent, table_passed=table_passed)
                 self.count_links(encoded.send_bytes, layout.compress_to)
                 rec.check(encoded.grids, dict(zip(tables, eps.tolist())))
@@ -214,7 +218,7 @@ class CompressedPooledEmbeddingsAllToAll(RecordedExchange):
                     received = flight.wait()
                 with timer.phase("decode_s", "dlac decode"):
                     return exchange.decode_from_others(received, recv_sizes, own, layout, self.forward_impl,
-                                                       self._forward_buffers)
+                                                       out=out)
 
         call.finish = finish
 
@@ -248,11 +252,12 @@ class CompressedPooledEmbeddingsAllToAll(RecordedExchange):
         with call.timer.phase("backward_s", f"dlac backward ({mode})"):
             if mode is BackwardCompression.DLAC:
                 call.backward = exchange.start_backward_dlac(grad, call.batch_size_per_rank, self.layout,
-                                                             self._config.backward_eps, self.backward_impl, self._pg)
+                                                             self._config.backward_eps, self.backward_impl, self._pg,
+                                                             self._backward_buffers)
             else:
                 call.backward = exchange.start_backward_cast(grad, call.batch_size_per_rank, self.layout,
                                                              mode.wire_dtype, self._pg, self._cast_scratch,
-                                                             self._cast_sends)
+                                                             self._cast_sends, self._backward_buffers)
         if call.on_record:
             raw = grad.size(0) * (grad.size(1) - self.layout.dim_sums[self.layout.rank]) * 4
             table_sent, table_passed = self._backward_table_sent(call.backward, grad.size(0), mode)

@@ -8,7 +8,8 @@ calls the same function with the same layout.
 
 - :func:`encode_chunks`: one ``encode_grid`` over a block of rows, returned as a :class:`Grid`;
 - :func:`exchange_sizes`: every chunk's record (its compressed bytes, and its rows where the receiver cannot know
-  them) to its destination, in one small int64 all-to-all;
+  them) to its destination, in one small int64 all-to-all; :func:`exchange_unknown_sizes` leaves out the records
+  a receiver knows (a payload sent as is, a rank's own block);
 - :func:`start_payload` / :meth:`InFlight.wait`: the payloads, one variable-split ``all_to_all_single``;
 - :func:`start_cast`: rows sent as float32, bf16 or fp16 instead (TorchRec's fixed-size exchanges);
 - :func:`decode_chunks`: the received chunks back into one tensor, or into a block of the caller's output, so
@@ -57,7 +58,7 @@ from typing import NamedTuple, Protocol
 import torch
 import torch.distributed as dist
 
-from lightning_dlac.codec import CodecError, decode, decode_grid, encode_grid
+from lightning_dlac.codec import CodecError, cast_column_blocks, decode, decode_grid, encode_grid, native_available
 from lightning_dlac.comm.peers import PeerPlan, runs
 
 
@@ -216,13 +217,13 @@ def from_wire(out: torch.Tensor, received: torch.Tensor, dtype: torch.dtype) -> 
 
 
 def place_rows(out: torch.Tensor, received: torch.Tensor, sizes: torch.Tensor, rows_of: Sequence[Sequence[int]],
-               col_splits: Sequence[int], compressed: Sequence[bool], me: int, own: torch.Tensor,
+               col_splits: Sequence[int], compressed: Sequence[bool], me: int, own: torch.Tensor | None,
                impl: Impl) -> torch.Tensor:
     """Fill ``out`` with every source rank's row block, in rank order: a run of consecutive compressed sources
     decoded at once straight into its rows (source ``s`` sent one chunk per (row block ``rows_of[s]``, column block
     of ``col_splits``), ``sizes`` each chunk's bytes), a source that sent its rows as they are copied, this rank's
-    own block (``me``) copied from ``own``. Returns ``out``; raises :class:`~lightning_dlac.codec.CodecError` on a
-    bad payload."""
+    own block (``me``) copied from ``own`` (``None``: :func:`place_own` put it there already, while the payload was
+    on its way). Returns ``out``; raises :class:`~lightning_dlac.codec.CodecError` on a bad payload."""
     n_cols = len(col_splits) - 1
     row_at = offsets([sum(r) for r in rows_of])
     chunk_at = offsets([len(r) * n_cols for r in rows_of])
@@ -235,11 +236,18 @@ def place_rows(out: torch.Tensor, received: torch.Tensor, sizes: torch.Tensor, r
             continue
         for s in range(lo, hi):
             block = out[row_at[s] : row_at[s + 1]]
-            if s == me:
-                block.copy_(own)
-            else:
+            if s != me:
                 copy_raw(block, received[byte_at[s] : byte_at[s + 1]])
+            elif own is not None:
+                place_own(block, own)
     return out
+
+
+def place_own(block: torch.Tensor, own: torch.Tensor) -> torch.Tensor:
+    """Copy ``own``, the block of the result this rank keeps (it never goes on the wire and arrives exactly), into
+    ``block``, its place in the result, and return ``block``. The exchanges call it between launching the payload
+    and waiting for it, so that the copy overlaps the transfer instead of following it."""
+    return block.copy_(own)
 
 
 def with_own(sizes: torch.Tensor, at: int, n_own: int) -> torch.Tensor:
@@ -266,6 +274,28 @@ def exchange_sizes(sizes: torch.Tensor, send_counts: Sequence[int], recv_counts:
     received = torch.empty(sum(recv_counts) * width, dtype=torch.int64, device=sizes.device)
     _all_to_all(received, sizes.reshape(-1), [c * width for c in recv_counts], [c * width for c in send_counts], pg)
     return received.view(-1, width) if sizes.dim() == 2 else received
+
+
+def exchange_unknown_sizes(sizes: torch.Tensor, send_counts: Sequence[int], recv_counts: Sequence[int],
+                           sends: Sequence[bool], known: Sequence[torch.Tensor | None], pg) -> torch.Tensor:
+    """:func:`exchange_sizes` of 1-D records where some receivers know theirs already (a payload sent as is: rows x
+    dims x 4 bytes; a rank's own: 0): destination ``d``'s records go only where ``sends[d]``, and from source ``s``
+    nothing arrives where ``known[s]`` (its records, as this rank computes them) is given; ``known[s]`` stands in
+    for them. Every rank still joins the one collective (the records of the compressed peers need it), with only the
+    records nobody could know in it. The plan behind ``sends`` and ``known`` must agree across ranks: rank ``r``
+    sends to ``d`` exactly where ``d`` does not know the records from ``r``.
+
+    Returns:
+        The records of every source, grouped by source in rank order, as :func:`exchange_sizes` returns them.
+    """
+    send_at = offsets(send_counts)
+    parts = [sizes[send_at[d] : send_at[d + 1]] for d, go in enumerate(sends) if go]
+    sent = torch.cat(parts) if parts else sizes.new_zeros(0)
+    unknown = [0 if k is not None else c for c, k in zip(recv_counts, known)]
+    got = exchange_sizes(sent, [c if go else 0 for c, go in zip(send_counts, sends)], unknown, pg)
+    got_at = offsets(unknown)
+    pieces = [k.to(got.device) if k is not None else got[got_at[s] : got_at[s + 1]] for s, k in enumerate(known)]
+    return torch.cat(pieces) if pieces else got
 
 
 def start_payload(payload: torch.Tensor, send_bytes: list[int], recv_bytes: list[int], pg) -> InFlight:
@@ -465,26 +495,43 @@ def encode_for_others(
     return Encoded(assemble(pieces, dev), all_sizes, grids, rank_sums(all_sizes, [n_local] * layout.world))
 
 
-def start_forward(encoded: Encoded, layout: Layout, pg) -> tuple[InFlight, torch.Tensor]:
+def start_forward(encoded: Encoded, layout: Layout, rows: int, pg) -> tuple[InFlight, torch.Tensor]:
     """Exchange the chunk sizes and launch the payload exchange; return it and every source's chunk sizes for this
-    rank (source rank, then its tables)."""
-    counts = layout.chunk_counts
-    recv_sizes = exchange_sizes(encoded.sizes, [counts[layout.rank]] * layout.world, counts, pg)
+    rank (source rank, then its tables). Only compressed chunks' sizes travel: this rank computes those of a source
+    that sends its ``rows`` (this rank's batch) as they are, and of its own block (:func:`exchange_unknown_sizes`)."""
+    me, counts = layout.rank, layout.chunk_counts
+    known = [None if layout.compress_from[s] and s != me else
+             torch.tensor([0 if s == me else rows * d * 4 for d in layout.dims_per_rank[s]], dtype=torch.int64)
+             for s in range(layout.world)]
+    sends = [c and d != me for d, c in enumerate(layout.compress_to)]
+    recv_sizes = exchange_unknown_sizes(encoded.sizes, [counts[me]] * layout.world, counts, sends, known, pg)
     flight = start_payload(encoded.payload, encoded.send_bytes, rank_sums(recv_sizes, counts), pg)
     return flight, recv_sizes
 
 
+def start_output(own: torch.Tensor, layout: Layout, buffers: ResultBuffers | None = None) -> torch.Tensor:
+    """This rank's pooled-embedding output [local batch, total dim] (a tensor from ``buffers`` where given) with the
+    exact block it kept, ``own``, already in its columns (:func:`place_own`) and the other sources' columns
+    unspecified until :func:`decode_from_others` fills them: made while the payload is on its way."""
+    me, col_at = layout.rank, offsets(layout.dim_sums)
+    out = (buffers or ResultBuffers()).empty(own.size(0), col_at[-1], own.device)
+    place_own(out[:, col_at[me] : col_at[me + 1]], own)
+    return out
+
+
 def decode_from_others(
     received: torch.Tensor, recv_sizes: torch.Tensor, own: torch.Tensor, layout: Layout, impl: Impl,
-    buffers: ResultBuffers | None = None,
+    buffers: ResultBuffers | None = None, out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """This rank's pooled embeddings [local batch, total dim]: every source's columns decoded (a run of consecutive
-    compressed sources at once) or copied (a source that sent them as is) straight into their block of the output,
-    the exact block this rank kept in between (in a tensor from ``buffers`` where given)."""
+    compressed sources at once) or copied (a source that sent them as is) straight into their block of ``out``, the
+    output :func:`start_output` made with the exact block this rank kept in place (made here from ``own`` and
+    ``buffers`` where ``out`` is not given)."""
     me, rows, counts = layout.rank, own.size(0), layout.chunk_counts
     chunk_at, col_at = offsets(counts), offsets(layout.dim_sums)
     byte_at = offsets(rank_sums(recv_sizes, counts))
-    out = (buffers or ResultBuffers()).empty(rows, col_at[-1], own.device)
+    if out is None:
+        out = start_output(own, layout, buffers)
     try:
         for compressed, lo, hi in runs(layout.compress_from):
             if compressed:
@@ -493,11 +540,8 @@ def decode_from_others(
                               [0, rows], dims, impl, own.device, out=out[:, col_at[lo] : col_at[hi]])
                 continue
             for s in range(lo, hi):
-                block = out[:, col_at[s] : col_at[s + 1]]
-                if s == me:
-                    block.copy_(own)
-                else:
-                    copy_raw(block, received[byte_at[s] : byte_at[s + 1]])
+                if s != me:  # this rank's own block is in place already
+                    copy_raw(out[:, col_at[s] : col_at[s + 1]], received[byte_at[s] : byte_at[s + 1]])
     except CodecError as err:
         raise locate_decode_error(received, recv_sizes, layout, rows, impl) from err
     return out
@@ -561,18 +605,24 @@ class BackwardInFlight(NamedTuple):
     sizes: torch.Tensor | None = None  # DLAC: bytes of each (owner rank, table) chunk sent, 0 for own; casts: None
     recv_dtypes: tuple[torch.dtype, ...] | None = None  # a cast some peers send as float32: each source's dtype
     send_bytes: list[int] | None = None  # payload bytes to each owner rank (None: the cast's, rows x dims x width)
+    out: torch.Tensor | None = None  # the result with ``own`` in place (placed while the payload is on its way)
 
 
 def gather_owner_blocks(grad: torch.Tensor, owners: Sequence[int], wire_dtype: torch.dtype,
                         scratch: ResultBuffers | None = None, sends: ResultBuffers | None = None) -> torch.Tensor:
     """The column block ``owners[r]:owners[r + 1]`` of ``grad`` for each owner rank ``r``, flattened in rank order
     (TorchRec's backward all-to-all layout) as ``wire_dtype``: the bits of
-    ``torch.cat([grad[:, a:b].reshape(-1), ...]).to(wire_dtype)`` (``copy_`` rounds as ``.to()`` does). A narrower
-    wire dtype is cast first, whole and contiguous, into a tensor from ``scratch`` (on this CPU the contiguous cast
+    ``torch.cat([grad[:, a:b].reshape(-1), ...]).to(wire_dtype)`` (``copy_`` rounds as ``.to()`` does), in a tensor
+    from ``sends`` (reused once the exchange that sent it holds it no more). On the CPU with the native ops, a
+    narrower wire dtype is gathered and cast in one pass over ``grad``
+    (:func:`~lightning_dlac.codec.cast_column_blocks`: about the time of a contiguous cast of the same elements).
+    Otherwise it is cast first, whole and contiguous, into a tensor from ``scratch`` (on this CPU the contiguous cast
     and the narrower gather took about 0.6 of a cast from strided column blocks), and the blocks are gathered from
-    there into a tensor from ``sends`` (reused once the exchange that sent it holds it no more)."""
+    there."""
     rows = grad.size(0)
     send = (sends or ResultBuffers()).empty(rows, owners[-1], grad.device, wire_dtype).view(-1)
+    if wire_dtype != grad.dtype and grad.device.type == "cpu" and native_available():
+        return cast_column_blocks(grad, owners, send, impl="native")
     source = grad
     if wire_dtype != grad.dtype and len(owners) > 2 and grad.is_contiguous():
         source = (scratch or ResultBuffers()).empty(rows, owners[-1], grad.device, wire_dtype).copy_(grad)
@@ -581,14 +631,25 @@ def gather_owner_blocks(grad: torch.Tensor, owners: Sequence[int], wire_dtype: t
     return send
 
 
+def start_gradient(own: torch.Tensor, batch_size_per_rank: Sequence[int], me: int,
+                   buffers: ResultBuffers | None = None) -> torch.Tensor:
+    """This rank's gradient of ``local_embs`` [sum of batch sizes, local dim sum] (a tensor from ``buffers`` where
+    given) with its own exact block, ``own``, already in its rows (:func:`place_own`) and the other sources' rows
+    unspecified until :func:`finish_backward` fills them: made while the payload is on its way."""
+    row_at = offsets(batch_size_per_rank)
+    out = (buffers or ResultBuffers()).empty(row_at[-1], own.size(1), own.device)
+    place_own(out[row_at[me] : row_at[me + 1]], own)
+    return out
+
+
 def start_backward_cast(grad: torch.Tensor, batch_size_per_rank: list[int], layout: Layout,
                         wire_dtype: torch.dtype, pg, scratch: ResultBuffers | None = None,
-                        sends: ResultBuffers | None = None) -> BackwardInFlight:
+                        sends: ResultBuffers | None = None, buffers: ResultBuffers | None = None) -> BackwardInFlight:
     """Launch the gradient exchange of ``grad`` ([local batch, total dim]) to the column owners as ``wire_dtype``
     (float32, bf16, fp16); to the owners the layout's plan does not compress for, as float32
-    (:func:`start_backward_mixed_cast`)."""
+    (:func:`start_backward_mixed_cast`, whose result comes from ``buffers``)."""
     if layout.mixed and wire_dtype != torch.float32:
-        return start_backward_mixed_cast(grad, batch_size_per_rank, layout, wire_dtype, pg)
+        return start_backward_mixed_cast(grad, batch_size_per_rank, layout, wire_dtype, pg, buffers)
     me = layout.rank
     d_me, b_me = layout.dim_sums[me], grad.size(0)
     owners = offsets(layout.dim_sums)
@@ -600,9 +661,10 @@ def start_backward_cast(grad: torch.Tensor, batch_size_per_rank: list[int], layo
 
 
 def start_backward_mixed_cast(grad: torch.Tensor, batch_size_per_rank: list[int], layout: Layout,
-                              wire_dtype: torch.dtype, pg) -> BackwardInFlight:
+                              wire_dtype: torch.dtype, pg, buffers: ResultBuffers | None = None) -> BackwardInFlight:
     """As :func:`start_backward_cast` where some peers get float32 and the others ``wire_dtype``: one byte
-    all-to-all whose piece for each owner is its column block in that owner's dtype (this rank's own stays here)."""
+    all-to-all whose piece for each owner is its column block in that owner's dtype (this rank's own stays here,
+    placed in the result, a tensor from ``buffers``, while the payload is on its way)."""
     me = layout.rank
     owners, d_me = offsets(layout.dim_sums), layout.dim_sums[me]
     to_dtype = [wire_dtype if c else torch.float32 for c in layout.compress_from]  # as the embeddings came
@@ -618,15 +680,17 @@ def start_backward_mixed_cast(grad: torch.Tensor, batch_size_per_rank: list[int]
         send_bytes.append(piece.numel())
     recv_bytes = [0 if s == me else b * d_me * from_dtype[s].itemsize for s, b in enumerate(batch_size_per_rank)]
     flight = start_payload(assemble(pieces, grad.device), send_bytes, recv_bytes, pg)
-    return BackwardInFlight(flight, sum(send_bytes), None, grad[:, owners[me] : owners[me + 1]],
-                            recv_dtypes=tuple(from_dtype), send_bytes=send_bytes)
+    own = grad[:, owners[me] : owners[me + 1]]
+    return BackwardInFlight(flight, sum(send_bytes), None, own, recv_dtypes=tuple(from_dtype),
+                            send_bytes=send_bytes, out=start_gradient(own, batch_size_per_rank, me, buffers))
 
 
 def start_backward_dlac(grad: torch.Tensor, batch_size_per_rank: list[int], layout: Layout, eps: float, impl: Impl,
-                        pg) -> BackwardInFlight:
+                        pg, buffers: ResultBuffers | None = None) -> BackwardInFlight:
     """As :func:`start_backward_cast`, the gradients DLAC-encoded with relative bound ``eps`` for the owners whose
     embeddings came compressed (one grid per run of consecutive such owners), float32 for the others (the size
-    exchange runs before the payload is launched: the receive buffer's size depends on it)."""
+    exchange runs before the payload is launched: the receive buffer's size depends on it); this rank's own block
+    is placed in the result (a tensor from ``buffers``) while the payload is on its way."""
     me, world = layout.rank, layout.world
     b_me, dev = grad.size(0), grad.device
     counts = layout.chunk_counts
@@ -648,12 +712,21 @@ def start_backward_dlac(grad: torch.Tensor, batch_size_per_rank: list[int], layo
             sizes.append(torch.tensor(raw, dtype=torch.int64, device=dev))
     payload = assemble(pieces, dev)
     all_sizes = torch.cat(sizes) if sizes else torch.zeros(0, dtype=torch.int64, device=dev)
-    recv_sizes = exchange_sizes(all_sizes, counts, [n_local] * world, pg)
+    # Only compressed chunks' sizes travel: an owner knows the size of a gradient sent as is (the source's batch rows
+    # x its dims x 4) and of its own block (0).
+    cols = layout.dims_per_rank[me]
+    known = [None if layout.compress_to[s] and s != me else
+             torch.tensor([0 if s == me else b * d * 4 for d in cols], dtype=torch.int64)
+             for s, b in enumerate(batch_size_per_rank)]
+    sends = [c and r != me for r, c in enumerate(layout.compress_from)]
+    recv_sizes = exchange_unknown_sizes(all_sizes, counts, [n_local] * world, sends, known, pg)
     send_bytes = rank_sums(all_sizes, counts)
     flight = start_payload(payload, send_bytes, rank_sums(recv_sizes, [n_local] * world), pg)
-    sent = int(payload.numel()) + (all_sizes.numel() - n_local) * 8
-    return BackwardInFlight(flight, sent, recv_sizes, grad[:, owners[me] : owners[me + 1]], all_sizes,
-                            send_bytes=send_bytes)
+    records = sum(c for c, go in zip(counts, sends) if go)  # the size records sent
+    sent = int(payload.numel()) + records * 8
+    own = grad[:, owners[me] : owners[me + 1]]
+    return BackwardInFlight(flight, sent, recv_sizes, own, all_sizes, send_bytes=send_bytes,
+                            out=start_gradient(own, batch_size_per_rank, me, buffers))
 
 
 def finish_backward(pending: BackwardInFlight, batch_size_per_rank: list[int], layout: Layout,
@@ -665,30 +738,31 @@ def finish_backward(pending: BackwardInFlight, batch_size_per_rank: list[int], l
     received, own = pending.flight.wait(), pending.own
     d_me = own.size(1)
     row_at = offsets(batch_size_per_rank)
-    if pending.recv_dtypes is not None:  # a cast, float32 from some sources: each source's bytes in its dtype
-        out = (buffers or ResultBuffers()).empty(row_at[-1], d_me, own.device)
-        at = 0
-        for s, dtype in enumerate(pending.recv_dtypes):
-            block = out[row_at[s] : row_at[s + 1]]
-            n = 0 if s == me else block.numel() * dtype.itemsize
-            if s == me:
-                block.copy_(own)
-            else:
-                from_wire(block, received[at : at + n], dtype)
-            at += n
-        return out
-    if pending.recv_sizes is None:  # a cast: every source rank's rows, in rank order, this rank's own among them
-        # Already the result's layout: one cast (none for float32, whose receive buffer is the result).
+    if pending.recv_sizes is None and pending.recv_dtypes is None:
+        # A cast: every source rank's rows, in rank order, this rank's own among them: already the result's layout,
+        # one cast (none for float32, whose receive buffer is the result).
         rows = received.view(sum(batch_size_per_rank), d_me)
         if rows.dtype == torch.float32:
             return rows
         return (buffers or ResultBuffers()).empty(rows.size(0), d_me, rows.device).copy_(rows)
+    placed = pending.out is not None  # the own block is in place already
+    out = pending.out if placed else (buffers or ResultBuffers()).empty(row_at[-1], d_me, own.device)
+    if pending.recv_dtypes is not None:  # a cast, float32 from some sources: each source's bytes in its dtype
+        at = 0
+        for s, dtype in enumerate(pending.recv_dtypes):
+            block = out[row_at[s] : row_at[s + 1]]
+            n = 0 if s == me else block.numel() * dtype.itemsize
+            if s != me:
+                from_wire(block, received[at : at + n], dtype)
+            elif not placed:
+                place_own(block, own)
+            at += n
+        return out
     # Decoded (a run of compressed sources at once) or copied straight into the result's row blocks; the gradients
     # come back as the embeddings went.
-    out = (buffers or ResultBuffers()).empty(row_at[-1], d_me, own.device)
     try:
         return place_rows(out, received, pending.recv_sizes, [[b] for b in batch_size_per_rank], layout.local_cols,
-                          layout.compress_to, me, own, impl)
+                          layout.compress_to, me, None if placed else own, impl)
     except CodecError as err:
         raise CompressedExchangeError(
             f"rank {me}: embedding gradients received for tables {list(layout.local_tables)} failed to decode"

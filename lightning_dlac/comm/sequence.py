@@ -222,8 +222,15 @@ class CompressedSequenceEmbeddingsAllToAll(RecordedExchange):
             records = exchange.exchange_sizes(encoded.records, [n] * layout.world, counts, pg).cpu()
             send_bytes = rank_sums(encoded.records[:, 0], [n] * layout.world)
             flight = exchange.start_payload(encoded.payload, send_bytes, rank_sums(records[:, 0], counts), pg)
-        per_source = records.split(counts)
-        call.recv_rows = [list(layout.send_rows[me]) if s == me else m[:, 1].tolist() for s, m in enumerate(per_source)]
+            per_source = records.split(counts)
+            call.recv_rows = [list(layout.send_rows[me]) if s == me else m[:, 1].tolist()
+                              for s, m in enumerate(per_source)]
+            # The exact rows this rank kept go into the result while the bytes travel (exchange time: it overlaps
+            # the transfer).
+            out = torch.empty(sum(map(sum, call.recv_rows)), dim, device=x.device)
+            row_at = offsets([sum(r) for r in call.recv_rows])
+            starts = layout.chunk_starts
+            exchange.place_own(out[row_at[me] : row_at[me + 1]], x[starts[me * n] : starts[(me + 1) * n]])
         if call.on_record:  # while the payload is on its way
             raw = [sum(layout.send_rows[j][i] for j in layout.other_ranks) * dim * 4 for i in range(n)]
             passed = [sum(layout.send_rows[j][i] for j in layout.other_ranks if not layout.compress_to[j]) * dim * 4
@@ -236,15 +243,12 @@ class CompressedSequenceEmbeddingsAllToAll(RecordedExchange):
             rec.count_forward(layout.local_tables, raw, table_sent, sent, table_passed=passed)
             self.count_links(send_bytes, layout.compress_to)
             rec.check(encoded.grids, dict(zip(layout.local_tables, eps.tolist())))
-        starts = layout.chunk_starts
-        own = x[starts[me * n] : starts[(me + 1) * n]]
         with timer.phase("exchange_s", "dlac sequence exchange"):
             received = flight.wait()
         with timer.phase("decode_s", "dlac sequence decode"):
             try:
-                out = torch.empty(sum(map(sum, call.recv_rows)), dim, device=x.device)
                 return exchange.place_rows(out, received, records[:, 0], call.recv_rows, [0, dim],
-                                           layout.compress_from, me, own, self._config.impl)
+                                           layout.compress_from, me, None, self._config.impl)
             except CodecError as err:
                 raise CompressedExchangeError(
                     f"rank {me}: sequence embeddings received from ranks {layout.other_ranks} failed to decode"
@@ -340,14 +344,23 @@ class CompressedSequenceEmbeddingsAllToAll(RecordedExchange):
                     pieces.append(exchange.as_bytes(grad[src[s] : src[s + 1]]))
                 sizes += [0 if s == me else r * dim * 4 for r in call.recv_rows[s]]
         sizes_t = torch.tensor(sizes, dtype=torch.int64, device=grad.device)
-        recv_sizes = exchange.exchange_sizes(sizes_t, counts, [n_local] * layout.world, self._pg)
+        # Only compressed chunks' sizes travel: this rank knows those of the rows it sent a source as they are (they
+        # come back as they went) and of its own rows (0).
+        known = [None if layout.compress_to[s] and s != me else
+                 torch.tensor([0 if s == me else r * dim * 4 for r in layout.send_rows[s]], dtype=torch.int64)
+                 for s in range(layout.world)]
+        sends = [c and s != me for s, c in enumerate(layout.compress_from)]
+        recv_sizes = exchange.exchange_unknown_sizes(sizes_t, counts, [n_local] * layout.world, sends, known,
+                                                     self._pg)
         send = rank_sums(sizes_t, counts)
         flight = exchange.start_payload(exchange.assemble(pieces, grad.device), send,
                                         rank_sums(recv_sizes, [n_local] * layout.world), self._pg)
+        out = torch.empty(sum(map(sum, layout.send_rows)), dim, device=grad.device)
+        row_at = offsets([sum(r) for r in layout.send_rows])  # the own rows, while the bytes travel
+        exchange.place_own(out[row_at[me] : row_at[me + 1]], self._own_rows(grad, call))
         try:
-            out = torch.empty(sum(map(sum, layout.send_rows)), dim, device=grad.device)
             back = exchange.place_rows(out, flight.wait(), recv_sizes, layout.send_rows, [0, dim], layout.compress_to,
-                                       me, self._own_rows(grad, call), impl)
+                                       me, None, impl)
         except CodecError as err:
             raise CompressedExchangeError(
                 f"rank {me}: sequence-embedding gradients for tables {list(layout.local_tables)} failed to decode"

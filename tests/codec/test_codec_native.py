@@ -224,3 +224,37 @@ def test_auto_falls_back_with_one_warning(monkeypatch):
         assert resolve_impl("auto") == "ref"  # warned once only
     with pytest.raises(_loader.NativeUnavailable, match="compiler"):
         resolve_impl("native")
+
+
+def _column_blocks() -> tuple[torch.Tensor, list[int]]:
+    g = torch.Generator().manual_seed(7)
+    wide = torch.randn(37, 120, generator=g) * torch.logspace(-40, 38, 120)  # subnormal to near overflow per column
+    x = wide[:, 3:110]  # a block of columns: the row stride is not the width
+    x[0, :6] = torch.tensor([float("inf"), -float("inf"), 0.0, -0.0, 3.3e38, 65519.0])
+    return x, [0, 16, 16, 51, 100, 107]  # widths 16, 0, 35, 49, 7: vector bodies, tails and an empty block
+
+
+def test_opcheck_cast_column_blocks(native):
+    x, cs = _column_blocks()
+    for dtype in (torch.bfloat16, torch.float16):
+        torch.library.opcheck(torch.ops.dlac.cast_column_blocks.default,
+                              (x, cs, torch.empty(x.numel(), dtype=dtype)))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_cast_column_blocks_is_torchs_cast_of_the_gathered_blocks_bit_for_bit(native, dtype):
+    from lightning_dlac.codec import cast_column_blocks
+
+    x, cs = _column_blocks()
+    expected = torch.cat([x[:, a:b].reshape(-1) for a, b in zip(cs[:-1], cs[1:])]).to(dtype)
+    for impl in ("native", "ref"):
+        out = cast_column_blocks(x, cs, torch.full((x.numel(),), 9.0, dtype=dtype), impl=impl)
+        assert torch.equal(out.view(torch.int16), expected.view(torch.int16)), impl
+    assert bool(torch.isinf(expected).any()) and bool((expected == 0).any())  # the edge values were in the test
+    # NaN comes back NaN (its payload bits follow whichever of torch's casts ran: not compared).
+    x[1, 2] = float("nan")
+    assert bool(torch.isnan(cast_column_blocks(x, cs, torch.empty(x.numel(), dtype=dtype), impl="native")).any())
+    empty = cast_column_blocks(torch.zeros(0, 5), [0, 2, 5], torch.empty(0, dtype=dtype), impl="native")
+    assert empty.numel() == 0
+    with pytest.raises(ValueError, match="out must be"):
+        cast_column_blocks(x, cs, torch.empty(x.numel() - 1, dtype=dtype))

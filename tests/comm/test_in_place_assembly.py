@@ -175,3 +175,74 @@ def test_an_output_the_caller_still_holds_is_never_overwritten_by_the_next_call(
         copies.append(out.clone())
     assert len({o.data_ptr() for o in outs}) == 3
     assert all(torch.equal(o, c) for o, c in zip(outs, copies))
+
+
+@pytest.mark.parametrize("me", [0, 1, 2])
+def test_the_own_columns_are_placed_while_the_payload_travels_and_the_decode_fills_the_rest(me: int, impl: str) -> None:
+    from lightning_dlac.comm.exchange import start_output
+
+    layout, rows = _layout(me), 12
+    g = torch.Generator().manual_seed(20 + me)
+    grids = {s: encode_chunks(torch.randn(rows, layout.dim_sums[s], generator=g), [0, rows], offsets(DIMS[s]),
+                              0.02, impl) for s in layout.other_ranks}
+    received = torch.cat([grids[s].payload for s in layout.other_ranks])
+    counts = layout.chunk_counts
+    recv_sizes = with_own(torch.cat([grids[s].sizes for s in layout.other_ranks]), sum(counts[:me]), counts[me])
+    own = torch.randn(rows, layout.dim_sums[me], generator=g)
+    col_at = offsets(layout.dim_sums)
+
+    out = start_output(own, layout, ResultBuffers())  # before the payload is waited on
+    assert out.shape == (rows, col_at[-1])
+    assert torch.equal(_bits(out[:, col_at[me] : col_at[me + 1]]), _bits(own))
+    filled = decode_from_others(received, recv_sizes, own, layout, impl, out=out)
+
+    assert filled.data_ptr() == out.data_ptr()  # decoded into that tensor, not a new one
+    expected = decode_from_others(received, recv_sizes, own, layout, impl)  # own copied after the wait, as before
+    assert torch.equal(_bits(filled), _bits(expected))
+
+
+@pytest.mark.parametrize("me", [0, 1, 2])
+def test_the_own_gradient_rows_are_placed_while_the_payload_travels(me: int, impl: str) -> None:
+    from lightning_dlac.comm.exchange import start_gradient
+
+    layout, batch = _layout(me), [5, 7, 3]
+    g = torch.Generator().manual_seed(30 + me)
+    d_me, cols, n = layout.dim_sums[me], layout.local_cols, len(DIMS[me])
+    grids = {s: encode_chunks(torch.randn(batch[s], d_me, generator=g) * 1e-3, [0, batch[s]], cols, 0.01, impl)
+             for s in layout.other_ranks}
+    received = torch.cat([grids[s].payload for s in layout.other_ranks])
+    recv_sizes = with_own(torch.cat([grids[s].sizes for s in layout.other_ranks]), me * n, n)
+    own = torch.randn(batch[me], d_me, generator=g)
+    row_at = offsets(batch)
+
+    placed = start_gradient(own, batch, me, ResultBuffers())
+    assert torch.equal(_bits(placed[row_at[me] : row_at[me + 1]]), _bits(own))
+    out = finish_backward(BackwardInFlight(InFlight(received), 0, recv_sizes, own, out=placed), batch, layout, impl)
+
+    assert out.data_ptr() == placed.data_ptr()
+    expected = finish_backward(BackwardInFlight(InFlight(received), 0, recv_sizes, own), batch, layout, impl)
+    assert torch.equal(_bits(out), _bits(expected))
+
+
+@pytest.mark.parametrize("wire", [torch.bfloat16, torch.float16])
+def test_a_mixed_cast_gradient_fills_the_result_whose_own_rows_are_placed(wire: torch.dtype) -> None:
+    from lightning_dlac.comm.exchange import start_gradient
+
+    me, batch = 1, [5, 7, 3]
+    layout = _layout(me)
+    d_me = layout.dim_sums[me]
+    g = torch.Generator().manual_seed(40)
+    dtypes = (wire, torch.float32, torch.float32)  # rank 0 sends the wire dtype, rank 2 float32, this rank nothing
+    sent = {s: torch.randn(batch[s], d_me, generator=g).to(dtypes[s]) for s in (0, 2)}
+    received = torch.cat([sent[s].reshape(-1).view(torch.uint8) for s in (0, 2)])
+    own = torch.randn(batch[me], d_me, generator=g)
+
+    def pending(out: torch.Tensor | None) -> BackwardInFlight:
+        return BackwardInFlight(InFlight(received), 0, None, own, recv_dtypes=dtypes, out=out)
+
+    placed = start_gradient(own, batch, me)
+    out = finish_backward(pending(placed), batch, layout, "ref")
+    assert out.data_ptr() == placed.data_ptr()
+    expected = torch.cat([sent[0].float(), own, sent[2]])
+    assert torch.equal(_bits(out), _bits(expected))
+    assert torch.equal(_bits(finish_backward(pending(None), batch, layout, "ref")), _bits(expected))
