@@ -91,8 +91,9 @@ class ChunkCodec(Protocol):
         ...
 
     def decode(self, received: torch.Tensor, sizes: torch.Tensor, row_splits: list[int], col_splits: list[int],
-               device: torch.device) -> torch.Tensor:
-        """The float32 [row_splits[-1], col_splits[-1]] tensor on ``device`` that the chunks stand for."""
+               device: torch.device, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The float32 [row_splits[-1], col_splits[-1]] tensor on ``device`` that the chunks stand for; with ``out``
+        (that shape, a block of the caller's result) written into it and returned, as ``decode_grid(out=)`` does."""
         ...
 
 
@@ -169,8 +170,7 @@ def decode_chunks(received: torch.Tensor, sizes: torch.Tensor, row_splits: Seque
         rows, cols = (row_splits[-1] if row_splits else 0), (col_splits[-1] if col_splits else 0)
         return torch.zeros(rows, cols, device=device) if out is None else out
     if not isinstance(impl, str):
-        decoded = impl.decode(received, sizes, list(row_splits), list(col_splits), device)
-        return decoded if out is None else out.copy_(decoded)
+        return impl.decode(received, sizes, list(row_splits), list(col_splits), device, out=out)
     if out is not None:
         return decode_grid(received, sizes, list(row_splits), list(col_splits), impl=impl, out=out)
     return decode_grid(received, sizes, list(row_splits), list(col_splits), impl=impl).to(device)

@@ -137,6 +137,17 @@ def test_bytes_per_call_and_install_refuse_what_they_cannot_stand_in_for() -> No
     with pytest.raises(ValueError, match=r"no byte count for table\(s\) \['c'\]"):
         codec.encode(torch.ones(4, 6), [0, 4], [0, 2, 6], 0.01, ("a", "c"))
     assert codec.decode(payload, sizes, [0, 2, 4], [0, 2, 6], torch.device("cpu")).eq(0).all()
+    # Into a block of the caller's result, as the DLAC codec decodes: that block zeroed in place, nothing else touched
+    # (a fresh tensor copied in would make the ceiling do more work than the launch it bounds).
+    result = torch.full((4, 9), 7.0)
+    block = result[:, 1:7]
+    assert codec.decode(payload, sizes, [0, 2, 4], [0, 2, 6], torch.device("cpu"), out=block) is block
+    assert not block.any() and result[:, [0, 7, 8]].eq(7).all()
+    from lightning_dlac.comm.exchange import decode_chunks
+
+    result.fill_(7.0)
+    assert decode_chunks(payload, sizes, [0, 2, 4], [0, 2, 6], codec, torch.device("cpu"), out=block) is block
+    assert not block.any() and result[:, [0, 7, 8]].eq(7).all()
 
 
 def _refusals(rank: int, world_size: int) -> list[str]:
