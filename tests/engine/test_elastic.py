@@ -138,7 +138,9 @@ def _final_state(run: Path, scratch: Path) -> dict[str, Any]:
 
 def _measured(key: str) -> bool:
     name = key.rsplit("/", 2)
-    return "/history/" in key or any(part.endswith(("_ms", "_s", "a2a_share")) or "err" in part for part in name)
+    timed = ("/history/", "/step_counts/")  # the step-time histogram counts batches per wall-time bin
+    return any(part in key for part in timed) or any(
+        part.endswith(("_ms", "_s", "a2a_share")) or "err" in part for part in name)
 
 
 def _final_metrics(run: Path) -> dict[str, float]:
