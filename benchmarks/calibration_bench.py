@@ -43,18 +43,15 @@ the arms) and, per judged difference, whether it is within it; the summary adds 
 with each world's margin widened to its floor where that is larger than WORLD_NOISE (``within_floor_of_all_tight``,
 ``worse_than_all_loose_beyond_floor``), the median floor and how many worlds' floors are within WORLD_NOISE.
 
-The protocol (WORLD_FULL, WORLD_QUICK) comes from development worlds 0, 1 and 4 (never evaluation worlds). Runs are
-deterministic: an arm rerun under the same seed gives the same AUROC to the last digit, so what moves a difference
-between arms is the training trajectory diverging once the codec perturbs it. At the former lr 0.05 the paired
-difference all-tight minus uncompressed moved by a standard deviation of 0.003-0.007 AUROC from seed to seed (400 or
-1200 steps alike; 512 validation batches instead of 128 did not narrow it), 3-7x the issue's 0.001; one seed per arm
-could not tell a codec effect of 0.001 from chance. At lr 0.015 it is 0.0012-0.0013 on worlds 0 and 1 (400 and
-1200 steps), with the same AUROC at 400 steps and a higher one at 1200 (world 1: 0.909 against 0.906); at lr 0.005
-it is 0.0007 but the model learns more slowly (0.885 at 1200 steps). World 4 (tables of up to 49k rows at 400
-steps) still had one seed of three 0.006 off the others (sd 0.0034): trajectories still part now and then, and that
-world's floor says so. So lr 0.015, and several seeds: the floor is about 2 x 0.0013 / sqrt(seeds) where trajectories
-stay together, 0.0012 with the full run's 5 seeds and 0.0018 with --quick's 2; a floor well below 0.001 needs about
-12 seeds or a lower lr with more steps.
+The protocol (WORLD_FULL, WORLD_QUICK) was measured on development worlds only (0, 1 and 4), by repeating
+uncompressed and all-tight under several training seeds. Runs are deterministic: an arm rerun under the same seed
+gives the same AUROC to the last digit, so what moves a difference between arms is the training trajectory parting
+once the codec perturbs it. At the former lr 0.05 the paired difference moved from seed to seed by several times
+the issue's 0.001, at 400 and 1200 steps alike, and more validation batches did not narrow it: one seed per arm could
+not tell a codec effect of 0.001 from chance. At lr 0.015 the spread fell by about 3-4x with no lower AUROC, and
+longer runs narrowed it further where large tables were still far from trained at 400 steps; a lower lr still
+learned too slowly. So lr 0.015 and several paired seeds, the floor shrinking as one over their square root; the
+quick run's 2 seeds and 400 steps give a floor near the 0.001 judged, not below it, and each world says which.
 
 ``--worlds dev --fit`` runs only the noise mode on development worlds and fits its budget (:func:`fit_noise_budget`,
 the p90 rule); the fitted value is what ``NOISE_BUDGET`` in lightning_dlac/adaptive/calibrator.py holds.
