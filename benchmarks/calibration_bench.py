@@ -52,7 +52,9 @@ not tell a codec effect of 0.001 from chance. At lr 0.015 the spread fell by abo
 runs narrowed it on one world and widened it on another, and a lower lr learned too slowly. So lr 0.015 and several
 paired seeds, the floor shrinking as one over the square root of their number: with the full run's 5 seeds it comes
 near the 0.001 judged on some development worlds and stays above it on others, with the quick run's 2 above it on
-most. Each world records its own, so a difference is read against the floor of its world.
+most. Each world records its own, so a difference is read against the floor of its world. Pairing matters most:
+some seeds leave a world's training in a far worse state for every arm alike (several hundredths of AUROC), which
+unpaired seeds would count as a difference between arms.
 
 ``--worlds dev --fit`` runs only the noise mode on development worlds and fits its budget (:func:`fit_noise_budget`,
 the p90 rule); the fitted value is what ``NOISE_BUDGET`` in lightning_dlac/adaptive/calibrator.py holds.
@@ -384,7 +386,8 @@ def judge_world_seeds(by_seed: list[dict[str, dict[str, Any]]], variant: str,
                       floor: float | None = None) -> dict[str, Any]:
     """A calibrated ``variant``'s figures on one world over its training seeds (``by_seed[k][variant]``): the AUROC
     differences are the means over seeds of the paired (same-seed) differences, the bytes the mean ratio; flagged
-    tables are counted under every seed (so recall and precision pool over seeds too). ``within_noise`` says, per
+    tables are counted under every seed (so recall and precision pool over seeds too); the median of the paired
+    differences to all-tight is kept beside their mean. ``within_noise`` says, per
     AUROC comparison, whether the mean difference is within the world's ``floor`` (None without one)."""
     per_seed = [judge_world(runs, variant) for runs in by_seed]
     out = {k: statistics.fmean(r[k] for r in per_seed)
@@ -395,6 +398,8 @@ def judge_world_seeds(by_seed: list[dict[str, dict[str, Any]]], variant: str,
                 **{k: sum(r[k] for r in per_seed) for k in ("true_positives", "flagged_count", "sensitive_count")},
                 "calibrated": all(r["calibrated"] for r in per_seed),
                 "auroc_vs_all_tight_per_seed": [r["auroc_vs_all_tight"] for r in per_seed],
+                # A seed whose arms part into different states moves the mean by far more than the median.
+                "auroc_vs_all_tight_median": statistics.median(r["auroc_vs_all_tight"] for r in per_seed),
                 "within_noise": None if floor is None else {
                     k: abs(out[k]) <= floor for k in ("auroc_vs_all_tight", "auroc_vs_all_loose",
                                                        "auroc_vs_uncompressed")}})

@@ -123,6 +123,12 @@ def test_the_noise_floor_is_read_from_paired_differences_and_judges_a_world() ->
     w = bench.judge_world_seeds(by_seed, "default", floor["floor"])
     assert w["auroc_vs_all_tight"] == pytest.approx(-0.0005) and w["auroc_vs_all_loose"] == pytest.approx(0.0095)
     assert w["auroc_vs_all_tight_per_seed"] == pytest.approx([-0.0015, -0.0005, 0.0005])
+    parted = [dict(r) for r in by_seed]
+    third = parted[2]
+    parted[2] = {**third, "default": {**third["default"], "val_auroc": third["all_tight"]["val_auroc"] + 0.03}}
+    moved = bench.judge_world_seeds(parted, "default")
+    assert moved["auroc_vs_all_tight"] == pytest.approx(0.0093333, abs=1e-6)  # one parted seed moves the mean
+    assert moved["auroc_vs_all_tight_median"] == pytest.approx(-0.0005)  # and not the median
     assert w["within_noise"] == {"auroc_vs_all_tight": True, "auroc_vs_all_loose": False,
                                  "auroc_vs_uncompressed": False}
     # Flags are counted under every seed: recall and precision pool over seeds as over worlds.
