@@ -35,6 +35,27 @@ its bound is below the loose bound (0.05); recall and precision are of flagged a
 pooled over worlds; bytes are the median over worlds of the variant's forward bytes over all-tight's; "worse than
 all-loose" counts worlds where the variant's AUROC is more than WORLD_NOISE below all-loose's.
 
+Every arm of a world runs under the same ``--train-seeds`` training seeds: a seed fixes the model's initial weights
+and the draw and order of the training batches (validation batches are the world's own), so arms are paired per
+seed, and a world's AUROC differences are means over seeds of same-seed differences. Each world records its noise
+floor (:func:`noise_floor`: FLOOR_Z standard errors of such a mean, from the paired differences' spread pooled over
+the arms) and, per judged difference, whether it is within it; the summary adds the issue's two AUROC judgements
+with each world's margin widened to its floor where that is larger than WORLD_NOISE (``within_floor_of_all_tight``,
+``worse_than_all_loose_beyond_floor``), the median floor and how many worlds' floors are within WORLD_NOISE.
+
+The protocol (WORLD_FULL, WORLD_QUICK) was measured on development worlds only (0, 1 and 4), by repeating
+uncompressed and all-tight under several training seeds. Runs are deterministic: an arm rerun under the same seed
+gives the same AUROC to the last digit, so what moves a difference between arms is the training trajectory parting
+once the codec perturbs it. At the former lr 0.05 the paired difference moved from seed to seed by several times
+the issue's 0.001, at 400 and 1200 steps alike, and more validation batches did not narrow it: one seed per arm could
+not tell a codec effect of 0.001 from chance. At lr 0.015 the spread fell by about 3-4x with no lower AUROC; longer
+runs narrowed it on one world and widened it on another, and a lower lr learned too slowly. So lr 0.015 and several
+paired seeds, the floor shrinking as one over the square root of their number: with the full run's 5 seeds it comes
+near the 0.001 judged on some development worlds and stays above it on others, with the quick run's 2 above it on
+most. Each world records its own, so a difference is read against the floor of its world. Pairing matters most:
+some seeds leave a world's training in a far worse state for every arm alike (several hundredths of AUROC), which
+unpaired seeds would count as a difference between arms.
+
 ``--worlds dev --fit`` runs only the noise mode on development worlds and fits its budget (:func:`fit_noise_budget`,
 the p90 rule); the fitted value is what ``NOISE_BUDGET`` in lightning_dlac/adaptive/calibrator.py holds.
 
@@ -243,6 +264,18 @@ def table(summary: dict[str, Any], variants: tuple[str, ...]) -> list[str]:
 WORLD_VARIANTS = (*BASELINES, "default", "noise")
 WORLD_NOISE = 0.001  # AUROC: the within-tight margin of issue 33, and what "beyond noise" means for worse-than-loose
 LOOSE = 0.05  # a table at a bound below it is flagged
+# The protocol of a world (measured on development worlds, module docstring): training batches per rank, the learning
+# rate and how many training seeds every arm runs under (paired). --quick's 2 seeds keep 3 worlds within 15 minutes.
+WORLD_FULL = dict(steps=1000, lr=0.015, train_seeds=5)
+WORLD_QUICK = dict(steps=400, lr=0.015, train_seeds=2)
+
+
+def training_seed(world: int, train_seed: int) -> int:
+    """The seed of the model's initial weights (and of Lightning's global seed) for one training seed of a world:
+    the world's own seed for training seed 0 (the runs before training seeds existed), another per training seed."""
+    from lightning_dlac.examples.base import stream_seed
+
+    return world if train_seed == 0 else stream_seed(world, 3, train_seed) % (1 << 31)
 
 
 def _run_world(rank: int, world_size: int, variant: str, cfg: dict[str, Any]) -> dict[str, Any]:
@@ -252,12 +285,15 @@ def _run_world(rank: int, world_size: int, variant: str, cfg: dict[str, Any]) ->
     from lightning_dlac import DLACStrategy
 
     world = draw_world(cfg["world"])
-    pl.seed_everything(world.seed, verbose=False)
-    dm = WorldDataModule(world, num_train_batches=cfg["steps"] * world_size, num_val_batches=cfg["val_batches"])
+    train_seed = cfg.get("train_seed", 0)
+    init = training_seed(world.seed, train_seed)
+    pl.seed_everything(init, verbose=False)
+    dm = WorldDataModule(world, num_train_batches=cfg["steps"] * world_size, num_val_batches=cfg["val_batches"],
+                         train_seed=train_seed)
     model = DLRMModule(num_embeddings_per_feature=dm.num_embeddings_per_feature, feature_names=dm.feature_names,
                        num_dense_features=dm.num_dense_features, embedding_dim=world.dim,
                        dense_arch_layer_sizes=[32, world.dim], over_arch_layer_sizes=[64, 1],
-                       learning_rate=cfg["lr"], seed=world.seed)
+                       learning_rate=cfg["lr"], seed=init)
     if variant == "uncompressed":
         strategy = DLACStrategy(compress=False, embedding_lr=cfg["lr"])
     else:
@@ -271,8 +307,9 @@ def _run_world(rank: int, world_size: int, variant: str, cfg: dict[str, Any]) ->
                          num_sanity_val_steps=0)
     start = time.perf_counter()
     trainer.fit(model, datamodule=dm)
-    out = {"variant": variant, "world": world.seed, "val_auroc": float(trainer.callback_metrics["val/auroc"]),
-           "steps": meter.steps, "seconds": time.perf_counter() - start, "sent_bytes": meter.sent,
+    out = {"variant": variant, "world": world.seed, "train_seed": train_seed,
+           "val_auroc": float(trainer.callback_metrics["val/auroc"]), "steps": meter.steps,
+           "seconds": time.perf_counter() - start, "sent_bytes": meter.sent,
            "raw_bytes": meter.raw, "roles": dm.table_roles}
     if dlac is not None:
         out.update(table_bounds=dlac.table_bounds, calibrated_at=dlac.calibrator.calibrated_at,
@@ -305,8 +342,9 @@ def fit_noise_budget(runs: list[dict[str, Any]], eps: str = "0.05") -> dict[str,
 
 
 def judge_world(runs: dict[str, dict[str, Any]], variant: str) -> dict[str, Any]:
-    """One world's figures of a calibrated ``variant``: its AUROC against all-tight and all-loose, its bytes against
-    all-tight's, and its flagged tables (bound below LOOSE) against the planted sensitive ones."""
+    """One world's figures of a calibrated ``variant`` under one training seed: its AUROC against all-tight and
+    all-loose, its bytes against all-tight's, and its flagged tables (bound below LOOSE) against the planted
+    sensitive ones."""
     r, tight, loose = runs[variant], runs["all_tight"], runs["all_loose"]
     bounds = r.get("table_bounds") or {}
     flagged = {t for t, eps in bounds.items() if eps < LOOSE}
@@ -319,16 +357,78 @@ def judge_world(runs: dict[str, dict[str, Any]], variant: str) -> dict[str, Any]
             "sensitive_count": len(sensitive), "calibrated": bool(bounds)}
 
 
+# The noise floor of a world (issue 33's "within noise"): every arm of a world runs under the same training seeds,
+# each seed fixing the model's initial weights and the draw and order of the training batches, so an arm's AUROC
+# difference to another is taken per seed (paired) and averaged over seeds. How far such a mean moves by chance is
+# read from the spread of the paired differences themselves: the floor is FLOOR_Z standard errors of a mean of
+# paired differences, the standard deviation pooled over the world's comparisons (every arm against all-tight),
+# each about its own mean, so that a real difference between arms does not count as noise.
+FLOOR_Z = 2.0
+FLOOR_COMPARISONS = ("uncompressed", "all_loose", "default", "noise")  # each against all-tight, per seed
+
+
+def noise_floor(by_seed: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
+    """The noise floor of one world from its runs under several training seeds (``by_seed[k][variant]``, every
+    variant under seed ``k``): the paired AUROC differences of every arm in FLOOR_COMPARISONS against all-tight per
+    seed, their pooled standard deviation (each comparison about its own mean) and the floor, FLOOR_Z standard
+    errors of a mean over the seeds. With one seed there is no spread to read: the floor is None."""
+    diffs = {v: [runs[v]["val_auroc"] - runs["all_tight"]["val_auroc"] for runs in by_seed]
+             for v in FLOOR_COMPARISONS if all(v in runs for runs in by_seed)}
+    squares = sum(sum((d - statistics.fmean(ds)) ** 2 for d in ds) for ds in diffs.values())
+    dof = sum(len(ds) - 1 for ds in diffs.values())
+    sd = math.sqrt(squares / dof) if dof > 0 else None
+    seeds = len(by_seed)
+    return {"train_seeds": seeds, "paired_sd": sd, "floor": None if sd is None else FLOOR_Z * sd / math.sqrt(seeds),
+            "z": FLOOR_Z, "paired_differences": diffs}
+
+
+def judge_world_seeds(by_seed: list[dict[str, dict[str, Any]]], variant: str,
+                      floor: float | None = None) -> dict[str, Any]:
+    """A calibrated ``variant``'s figures on one world over its training seeds (``by_seed[k][variant]``): the AUROC
+    differences are the means over seeds of the paired (same-seed) differences, the bytes the mean ratio; flagged
+    tables are counted under every seed (so recall and precision pool over seeds too); the median of the paired
+    differences to all-tight is kept beside their mean. ``within_noise`` says, per
+    AUROC comparison, whether the mean difference is within the world's ``floor`` (None without one)."""
+    per_seed = [judge_world(runs, variant) for runs in by_seed]
+    out = {k: statistics.fmean(r[k] for r in per_seed)
+           for k in ("auroc_vs_all_tight", "auroc_vs_all_loose", "auroc_vs_uncompressed")}
+    ratios = [r["bytes_vs_all_tight"] for r in per_seed if r["bytes_vs_all_tight"] is not None]
+    out.update({"bytes_vs_all_tight": statistics.fmean(ratios) if ratios else None,
+                "flagged": sorted({t for r in per_seed for t in r["flagged"]}),
+                **{k: sum(r[k] for r in per_seed) for k in ("true_positives", "flagged_count", "sensitive_count")},
+                "calibrated": all(r["calibrated"] for r in per_seed),
+                "auroc_vs_all_tight_per_seed": [r["auroc_vs_all_tight"] for r in per_seed],
+                # A seed whose arms part into different states moves the mean by far more than the median.
+                "auroc_vs_all_tight_median": statistics.median(r["auroc_vs_all_tight"] for r in per_seed),
+                "within_noise": None if floor is None else {
+                    k: abs(out[k]) <= floor for k in ("auroc_vs_all_tight", "auroc_vs_all_loose",
+                                                       "auroc_vs_uncompressed")}})
+    return out
+
+
 def summarize_worlds(per_world: list[dict[str, Any]], variant: str) -> dict[str, Any]:
-    """The issue's summary of ``variant`` over worlds (recall and precision pooled over worlds)."""
+    """The issue's summary of ``variant`` over worlds (recall and precision pooled over worlds), and, where the
+    worlds carry a noise floor, the same two AUROC judgements with each world's margin widened to its floor when
+    that is larger than WORLD_NOISE, and how many worlds' floors are within WORLD_NOISE (where a 0.001 difference can
+    be told from noise at all)."""
     rows = [w[variant] for w in per_world]
     tp, flagged, sensitive = (sum(r[k] for r in rows) for k in ("true_positives", "flagged_count", "sensitive_count"))
     ratios = [r["bytes_vs_all_tight"] for r in rows if r["bytes_vs_all_tight"] is not None]
-    return {"worlds": len(rows),
-            "default_within_0001_of_all_tight": sum(r["auroc_vs_all_tight"] >= -WORLD_NOISE for r in rows) / len(rows),
-            "worse_than_all_loose": sum(r["auroc_vs_all_loose"] < -WORLD_NOISE for r in rows),
-            "recall": tp / sensitive if sensitive else None, "precision": tp / flagged if flagged else None,
-            "bytes_vs_all_tight": statistics.median(ratios) if ratios else None}
+    out = {"worlds": len(rows),
+           "default_within_0001_of_all_tight": sum(r["auroc_vs_all_tight"] >= -WORLD_NOISE for r in rows) / len(rows),
+           "worse_than_all_loose": sum(r["auroc_vs_all_loose"] < -WORLD_NOISE for r in rows),
+           "recall": tp / sensitive if sensitive else None, "precision": tp / flagged if flagged else None,
+           "bytes_vs_all_tight": statistics.median(ratios) if ratios else None}
+    floors = [(w.get("noise_floor") or {}).get("floor") for w in per_world]
+    if all(f is not None for f in floors):
+        margins = [max(WORLD_NOISE, f) for f in floors]
+        out.update({"noise_floor_median": statistics.median(floors),
+                    "worlds_floor_within_0001": sum(f <= WORLD_NOISE for f in floors),
+                    "within_floor_of_all_tight": sum(r["auroc_vs_all_tight"] >= -m
+                                                     for r, m in zip(rows, margins)) / len(rows),
+                    "worse_than_all_loose_beyond_floor": sum(r["auroc_vs_all_loose"] < -m
+                                                             for r, m in zip(rows, margins))})
+    return out
 
 
 def main_worlds(args: argparse.Namespace, metadata: dict[str, Any]) -> None:
@@ -336,14 +436,21 @@ def main_worlds(args: argparse.Namespace, metadata: dict[str, Any]) -> None:
 
     seeds = DEV_WORLDS if args.worlds == "dev" else EVAL_WORLDS
     seeds = QUICK_EVAL_WORLDS if args.quick and args.worlds == "eval" else seeds[: args.count]
-    cfg = dict(worlds=args.worlds, seeds=list(seeds), steps=args.steps or (400 if args.quick else 1000),
-               val_batches=args.val_batches, lr=args.lr, variants=list(WORLD_VARIANTS))
-    if args.fit:
+    variants = tuple(v.strip() for v in args.variants.split(",")) if args.variants else WORLD_VARIANTS
+    if set(variants) - set(WORLD_VARIANTS) or set(BASELINES) - set(variants):
+        raise SystemExit(f"--variants with --worlds: a subset of {list(WORLD_VARIANTS)} that keeps {list(BASELINES)}")
+    variants = tuple(v for v in WORLD_VARIANTS if v in variants)
+    protocol = WORLD_QUICK if args.quick else WORLD_FULL
+    cfg = dict(worlds=args.worlds, seeds=list(seeds), steps=args.steps or protocol["steps"],
+               val_batches=args.val_batches, lr=args.lr or protocol["lr"],
+               train_seeds=args.train_seeds or protocol["train_seeds"], variants=list(variants), floor_z=FLOOR_Z)
+    if args.fit:  # the noise budget was fitted before the protocol: one seed, lr 0.05, as then (unless given)
+        cfg.update(steps=args.steps or (400 if args.quick else 1000), lr=args.lr or 0.05, train_seeds=1)
         if args.worlds != "dev":
             raise SystemExit("--fit fits on development worlds only: use --worlds dev")
         runs = []
         for seed in seeds:
-            runs.append(run_ranks(_run_world, 2, "noise", dict(cfg, world=seed, variants=["noise"]),
+            runs.append(run_ranks(_run_world, 2, "noise", dict(cfg, world=seed, variants=["noise"], train_seed=0),
                                   timeout=args.timeout)[0])
             print(f"world {seed}: {runs[-1]['seconds']:.0f} s", flush=True)
         fit = fit_noise_budget(runs)
@@ -352,22 +459,38 @@ def main_worlds(args: argparse.Namespace, metadata: dict[str, Any]) -> None:
         print(f"\nwrote {args.json_out}")
         return
     per_world, runs = [], []
+    judged = [v for v in variants if v not in BASELINES]
     for seed in seeds:
         print(f"world {seed}: {draw_world(seed).summary()}", flush=True)
-        by_variant = {}
-        for variant in WORLD_VARIANTS:
-            r = run_ranks(_run_world, 2, variant, dict(cfg, world=seed), timeout=args.timeout)[0]
-            by_variant[variant] = r
-            runs.append(r)
-            print(f"  {variant}: val AUROC {r['val_auroc']:.4f}, {r['sent_bytes'] / max(r['steps'], 1):.0f}"
-                  f" bytes/step, {r['seconds']:.0f} s", flush=True)
-        per_world.append({"world": seed, "spec": draw_world(seed).summary(),
-                          **{v: judge_world(by_variant, v) for v in ("default", "noise")},
-                          "all_loose_vs_all_tight": by_variant["all_loose"]["val_auroc"]
-                          - by_variant["all_tight"]["val_auroc"]})
-    summary, noise = summarize_worlds(per_world, "default"), summarize_worlds(per_world, "noise")
-    print(f"\ndefault: {summary}\nnoise: {noise}")
-    write_results(args.json_out, metadata, cfg, runs, summary=summary, summary_noise=noise, per_world=per_world)
+        by_seed = []
+        for train_seed in range(cfg["train_seeds"]):
+            by_variant = {}
+            for variant in variants:
+                r = run_ranks(_run_world, 2, variant, dict(cfg, world=seed, train_seed=train_seed),
+                              timeout=args.timeout)[0]
+                by_variant[variant] = r
+                runs.append(r)
+                print(f"  seed {train_seed} {variant}: val AUROC {r['val_auroc']:.4f},"
+                      f" {r['sent_bytes'] / max(r['steps'], 1):.0f} bytes/step, {r['seconds']:.0f} s", flush=True)
+            by_seed.append(by_variant)
+        floor = noise_floor(by_seed)
+        print(f"  noise floor: {floor['floor']} (paired sd {floor['paired_sd']}, {floor['train_seeds']} seeds)",
+              flush=True)
+        per_world.append({"world": seed, "spec": draw_world(seed).summary(), "noise_floor": floor,
+                          **{v: judge_world_seeds(by_seed, v, floor["floor"]) for v in judged},
+                          "all_loose_vs_all_tight": statistics.fmean(
+                              r["all_loose"]["val_auroc"] - r["all_tight"]["val_auroc"] for r in by_seed),
+                          "all_tight_vs_uncompressed": statistics.fmean(
+                              r["all_tight"]["val_auroc"] - r["uncompressed"]["val_auroc"] for r in by_seed)})
+    summaries = {v: summarize_worlds(per_world, v) for v in judged}
+    for v, summary in summaries.items():
+        print(f"\n{v}: {summary}")
+    floors = [w["noise_floor"]["floor"] for w in per_world]
+    print(f"\nnoise floors per world: {floors}")
+    extra = {"summary": summaries["default"]} if "default" in summaries else {}
+    if "noise" in summaries:
+        extra["summary_noise"] = summaries["noise"]
+    write_results(args.json_out, metadata, cfg, runs, **extra, per_world=per_world)
     print(f"\nwrote {args.json_out}")
 
 
@@ -379,17 +502,22 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=256, help="samples per rank per step")
     parser.add_argument("--val-batches", type=int, default=128, help="validation batches over both ranks")
     parser.add_argument("--dim", type=int, default=16, help="embedding dimension")
-    parser.add_argument("--lr", type=float, default=0.05, help="Adagrad learning rate (dense and embeddings)")
+    parser.add_argument("--lr", type=float, default=None,
+                        help="Adagrad learning rate (dense and embeddings; default 0.05, with --worlds WORLD_FULL's)")
     parser.add_argument("--data", action="append", default=[], metavar="KEY=VALUE",
                         help="a FairCalibrationDataModule argument other than its default (repeatable), e.g."
                         " --data sensitive=3")
     parser.add_argument("--trace", action="store_true",
                         help="only the gradient mode, recalibrating, recording every table's statistic each time")
-    parser.add_argument("--variants", default=None, help=f"comma-separated subset of {list(FULL)}")
+    parser.add_argument("--variants", default=None, help=f"comma-separated subset of {list(FULL)} (with --worlds, of"
+                        f" {list(WORLD_VARIANTS)}); the baselines stay")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds a 2-rank launch may take")
     parser.add_argument("--worlds", choices=("dev", "eval"), default=None,
                         help="judge on the family of worlds (development or evaluation seeds) instead of the one set")
     parser.add_argument("--count", type=int, default=20, help="with --worlds: how many worlds of the split")
+    parser.add_argument("--train-seeds", type=int, default=None,
+                        help="with --worlds: training seeds per arm, paired across arms (default: WORLD_FULL's or,"
+                        " with --quick, WORLD_QUICK's); the noise floor needs at least 2")
     parser.add_argument("--fit", action="store_true",
                         help="with --worlds dev: run the noise mode only and fit its budget (fit_noise_budget)")
     parser.add_argument("--json-out", type=Path, default=REPO / "benchmarks/results/calibration_bench.json")
@@ -398,6 +526,7 @@ def main() -> None:
     if args.worlds is not None:
         main_worlds(args, metadata)
         return
+    args.lr = 0.05 if args.lr is None else args.lr
     variants = tuple(v.strip() for v in args.variants.split(",")) if args.variants else (QUICK if args.quick else FULL)
     unknown = sorted(set(variants) - set(FULL)) if not args.trace else []
     if unknown:

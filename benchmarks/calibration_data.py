@@ -264,14 +264,18 @@ class WorldDataModule(_PlantedRoles):
         num_val_batches: Validation batches over all ranks.
         interaction_dim: Coordinates of a ``dot`` table's per-id vector.
         num_dense_features: Dense features per sample (at least ``interaction_dim``).
+        train_seed: Which draw of training batches (0: the world's own; another value: fresh samples of the same
+            world, in their own order). Validation batches depend on the world alone, so runs that differ only in
+            ``train_seed`` are judged on the same samples.
     """
 
     def __init__(self, world: WorldSpec, num_train_batches: int, num_val_batches: int, interaction_dim: int = 2,
-                 num_dense_features: int = 4) -> None:
+                 num_dense_features: int = 4, train_seed: int = 0) -> None:
         names = [f"f{t}" for t in range(len(world.tables))]
         super().__init__([t.rows for t in world.tables], world.batch_size, feature_names=names,
                          num_dense_features=num_dense_features)
-        self.world, self.interaction_dim = world, interaction_dim
+        self.world, self.interaction_dim, self.train_seed = world, interaction_dim, train_seed
+        self._train_stream = world.seed if train_seed == 0 else stream_seed(world.seed, _TRAIN, train_seed)
         self.roles = [t.role for t in world.tables]
         self._counts = {"train": num_train_batches, "val": num_val_batches}
         g = torch.Generator().manual_seed(stream_seed(world.seed, _MODEL, 0))
@@ -304,7 +308,8 @@ class WorldDataModule(_PlantedRoles):
 
     @override
     def read_batch(self, split: str, index: int) -> Batch:
-        g = torch.Generator().manual_seed(stream_seed(self.world.seed, _TRAIN if split == "train" else _VAL, index))
+        stream = self._train_stream if split == "train" else self.world.seed
+        g = torch.Generator().manual_seed(stream_seed(stream, _TRAIN if split == "train" else _VAL, index))
         b = self.batch_size
         dense = torch.randn(b, self.num_dense_features, generator=g)
         x = dense[:, : self.interaction_dim]

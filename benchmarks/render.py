@@ -1306,6 +1306,12 @@ def calibration_worlds(results: Results) -> list[str]:
         lines.append(f"| {label} | {d['worlds']} | {_plain(d['default_within_0001_of_all_tight'], '.0%')} |"
                      f" {d['worse_than_all_loose']} | {_plain(d['recall'])} | {_plain(d['precision'])} |"
                      f" {_x(d['bytes_vs_all_tight'])} |")
+    floors = [(w.get("noise_floor") or {}).get("floor") for w in data["per_world"]]
+    if any(f is not None for f in floors):  # runs before paired training seeds have none
+        seeds = data["per_world"][0]["noise_floor"]["train_seeds"]
+        lines += ["", f"Noise floor per world ({seeds} paired training seeds; two standard errors of a mean of paired"
+                  " differences; a difference within it is within noise): "
+                  + ", ".join(f"{w['world']} {_plain(f, '.4f')}" for w, f in zip(data["per_world"], floors)) + "."]
     d = data["summary"]
     lines += ["", f"Targets of the default (issue 33; judged on at least 20 evaluation worlds, here {d['worlds']}):",
               ""]

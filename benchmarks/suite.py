@@ -195,7 +195,7 @@ STEPS: tuple[Step, ...] = (
         "full": ["--seeds", "2", "--trace"],
     }),
     Step("calibration_worlds_quick.json", "benchmarks/calibration_bench.py", {  # issue 33: the family of worlds
-        "smoke": ["--worlds", "eval", "--count", "1", "--steps", "20", "--val-batches", "8"],
+        "smoke": ["--worlds", "eval", "--count", "1", "--steps", "20", "--val-batches", "8", "--train-seeds", "2"],
         "quick": ["--worlds", "eval", "--quick"],
         "full": ["--worlds", "eval", "--quick"],
     }),

@@ -79,3 +79,71 @@ def test_the_noise_budget_is_fitted_by_the_p90_rule_on_development_runs() -> Non
     # The non-sensitive sums are 0.011, 0.021, ..., 0.101: the 9th of 10 (nearest rank) is 0.091.
     assert fit["noise_budget"] == pytest.approx(0.091) and fit["quantile"] == 0.9
     assert fit["per_world"][0]["by_role"] == {"sensitive": [5.0], "robust": [0.01], "irrelevant": [0.001]}
+
+
+def test_a_training_seed_redraws_the_training_batches_and_keeps_the_validation_ones() -> None:
+    import calibration_bench as bench
+
+    world = data.draw_world(data.DEV_WORLDS[1])
+    own = data.WorldDataModule(world, num_train_batches=4, num_val_batches=2)
+    same = data.WorldDataModule(world, num_train_batches=4, num_val_batches=2, train_seed=0)
+    other = data.WorldDataModule(world, num_train_batches=4, num_val_batches=2, train_seed=1)
+    assert (own.read_batch("train", 2).labels == same.read_batch("train", 2).labels).all()
+    assert not (own.read_batch("train", 2).dense_features == other.read_batch("train", 2).dense_features).all()
+    assert (own.read_batch("val", 1).dense_features == other.read_batch("val", 1).dense_features).all()
+    # Seed 0 keeps the runs taken before training seeds existed; the others start from their own weights.
+    assert bench.training_seed(7, 0) == 7
+    assert len({bench.training_seed(7, k) for k in range(4)}) == 4 and bench.training_seed(7, 1) < 1 << 31
+
+
+def _seed_runs(tight: float, deltas: dict[str, float], roles: dict[str, str]) -> dict[str, dict]:
+    """One training seed's runs of a world: all-tight's AUROC, every other arm's as a difference to it."""
+    runs = {"all_tight": {"val_auroc": tight, "sent_bytes": 100}}
+    for v, d in deltas.items():
+        runs[v] = {"val_auroc": tight + d, "sent_bytes": 50 if v == "all_loose" else 70, "roles": roles,
+                   "table_bounds": {"t_f0": 0.01, "t_f1": 0.05}}
+    return runs
+
+
+def test_the_noise_floor_is_read_from_paired_differences_and_judges_a_world() -> None:
+    import calibration_bench as bench
+
+    roles = {"t_f0": "sensitive", "t_f1": "irrelevant"}
+    # Three seeds whose AUROC levels differ by 0.02 (an unpaired spread) while the paired differences to all-tight
+    # move by +-0.001 about each arm's own mean (uncompressed +0.002, all-loose -0.010, default -0.0005).
+    wobble = (-0.001, 0.0, 0.001)
+    by_seed = [_seed_runs(0.80 + 0.02 * k, {"uncompressed": 0.002 + w, "all_loose": -0.010 - w, "default": -0.0005 + w,
+                                            "noise": -0.0005 - w}, roles) for k, w in enumerate(wobble)]
+    floor = bench.noise_floor(by_seed)
+    # Each comparison's deviations are -0.001, 0, +0.001: pooled sd 0.001 (8 degrees of freedom), so the floor is
+    # 2 * 0.001 / sqrt(3); the 0.02 spread of the levels and the arms' own means do not count.
+    assert floor["train_seeds"] == 3 and floor["paired_sd"] == pytest.approx(0.001)
+    assert floor["floor"] == pytest.approx(2 * 0.001 / 3**0.5)
+    assert floor["paired_differences"]["all_loose"] == pytest.approx([-0.009, -0.010, -0.011])
+    w = bench.judge_world_seeds(by_seed, "default", floor["floor"])
+    assert w["auroc_vs_all_tight"] == pytest.approx(-0.0005) and w["auroc_vs_all_loose"] == pytest.approx(0.0095)
+    assert w["auroc_vs_all_tight_per_seed"] == pytest.approx([-0.0015, -0.0005, 0.0005])
+    parted = [dict(r) for r in by_seed]
+    third = parted[2]
+    parted[2] = {**third, "default": {**third["default"], "val_auroc": third["all_tight"]["val_auroc"] + 0.03}}
+    moved = bench.judge_world_seeds(parted, "default")
+    assert moved["auroc_vs_all_tight"] == pytest.approx(0.0093333, abs=1e-6)  # one parted seed moves the mean
+    assert moved["auroc_vs_all_tight_median"] == pytest.approx(-0.0005)  # and not the median
+    assert w["within_noise"] == {"auroc_vs_all_tight": True, "auroc_vs_all_loose": False,
+                                 "auroc_vs_uncompressed": False}
+    # Flags are counted under every seed: recall and precision pool over seeds as over worlds.
+    assert (w["true_positives"], w["flagged_count"], w["sensitive_count"]) == (3, 3, 3)
+    assert w["bytes_vs_all_tight"] == pytest.approx(0.7) and w["flagged"] == ["t_f0"]
+    # One seed has no spread to read: no floor, and nothing said about noise.
+    assert bench.noise_floor(by_seed[:1])["floor"] is None
+    assert bench.judge_world_seeds(by_seed[:1], "default")["within_noise"] is None
+
+    # The summary keeps the issue's keys and reads every world against max(0.001, its floor).
+    noisy = {**w, "auroc_vs_all_tight": -0.003, "auroc_vs_all_loose": -0.002}
+    worlds = [{"default": w, "noise_floor": floor}, {"default": noisy, "noise_floor": {"floor": 0.004}}]
+    s = bench.summarize_worlds(worlds, "default")
+    assert s["default_within_0001_of_all_tight"] == 0.5 and s["worse_than_all_loose"] == 1
+    assert s["within_floor_of_all_tight"] == 1.0 and s["worse_than_all_loose_beyond_floor"] == 0
+    assert s["worlds_floor_within_0001"] == 0 and s["noise_floor_median"] == pytest.approx((floor["floor"] + 0.004) / 2)
+    # Worlds without a floor (one seed, or results taken before floors) give the issue's summary alone.
+    assert "noise_floor_median" not in bench.summarize_worlds([{"default": w}], "default")
