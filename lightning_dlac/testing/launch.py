@@ -53,6 +53,9 @@ class RanksFailed(AssertionError):
     traceback); an AssertionError, so a test that launches ranks fails as its own assertion would."""
 
 
+_PARKED_S = 30.0  # how long a failed rank waits for the parent to stop it
+
+
 class _Inherited:
     """File descriptor ``fd`` of the launching process, installed as the same descriptor number in the rank when the
     rank unpickles it (a forked server's ranks would otherwise write to the server's stdout and stderr)."""
@@ -98,6 +101,11 @@ def _entry(rank: int, world_size: int, port: int, fn: Callable[..., Any], args: 
         result = fn(rank, world_size, *args)
     except BaseException:  # noqa: BLE001 - report every failure to the parent, which raises it
         queue.put((rank, "error", traceback.format_exc()))
+        # Stay until the parent, which reads the report within a poll (50 ms), stops every rank. Exiting at once
+        # would close this rank's connections, and a peer blocked in a collective would fail with an error of its
+        # own ("Connection closed by peer") before the parent could stop it: a report cluttered by consequences,
+        # and peers that end by a race instead of by the parent. Bounded, should the parent be gone.
+        time.sleep(_PARKED_S)
         raise
     queue.put((rank, "ok", result))
     # The rank's work is done and reported. Skip interpreter teardown: gloo's C++ threads occasionally abort the
