@@ -44,12 +44,9 @@ script, not a measurement of the GPU (benchmarks/gpu_session.sh does so where no
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
-import tempfile
 import time
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -117,30 +114,9 @@ class Backend:
             before = torch.ops.dlac_emu.device_to_host_copies()
             fn()
             return int(torch.ops.dlac_emu.device_to_host_copies() - before)
-        # The sync debug mode prints a C++ warning to stderr at each blocking copy (seen on an H200, torch 2.11: not
-        # a Python warning; the only Python warning is the mode's own "prototype feature" notice, which this count
-        # once mistook for a synchronization): stderr is read at the file descriptor for the call.
-        torch.cuda.synchronize()
-        marker = "called a synchronizing CUDA operation"
-        sys.stderr.flush()
-        with tempfile.TemporaryFile() as err:
-            saved = os.dup(2)
-            os.dup2(err.fileno(), 2)
-            try:
-                with warnings.catch_warnings(record=True) as caught:
-                    warnings.simplefilter("always")
-                    torch.cuda.set_sync_debug_mode("warn")
-                    try:
-                        fn()
-                    finally:
-                        torch.cuda.set_sync_debug_mode("default")
-            finally:
-                sys.stderr.flush()
-                os.dup2(saved, 2)
-                os.close(saved)
-            err.seek(0)
-            printed = err.read().decode(errors="replace").count(marker)
-        return printed + sum(marker in str(w.message) for w in caught)
+        from lightning_dlac.testing.cuda import count_synchronizations
+
+        return count_synchronizations(fn)
 
 
 def payload(name: str, batch: int, seed: int = 0) -> tuple[torch.Tensor, str]:

@@ -13,7 +13,6 @@ import os
 import shutil
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
@@ -23,6 +22,7 @@ from grid_cases import CASES, thousands_of_chunks
 
 from lightning_dlac.codec import CodecError, _loader, decode_grid, encode_grid
 from lightning_dlac.codec.api import device_kernels
+from lightning_dlac.testing.cuda import count_synchronizations
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -150,33 +150,18 @@ def test_cuda_encoder_scratch_follows_the_data_not_the_chunk_count(cuda_kernels)
 
 
 @pytest.mark.cuda
-def test_cuda_encode_synchronizes_once_and_decode_twice(cuda_kernels, capfd):
+def test_cuda_encode_synchronizes_once_and_decode_twice(cuda_kernels):
     # docs/codec.md: encode reads the chunk state and histograms back in one copy (once the histograms fit what the
-    # previous call read), decode reads headers with checksums, then error flags. Counted by torch's sync debug mode,
-    # which prints a C++ warning to stderr at every blocking device-to-host copy (seen on the lent H200, torch 2.11:
-    # they are not Python warnings; the only Python warning is the mode's own "Synchronization debug mode is a
-    # prototype feature", which an earlier count of Python warnings mistook for encode's synchronization).
+    # previous call read), decode reads headers with checksums, then error flags. Counted by torch's sync debug mode
+    # (lightning_dlac/testing/cuda.py says how its reports are read).
     x, rs, cs, bounds = _grid()
     xc = x.cuda()
     payload, sizes = torch.ops.dlac.encode_grid(xc, rs, cs, bounds, True)  # warm-up: CRC tables, readback size
     host_sizes = sizes.cpu()
     torch.ops.dlac.decode_grid(payload, host_sizes, rs, cs)
     torch.cuda.synchronize()
-
-    def syncs(fn) -> int:
-        capfd.readouterr()
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                fn()
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
-        marker = "called a synchronizing CUDA operation"
-        return capfd.readouterr().err.count(marker) + sum(marker in str(w.message) for w in caught)
-
-    assert syncs(lambda: torch.ops.dlac.encode_grid(xc, rs, cs, bounds, True)) == 1
-    assert syncs(lambda: torch.ops.dlac.decode_grid(payload, host_sizes, rs, cs)) == 2
+    assert count_synchronizations(lambda: torch.ops.dlac.encode_grid(xc, rs, cs, bounds, True)) == 1
+    assert count_synchronizations(lambda: torch.ops.dlac.decode_grid(payload, host_sizes, rs, cs)) == 2
 
 
 @pytest.mark.cuda
