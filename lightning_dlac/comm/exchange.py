@@ -50,7 +50,7 @@ runs in between overlaps with the transfer.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import NamedTuple, Protocol
@@ -298,6 +298,19 @@ def exchange_unknown_sizes(sizes: torch.Tensor, send_counts: Sequence[int], recv
     return torch.cat(pieces) if pieces else got
 
 
+def size_records_plan(compressed_to: Sequence[bool], compressed_from: Sequence[bool], me: int,
+                      elements: Callable[[int], Sequence[int]]) -> tuple[list[bool], list[torch.Tensor | None]]:
+    """The ``sends`` and ``known`` of :func:`exchange_unknown_sizes` for a per-peer plan: records go to the ranks this
+    one compresses for (``compressed_to``, itself excluded); from a source that does not compress for this rank
+    (``compressed_from``) the records are computed here, 4 bytes per float32 element of each of its chunks
+    (``elements(s)``), and this rank's own chunks are 0 bytes (never sent)."""
+    sends = [c and d != me for d, c in enumerate(compressed_to)]
+    known = [None if c and s != me else
+             torch.tensor([0 if s == me else 4 * n for n in elements(s)], dtype=torch.int64)
+             for s, c in enumerate(compressed_from)]
+    return sends, known
+
+
 def start_payload(payload: torch.Tensor, send_bytes: list[int], recv_bytes: list[int], pg) -> InFlight:
     """Launch the payload exchange (``send_bytes[d]`` bytes of ``payload`` to rank ``d``, in rank order): once waited
     on, the bytes every source rank sent to this one, concatenated in rank order."""
@@ -500,10 +513,8 @@ def start_forward(encoded: Encoded, layout: Layout, rows: int, pg) -> tuple[InFl
     rank (source rank, then its tables). Only compressed chunks' sizes travel: this rank computes those of a source
     that sends its ``rows`` (this rank's batch) as they are, and of its own block (:func:`exchange_unknown_sizes`)."""
     me, counts = layout.rank, layout.chunk_counts
-    known = [None if layout.compress_from[s] and s != me else
-             torch.tensor([0 if s == me else rows * d * 4 for d in layout.dims_per_rank[s]], dtype=torch.int64)
-             for s in range(layout.world)]
-    sends = [c and d != me for d, c in enumerate(layout.compress_to)]
+    sends, known = size_records_plan(layout.compress_to, layout.compress_from, me,
+                                     lambda s: [rows * d for d in layout.dims_per_rank[s]])
     recv_sizes = exchange_unknown_sizes(encoded.sizes, [counts[me]] * layout.world, counts, sends, known, pg)
     flight = start_payload(encoded.payload, encoded.send_bytes, rank_sums(recv_sizes, counts), pg)
     return flight, recv_sizes
@@ -715,10 +726,8 @@ def start_backward_dlac(grad: torch.Tensor, batch_size_per_rank: list[int], layo
     # Only compressed chunks' sizes travel: an owner knows the size of a gradient sent as is (the source's batch rows
     # x its dims x 4) and of its own block (0).
     cols = layout.dims_per_rank[me]
-    known = [None if layout.compress_to[s] and s != me else
-             torch.tensor([0 if s == me else b * d * 4 for d in cols], dtype=torch.int64)
-             for s, b in enumerate(batch_size_per_rank)]
-    sends = [c and r != me for r, c in enumerate(layout.compress_from)]
+    sends, known = size_records_plan(layout.compress_from, layout.compress_to, me,
+                                     lambda s: [batch_size_per_rank[s] * d for d in cols])
     recv_sizes = exchange_unknown_sizes(all_sizes, counts, [n_local] * world, sends, known, pg)
     send_bytes = rank_sums(all_sizes, counts)
     flight = start_payload(payload, send_bytes, rank_sums(recv_sizes, [n_local] * world), pg)

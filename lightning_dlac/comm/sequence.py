@@ -346,10 +346,8 @@ class CompressedSequenceEmbeddingsAllToAll(RecordedExchange):
         sizes_t = torch.tensor(sizes, dtype=torch.int64, device=grad.device)
         # Only compressed chunks' sizes travel: this rank knows those of the rows it sent a source as they are (they
         # come back as they went) and of its own rows (0).
-        known = [None if layout.compress_to[s] and s != me else
-                 torch.tensor([0 if s == me else r * dim * 4 for r in layout.send_rows[s]], dtype=torch.int64)
-                 for s in range(layout.world)]
-        sends = [c and s != me for s, c in enumerate(layout.compress_from)]
+        sends, known = exchange.size_records_plan(layout.compress_from, layout.compress_to, me,
+                                                  lambda s: [r * dim for r in layout.send_rows[s]])
         recv_sizes = exchange.exchange_unknown_sizes(sizes_t, counts, [n_local] * layout.world, sends, known,
                                                      self._pg)
         send = rank_sums(sizes_t, counts)
