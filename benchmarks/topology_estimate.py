@@ -9,7 +9,7 @@ against:
 
 - the run (``--from-run``): the ``dlac_run.json`` summary of the DLAC-to-every-peer launch (``SOURCE``: the run a user
   has before choosing a policy), built from that launch's counters and step times as ``DLACCallback`` builds it
-  (:func:`run_summary`) and read by estimate's own :func:`~lightning_dlac.commands.estimate.rates_from_run`: the
+  (:func:`run_summary`) and read by estimate's own :func:`~lightning_dlac.commands.estimate.rates_from_summary`: the
   forward and gradient ratios, the codec rates (gradients at the forward's, as the command assumes: the summary
   times the gradient exchange as one phase) and the compute per step, of the median step (``step_ms``: the median
   of the launch's per-rank step times; results written before the summary had it get it from their launches'
@@ -43,7 +43,6 @@ import json
 import re
 import statistics
 import sys
-import tempfile
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -58,7 +57,7 @@ from lightning_dlac.commands.estimate import (  # noqa: E402
     Topology,
     Workload,
     predict_policies,
-    rates_from_run,
+    rates_from_summary,
     wait_from_run,
 )
 
@@ -142,11 +141,8 @@ def probe_figures(probe: dict[str, Any], nodes: int, ranks_per_node: int) -> dic
 def predict_from_summary(summary: dict[str, Any], figures: dict[str, float], inter_gbit: float, batch: int,
                          nodes: int, ranks_per_node: int) -> tuple[dict[str, Any], dict[str, Any]]:
     """(inputs, predictions by policy) of ``dlac estimate`` for the run ``summary`` on these links: the summary is
-    written as a ``dlac_run.json`` and read back by :func:`rates_from_run`, as ``--from-run`` does."""
-    with tempfile.TemporaryDirectory(prefix="dlac-estimate-") as tmp:
-        path = Path(tmp) / "dlac_run.json"
-        path.write_text(json.dumps({"summary": summary}))
-        rates = rates_from_run(path)
+    read by :func:`rates_from_summary`, as ``--from-run`` reads a ``dlac_run.json``'s."""
+    rates = rates_from_summary(summary)
     backward_ratio = rates.backward_ratio
     workload = Workload(batch, DIMS, rates.compute_ms)
     codec = Codec(rates.forward_ratio, backward_ratio, rates.encode_gb_s, rates.decode_gb_s)

@@ -82,6 +82,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 LINK_KINDS = ("per_gpu", "shared")
 PIPELINES = (None, "sparse_dist")
@@ -491,16 +492,22 @@ def rates_from_run(path: str | Path) -> RunRates:
     summary = run.get("summary") if isinstance(run, dict) else None
     if not isinstance(summary, dict):
         raise ValueError(f"--from-run {str(path)!r} has no 'summary' object; {fix}.")
+    return rates_from_summary(summary, f"--from-run {str(path)!r}", fix)
+
+
+def rates_from_summary(summary: Mapping[str, Any], where: str = "the run summary",
+                       fix: str = "give a dlac_run.json summary") -> RunRates:
+    """:func:`rates_from_run` of a ``summary`` object already read (``where`` and ``fix`` go into the errors)."""
     values: dict[str, float] = {}
     for name in RUN_FIELDS:
         value = summary.get(name)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             what = "missing" if value is None else f"not a number ({value!r})"
-            raise ValueError(f"--from-run {str(path)!r}: summary.{name} is {what}; {fix}.")
+            raise ValueError(f"{where}: summary.{name} is {what}; {fix}.")
         values[name] = float(value)
     for name in RUN_FIELDS:
         if values[name] <= 0:
-            raise ValueError(f"--from-run {str(path)!r}: summary.{name} is {values[name]:g}, so the run compressed"
+            raise ValueError(f"{where}: summary.{name} is {values[name]:g}, so the run compressed"
                              f" nothing to measure (no training batch, or every exchange sent uncompressed); {fix}.")
     passed = summary.get("forward_passed_bytes", 0)  # runs before per-peer compression have none
     if isinstance(passed, (int, float)) and 0 < passed < values["raw_bytes"]:
