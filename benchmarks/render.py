@@ -1394,6 +1394,8 @@ def cuda_codec(results: Results) -> list[str]:
                 " count read the wrong channel, so its column is left out."), "",
              "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(Table.cells(r)[: len(cols)]) + " |" for r in rows]
+    if data.get("not_measured"):  # a baseline that could not run there (no fbgemm, no Triton): said, not dropped
+        lines += ["", *Table.not_measured_lines(data["not_measured"])]
     dlac = [r for r in rows if str(r["codec"]).startswith("dlac") and "host copies" not in r["codec"]
             and r.get("encode_gbps")]
     if dlac:
