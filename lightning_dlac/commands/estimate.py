@@ -929,7 +929,8 @@ def _fill_from_device(args: argparse.Namespace) -> str:
         if rates.mx4_encode_gb_s is None and (args.mx4_encode_gbps is None or args.mx4_decode_gbps is None):
             raise ValueError(f"{rates.mx4_missing}: run benchmarks/cuda_codec_bench.py with fbgemm's Triton kernels"
                              " (DLAC_FBGEMM_TRITON) on the GPU, or give --mx4-encode-gbps and --mx4-decode-gbps.")
-        fills += [("cast_gbps", rates.cast_gb_s, "cast (fp16)"), ("mx4_encode_gbps", rates.mx4_encode_gb_s, "MX4 encode"),
+        fills += [("cast_gbps", rates.cast_gb_s, "cast (fp16)"),
+                  ("mx4_encode_gbps", rates.mx4_encode_gb_s, "MX4 encode"),
                   ("mx4_decode_gbps", rates.mx4_decode_gb_s, "MX4 decode")]
     taken = []
     for dest, value, label in fills:

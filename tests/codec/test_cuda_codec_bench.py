@@ -7,7 +7,6 @@ from __future__ import annotations
 import importlib.machinery
 import importlib.util
 import json
-import os
 import sys
 import types
 from pathlib import Path
@@ -93,3 +92,25 @@ def test_codecs_not_measured_are_printed_and_kept_in_the_json(tmp_path: Path,
     assert saved["not_measured"][1] == {"payload": "criteo", "codec": bench.MX4, "reason": "no GPU"}
     assert bench.Table.not_measured_lines(saved["not_measured"]) == [
         "- mx4 (fbgemm triton) not measured on zipf, criteo: no GPU"]
+
+
+def test_an_mx4_row_is_measured_through_the_loaded_kernels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The row's path after the kernels load (on a GPU, Triton's): here fbgemm's Python reference of the same
+    format stands in for them, on a host backend timed by the wall clock."""
+    quantize_ref = pytest.importorskip("fbgemm_gpu.triton.quantize_ref")
+    from fbgemm_gpu.triton.common import RoundingMode
+
+    kernels = types.SimpleNamespace(triton_quantize_mx4=quantize_ref.py_quantize_mx4,
+                                    triton_dequantize_mx4=quantize_ref.py_dequantize_mx4, RoundingMode=RoundingMode)
+    monkeypatch.setattr(bench, "load_mx4_kernels", lambda: (kernels, "a stand-in"))
+    be = bench.Backend(emulate=True, repeat=1)
+    be.emulate = False  # past the --emulate refusal; seconds() would use CUDA events, so time with the wall clock
+    monkeypatch.setattr(be, "seconds", lambda fn, repeat=None: (fn(), 1e-3)[1])
+    metadata = {"command": "python benchmarks/cuda_codec_bench.py", "date": "2026-12-04T18:00:00+00:00"}
+    table = bench.Table(tmp_path / "bench.json", metadata, {"device": "cpu"})
+    x = torch.randn(bench.DESTS * 2, bench.TABLES * bench.DIM)
+    bench.bench_mx4(table, be, "zipf", x)
+    (row,) = table.rows
+    assert row["codec"] == bench.MX4 and row["ratio"] == pytest.approx(128 / 17)  # 4.25 bits a value
+    assert row["encode_gbps"] == pytest.approx(x.numel() * 4 / 1e9 / 1e-3) and 0 < row["max_err_range"] < 0.5
+    assert row["kernels"] == "a stand-in" and not table.not_measured
