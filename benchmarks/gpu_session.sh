@@ -159,10 +159,12 @@ print(f"torch {torch.__version__}, CUDA build {torch.version.cuda}, cuda availab
 if torch.cuda.is_available():
     p = torch.cuda.get_device_properties(0)
     print(f"device {p.name}, sm_{p.major}{p.minor}, {p.multi_processor_count} SMs, {p.total_memory / 2**30:.0f} GiB")
-for name in ("lightning", "torchrec", "fbgemm_gpu", "pytest", "pytest_timeout", "hypothesis", "numpy", "ninja"):
+for name in ("lightning", "torchrec", "fbgemm_gpu", "triton", "pytest", "pytest_timeout", "hypothesis", "numpy",
+             "ninja"):
     print(f"{name}: {'present' if importlib.util.find_spec(name) else 'absent'}")
 EOF
   echo "CUDA_HOME=${CUDA_HOME:-unset} TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST MAX_JOBS=$MAX_JOBS"
+  echo "DLAC_FBGEMM_TRITON=${DLAC_FBGEMM_TRITON:-unset} (MX4's Triton kernels for the benchmark)"
   if command -v nvcc >/dev/null; then nvcc --version | tail -n 2; else echo "nvcc: not found"; fi
   if [ -n "$SANITIZER" ]; then
     echo "compute-sanitizer: $SANITIZER"
