@@ -1417,6 +1417,7 @@ def gpu_projection(results: Results) -> list[str]:
     model of ``dlac estimate --device-rates`` with TorchRec's MX4 beside the other methods, the compute and dense
     parameters of the projection above, DLAC's ratios from its validated run."""
     import scaling_model
+
     from lightning_dlac.commands.estimate import Codec, Link, Workload, device_rates, predict_all
 
     bench, model = results.get("cuda_codec_bench.json"), results.get("scaling_model.json")
