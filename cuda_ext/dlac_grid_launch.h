@@ -23,10 +23,17 @@
 #include "dlac_ops.h"
 
 #if defined(__CUDACC__)
+#include <ATen/record_function.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAStream.h>
 #include "dlac_str.h"
 #define DLAC_LAMBDA [=] __host__ __device__
+#if defined(__has_include)
+#if __has_include(<nvtx3/nvToolsExt.h>)
+#include <nvtx3/nvToolsExt.h>
+#define DLAC_NVTX 1
+#endif
+#endif
 #else
 #define DLAC_LAMBDA [=]
 #endif
@@ -96,6 +103,28 @@ inline void launched(const char* name) {
   }
 }
 inline void raise_emulated_fault() {}
+// Every launch named for profilers, host side only (no kernel changes): a torch.profiler user scope (its kernel is
+// attributed to the name, see benchmarks/cuda_profile.py) and an NVTX range (Nsight Compute names the kernel after it
+// with --nvtx --print-nvtx-rename kernel: benchmarks/cuda_profile.sh). Both cost a flag check when no profiler listens.
+class KernelScope {
+ public:
+  explicit KernelScope(const char* name) : rf_(at::RecordScope::USER_SCOPE) {
+    if (rf_.isActive()) rf_.before(name, c10::ArrayRef<const c10::IValue>{});
+#if DLAC_NVTX
+    nvtxRangePushA(name);
+#endif
+  }
+  ~KernelScope() {
+#if DLAC_NVTX
+    nvtxRangePop();
+#endif
+  }
+  KernelScope(const KernelScope&) = delete;
+  KernelScope& operator=(const KernelScope&) = delete;
+
+ private:
+  at::RecordFunction rf_;
+};
 #else
 // The emulation can pretend that a kernel faulted, to test how faults are reported: DLAC_EMULATE_FAULT names the
 // kernel, and the next read-back raises the error a CUDA fault would (as CUDA reports it: at the synchronization).
@@ -130,6 +159,7 @@ __global__ void for_each_kernel(int64_t n, F f) {
 // f(i) for every i in [0, n), in parallel on the current stream: the kernel `name`.
 template <class F>
 void for_each(const char* name, int64_t n, F f) {
+  const KernelScope scope(name);
   if (n <= 0) return;
   constexpr int kThreads = 256;
   const int64_t blocks = std::min<int64_t>((n + kThreads - 1) / kThreads, 65535 * 8);
@@ -178,6 +208,7 @@ __global__ void for_each_warp_kernel(int64_t n, F f) {
 }
 template <class F>
 void for_each_warp(const char* name, int64_t n, F f) {
+  const KernelScope scope(name);
   if (n <= 0) return;
   constexpr int kThreads = 256, kWarps = kThreads / 32;
   const int64_t blocks = std::min<int64_t>((n + kWarps - 1) / kWarps, 65535 * 8);
@@ -251,6 +282,7 @@ __global__ void __launch_bounds__(kTileThreads) tile_kernel(const Tile* tiles, G
 template <class G, class F>
 void for_each_element_if(const char* name, const Tile* tiles, int64_t ntiles, G guard, F f) {
   if (ntiles <= 0) return;
+  const KernelScope scope(name);
   TORCH_CHECK(ntiles < (int64_t(1) << 31), ::dlac::str("too many tiles for one launch: ", ntiles));
   tile_kernel<<<unsigned(ntiles), kTileThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(tiles, guard, f);
   launched(name);
@@ -288,6 +320,7 @@ template <class Scratch, class G, class... P>
 void for_each_tile_block_if(const char* name, const Tile* tiles, int64_t ntiles, G guard, P... phases) {
   static_assert(sizeof(Scratch) <= 48 * 1024, "static shared memory is limited to 48 KB a block");
   if (ntiles <= 0) return;
+  const KernelScope scope(name);
   TORCH_CHECK(ntiles < (int64_t(1) << 31), ::dlac::str("too many tiles for one launch: ", ntiles));
   block_kernel<Scratch><<<unsigned(ntiles), kTileThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(tiles, guard,
                                                                                                    phases...);
