@@ -159,11 +159,45 @@ __global__ void for_each_kernel(int64_t n, F f) {
 // f(i) for every i in [0, n), in parallel on the current stream: the kernel `name`.
 template <class F>
 void for_each(const char* name, int64_t n, F f) {
-  const KernelScope scope(name);
   if (n <= 0) return;
+  const KernelScope scope(name);
   constexpr int kThreads = 256;
   const int64_t blocks = std::min<int64_t>((n + kThreads - 1) / kThreads, 65535 * 8);
   for_each_kernel<<<unsigned(blocks), kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(n, f);
+  launched(name);
+}
+
+// Threads per block of for_each_serial for n items: few enough that the blocks spread over every SM (n / SMs,
+// rounded up, at most a warp), or DLAC_CUDA_SERIAL_THREADS (1 to 1024) where set: 256 is for_each's geometry, to
+// compare the two on a GPU.
+inline int serial_block_threads(int64_t n) {
+  static const int forced = [] {
+    const char* v = std::getenv("DLAC_CUDA_SERIAL_THREADS");
+    const int t = v != nullptr ? std::atoi(v) : 0;
+    return t >= 1 && t <= 1024 ? t : 0;
+  }();
+  if (forced) return forced;
+  int device = 0, count = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    (void)cudaGetLastError();  // no answer is no error of this launch: a warp a block, as on a large GPU
+    count = 0;
+  }
+  const int64_t sms = std::max<int64_t>(count, 1);
+  return int(std::min<int64_t>(32, std::max<int64_t>(1, (n + sms - 1) / sms)));
+}
+// f(i) for every i in [0, n) as for_each, for work items that are each a long serial loop (a Huffman block of 4096
+// symbols, a table of 4096 entries, a CRC segment of 4096 bytes) and few (hundreds to thousands): with for_each's
+// 256 threads a block, 2000 items would fill 8 blocks, so 8 of an H200's 132 SMs would run them, 8 warps each, every
+// lane walking its own stream (a load touches up to 32 lines), while the others idle. Here the blocks are at most a
+// warp, one or a few per SM: each item's loop runs at its latency instead of waiting for a crowded SM.
+template <class F>
+void for_each_serial(const char* name, int64_t n, F f) {
+  if (n <= 0) return;
+  const KernelScope scope(name);
+  const int threads = serial_block_threads(n);
+  const int64_t blocks = std::min<int64_t>((n + threads - 1) / threads, 65535 * 8);
+  for_each_kernel<<<unsigned(blocks), threads, 0, c10::cuda::getCurrentCUDAStream()>>>(n, f);
   launched(name);
 }
 #else
@@ -196,6 +230,11 @@ void for_each(const char* name, int64_t n, F f) {
   run_items(n, f);
   launched(name);
 }
+// for_each_serial differs from for_each only in its launch geometry on the device: the same items, here.
+template <class F>
+void for_each_serial(const char* name, int64_t n, F f) {
+  for_each(name, n, f);
+}
 #endif
 
 // f(i) for every i in [0, n), run by all 32 lanes of one warp together on the device (every lane gets the same i,
@@ -208,8 +247,8 @@ __global__ void for_each_warp_kernel(int64_t n, F f) {
 }
 template <class F>
 void for_each_warp(const char* name, int64_t n, F f) {
-  const KernelScope scope(name);
   if (n <= 0) return;
+  const KernelScope scope(name);
   constexpr int kThreads = 256, kWarps = kThreads / 32;
   const int64_t blocks = std::min<int64_t>((n + kWarps - 1) / kWarps, 65535 * 8);
   for_each_warp_kernel<<<unsigned(blocks), kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(n, f);
