@@ -6,7 +6,9 @@ benchmarks/cuda_profile.sh runs it twice:
                       its start, duration and the GPU idle time before it, named after the DLAC launch that queued it
                       (the kernels' host-side names: cuda_ext/dlac_grid_launch.h's KernelScope) or the aten op; then
                       the time per name and the calls' wall time against GPU busy time (the rest: host work, the
-                      read-back synchronizations, launch gaps). Written to --out/timeline.txt.
+                      read-back synchronizations, launch gaps). Before it, CUDA-event times of both calls with
+                      the serial kernels spread over the SMs and with 256 threads a block (their old geometry).
+                      Written to --out/timeline.txt.
     --mode ncu        the same calls between cudaProfilerStart/Stop, for `ncu --profile-from-start off` (the
                       warm-ups are not profiled).
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -32,6 +35,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 PHASES = ("profile: encode", "profile: decode")
+SERIAL_ENV = "DLAC_CUDA_SERIAL_THREADS"
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 RANGE_CATS = ("cpu_op", "user_annotation")
 RUNTIME_CATS = ("cuda_runtime", "cuda_driver")
@@ -128,7 +132,7 @@ def timeline_report(trace: dict[str, Any]) -> list[str]:
             continue
         end = max(max(ts + d for ts, d, *_ in rows), t0 + float(a.get("dur", 0)))
         busy, prev_end = 0.0, t0
-        lines.append(f"== {phase}: host call {float(a.get('dur', 0)) / 1e3:.3f} ms; from its start to the end of its "
+        lines.append(f"== {phase}: host call {float(a.get('dur', 0)) / 1e3:.3f} ms; from its start to its end or its "
                      f"last GPU activity {(end - t0) / 1e3:.3f} ms; {len(rows)} GPU activities")
         lines.append(f"{'start us':>9} {'dur us':>9} {'idle us':>8}  {'launched by':<42} kernel")
         per: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
@@ -194,9 +198,26 @@ def main() -> int:
         print("cuda_profile: one encode and one decode ran between cudaProfilerStart and cudaProfilerStop", flush=True)
         return 0
     gb = args.batch * 8 * 26 * 64 * 4 / 1e9
-    e_ms, d_ms = event_ms(enc), event_ms(dec)
-    head = [what, f"CUDA events, median of 5: encode {e_ms:.3f} ms ({gb / e_ms * 1e3:.1f} GB/s), decode {d_ms:.3f} ms "
-            f"({gb / d_ms * 1e3:.1f} GB/s)", ""]
+    head = [what]
+    # The serial kernels' geometry (Huffman tables and blocks, CRC segments): spread over the SMs (the default), and
+    # 256 threads a block, as for_each launches them (what they had before); DLAC_CUDA_SERIAL_THREADS is read at
+    # every launch.
+    given = os.environ.get(SERIAL_ENV)
+    for label, value in (("serial kernels spread over the SMs", given), ("serial kernels 256 threads a block", "256")):
+        if value is None:
+            os.environ.pop(SERIAL_ENV, None)
+        else:
+            os.environ[SERIAL_ENV] = value
+        enc()
+        dec()
+        e_ms, d_ms = event_ms(enc), event_ms(dec)
+        head.append(f"CUDA events, median of 5, {label} ({SERIAL_ENV}={value or 'unset'}): encode {e_ms:.3f} ms "
+                    f"({gb / e_ms * 1e3:.1f} GB/s), decode {d_ms:.3f} ms ({gb / d_ms * 1e3:.1f} GB/s)")
+    if given is None:
+        os.environ.pop(SERIAL_ENV, None)
+    else:
+        os.environ[SERIAL_ENV] = given
+    head += [f"(the profile below: {SERIAL_ENV}={given or 'unset'})", ""]
     acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=acts) as prof:
         for phase, fn in zip(PHASES, (enc, dec)):

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Where the CUDA kernels' time goes, on a lent GPU machine, in one call of at most ~190 s (DLAC_PROFILE_BUDGET_S,
+# Where the CUDA kernels' time goes, on a lent GPU machine, in one call of at most 175 s (DLAC_PROFILE_BUDGET_S,
 # start-up and transfers not counted):
 #   run(command="bash benchmarks/cuda_profile.sh", timeout_s=240)
 #
@@ -14,16 +14,16 @@
 #                   --clock-control none, kernel replay, sections SpeedOfLight, LaunchStats, Occupancy,
 #                   MemoryWorkloadAnalysis, SchedulerStats, WarpStateStats; kernels named after their NVTX range
 #                   (--nvtx --print-nvtx-rename kernel) where this ncu can
-# Files under $OUT (6, each cut below 1 MB):
+# Files under $OUT (5, each cut below 1 MB):
 #   0_log.txt            environment, build, each stage's status and output tail (also printed: the tool returns
 #                        the output's tail)
-#   1_timeline.txt       the torch.profiler report (and its key_averages table)
+#   1_timeline.txt       CUDA-event times of both calls with the serial kernels (Huffman tables and blocks, CRC
+#                        segments) spread over the SMs and with their old geometry (DLAC_CUDA_SERIAL_THREADS=256),
+#                        then the torch.profiler report (and its key_averages table)
 #   2_ncu_summary.txt    ncu --print-summary per-kernel (duration, and every section metric's min/max/avg per name)
 #   3_ncu_metrics.csv    one row per kernel launch: its name, duration, grid, block, registers, shared memory,
 #                        occupancy, SM / memory / DRAM throughput, warp cycles per issued instruction
 #   4_ncu_details.txt    ncu --page details: each kernel's sections with the rules' advice
-#   5_timeline_serial256.txt  the timeline again with DLAC_CUDA_SERIAL_THREADS=256, the geometry the serial kernels
-#                        (Huffman tables and blocks, CRC segments) had before for_each_serial, if time is left
 # Without a GPU it says so and exits 0 having profiled nothing (no rehearsal: there is nothing to time); a GPU that
 # nvidia-smi lists but torch cannot use is a failure (exit 1), as is a failed build (1).
 set -uo pipefail
@@ -32,7 +32,7 @@ REPO=$PWD
 OUT=${OUT:-/tmp/dlac_cuda_profile}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
-BUDGET_S=${DLAC_PROFILE_BUDGET_S:-190}
+BUDGET_S=${DLAC_PROFILE_BUDGET_S:-175}
 PAYLOAD_ARGS=(--payload "${DLAC_PROFILE_PAYLOAD:-criteo}" --eps "${DLAC_PROFILE_EPS:-0.01}")
 # shellcheck source=benchmarks/gpu_env.sh
 . "$REPO/benchmarks/gpu_env.sh"
@@ -155,32 +155,11 @@ else
   fi
 fi
 
-# 3 the serial kernels' geometry before it spread them over the SMs (DLAC_CUDA_SERIAL_THREADS=256: for_each's 256
-# threads a block), timed the same way, if time is left: the two CUDA-event lines compare them.
-limit=$(($(left) < 45 ? $(left) : 45))
-if [ "$limit" -ge 30 ]; then
-  say "== timeline with DLAC_CUDA_SERIAL_THREADS=256 (timeout ${limit} s)"
-  t0=$(date +%s)
-  DLAC_CUDA_SERIAL_THREADS=256 timeout --kill-after=5 "$limit" "$PY" benchmarks/cuda_profile.py --mode timeline \
-    --out "$OUT/serial256" "${PAYLOAD_ARGS[@]}" >"$OUT/timeline_run.txt" 2>&1
-  rc=$?
-  [ -f "$OUT/serial256/timeline.txt" ] && mv "$OUT/serial256/timeline.txt" "$OUT/5_timeline_serial256.txt"
-  rm -rf "$OUT/serial256"
-  cap "$OUT/5_timeline_serial256.txt"
-  say "timeline (serial 256): exit $rc after $(($(date +%s) - t0)) s"
-  if [ "$rc" != 0 ]; then tail -n 20 "$OUT/timeline_run.txt" | tee -a "$LOG"; fi
-  rm -f "$OUT/timeline_run.txt"
-else
-  say "timeline with DLAC_CUDA_SERIAL_THREADS=256: skipped (${limit} s left)"
-fi
-
 say "== cuda_profile: $(($(date +%s) - START)) s; files:"
 ls -l "$OUT" | tail -n +2 | tee -a "$LOG"
 # The tool returns the output's tail: the timeline's totals and GPU time per launch name, then ncu's durations.
 echo "== timeline: totals and GPU time per launch name (1_timeline.txt has every launch)"
 grep -E '^(CUDA events|== profile|-- profile|   +[0-9.]+ ms)' "$OUT/1_timeline.txt" 2>/dev/null | cut -c1-160
-echo "== the same with DLAC_CUDA_SERIAL_THREADS=256 (the serial kernels' old geometry)"
-grep -E '^(CUDA events|-- profile: [a-z]+: GPU busy)' "$OUT/5_timeline_serial256.txt" 2>/dev/null | cut -c1-160
 if [ -f "$OUT/3_ncu_metrics.csv" ]; then
   echo "== ncu: one row per launch (3_ncu_metrics.csv), first columns"
   cut -c1-400 "$OUT/3_ncu_metrics.csv" | head -n 90

@@ -169,14 +169,11 @@ void for_each(const char* name, int64_t n, F f) {
 
 // Threads per block of for_each_serial for n items: few enough that the blocks spread over every SM (n / SMs,
 // rounded up, at most a warp), or DLAC_CUDA_SERIAL_THREADS (1 to 1024) where set: 256 is for_each's geometry, to
-// compare the two on a GPU.
+// compare the two on a GPU (read at every launch, so one process can time both: benchmarks/cuda_profile.py).
 inline int serial_block_threads(int64_t n) {
-  static const int forced = [] {
-    const char* v = std::getenv("DLAC_CUDA_SERIAL_THREADS");
-    const int t = v != nullptr ? std::atoi(v) : 0;
-    return t >= 1 && t <= 1024 ? t : 0;
-  }();
-  if (forced) return forced;
+  const char* v = std::getenv("DLAC_CUDA_SERIAL_THREADS");
+  const int forced = v != nullptr ? std::atoi(v) : 0;
+  if (forced >= 1 && forced <= 1024) return forced;
   int device = 0, count = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
       cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
