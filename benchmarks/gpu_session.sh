@@ -48,22 +48,13 @@ mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 BUDGET_S=${DLAC_SESSION_BUDGET_S:-300}
 DAMAGED=${DLAC_SESSION_DAMAGED:-100}  # damaged payloads memcheck decodes, whole and by chunk
-export PYTHONUNBUFFERED=1
-export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
-export DLAC_EXTENSION_DIR=${DLAC_EXTENSION_DIR:-/tmp/dlac_extensions}
-export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}  # the H200 only: one architecture builds fastest
-export MAX_JOBS=${MAX_JOBS:-$(nproc)}
+# PYTHONPATH, DLAC_EXTENSION_DIR, TORCH_CUDA_ARCH_LIST (9.0), MAX_JOBS, CUDA_HOME: shared with cuda_profile.sh.
+# shellcheck source=benchmarks/gpu_env.sh
+. "$REPO/benchmarks/gpu_env.sh"
 export CI=true  # Hypothesis derandomized, as in CI
 FBGEMM_TRITON=$REPO/.venv/lib/python3.11/site-packages/fbgemm_gpu/triton
 if [ -z "${DLAC_FBGEMM_TRITON:-}" ] && [ -d "$FBGEMM_TRITON" ]; then
   export DLAC_FBGEMM_TRITON=$FBGEMM_TRITON  # MX4's Triton kernels for the benchmark (stage 4)
-fi
-if [ -z "${CUDA_HOME:-}" ] && command -v nvcc >/dev/null; then
-  # nvcc on PATH may be a wrapper script that execs the toolkit's nvcc: take the toolkit it names, if any.
-  real_nvcc=$(grep -o '/[^ "]*/bin/nvcc' "$(command -v nvcc)" 2>/dev/null | head -1)
-  [ -x "${real_nvcc:-}" ] || real_nvcc=$(readlink -f "$(command -v nvcc)")
-  CUDA_HOME=$(dirname "$(dirname "$real_nvcc")")
-  export CUDA_HOME
 fi
 
 # compute-sanitizer: on PATH, else where CUDA toolkits keep it.
