@@ -240,7 +240,10 @@ def _train_rank(rank: int, world_size: int, variant_name: str, cfg: dict[str, An
             if variant.classes:
                 # The callback's table-wise level without Lightning: measure the warm-up steps' chunks, classify
                 # (statistics reduced over ranks, so every rank picks the same bounds), apply.
-                settings = CalibrationSettings(index_eps=0.03, batches=warmup, sensitivity_batches=0)
+                # The homogenization classes by name: they need only the forward chunks this loop observes (the
+                # gradient and noise modes read the backward exchange's gradients, which no observer feeds here).
+                settings = CalibrationSettings(mode="homogenization", index_eps=0.03, batches=warmup,
+                                               sensitivity_batches=0)
                 calibrator = Calibrator(settings, all_reduce, all_gather_object)
                 calibrator.begin()
                 group.set_observer(calibrator.observe)
