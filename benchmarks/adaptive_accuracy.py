@@ -63,7 +63,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import shlex
 import statistics
 import sys
@@ -74,7 +73,16 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 import yaml
-from common import CRITEO_SAMPLE, REPO, load_results, run_ranks, start_run, write_generated_block, write_results
+from common import (
+    CRITEO_SAMPLE,
+    REPO,
+    error_line,
+    load_results,
+    run_ranks,
+    start_run,
+    write_generated_block,
+    write_results,
+)
 
 SECTION = "## Adaptive error bounds: accuracy and traffic"
 # The block benchmarks/render.py renders from the committed results files (the same markers).
@@ -314,13 +322,6 @@ def normalize_bytes(rows: list[dict[str, Any]], world_size: int = 2) -> list[dic
             r["byte_accounting"] = "remote (converted from a file written before issue 25's fix)"
         out.append(r)
     return out
-
-
-def _error_line(text: str) -> str:
-    """The exception line of a failed launch's traceback (the last line that names an error)."""
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    named = [line for line in lines if re.match(r"^[\w.]+(Error|Exception|Failed)\b", line)]
-    return (named or lines or [""])[-1][:500]
 
 
 def _summarize(by_rank: list[dict[str, Any]]) -> dict[str, Any]:
@@ -760,7 +761,7 @@ def main() -> None:
                     if qcomm_variant(variant) is None:  # only TorchRec's codecs may be unable to run here
                         raise
                     failed[(dataset, variant)] = dict(dataset=dataset, variant=variant, seed=seed,
-                                                      error=_error_line(str(err)),
+                                                      error=error_line(str(err)),
                                                       traceback_tail=str(err)[-3000:], seeds_not_launched=[])
                     print(f"  FAILED: {failed[(dataset, variant)]['error']}", flush=True)
                     continue

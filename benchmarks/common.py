@@ -20,6 +20,7 @@ import json
 import math
 import os
 import platform
+import re
 import shlex
 import subprocess
 import sys
@@ -149,6 +150,14 @@ def load_results(path: Path) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------------------------------------------------
 # The rule
+
+
+def error_line(text: str) -> str:
+    """The exception line of a failed launch's traceback (the last line that names an error), else the text's last
+    line, at most 500 characters: what a results file records of a launch that raised."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    named = [line for line in lines if re.match(r"^[\w.]+(Error|Exception|Failed)\b", line)]
+    return (named or lines or [""])[-1][:500]
 
 
 def median_and_range(values: Sequence[float]) -> tuple[float, float, float]:

@@ -20,12 +20,22 @@ Timed with CUDA events (median of --repeat calls after two warm-ups), GB/s of fl
     int8 row-wise (torch)    per-row min/scale uint8 quantization in plain torch ops (what fbgemm's
                              FloatToFused8BitRowwiseQuantized computes; fbgemm is not on the GPU image)
     int8 row-wise (fbgemm)   fbgemm's fused kernels, where fbgemm_gpu is installed
+    mx4 (fbgemm triton)      TorchRec's MX4 qcomm codec: fbgemm's Triton kernels (triton_quantize_mx4 /
+                             triton_dequantize_mx4) with TorchRec's settings (groups of 32 sharing an 8-bit exponent,
+                             e2m1 values, round to even; 4.25 bits a value), on the flat buffer as TorchRec encodes
+                             it. The kernels are pure Python/Triton: they load from fbgemm_gpu/triton without
+                             importing fbgemm_gpu (whose native libraries the GPU image lacks), found through
+                             $DLAC_FBGEMM_TRITON (a directory holding quantize.py and common.py), else through an
+                             installed fbgemm_gpu's location
     dlac eps=...             encode_grid / decode_grid as the exchange calls them: the public API, decode with the
                              sizes on the device (the API copies them to the host: one more synchronization); the
                              op columns: torch.ops.dlac on their own, decode with host sizes
     dlac ... via host copies the CPU kernels on a host copy, what a build without CUDA kernels would do
 
-"x memcpy" is a throughput over the memcpy row's. Each DLAC row records byte parity with the CPU kernels (payload
+"x memcpy" is a throughput over the memcpy row's; "err/range" the largest absolute error of a chunk (one destination's
+rows of one table) over that chunk's range (max - min), the largest over the chunks. A baseline that cannot run here
+(no fbgemm, no Triton, no GPU) is printed as "... not measured (why)" and listed under "not_measured" in the JSON.
+Each DLAC row records byte parity with the CPU kernels (payload
 bytes, decoded bits) and the synchronizations a call makes as the exchange calls it (torch's sync debug mode;
 docs/codec.md: 1 to encode, 2 + 1 for the device sizes to decode), as columns: a mismatch is a finding to report,
 not a reason to stop measuring. Every row is printed and flushed as it is measured and the JSON is rewritten after
@@ -44,9 +54,13 @@ script, not a measurement of the GPU (benchmarks/gpu_session.sh does so where no
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
+import os
 import statistics
 import sys
 import time
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -56,9 +70,15 @@ from common import REPO, start_run
 
 TABLES, DIM, DESTS = 26, 64, 8
 PAYLOADS = ("zipf", "criteo", "multihot", "gradient")
-COLUMNS = ["payload", "codec", "ratio", "encode GB/s", "decode GB/s", "enc x memcpy", "dec x memcpy", "op enc",
-           "op dec", "parity", "syncs e/d"]
-WIDTHS = [9, 30, 7, 12, 12, 13, 13, 8, 8, 22, 9]
+COLUMNS = ["payload", "codec", "ratio", "encode GB/s", "decode GB/s", "enc x memcpy", "dec x memcpy", "err/range",
+           "op enc", "op dec", "parity", "syncs e/d"]
+WIDTHS = [9, 30, 7, 12, 12, 13, 13, 10, 8, 8, 22, 9]
+MX4 = "mx4 (fbgemm triton)"
+# TorchRec's MX4 qcomm (fbgemm_gpu.quantize_comm: QuantizationContext's defaults passed to quantize_utils.fp32_to_mx4):
+# groups of 32 values sharing an exponent, e2m1 elements, the shared exponent rounded to even (RoundingMode.even).
+MX4_GROUP_SIZE, MX4_EBITS, MX4_MBITS, MX4_ROUNDING = 32, 2, 1, "even"
+FBGEMM_TRITON_ENV = "DLAC_FBGEMM_TRITON"
+FBGEMM_TRITON_FILES = ("quantize.py", "common.py")
 
 
 class Backend:
@@ -145,18 +165,75 @@ def int8_rowwise_decode(q: torch.Tensor, scale_bias: torch.Tensor) -> torch.Tens
     return q.float() * scale_bias[:, :1] + scale_bias[:, 1:]
 
 
+def max_error_over_range(x: torch.Tensor, y: torch.Tensor) -> float:
+    """The largest ``|x - y|`` of each chunk (one destination's rows x one table's columns) over that chunk's range
+    (max - min), the largest over the chunks (a constant chunk counts its error over the smallest float32)."""
+    shape = (DESTS, x.size(0) // DESTS, TABLES, DIM)
+    xs = x.reshape(shape)
+    err = (xs - y.reshape(shape)).abs().amax(dim=(1, 3))
+    span = (xs.amax(dim=(1, 3)) - xs.amin(dim=(1, 3))).clamp_min(torch.finfo(torch.float32).tiny)
+    return float((err / span).max())
+
+
+def fbgemm_triton_dir() -> tuple[Path | None, str]:
+    """The directory of fbgemm's Triton MX4 kernels (quantize.py, common.py) and where it came from, or ``None`` and
+    why not: ``$DLAC_FBGEMM_TRITON`` where set, else ``<fbgemm_gpu>/triton`` of an installed fbgemm_gpu, located with
+    ``importlib.util.find_spec`` without importing it (its ``__init__`` loads native libraries that a GPU image
+    without fbgemm lacks, while these kernels are pure Python/Triton)."""
+    given = os.environ.get(FBGEMM_TRITON_ENV)
+    if given:
+        where = Path(given)
+        missing = [f for f in FBGEMM_TRITON_FILES if not (where / f).is_file()]
+        if missing:
+            return None, (f"{FBGEMM_TRITON_ENV}={given} has no {' or '.join(missing)}: point it at fbgemm_gpu/triton"
+                          " (the directory holding quantize.py and common.py)")
+        return where, f"{FBGEMM_TRITON_ENV}={given}"
+    try:
+        spec = importlib.util.find_spec("fbgemm_gpu")
+    except (ImportError, ValueError) as e:
+        spec, why = None, f"{type(e).__name__}: {e}"
+    else:
+        why = "fbgemm_gpu is not installed"
+    if spec is not None and spec.submodule_search_locations:
+        where = Path(next(iter(spec.submodule_search_locations))) / "triton"
+        if all((where / f).is_file() for f in FBGEMM_TRITON_FILES):
+            return where, f"fbgemm_gpu's {where}"
+        why = f"the installed fbgemm_gpu has no triton/quantize.py ({where})"
+    return None, (f"{why} and {FBGEMM_TRITON_ENV} is not set: set it to a copy of fbgemm_gpu/triton (the directory"
+                  " holding quantize.py and common.py)")
+
+
+def load_mx4_kernels(package: str = "_fbgemm_triton") -> tuple[types.ModuleType | None, str]:
+    """fbgemm's ``triton/quantize.py`` loaded as ``<package>.quantize`` from :func:`fbgemm_triton_dir` (a bare
+    package over that directory, so its relative ``from .common import ...`` resolves and fbgemm_gpu is never
+    imported), and where it came from; or ``None`` and why not (no directory, no Triton, a failed import)."""
+    where, said = fbgemm_triton_dir()
+    if where is None:
+        return None, said
+    if importlib.util.find_spec("triton") is None:
+        return None, f"Triton is not installed (kernels at {said})"
+    if package not in sys.modules:
+        pkg = types.ModuleType(package)
+        pkg.__path__ = [str(where)]  # a namespace of the directory: its __init__.py is not run
+        sys.modules[package] = pkg
+    try:
+        return importlib.import_module(f"{package}.quantize"), said
+    except Exception as e:  # noqa: BLE001  a broken copy or an incompatible Triton: a reason, not a crash
+        return None, f"loading {said}/quantize.py failed ({type(e).__name__}: {str(e)[:200]})"
+
+
 class Table:
-    """Rows printed and flushed as they come, and the JSON rewritten after each."""
+    """Rows printed and flushed as they come, and the JSON rewritten after each; codecs that could not run are
+    printed and listed as ``not_measured`` (payload, codec, reason)."""
 
     def __init__(self, json_out: Path, metadata: dict[str, Any], config: dict[str, Any]) -> None:
         self.rows: list[dict[str, Any]] = []
+        self.not_measured: list[dict[str, str]] = []
         self.json_out, self.metadata, self.config = json_out, metadata, config
         self.memcpy_gbps: dict[str, float] = {}
         print("  ".join(c.ljust(w) for c, w in zip(COLUMNS, WIDTHS)), flush=True)
 
     def add(self, row: dict[str, Any]) -> None:
-        from common import write_results
-
         if row["codec"] == "memcpy":
             self.memcpy_gbps[row["payload"]] = row["encode_gbps"]
         base = self.memcpy_gbps.get(row["payload"])
@@ -165,7 +242,28 @@ class Table:
             row[f"{key}_x_memcpy"] = gbps / base if gbps and base else None
         self.rows.append(row)
         print("  ".join(c.ljust(w) for c, w in zip(self.cells(row), WIDTHS)), flush=True)
-        write_results(self.json_out, dict(self.metadata), self.config, self.rows)
+        self.write()
+
+    def skip(self, payload: str, codec: str, reason: str) -> None:
+        """``codec`` could not be measured on ``payload``: say why, and record it."""
+        self.not_measured.append({"payload": payload, "codec": codec, "reason": reason})
+        print(f"{payload}: {codec} not measured ({reason})", flush=True)
+        self.write()
+
+    def write(self) -> None:
+        from common import write_results
+
+        write_results(self.json_out, dict(self.metadata), self.config, self.rows, not_measured=self.not_measured)
+
+    @staticmethod
+    def not_measured_lines(entries: list[dict[str, str]]) -> list[str]:
+        """One line per codec that was not measured, its payloads and the reason (the same on every payload, as a
+        rule, so said once)."""
+        grouped: dict[tuple[str, str], list[str]] = {}
+        for e in entries:
+            grouped.setdefault((e["codec"], e["reason"]), []).append(e["payload"])
+        return [f"- {codec} not measured on {', '.join(payloads)}: {reason}"
+                for (codec, reason), payloads in grouped.items()]
 
     @staticmethod
     def cells(row: dict[str, Any]) -> list[str]:
@@ -176,12 +274,13 @@ class Table:
         return [row["payload"], row["codec"], num(row.get("ratio"), ".1f") + ("x" if row.get("ratio") else ""),
                 num(row.get("encode_gbps"), ".1f"), num(row.get("decode_gbps"), ".1f"),
                 num(row.get("encode_x_memcpy"), ".3f"), num(row.get("decode_x_memcpy"), ".3f"),
-                num(row.get("op_encode_gbps"), ".1f"), num(row.get("op_decode_gbps"), ".1f"),
+                num(row.get("max_err_range"), ".2e"), num(row.get("op_encode_gbps"), ".1f"),
+                num(row.get("op_decode_gbps"), ".1f"),
                 row.get("parity", "-"), "-" if syncs is None else f"{syncs[0]}/{syncs[1]}"]
 
 
 def baselines(table: Table, be: Backend, name: str, x: torch.Tensor, args: argparse.Namespace) -> None:
-    """memcpy, FP16 and INT8 row-wise on the payload (no build needed, so a build failure still leaves them)."""
+    """memcpy, FP16, INT8 row-wise and MX4 on the payload (no build needed, so a build failure still leaves them)."""
     gb = x.numel() * 4 / 1e9
     copy = gb / be.seconds(lambda: x.clone())
     table.add({"payload": name, "codec": "memcpy", "ratio": 1.0, "encode_gbps": copy, "decode_gbps": copy,
@@ -189,14 +288,17 @@ def baselines(table: Table, be: Backend, name: str, x: torch.Tensor, args: argpa
     print(f"{name}: memcpy moves {2 * copy:.1f} GB/s counting the bytes read and written (each payload byte moves "
           "both ways)", flush=True)
     if args.quick_baselines:
+        table.skip(name, MX4, "--quick-baselines: memcpy only")
         return
     half = x.half()
     table.add({"payload": name, "codec": "fp16", "ratio": 2.0, "encode_gbps": gb / be.seconds(lambda: x.half()),
-               "decode_gbps": gb / be.seconds(lambda: half.float())})
+               "decode_gbps": gb / be.seconds(lambda: half.float()), "max_err_range": max_error_over_range(x, half)})
     q, sb = int8_rowwise_encode(x)
     table.add({"payload": name, "codec": "int8 row-wise (torch)", "ratio": x.numel() * 4 / (q.numel() + sb.numel() * 4),
                "encode_gbps": gb / be.seconds(lambda: int8_rowwise_encode(x)),
-               "decode_gbps": gb / be.seconds(lambda: int8_rowwise_decode(q, sb))})
+               "decode_gbps": gb / be.seconds(lambda: int8_rowwise_decode(q, sb)),
+               "max_err_range": max_error_over_range(x, int8_rowwise_decode(q, sb))})
+    bench_mx4(table, be, name, x)
     if be.emulate:
         return
     try:
@@ -207,7 +309,37 @@ def baselines(table: Table, be: Backend, name: str, x: torch.Tensor, args: argpa
                    "encode_gbps": gb / be.seconds(lambda: torch.ops.fbgemm.FloatToFused8BitRowwiseQuantized(x)),
                    "decode_gbps": gb / be.seconds(lambda: torch.ops.fbgemm.Fused8BitRowwiseQuantizedToFloat(fq))})
     except (ImportError, RuntimeError, AttributeError) as e:
-        print(f"{name}: int8 row-wise (fbgemm) not measured ({type(e).__name__}: {str(e)[:200]})", flush=True)
+        table.skip(name, "int8 row-wise (fbgemm)", f"{type(e).__name__}: {str(e)[:200]}")
+
+
+def bench_mx4(table: Table, be: Backend, name: str, x: torch.Tensor) -> None:
+    """TorchRec's MX4 qcomm on fbgemm's Triton kernels, or a line saying why not (no kernels, no Triton, no GPU)."""
+    if be.emulate:
+        table.skip(name, MX4, "no GPU: --emulate rehearses DLAC's CUDA pipeline, and Triton kernels need a device")
+        return
+    kernels, said = load_mx4_kernels()
+    if kernels is None:
+        table.skip(name, MX4, said)
+        return
+    rounding = kernels.RoundingMode[MX4_ROUNDING]
+    flat = x.view(-1)  # TorchRec encodes the flat buffer where each rank's columns are a multiple of the group size
+
+    def encode() -> torch.Tensor:
+        return kernels.triton_quantize_mx4(flat, MX4_GROUP_SIZE, ebits=MX4_EBITS, mbits=MX4_MBITS,
+                                           rounding_mode=rounding, stochastic_casting=False)
+
+    def decode(q: torch.Tensor) -> torch.Tensor:
+        return kernels.triton_dequantize_mx4(q, MX4_GROUP_SIZE, ebits=MX4_EBITS, mbits=MX4_MBITS)
+
+    try:
+        q = encode()  # the first call compiles the kernels
+        out = decode(q)
+        gb = x.numel() * 4 / 1e9
+        table.add({"payload": name, "codec": MX4, "ratio": x.numel() * 4 / (q.numel() * q.element_size()),
+                   "encode_gbps": gb / be.seconds(encode), "decode_gbps": gb / be.seconds(lambda: decode(q)),
+                   "max_err_range": max_error_over_range(x, out[: x.numel()]), "kernels": said})
+    except Exception as e:  # noqa: BLE001  Triton's compile errors have their own classes: a baseline, not a stop
+        table.skip(name, MX4, f"{said}: {type(e).__name__}: {str(e)[:200]}")
 
 
 def bench_dlac(table: Table, be: Backend, name: str, x_cpu: torch.Tensor, x: torch.Tensor, eps: float,
@@ -231,6 +363,7 @@ def bench_dlac(table: Table, be: Backend, name: str, x_cpu: torch.Tensor, x: tor
     parity = "bytes+bits equal" if same_bytes and same_bits else \
         f"DIFFERS (payload {'ok' if same_bytes else 'differs'}, decoded {'ok' if same_bits else 'differs'})"
     row = {"payload": name, "codec": f"dlac eps={eps:g}", "ratio": x.numel() * 4 / p.numel(), "parity": parity,
+           "max_err_range": max_error_over_range(x_cpu, out.cpu()),
            "op_encode_gbps": gb / be.seconds(lambda: ops.encode_grid(x, rs, cs, bounds, True)),
            "op_decode_gbps": gb / be.seconds(lambda: ops.decode_grid(p, s_host, rs, cs))}
     if be.emulate:  # the public API runs the CUDA kernels, not the emulation: op rows only
@@ -322,6 +455,8 @@ def main() -> int:
         lines = [f"{device}, {TABLES} tables x {DESTS} destinations x {args.batch} rows (dim {DIM}), `{command}`:",
                  "", head, "|" + "---|" * len(COLUMNS)] + \
                 ["| " + " | ".join(Table.cells(r)) + " |" for r in table.rows]
+        if table.not_measured:
+            lines += ["", *Table.not_measured_lines(table.not_measured)]
         write_generated_block(args.markdown_out, "## Codec on GPU", "<!-- cuda_codec_bench:begin -->",
                               "<!-- cuda_codec_bench:end -->", lines)
     return status

@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from common import REPO, judge, run_ranks, start_run, write_results
+from common import REPO, error_line, judge, run_ranks, start_run, write_results
 from e2e_codecs import codec_precision, codecs_registry
 from e2e_pipeline import (
     Stepper,
@@ -389,13 +389,6 @@ def ceilings_after_sources(order: list[str]) -> list[str]:
     return out
 
 
-def _last_error_line(text: str) -> str:
-    """The exception line of a rank's traceback (the last line that names an error), else the text's last line."""
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    named = [line for line in lines if re.match(r"^[\w.]+(Error|Exception|Failed)\b", line)]
-    return (named or lines or [""])[-1][:500]
-
-
 def _launch_median_ms(per_rank: list[dict[str, Any]]) -> float:
     steps = len(per_rank[0]["times"])
     return statistics.median(max(r["times"][i] for r in per_rank) for i in range(steps)) * 1e3
@@ -440,7 +433,7 @@ def _inside_namespace(rate: str, variants: list[str], cfg: dict[str, Any], out: 
                 if VARIANTS[name].kind != "qcomm":  # only TorchRec's codecs may be unable to run here
                     raise
                 failed[name] = dict(rate=rate, variant=name, label=VARIANTS[name].label, repeat=rep,
-                                    error=_last_error_line(str(err)), traceback_tail=str(err)[-3000:])
+                                    error=error_line(str(err)), traceback_tail=str(err)[-3000:])
                 print(f"  [{rate}] {name} FAILED: {failed[name]['error']}", flush=True)
                 continue
             launches[name].append(dict(repeat=rep, position=position, loadavg_1m=load,

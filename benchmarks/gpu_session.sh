@@ -14,7 +14,8 @@
 #   3 CUDA tests     3_tests.txt        pytest -v -m cuda tests/codec, each test named as it starts, 60 s per test
 #                                       (a hang is stopped and named), durations at the end
 #   4 benchmark      4_bench.txt/.json  benchmarks/cuda_codec_bench.py on the zipf, criteo, multihot and gradient
-#                                       payloads, rows flushed and saved as measured
+#                                       payloads, rows flushed and saved as measured; its MX4 rows run fbgemm's
+#                                       Triton kernels where they were carried (see DLAC_FBGEMM_TRITON below)
 #   5 memcheck       5_memcheck.txt     compute-sanitizer memcheck with the caching allocator off
 #                                       (PYTORCH_NO_CUDA_MEMORY_CACHING=1: every buffer its own allocation), over
 #                                       every mode and damaged payloads decoded on the device
@@ -33,6 +34,10 @@
 #   - the workloads count what they ran (every grid case of the CUDA tests, a fixed number of damaged payloads), so a
 #     slow run cannot pass on less.
 # DLAC_SESSION_BENCH_ARGS adds arguments to the benchmark (the suite's rehearsal injects a parity fault with it).
+# DLAC_FBGEMM_TRITON: the image has no fbgemm, but the benchmark's "mx4 (fbgemm triton)" rows need only its pure
+# Triton kernels (fbgemm_gpu/triton). Where the venv's copy was carried along
+# (run(..., carry=[".venv/lib/python3.11/site-packages/fbgemm_gpu/triton"])), the session points
+# DLAC_FBGEMM_TRITON at it (unless already set); without it those rows say "not measured" and why.
 #
 # Rehearsal without a GPU: PATH=/path/to/venv-with-torch-2.11/bin:$PATH bash benchmarks/gpu_session.sh
 set -uo pipefail  # no -e: a failing stage is recorded and the next one still runs
@@ -43,18 +48,13 @@ mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 BUDGET_S=${DLAC_SESSION_BUDGET_S:-300}
 DAMAGED=${DLAC_SESSION_DAMAGED:-100}  # damaged payloads memcheck decodes, whole and by chunk
-export PYTHONUNBUFFERED=1
-export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
-export DLAC_EXTENSION_DIR=${DLAC_EXTENSION_DIR:-/tmp/dlac_extensions}
-export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}  # the H200 only: one architecture builds fastest
-export MAX_JOBS=${MAX_JOBS:-$(nproc)}
+# PYTHONPATH, DLAC_EXTENSION_DIR, TORCH_CUDA_ARCH_LIST (9.0), MAX_JOBS, CUDA_HOME: shared with cuda_profile.sh.
+# shellcheck source=benchmarks/gpu_env.sh
+. "$REPO/benchmarks/gpu_env.sh"
 export CI=true  # Hypothesis derandomized, as in CI
-if [ -z "${CUDA_HOME:-}" ] && command -v nvcc >/dev/null; then
-  # nvcc on PATH may be a wrapper script that execs the toolkit's nvcc: take the toolkit it names, if any.
-  real_nvcc=$(grep -o '/[^ "]*/bin/nvcc' "$(command -v nvcc)" 2>/dev/null | head -1)
-  [ -x "${real_nvcc:-}" ] || real_nvcc=$(readlink -f "$(command -v nvcc)")
-  CUDA_HOME=$(dirname "$(dirname "$real_nvcc")")
-  export CUDA_HOME
+FBGEMM_TRITON=$REPO/.venv/lib/python3.11/site-packages/fbgemm_gpu/triton
+if [ -z "${DLAC_FBGEMM_TRITON:-}" ] && [ -d "$FBGEMM_TRITON" ]; then
+  export DLAC_FBGEMM_TRITON=$FBGEMM_TRITON  # MX4's Triton kernels for the benchmark (stage 4)
 fi
 
 # compute-sanitizer: on PATH, else where CUDA toolkits keep it.
@@ -150,10 +150,12 @@ print(f"torch {torch.__version__}, CUDA build {torch.version.cuda}, cuda availab
 if torch.cuda.is_available():
     p = torch.cuda.get_device_properties(0)
     print(f"device {p.name}, sm_{p.major}{p.minor}, {p.multi_processor_count} SMs, {p.total_memory / 2**30:.0f} GiB")
-for name in ("lightning", "torchrec", "fbgemm_gpu", "pytest", "pytest_timeout", "hypothesis", "numpy", "ninja"):
+for name in ("lightning", "torchrec", "fbgemm_gpu", "triton", "pytest", "pytest_timeout", "hypothesis", "numpy",
+             "ninja"):
     print(f"{name}: {'present' if importlib.util.find_spec(name) else 'absent'}")
 EOF
   echo "CUDA_HOME=${CUDA_HOME:-unset} TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST MAX_JOBS=$MAX_JOBS"
+  echo "DLAC_FBGEMM_TRITON=${DLAC_FBGEMM_TRITON:-unset} (MX4's Triton kernels for the benchmark)"
   if command -v nvcc >/dev/null; then nvcc --version | tail -n 2; else echo "nvcc: not found"; fi
   if [ -n "$SANITIZER" ]; then
     echo "compute-sanitizer: $SANITIZER"
@@ -296,7 +298,8 @@ summary() {
   grep -E '^(FAILED|ERROR)|Timeout|[0-9]+ (passed|failed|skipped)|no tests ran' "$OUT/3_tests.txt" | tail -n 8 |
     cut -c1-200 | sed 's/^/   /'
   echo "-- benchmark (GB/s as the exchange calls the codec; op = the kernels alone):"
-  grep -E '^(payload|zipf|criteo|multihot|gradient) |no device|did not build|Error' "$OUT/4_bench.txt" |
+  grep -E '^(payload|zipf|criteo|multihot|gradient) |^zipf: mx4.*not measured|no device|did not build|Error' \
+    "$OUT/4_bench.txt" |
     grep -vE 'via host copies|: \(|memcpy moves' | head -n 30 | cut -c1-160 | sed 's/^/   /'
   echo "-- memcheck:"
   grep -E 'ERROR SUMMARY|sanitizer workload \(|DIFFERS|no device|not found|Error' "$OUT/5_memcheck.txt" | tail -n 5 |

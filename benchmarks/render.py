@@ -1394,6 +1394,8 @@ def cuda_codec(results: Results) -> list[str]:
                 " count read the wrong channel, so its column is left out."), "",
              "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(Table.cells(r)[: len(cols)]) + " |" for r in rows]
+    if data.get("not_measured"):  # a baseline that could not run there (no fbgemm, no Triton): said, not dropped
+        lines += ["", *Table.not_measured_lines(data["not_measured"])]
     dlac = [r for r in rows if str(r["codec"]).startswith("dlac") and "host copies" not in r["codec"]
             and r.get("encode_gbps")]
     if dlac:
@@ -1408,6 +1410,56 @@ def cuda_codec(results: Results) -> list[str]:
 
 
 BLOCKS["cuda_codec"] = Block(("cuda_codec_bench.json",), cuda_codec)
+
+
+def gpu_projection(results: Results) -> list[str]:
+    """The projection's cluster at the GPU kernel rates cuda_codec_bench.json measured (issue 34 item 2): the step
+    model of ``dlac estimate --device-rates`` with TorchRec's MX4 beside the other methods, the compute and dense
+    parameters of the projection above, DLAC's ratios from its validated run."""
+    import scaling_model
+
+    from lightning_dlac.commands.estimate import Codec, Link, Workload, device_rates, predict_all
+
+    bench, model = results.get("cuda_codec_bench.json"), results.get("scaling_model.json")
+    rates = device_rates(results.directory / "cuda_codec_bench.json")
+    cfg, res = model["config"], model["results"]
+    two = [r for r in res["validation"] if r["world"] == 2 and r["method"] == "dlac_dlac"]
+    ratios = (two[0]["forward_ratio"], two[0]["backward_ratio"])
+    workload = Workload(cfg["batch"], scaling_model.DIMS, cfg["gpu_compute_ms"], res["dense_params"],
+                        cfg["gpu_allreduce_hidden"])
+    codec = Codec(ratios[0], ratios[1], rates.encode_gb_s, rates.decode_gb_s, rates.backward_encode_gb_s,
+                  rates.backward_decode_gb_s, rates.cast_gb_s, mx4_encode_gb_s=rates.mx4_encode_gb_s,
+                  mx4_decode_gb_s=rates.mx4_decode_gb_s)
+    methods = codec.methods()
+    lines = [source_line("cuda_codec_bench.json", bench, results.shown),
+             source_line("scaling_model.json", model, results.shown), "",
+             f"Rates measured on the {rates.device} (GB/s of float32, the criteo payload at eps 0.01 as the exchange"
+             f" calls the codec): DLAC encode {rates.encode_gb_s:.1f} / decode {rates.decode_gb_s:.1f}, gradients"
+             f" {rates.backward_encode_gb_s:.1f} / {rates.backward_decode_gb_s:.1f}; FP16 cast"
+             f" {rates.cast_gb_s:.0f}"
+             + (f"; MX4 {rates.mx4_encode_gb_s:.0f} / {rates.mx4_decode_gb_s:.0f}" if codec.has_mx4 else
+                f"; MX4 not measured ({rates.mx4_missing})")
+             + f". DLAC's ratios {ratios[0]:.1f}x forward / {ratios[1]:.1f}x gradients (the validated 2-rank run);"
+             f" MX4 {workload.mx4_ratio:.2f}x, INT8 {workload.int8_ratio:.2f}x from the dims. Still assumed:"
+             f" **{cfg['gpu_compute_ms']:g} ms of compute per step**.", "",
+             "| link | GPUs | FP32 ms | " + " | ".join(f"{scaling_model.METHOD_LABELS.get(m, m)} speedup"
+                                                      for m in methods[1:]) + " | fastest |",
+             "|---|---:|---:|" + "---:|" * (len(methods) - 1) + "---|"]
+    for name, gbit, latency in (("25 Gbit/s Ethernet", 25.0, cfg["eth_latency_us"]),
+                                ("100 Gbit/s Ethernet", 100.0, cfg["eth_latency_us"]),
+                                ("400 Gbit/s InfiniBand", 400.0, cfg["ib_latency_us"])):
+        link = Link(gbit, latency, "per_gpu")
+        for world in (8, 64, 512):
+            preds = predict_all(workload, codec, link, world)
+            fp32 = preds["fp32"].step_ms
+            best = min(methods, key=lambda m: preds[m].step_ms)
+            lines.append(f"| {name} | {world} | {fp32:.1f} | "
+                         + " | ".join(f"{fp32 / preds[m].step_ms:.2f}x" for m in methods[1:])
+                         + f" | {scaling_model.METHOD_LABELS.get(best, best)} |")
+    return lines
+
+
+BLOCKS["gpu_projection"] = Block(("cuda_codec_bench.json", "scaling_model.json"), gpu_projection)
 
 
 if __name__ == "__main__":

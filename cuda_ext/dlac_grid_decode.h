@@ -166,7 +166,7 @@ inline at::Tensor decode_grid_device(const at::Tensor& payload, const std::vecto
     const int64_t* HST = meta2.at<int64_t>(hs_off);
     HuffView* views = ptr<HuffView>(views_t);
     uint16_t* tables = ptr<uint16_t>(tables_t);
-    for_each("decode: huffman tables", NH, DLAC_LAMBDA(int64_t k) {
+    for_each_serial("decode: huffman tables", NH, DLAC_LAMBDA(int64_t k) {
       const DecSection& s = HS[k];
       HuffView v;
       const int e = huff_parse(data + s.data_off, uint64_t(s.nbytes), uint64_t(s.count), &v);
@@ -177,7 +177,7 @@ inline at::Tensor decode_grid_device(const at::Tensor& payload, const std::vecto
       }
       huff_decode_table(v, tables + k * int64_t(kHuffMaxAlphabet));
     });
-    for_each("decode: huffman blocks", huff_starts.back(), DLAC_LAMBDA(int64_t g) {
+    for_each_serial("decode: huffman blocks", huff_starts.back(), DLAC_LAMBDA(int64_t g) {
       const int64_t k = find_segment(HST, NH, g);
       if (herr[k]) return;
       const DecSection& s = HS[k];

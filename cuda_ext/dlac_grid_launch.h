@@ -23,10 +23,17 @@
 #include "dlac_ops.h"
 
 #if defined(__CUDACC__)
+#include <ATen/record_function.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAStream.h>
 #include "dlac_str.h"
 #define DLAC_LAMBDA [=] __host__ __device__
+#if defined(__has_include)
+#if __has_include(<nvtx3/nvToolsExt.h>)
+#include <nvtx3/nvToolsExt.h>
+#define DLAC_NVTX 1
+#endif
+#endif
 #else
 #define DLAC_LAMBDA [=]
 #endif
@@ -96,6 +103,28 @@ inline void launched(const char* name) {
   }
 }
 inline void raise_emulated_fault() {}
+// Every launch named for profilers, host side only (no kernel changes): a torch.profiler user scope (its kernel is
+// attributed to the name, see benchmarks/cuda_profile.py) and an NVTX range (Nsight Compute names the kernel after it
+// with --nvtx --print-nvtx-rename kernel: benchmarks/cuda_profile.sh). Both cost a flag check when no profiler listens.
+class KernelScope {
+ public:
+  explicit KernelScope(const char* name) : rf_(at::RecordScope::USER_SCOPE) {
+    if (rf_.isActive()) rf_.before(name, c10::ArrayRef<const c10::IValue>{});
+#if DLAC_NVTX
+    nvtxRangePushA(name);
+#endif
+  }
+  ~KernelScope() {
+#if DLAC_NVTX
+    nvtxRangePop();
+#endif
+  }
+  KernelScope(const KernelScope&) = delete;
+  KernelScope& operator=(const KernelScope&) = delete;
+
+ private:
+  at::RecordFunction rf_;
+};
 #else
 // The emulation can pretend that a kernel faulted, to test how faults are reported: DLAC_EMULATE_FAULT names the
 // kernel, and the next read-back raises the error a CUDA fault would (as CUDA reports it: at the synchronization).
@@ -131,9 +160,41 @@ __global__ void for_each_kernel(int64_t n, F f) {
 template <class F>
 void for_each(const char* name, int64_t n, F f) {
   if (n <= 0) return;
+  const KernelScope scope(name);
   constexpr int kThreads = 256;
   const int64_t blocks = std::min<int64_t>((n + kThreads - 1) / kThreads, 65535 * 8);
   for_each_kernel<<<unsigned(blocks), kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(n, f);
+  launched(name);
+}
+
+// Threads per block of for_each_serial for n items: few enough that the blocks spread over every SM (n / SMs,
+// rounded up, at most a warp), or DLAC_CUDA_SERIAL_THREADS (1 to 1024) where set: 256 is for_each's geometry, to
+// compare the two on a GPU (read at every launch, so one process can time both: benchmarks/cuda_profile.py).
+inline int serial_block_threads(int64_t n) {
+  const char* v = std::getenv("DLAC_CUDA_SERIAL_THREADS");
+  const int forced = v != nullptr ? std::atoi(v) : 0;
+  if (forced >= 1 && forced <= 1024) return forced;
+  int device = 0, count = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    (void)cudaGetLastError();  // no answer is no error of this launch: a warp a block, as on a large GPU
+    count = 0;
+  }
+  const int64_t sms = std::max<int64_t>(count, 1);
+  return int(std::min<int64_t>(32, std::max<int64_t>(1, (n + sms - 1) / sms)));
+}
+// f(i) for every i in [0, n) as for_each, for work items that are each a long serial loop (a Huffman block of 4096
+// symbols, a table of 4096 entries, a CRC segment of 4096 bytes) and few (hundreds to thousands): with for_each's
+// 256 threads a block, 2000 items would fill 8 blocks, so 8 of an H200's 132 SMs would run them, 8 warps each, every
+// lane walking its own stream (a load touches up to 32 lines), while the others idle. Here the blocks are at most a
+// warp, one or a few per SM: each item's loop runs at its latency instead of waiting for a crowded SM.
+template <class F>
+void for_each_serial(const char* name, int64_t n, F f) {
+  if (n <= 0) return;
+  const KernelScope scope(name);
+  const int threads = serial_block_threads(n);
+  const int64_t blocks = std::min<int64_t>((n + threads - 1) / threads, 65535 * 8);
+  for_each_kernel<<<unsigned(blocks), threads, 0, c10::cuda::getCurrentCUDAStream()>>>(n, f);
   launched(name);
 }
 #else
@@ -166,6 +227,11 @@ void for_each(const char* name, int64_t n, F f) {
   run_items(n, f);
   launched(name);
 }
+// for_each_serial differs from for_each only in its launch geometry on the device: the same items, here.
+template <class F>
+void for_each_serial(const char* name, int64_t n, F f) {
+  for_each(name, n, f);
+}
 #endif
 
 // f(i) for every i in [0, n), run by all 32 lanes of one warp together on the device (every lane gets the same i,
@@ -179,6 +245,7 @@ __global__ void for_each_warp_kernel(int64_t n, F f) {
 template <class F>
 void for_each_warp(const char* name, int64_t n, F f) {
   if (n <= 0) return;
+  const KernelScope scope(name);
   constexpr int kThreads = 256, kWarps = kThreads / 32;
   const int64_t blocks = std::min<int64_t>((n + kWarps - 1) / kWarps, 65535 * 8);
   for_each_warp_kernel<<<unsigned(blocks), kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(n, f);
@@ -251,6 +318,7 @@ __global__ void __launch_bounds__(kTileThreads) tile_kernel(const Tile* tiles, G
 template <class G, class F>
 void for_each_element_if(const char* name, const Tile* tiles, int64_t ntiles, G guard, F f) {
   if (ntiles <= 0) return;
+  const KernelScope scope(name);
   TORCH_CHECK(ntiles < (int64_t(1) << 31), ::dlac::str("too many tiles for one launch: ", ntiles));
   tile_kernel<<<unsigned(ntiles), kTileThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(tiles, guard, f);
   launched(name);
@@ -288,6 +356,7 @@ template <class Scratch, class G, class... P>
 void for_each_tile_block_if(const char* name, const Tile* tiles, int64_t ntiles, G guard, P... phases) {
   static_assert(sizeof(Scratch) <= 48 * 1024, "static shared memory is limited to 48 KB a block");
   if (ntiles <= 0) return;
+  const KernelScope scope(name);
   TORCH_CHECK(ntiles < (int64_t(1) << 31), ::dlac::str("too many tiles for one launch: ", ntiles));
   block_kernel<Scratch><<<unsigned(ntiles), kTileThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(tiles, guard,
                                                                                                    phases...);

@@ -186,7 +186,7 @@ inline void run_crcs(const CrcPlan& plan, const Staging& staging, const at::Tens
   const uint32_t* tables = ptr<uint32_t>(tables_t);
   const uint8_t* data = ptr<uint8_t>(payload);
   uint32_t* reg = ptr<uint32_t>(regs);
-  for_each("crc: segment registers", plan.nseg, DLAC_LAMBDA(int64_t t) {
+  for_each_serial("crc: segment registers", plan.nseg, DLAC_LAMBDA(int64_t t) {
     const int64_t i = find_segment(starts, n, t);
     const uint64_t size = uint64_t(m[2 * i + 1]), s = uint64_t(t - starts[i]);
     const uint64_t first = size - (ceil_div(size, kCrcSegment) - 1) * kCrcSegment;
@@ -194,7 +194,7 @@ inline void run_crcs(const CrcPlan& plan, const Staging& staging, const at::Tens
     const uint64_t end = s == 0 ? first : begin + kCrcSegment;
     reg[t] = crc_register(s == 0 ? 0xFFFFFFFFu : 0u, data + m[2 * i], begin, end, tables);
   });
-  for_each("crc: join segments", n, DLAC_LAMBDA(int64_t i) {
+  for_each_serial("crc: join segments", n, DLAC_LAMBDA(int64_t i) {
     if (starts[i + 1] == starts[i]) {
       crc[i] = 0u;
       return;

@@ -1,5 +1,5 @@
-"""Does DLAC pay on a given cluster? A model of one training step's time for FP32, TorchRec's INT8/FP16 qcomm codecs
-and DLAC, from measured inputs (``dlac estimate``, ``benchmarks/scaling_model.py``).
+"""Does DLAC pay on a given cluster? A model of one training step's time for FP32, TorchRec's INT8/FP16 (and, given
+its rates, MX4) qcomm codecs and DLAC, from measured inputs (``dlac estimate``, ``benchmarks/scaling_model.py``).
 
 A step is compute plus the two pooled-embedding all-to-alls (forward embeddings, backward gradients) plus the part
 of the dense gradient all-reduce that the backward does not hide, plus (when ``ids_per_sample`` is given) the part
@@ -12,16 +12,28 @@ batch's ids during the current step). Nothing here measures anything: every inpu
 |---|---|
 | bytes a rank sends per direction, raw | ``R = (W - 1) / W * B * D * 4`` (``D`` columns, spread evenly) |
 | the same, sent | ``R / ratio`` (FP32 1; FP16/BF16 2; INT8 row-wise ``4 d / (d + 8)``; DLAC measured) |
+| MX4's ratio | ``128 D / (17 D')`` (``D'``: ``D`` rounded up to a multiple of 32) |
 | wire time, ``per_gpu`` link | ``alpha * messages + 8 * sent / bandwidth`` (every GPU its own link, full bisection) |
 | wire time, ``shared`` link | ``alpha * messages + 8 * W * sent / bandwidth`` (one link for all: tc on loopback) |
 | messages per direction | ``W - 1``; DLAC ``2 (W - 1)`` (sizes, then payload) |
 | DLAC codec time | ``R / encode_rate + R / decode_rate`` (a rank's own rows are neither encoded nor sent) |
 | cast codec time | ``2 * B * D * 4 / cast_rate`` (TorchRec quantizes and dequantizes the whole buffer) |
+| MX4 codec time | ``B * D * 4 / mx4_encode_rate + B * D * 4 / mx4_decode_rate`` (the whole buffer, as the cast) |
 | dense all-reduce (ring) | ``alpha * 2 (W - 1) + 8 * 2 (W - 1) / W * P * 4 / bandwidth`` (``* W`` on a shared link) |
 | input dist, bytes a rank sends | ``(W - 1) / W * B * (4 F + 8 I)`` (int32 length per feature ``F``, int64 id ``I``) |
 | input dist, time | wire time of those bytes in ``3 (W - 1)`` messages (splits, lengths, ids) |
 | input dist on the step's path | unpipelined: all of it; ``sparse_dist``: ``max(0, input dist - compute)`` |
 | step | ``compute + input dist on the path + forward + backward + (1 - hidden) * all-reduce`` |
+
+MX4 is TorchRec's ``CommType.MX4`` qcomm codec (fbgemm's ``fp32_to_mx4``: groups of 32 values sharing an 8-bit
+exponent, 4-bit e2m1 values, rows padded to a multiple of 32 columns: ``D'`` is ``D`` rounded up to 32,
+:attr:`Workload.mx4_ratio`), in both directions, with no size exchange (its sizes follow from the shapes). Its rates
+have no default: the method is modelled, and ``dlac estimate`` prints its column, only where both are given
+(``--mx4-encode-gbps`` / ``--mx4-decode-gbps``, or ``--device-rates``), as every codec rate of the CLI is the user's
+device's. ``--device-rates`` reads every GPU rate from a ``benchmarks/cuda_codec_bench.py`` JSON (:func:`device_rates`):
+DLAC's encode and decode from the forward payload's rows at one bound and the gradient payload's for the backward, the
+cast rate from the FP16 row, MX4's from fbgemm's Triton kernels' rows, so the GPU comparison of the methods is the
+kernels' measured one, not the CPU's.
 
 What it leaves out, on purpose: NVLink between GPUs of one node (every byte is costed at the network's rate, which is
 pessimistic for 8-GPU nodes; the topology model below separates the two), congestion and incast beyond the bandwidth
@@ -86,13 +98,17 @@ from typing import Any
 
 LINK_KINDS = ("per_gpu", "shared")
 PIPELINES = (None, "sparse_dist")
-METHODS = ("fp32", "int8_fp16", "dlac_bf16", "dlac_dlac")
+METHODS = ("fp32", "int8_fp16", "dlac_bf16", "dlac_dlac")  # always modelled: their rates are required
+MX4_METHOD = "mx4"  # modelled where the codec has MX4 rates (Codec.has_mx4): they have no default
+ALL_METHODS = (*METHODS, MX4_METHOD)
 METHOD_LABELS = {
     "fp32": "FP32 (TorchRec)",
     "int8_fp16": "TorchRec qcomm INT8 fwd / FP16 bwd",
     "dlac_bf16": "DLAC fwd / BF16 bwd",
     "dlac_dlac": "DLAC both directions",
+    "mx4": "TorchRec qcomm MX4 fwd / MX4 bwd",
 }
+MX4_GROUP_SIZE = 32  # values sharing one 8-bit exponent (TorchRec's MX_GROUP_SIZE_DEFAULT)
 POLICIES = ("none", "all", "other_nodes")
 POLICY_LABELS = {
     "none": "none (FP32 to every peer)",
@@ -182,6 +198,16 @@ class Workload:
         """TorchRec's row-wise INT8: one byte per element plus a float32 scale and bias per row and table."""
         return 4 * self.total_dim / (self.total_dim + 8 * len(self.embedding_dims))
 
+    @property
+    def mx4_ratio(self) -> float:
+        """TorchRec's MX4 (fbgemm's ``fp32_to_mx4``, group size 32): each row padded to a multiple of 32 columns
+        ``D'``, then half a byte per value and one shared-exponent byte per group of 32: ``4 D / (D' / 2 + D' / 32) =
+        128 D / (17 D')``. TorchRec pads each rank's columns (the dims of the tables it holds); the model spreads the
+        columns evenly and pads their total, which is exact where every rank's columns are a multiple of 32 (every
+        table's dim is, as 64 or 128)."""
+        padded = -(-self.total_dim // MX4_GROUP_SIZE) * MX4_GROUP_SIZE
+        return 4 * self.total_dim / (padded // 2 + padded // MX4_GROUP_SIZE)
+
 
 @dataclass(frozen=True)
 class Codec:
@@ -195,6 +221,10 @@ class Codec:
         backward_encode_gb_s: The same for gradients (they compress less and encode slower); default the forward's.
         backward_decode_gb_s: The same for gradients; default the forward's.
         cast_gb_s: TorchRec's qcomm quantize-or-cast rate, GB/s of float32 (INT8, FP16, BF16).
+        mx4_encode_gb_s: TorchRec's MX4 quantize rate, GB/s of float32 input; ``None`` (the default): MX4 is not
+            modelled (there is no measured rate to default to: give your device's, e.g. from
+            ``benchmarks/cuda_codec_bench.py``'s ``mx4 (fbgemm triton)`` rows).
+        mx4_decode_gb_s: TorchRec's MX4 dequantize rate, GB/s of float32 output; ``None`` with the encode rate.
     """
 
     forward_ratio: float
@@ -204,13 +234,27 @@ class Codec:
     backward_encode_gb_s: float | None = None
     backward_decode_gb_s: float | None = None
     cast_gb_s: float = 4.0
+    mx4_encode_gb_s: float | None = None
+    mx4_decode_gb_s: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("forward_ratio", "backward_ratio", "encode_gb_s", "decode_gb_s", "cast_gb_s"):
             _positive(getattr(self, name), name)
-        for name in ("backward_encode_gb_s", "backward_decode_gb_s"):
+        for name in ("backward_encode_gb_s", "backward_decode_gb_s", "mx4_encode_gb_s", "mx4_decode_gb_s"):
             if getattr(self, name) is not None:
                 _positive(getattr(self, name), name)
+        if (self.mx4_encode_gb_s is None) != (self.mx4_decode_gb_s is None):
+            raise ValueError("MX4 needs both rates: give mx4_encode_gb_s and mx4_decode_gb_s (--mx4-encode-gbps and"
+                             " --mx4-decode-gbps), or neither.")
+
+    @property
+    def has_mx4(self) -> bool:
+        """Whether the MX4 method can be modelled (both its rates given)."""
+        return self.mx4_encode_gb_s is not None and self.mx4_decode_gb_s is not None
+
+    def methods(self) -> tuple[str, ...]:
+        """The methods these rates model: :data:`METHODS`, and MX4 where its rates are given."""
+        return ALL_METHODS if self.has_mx4 else METHODS
 
     def rates(self, backward: bool) -> tuple[float, float]:
         """(encode, decode) GB/s of one direction."""
@@ -249,14 +293,19 @@ class Prediction:
 
 
 def _direction_ms(encoding: str, ratio: float, rates: tuple[float, float], cast_gb_s: float, workload: Workload,
-                  link: Link, world: int) -> tuple[float, float]:
-    """(codec ms, wire ms) of one all-to-all direction sent as ``encoding`` (``raw``, ``cast`` or ``dlac``)."""
+                  link: Link, world: int, mx4_rates: tuple[float, float] | None = None) -> tuple[float, float]:
+    """(codec ms, wire ms) of one all-to-all direction sent as ``encoding`` (``raw``, ``cast``, ``mx4`` or
+    ``dlac``)."""
     raw = (world - 1) / world * workload.batch_per_rank * workload.total_dim * 4
     messages = world - 1
     if encoding == "raw":
         codec_s = 0.0
     elif encoding == "cast":
         codec_s = 2 * workload.batch_per_rank * workload.total_dim * 4 / (cast_gb_s * 1e9)
+    elif encoding == "mx4":
+        assert mx4_rates is not None  # predict() checks Codec.has_mx4
+        buffer = workload.batch_per_rank * workload.total_dim * 4  # the whole buffer, own rows included, as the cast
+        codec_s = buffer / (mx4_rates[0] * 1e9) + buffer / (mx4_rates[1] * 1e9)
     else:
         codec_s = raw / (rates[0] * 1e9) + raw / (rates[1] * 1e9)
         messages *= 2  # the size exchange before the payload
@@ -274,10 +323,14 @@ def input_dist_ms(workload: Workload, link: Link, world: int) -> float:
 
 def predict(method: str, workload: Workload, codec: Codec, link: Link, world: int,
             pipeline: str | None = None) -> Prediction:
-    """The step time of ``method`` (one of :data:`METHODS`) on ``world`` ranks, unpipelined or under ``pipeline``
-    (``"sparse_dist"``: the input dist hidden behind the step's compute, as far as it reaches)."""
-    if method not in METHODS:
-        raise ValueError(f"method {method!r} is not modelled; choose one of {list(METHODS)}.")
+    """The step time of ``method`` (one of :data:`ALL_METHODS`; ``mx4`` needs ``codec``'s MX4 rates) on ``world``
+    ranks, unpipelined or under ``pipeline`` (``"sparse_dist"``: the input dist hidden behind the step's compute, as
+    far as it reaches)."""
+    if method not in ALL_METHODS:
+        raise ValueError(f"method {method!r} is not modelled; choose one of {list(ALL_METHODS)}.")
+    if method == MX4_METHOD and not codec.has_mx4:
+        raise ValueError("method 'mx4' needs the MX4 codec rates: Codec(mx4_encode_gb_s=..., mx4_decode_gb_s=...)"
+                         " (dlac estimate --mx4-encode-gbps / --mx4-decode-gbps, or --device-rates).")
     if pipeline not in PIPELINES:
         raise ValueError(f"pipeline {pipeline!r} is not modelled; choose one of {list(PIPELINES)}.")
     if world < 2:
@@ -287,9 +340,12 @@ def predict(method: str, workload: Workload, codec: Codec, link: Link, world: in
         "int8_fp16": (("cast", workload.int8_ratio), ("cast", 2.0)),
         "dlac_bf16": (("dlac", codec.forward_ratio), ("cast", 2.0)),
         "dlac_dlac": (("dlac", codec.forward_ratio), ("dlac", codec.backward_ratio)),
+        "mx4": (("mx4", workload.mx4_ratio), ("mx4", workload.mx4_ratio)),
     }[method]
-    fwd = _direction_ms(*forward, codec.rates(False), codec.cast_gb_s, workload, link, world)
-    bwd = _direction_ms(*backward, codec.rates(True), codec.cast_gb_s, workload, link, world)
+    enc, dec = codec.mx4_encode_gb_s, codec.mx4_decode_gb_s
+    mx4 = (enc, dec) if enc is not None and dec is not None else None
+    fwd = _direction_ms(*forward, codec.rates(False), codec.cast_gb_s, workload, link, world, mx4)
+    bwd = _direction_ms(*backward, codec.rates(True), codec.cast_gb_s, workload, link, world, mx4)
     ring = 2 * (world - 1) / world * workload.dense_params * 4
     allreduce = link.wire_s(ring, world, 2 * (world - 1)) * 1e3 if workload.dense_params else 0.0
     ids = input_dist_ms(workload, link, world)
@@ -302,8 +358,8 @@ def predict(method: str, workload: Workload, codec: Codec, link: Link, world: in
 
 def predict_all(workload: Workload, codec: Codec, link: Link, world: int,
                 pipeline: str | None = None) -> dict[str, Prediction]:
-    """Every method's prediction, keyed by method."""
-    return {m: predict(m, workload, codec, link, world, pipeline) for m in METHODS}
+    """Every method's prediction, keyed by method (MX4 where ``codec`` has its rates: :meth:`Codec.methods`)."""
+    return {m: predict(m, workload, codec, link, world, pipeline) for m in codec.methods()}
 
 
 @dataclass(frozen=True)
@@ -557,12 +613,13 @@ def wait_from_run(rates: RunRates, workload: Workload, codec: Codec, topology: T
 
 
 def table(predictions: Mapping[int, Mapping[str, Prediction]]) -> list[str]:
-    """A markdown table: per world size, each method's step time and speedup over FP32."""
-    lines = ["| ranks | " + " | ".join(f"{METHOD_LABELS[m]} ms (speedup)" for m in METHODS) + " |",
-             "|---:|" + "---:|" * len(METHODS)]
+    """A markdown table: per world size, each method's step time and speedup over FP32 (the methods predicted)."""
+    methods = [m for m in ALL_METHODS if all(m in preds for preds in predictions.values())]
+    lines = ["| ranks | " + " | ".join(f"{METHOD_LABELS[m]} ms (speedup)" for m in methods) + " |",
+             "|---:|" + "---:|" * len(methods)]
     for world, preds in predictions.items():
         fp32 = preds["fp32"].step_ms
-        cells = [f"{preds[m].step_ms:.1f} ({fp32 / preds[m].step_ms:.2f}x)" for m in METHODS]
+        cells = [f"{preds[m].step_ms:.1f} ({fp32 / preds[m].step_ms:.2f}x)" for m in methods]
         lines.append(f"| {world} | " + " | ".join(cells) + " |")
     return lines
 
@@ -575,10 +632,113 @@ def pipeline_gains(pipelined: Mapping[int, Mapping[str, Prediction]],
     for world, preds in pipelined.items():
         any_pred = next(iter(preds.values()))
         gains = ", ".join(f"{METHOD_LABELS[m]} {unpipelined[world][m].step_ms / preds[m].step_ms:.2f}x"
-                          for m in METHODS)
+                          for m in ALL_METHODS if m in preds)
         lines.append(f"- {world} ranks: input dist {any_pred.parts['input_dist_ms']:.2f} ms per step, on the path"
                      f" {any_pred.input_dist_ms:.2f} ms with the pipeline; pipelined over unpipelined step: {gains}")
     return lines
+
+
+# ------------------------------------------------------------------------------------------------- a GPU's rates
+
+MX4_ROW = "mx4 (fbgemm triton)"  # benchmarks/cuda_codec_bench.py's codec names
+FP16_ROW = "fp16"
+GRADIENT_PAYLOAD = "gradient"
+
+
+@dataclass(frozen=True)
+class DeviceRates:
+    """The codec rates a ``benchmarks/cuda_codec_bench.py`` run measured on one GPU, as the model's inputs
+    (:func:`device_rates`); GB/s of float32.
+
+    Args:
+        device: The GPU the file names.
+        encode_gb_s: DLAC encode, the forward payload's row at the bound, as the exchange calls it.
+        decode_gb_s: DLAC decode, the same row.
+        cast_gb_s: The FP16 row's encode and decode as one rate (``2 / (1 / encode + 1 / decode)``: the model costs
+            a cast as ``2 * bytes / cast_rate``).
+        backward_encode_gb_s: DLAC encode of the ``gradient`` payload's row at the bound; ``None`` where the file
+            has none.
+        backward_decode_gb_s: The same row's decode.
+        mx4_encode_gb_s: fbgemm's Triton MX4 quantize, the forward payload's ``mx4 (fbgemm triton)`` row; ``None``
+            where the file has none.
+        mx4_decode_gb_s: The same row's dequantize.
+        mx4_missing: Why there is no MX4 row ("" where there is one): the file's ``not_measured`` reason, or that it
+            has none.
+    """
+
+    device: str
+    encode_gb_s: float
+    decode_gb_s: float
+    cast_gb_s: float
+    backward_encode_gb_s: float | None = None
+    backward_decode_gb_s: float | None = None
+    mx4_encode_gb_s: float | None = None
+    mx4_decode_gb_s: float | None = None
+    mx4_missing: str = ""
+
+
+def device_rates(path: str | Path, payload: str = "criteo", eps: float = 0.01) -> DeviceRates:
+    """The GPU codec rates of the ``benchmarks/cuda_codec_bench.py`` JSON at ``path``: DLAC's from the
+    ``dlac eps=<eps>`` row of ``payload`` (the backward's from the ``gradient`` payload's row at the same bound, where
+    the file has one), the cast rate from ``payload``'s ``fp16`` row, MX4's from its ``mx4 (fbgemm triton)`` row
+    (``None``, and the reason, where the file has none: MX4 is optional in the model).
+
+    Raises:
+        ValueError: The file is missing, not JSON, an emulated rehearsal, or lacks the DLAC or FP16 row (named,
+            with the file and the fix).
+    """
+    path = Path(path)
+    where = f"--device-rates {str(path)!r}"
+    fix = ("give the JSON that benchmarks/cuda_codec_bench.py wrote on a GPU (benchmarks/results/cuda_codec_bench.json,"
+           " or a GPU session's 4_bench.json), or the rates as flags (--encode-gbps, --decode-gbps, --cast-gbps,"
+           " --mx4-encode-gbps, --mx4-decode-gbps)")
+    try:
+        data = json.loads(path.read_text())
+    except OSError as err:
+        raise ValueError(f"{where}: cannot read it ({err.strerror or err}); {fix}.") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{where} is not JSON ({err}); {fix}.") from None
+    rows = data.get("results") if isinstance(data, dict) else None
+    if not isinstance(rows, list):
+        raise ValueError(f"{where} has no 'results' list of rows; {fix}.")
+    config = data.get("config") if isinstance(data.get("config"), dict) else {}
+    if config.get("emulated"):
+        raise ValueError(f"{where} is a rehearsal on the host (cuda_codec_bench.py --emulate), not a GPU's rates;"
+                         f" {fix}.")
+
+    def rates(payload_name: str, codec: str) -> tuple[float, float] | None:
+        for row in rows:
+            if isinstance(row, dict) and row.get("payload") == payload_name and row.get("codec") == codec:
+                enc, dec = row.get("encode_gbps"), row.get("decode_gbps")
+                if _number(enc) and _number(dec) and enc > 0 and dec > 0:
+                    return float(enc), float(dec)
+        return None
+
+    def required(payload_name: str, codec: str) -> tuple[float, float]:
+        found = rates(payload_name, codec)
+        if found is None:
+            payloads = sorted({str(r.get("payload")) for r in rows if isinstance(r, dict)})
+            raise ValueError(f"{where} has no row payload {payload_name!r}, codec {codec!r} with encode and decode"
+                             f" GB/s (its payloads: {', '.join(payloads) or 'none'}); choose --device-payload and"
+                             f" --device-eps among its rows, or {fix}.")
+        return found
+
+    dlac = f"dlac eps={eps:g}"
+    forward = required(payload, dlac)
+    cast = required(payload, FP16_ROW)
+    backward = rates(GRADIENT_PAYLOAD, dlac)
+    mx4 = rates(payload, MX4_ROW)
+    missing = ""
+    if mx4 is None:
+        reasons = [str(e.get("reason")) for e in data.get("not_measured") or []
+                   if isinstance(e, dict) and e.get("payload") == payload and e.get("codec") == MX4_ROW]
+        missing = (f"{where} has no row payload {payload!r}, codec {MX4_ROW!r}"
+                   + (f" (not measured: {reasons[0]})" if reasons else " (a run from before the MX4 rows)"))
+    return DeviceRates(
+        device=str(config.get("device", "?")), encode_gb_s=forward[0], decode_gb_s=forward[1],
+        cast_gb_s=2 / (1 / cast[0] + 1 / cast[1]),
+        backward_encode_gb_s=backward[0] if backward else None, backward_decode_gb_s=backward[1] if backward else None,
+        mx4_encode_gb_s=mx4[0] if mx4 else None, mx4_decode_gb_s=mx4[1] if mx4 else None, mx4_missing=missing)
 
 
 # ---------------------------------------------------------------------------------------------------------- CLI
@@ -614,8 +774,10 @@ def main(argv: list[str] | None = None) -> None:
         prog="dlac estimate", description=main.__doc__,
         epilog="Every default is this project's measured DLRM (26 tables x dim 64, batch 4096 per rank, ratios from"
                " benchmarks/e2e_bandwidth.py) except the ones only your cluster can supply: --compute-ms and the"
-               " codec rates of your device (or --from-run, a finished run's measurements). See docs/benchmarks.md,"
-               " 'Scaling model', and docs/multinode.md, 'Which peers to compress'.")
+               " codec rates of your device (or --from-run, a finished run's measurements; --device-rates, a GPU's"
+               " kernel rates). TorchRec's MX4 is modelled where its rates are given (--mx4-encode-gbps and"
+               " --mx4-decode-gbps, or --device-rates). See docs/benchmarks.md, 'Scaling model', and"
+               " docs/multinode.md, 'Which peers to compress'.")
     parser.add_argument("--world-sizes", default=None,
                         help="ranks (GPUs), comma-separated (default 8,16,32,64,128,256,512; not with --nodes)")
     parser.add_argument("--gbit", type=float, default=None,
@@ -660,18 +822,33 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--backward-decode-gbps", type=float, default=None, help="gradients; default --decode-gbps")
     parser.add_argument("--cast-gbps", type=float, default=None,
                         help="TorchRec qcomm INT8/FP16 quantize GB/s per rank (your device; not with --nodes)")
+    parser.add_argument("--mx4-encode-gbps", type=float, default=None,
+                        help="TorchRec qcomm MX4 quantize GB/s per rank (your device): with --mx4-decode-gbps, adds"
+                             " the MX4 method (not with --nodes)")
+    parser.add_argument("--mx4-decode-gbps", type=float, default=None,
+                        help="TorchRec qcomm MX4 dequantize GB/s per rank (your device)")
+    gpu = parser.add_argument_group(
+        "GPU rates", "every codec rate from one benchmarks/cuda_codec_bench.py run on a GPU (flags given override it)")
+    gpu.add_argument("--device-rates", default=None, metavar="CUDA_CODEC_BENCH_JSON",
+                        help="DLAC encode/decode (the payload's row at --device-eps; gradients from the gradient"
+                             " payload's), the cast rate (fp16 row) and MX4's (mx4 (fbgemm triton) row; required"
+                             " unless --mx4-encode-gbps and --mx4-decode-gbps are given)")
+    gpu.add_argument("--device-payload", default="criteo", help="the forward payload's rows (default criteo)")
+    gpu.add_argument("--device-eps", type=float, default=0.01, help="the DLAC rows' bound (default 0.01)")
     args = parser.parse_args(argv)
     from lightning.pytorch.utilities.rank_zero import rank_zero_info  # after parsing: `--help` stays instant
 
     gbit = 100.0 if args.gbit is None else args.gbit  # None until here: --nodes refuses it given
     try:
         topo = _topology(args)
+        from_device = _fill_from_device(args)
         read, rates = _fill_from_run(args)
         workload = Workload(args.batch, _dims(args.dims), args.compute_ms, args.dense_params, args.allreduce_hidden,
                             args.ids_per_sample, args.wait_ms or 0.0)
         codec = Codec(args.forward_ratio, args.backward_ratio, args.encode_gbps, args.decode_gbps,
                       args.backward_encode_gbps, args.backward_decode_gbps,
-                      1.0 if args.cast_gbps is None else args.cast_gbps)  # None: --nodes, which has no cast
+                      1.0 if args.cast_gbps is None else args.cast_gbps,  # None: --nodes, which has no cast
+                      args.mx4_encode_gbps, args.mx4_decode_gbps)
         if topo is not None and rates is not None and args.wait_ms is None:
             wait = wait_from_run(rates, workload, codec, topo)
             if wait is not None:
@@ -687,6 +864,8 @@ def main(argv: list[str] | None = None) -> None:
             preds = {w: predict_all(workload, codec, link, w, pipeline) for w in worlds}
     except ValueError as err:
         parser.error(str(err))
+    if from_device:
+        rank_zero_info(f"dlac estimate: from {args.device_rates}: {from_device}")
     if read:
         rank_zero_info(f"dlac estimate: from {args.from_run}: {read}")
     if topo is not None:
@@ -725,7 +904,8 @@ def _topology(args: argparse.Namespace) -> Topology | None:
         raise ValueError(f"{', '.join(given)} without {', '.join(missing)}: the topology model needs all four"
                          " (e.g. --nodes 2 --ranks-per-node 8 --intra-gbit 3600 --inter-gbit 3200).")
     single = {"--world-sizes": args.world_sizes, "--gbit": args.gbit, "--shared": args.shared or None,
-              "--cast-gbps": args.cast_gbps, "--ids-per-sample": args.ids_per_sample or None,
+              "--cast-gbps": args.cast_gbps, "--mx4-encode-gbps": args.mx4_encode_gbps,
+              "--mx4-decode-gbps": args.mx4_decode_gbps, "--ids-per-sample": args.ids_per_sample or None,
               "--pipeline": None if args.pipeline == "none" else args.pipeline}
     clash = [f for f, v in single.items() if v is not None]
     if clash:
@@ -733,6 +913,32 @@ def _topology(args: argparse.Namespace) -> Topology | None:
                          " --ranks-per-node, the links --intra-gbit and --inter-gbit, and the dense all-reduce and"
                          " the input dist (the same under every policy) are left out: drop them.")
     return Topology(args.nodes, args.ranks_per_node, args.intra_gbit, args.inter_gbit, args.latency_us)
+
+
+def _fill_from_device(args: argparse.Namespace) -> str:
+    """Fill the codec rates the user did not give from ``--device-rates`` (the cast and MX4 rates only for the
+    single-link model: ``--nodes`` has neither); what was read, as a line for the log ("" without it). An MX4 row
+    the file lacks is an error unless both MX4 flags are given: the comparison is stated or refused, never dropped."""
+    if args.device_rates is None:
+        return ""
+    rates = device_rates(args.device_rates, args.device_payload, args.device_eps)
+    fills = [("encode_gbps", rates.encode_gb_s, "DLAC encode"), ("decode_gbps", rates.decode_gb_s, "DLAC decode"),
+             ("backward_encode_gbps", rates.backward_encode_gb_s, "gradient encode"),
+             ("backward_decode_gbps", rates.backward_decode_gb_s, "gradient decode")]
+    if args.nodes is None:
+        if rates.mx4_encode_gb_s is None and (args.mx4_encode_gbps is None or args.mx4_decode_gbps is None):
+            raise ValueError(f"{rates.mx4_missing}: run benchmarks/cuda_codec_bench.py with fbgemm's Triton kernels"
+                             " (DLAC_FBGEMM_TRITON) on the GPU, or give --mx4-encode-gbps and --mx4-decode-gbps.")
+        fills += [("cast_gbps", rates.cast_gb_s, "cast (fp16)"),
+                  ("mx4_encode_gbps", rates.mx4_encode_gb_s, "MX4 encode"),
+                  ("mx4_decode_gbps", rates.mx4_decode_gb_s, "MX4 decode")]
+    taken = []
+    for dest, value, label in fills:
+        if getattr(args, dest) is None and value is not None:
+            setattr(args, dest, value)
+            taken.append(f"{label} {value:.3g}")
+    where = f"{rates.device}, payload {args.device_payload}, dlac eps={args.device_eps:g}"
+    return f"{where}: GB/s " + (", ".join(taken) if taken else "none taken (every rate given as a flag)")
 
 
 def _fill_from_run(args: argparse.Namespace) -> tuple[str, RunRates | None]:

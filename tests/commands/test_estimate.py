@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from lightning_dlac.commands.estimate import (
+    ALL_METHODS,
     METHODS,
     POLICIES,
     Codec,
@@ -22,6 +23,7 @@ from lightning_dlac.commands.estimate import (
     Workload,
     _dims,
     combine_ratios,
+    device_rates,
     main,
     policy_table,
     predict,
@@ -73,6 +75,48 @@ def test_int8_ratio_is_torchrec_row_wise_layout() -> None:
     assert Workload(4096, (64,) * 26, 1.0).int8_ratio == pytest.approx(4 * 64 / 72)
     p = predict("int8_fp16", WORKLOAD, CODEC, Link(1.0, 0.0), world=2)
     assert p.parts["forward_wire_ms"] == pytest.approx(8 * 32_000 / (4 * 16 / 32) / 1e9 * 1e3)
+
+
+@pytest.mark.parametrize("dims", [(64,) * 26, (20, 20, 20), (100,), (32, 16)])
+def test_mx4_ratio_is_the_size_fbgemm_produces(dims: tuple[int, ...]) -> None:
+    """TorchRec's MX4 (fbgemm_gpu.quantize_utils.fp32_to_mx4 with its qcomm settings) on a [batch, D] buffer: rows
+    padded to a multiple of 32 columns, half a byte a value and a byte per group of 32."""
+    torch = pytest.importorskip("torch")
+    quantize_utils = pytest.importorskip("fbgemm_gpu.quantize_utils")
+    from fbgemm_gpu.triton.common import RoundingMode
+
+    x = torch.randn(8, sum(dims))
+    q = quantize_utils.fp32_to_mx4(x, 32, ebits=2, mbits=1, rounding_mode=RoundingMode.even)
+    assert Workload(8, dims, 1.0).mx4_ratio == pytest.approx(x.numel() * 4 / (q.numel() * q.element_size()))
+    if sum(dims) % 32 == 0:
+        assert Workload(8, dims, 1.0).mx4_ratio == pytest.approx(128 / 17)  # 4.25 bits a value
+
+
+MX4_CODEC = replace(CODEC, mx4_encode_gb_s=8.0, mx4_decode_gb_s=16.0)
+
+
+def test_mx4_quantizes_the_whole_buffer_both_ways_and_sends_no_sizes() -> None:
+    link = Link(gbit_s=1.0, latency_us=100.0)
+    p = predict("mx4", WORKLOAD, MX4_CODEC, link, world=2)
+    buffer, raw = 1000 * 16 * 4, 1 / 2 * 1000 * 16 * 4  # dim 16 pads to 32: ratio 64 / (32 * 17 / 32) = 64 / 17
+    assert WORKLOAD.mx4_ratio == pytest.approx(64 / 17)
+    for d in ("forward", "backward"):
+        assert p.parts[f"{d}_codec_ms"] == pytest.approx((buffer / 8e9 + buffer / 16e9) * 1e3)
+        assert p.parts[f"{d}_wire_ms"] == pytest.approx(0.1 + 8 * raw / (64 / 17) / 1e9 * 1e3)  # one message a peer
+
+
+def test_mx4_is_predicted_and_tabled_only_with_its_rates() -> None:
+    assert list(predict_all(WORKLOAD, CODEC, Link(10.0), 8)) == list(METHODS)
+    preds = predict_all(WORKLOAD, MX4_CODEC, Link(10.0), 8)
+    assert list(preds) == list(ALL_METHODS) and ALL_METHODS[-1] == "mx4"
+    lines = table({8: preds})
+    assert lines[0].endswith("| TorchRec qcomm MX4 fwd / MX4 bwd ms (speedup) |") and lines[2].count("x)") == 5
+    with pytest.raises(ValueError, match="method 'mx4' needs the MX4 codec rates"):
+        predict("mx4", WORKLOAD, CODEC, Link(10.0), 8)
+    with pytest.raises(ValueError, match="MX4 needs both rates"):
+        replace(CODEC, mx4_encode_gb_s=8.0)
+    with pytest.raises(ValueError, match="mx4_decode_gb_s=0.0 must be a finite number > 0"):
+        replace(CODEC, mx4_encode_gb_s=8.0, mx4_decode_gb_s=0.0)
 
 
 def test_compression_pays_more_the_slower_the_link() -> None:
@@ -418,3 +462,94 @@ def test_the_example_in_docs_multinode_is_what_the_command_prints(caplog: pytest
         main(argv[2:])
     assert printed.splitlines() == [line for m in caplog.messages for line in m.splitlines()], (
         "docs/multinode.md's dlac estimate example is stale: paste what the command prints now")
+
+
+# ---------------------------------------------------------------------------------------------- --device-rates
+
+
+def _bench_row(payload: str, codec: str, enc: float, dec: float, **extra: object) -> dict[str, object]:
+    return {"payload": payload, "codec": codec, "ratio": 2.0, "encode_gbps": enc, "decode_gbps": dec, **extra}
+
+
+def _write_bench(directory: Path, mx4: bool = True, gradient: bool = True, **config: object) -> Path:
+    """A cuda_codec_bench.json shaped as the script writes it: metadata, config, results rows, not_measured."""
+    rows = [_bench_row("criteo", "memcpy", 1800.0, 1800.0, moved_gbps=3600.0),
+            _bench_row("criteo", "fp16", 2000.0, 1000.0),
+            _bench_row("criteo", "int8 row-wise (torch)", 300.0, 450.0),
+            _bench_row("criteo", "dlac eps=0.01", 16.0, 32.0, parity="bytes+bits equal", syncs=[1, 3]),
+            _bench_row("criteo", "dlac eps=0.01 via host copies", 1.0, 3.0),
+            _bench_row("criteo", "dlac eps=0.05", 22.0, 33.0, parity="bytes+bits equal", syncs=[1, 3])]
+    not_measured = []
+    if mx4:
+        rows.append(_bench_row("criteo", "mx4 (fbgemm triton)", 400.0, 800.0, max_err_range=0.1))
+    else:
+        not_measured.append({"payload": "criteo", "codec": "mx4 (fbgemm triton)", "reason": "Triton is not installed"})
+    if gradient:
+        rows.append(_bench_row("gradient", "dlac eps=0.01", 7.0, 30.0, parity="bytes+bits equal"))
+    path = directory / "cuda_codec_bench.json"
+    path.write_text(json.dumps({"metadata": {"command": "python benchmarks/cuda_codec_bench.py"},
+                                "config": {"device": "NVIDIA H200", "batch": 4096, "emulated": False, **config},
+                                "results": rows, "not_measured": not_measured}))
+    return path
+
+
+def test_device_rates_read_each_row_of_a_gpu_run(tmp_path: Path) -> None:
+    rates = device_rates(_write_bench(tmp_path))
+    assert (rates.device, rates.encode_gb_s, rates.decode_gb_s) == ("NVIDIA H200", 16.0, 32.0)
+    assert (rates.backward_encode_gb_s, rates.backward_decode_gb_s) == (7.0, 30.0)
+    assert rates.cast_gb_s == pytest.approx(2 / (1 / 2000 + 1 / 1000))  # the model costs a cast as 2 bytes / rate
+    assert (rates.mx4_encode_gb_s, rates.mx4_decode_gb_s, rates.mx4_missing) == (400.0, 800.0, "")
+    other = device_rates(_write_bench(tmp_path, mx4=False, gradient=False), eps=0.05)
+    assert (other.encode_gb_s, other.backward_encode_gb_s, other.mx4_encode_gb_s) == (22.0, None, None)
+    assert other.mx4_missing.endswith("codec 'mx4 (fbgemm triton)' (not measured: Triton is not installed)")
+
+
+@pytest.mark.parametrize(
+    ("write", "kwargs", "message"),
+    [
+        (lambda d: _write_bench(d), {"eps": 0.1}, "has no row payload 'criteo', codec 'dlac eps=0.1' with encode and"
+                                                   " decode GB/s (its payloads: criteo, gradient)"),
+        (lambda d: _write_bench(d), {"payload": "zipf"}, "has no row payload 'zipf', codec 'dlac eps=0.01'"),
+        (lambda d: _write_bench(d, emulated=True), {}, "is a rehearsal on the host"),
+        (lambda d: d / "missing.json", {}, "cannot read it"),
+        (lambda d: d, {}, "cannot read it"),
+    ],
+)
+def test_a_missing_row_or_a_bad_file_is_named_with_the_file(tmp_path: Path, write, kwargs: dict[str, object],  # noqa: ANN001
+                                                            message: str) -> None:
+    path = write(tmp_path)
+    with pytest.raises(ValueError, match=re.escape(message)) as err:
+        device_rates(path, **kwargs)  # type: ignore[arg-type]
+    assert f"--device-rates {str(path)!r}" in str(err.value)
+
+
+def test_dlac_estimate_device_rates_states_the_gpu_comparison(tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    path = _write_bench(tmp_path)
+    with caplog.at_level(logging.INFO):
+        main(["--world-sizes", "8", "--compute-ms", "5", "--device-rates", str(path), "--decode-gbps", "50"])
+    text = caplog.text
+    assert ("NVIDIA H200, payload criteo, dlac eps=0.01: GB/s DLAC encode 16, gradient encode 7, gradient decode 30,"
+            " cast (fp16) 1.33e+03, MX4 encode 400, MX4 decode 800") in text  # --decode-gbps given: not taken
+    assert "TorchRec qcomm MX4 fwd / MX4 bwd ms (speedup)" in text
+    # No MX4 row: refused, naming the row, the file and the fix, unless its rates are given as flags.
+    bare = _write_bench(tmp_path, mx4=False)
+    with pytest.raises(SystemExit):
+        main(["--compute-ms", "5", "--device-rates", str(bare)])
+    err = capsys.readouterr().err
+    assert f"--device-rates {str(bare)!r} has no row payload 'criteo', codec 'mx4 (fbgemm triton)'" in err
+    assert "give --mx4-encode-gbps and --mx4-decode-gbps" in err
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        main(["--world-sizes", "8", "--compute-ms", "5", "--device-rates", str(bare), "--mx4-encode-gbps", "1",
+              "--mx4-decode-gbps", "2"])
+    assert "TorchRec qcomm MX4 fwd / MX4 bwd" in caplog.text
+    # With --nodes: the DLAC rates only (no cast, no MX4 there), and the MX4 flags clash.
+    nodes = ["--nodes", "2", "--ranks-per-node", "2", "--intra-gbit", "100", "--inter-gbit", "10", "--compute-ms", "5"]
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        main([*nodes, "--device-rates", str(bare)])
+    assert "GB/s DLAC encode 16, DLAC decode 32, gradient encode 7, gradient decode 30\n" in caplog.text + "\n"
+    with pytest.raises(SystemExit):
+        main([*nodes, "--mx4-encode-gbps", "1", "--mx4-decode-gbps", "2", "--encode-gbps", "1", "--decode-gbps", "1"])
+    assert "--mx4-encode-gbps, --mx4-decode-gbps belong(s) to the single-link model" in capsys.readouterr().err
