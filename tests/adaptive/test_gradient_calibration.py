@@ -153,7 +153,7 @@ def test_given_start_and_T_are_kept_and_probes_run_only_where_they_choose() -> N
     dlac = DLACCallback(calibration_start=7, T=30)
     dlac._fit_defaults_to_the_run(_trainer(10_000))
     assert (dlac.settings.start, dlac.schedule.T) == (7, 30)
-    assert DLACCallback().settings.mode == "gradient" and DLACCallback().sensitivity_batches == 0
+    assert DLACCallback().settings.mode == "noise" and DLACCallback().sensitivity_batches == 0
     assert DLACCallback(mode="sensitivity").sensitivity_batches == 1
 
 
