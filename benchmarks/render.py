@@ -297,7 +297,8 @@ def adaptive_targets(rows: list[dict[str, Any]]) -> list[str]:
 
 
 CALIBRATION_VARIANTS = {
-    "default": "`DLACCallback()` (defaults: gradient mode)",
+    "default": "`DLACCallback()` (defaults: {mode} mode)",
+    "gradient": '`mode="gradient"`',
     "homogenization": '`mode="homogenization"` (`index="vector"`, the paper\'s)',
     "homogenization_value": '`mode="homogenization", index="value"`',
     "sensitivity": '`mode="sensitivity"` (4 probe batches)',
@@ -311,6 +312,12 @@ CALIBRATION_TARGETS = (
     ("bytes_vs_all_tight", "forward bytes <= 0.7x all-tight", 0.7, False),
     ("calibration_share", "calibration <= 5% of the run's time", 0.05, False),
 )
+
+
+def default_mode_of(data: dict[str, Any]) -> str:
+    """The mode ``DLACCallback()`` had in a calibration run: recorded in its config since the default became the
+    noise mode (issue 33); the gradient mode before."""
+    return data.get("config", {}).get("default_mode", "gradient")
 
 
 def calibration_modes(results: Results) -> list[str]:
@@ -330,7 +337,7 @@ def calibration_modes(results: Results) -> list[str]:
         # Precision is vacuous (1 by convention) where a mode flagged no table in any seed: say so instead.
         flagged = sum(s[v]["counts"]["tight"] + s[v]["counts"]["base"] for s in per_seed if v in s)
         precision = _plain(d["precision"]) if flagged else "- (none flagged)"
-        lines.append(f"| {label} | {precision} | {_plain(d['recall'])} |"
+        lines.append(f"| {label.format(mode=default_mode_of(data))} | {precision} | {_plain(d['recall'])} |"
                      f" {_plain(d['robust_loose_share'], '.0%')} |"
                      f" {d['auroc_delta']:+.4f} ({d['auroc_delta_sd']:.4f}) |"
                      f" {_x(d['bytes_vs_all_tight'])} | {share} |")
@@ -356,7 +363,7 @@ def calibration_modes(results: Results) -> list[str]:
         d, steps = quick["default"], quick.get("config", {}).get("steps")
         order = "the same order as" if quick["all_loose"]["auroc_delta"] < d["auroc_delta"] else "**not** the order of"
         lines += ["", f"The quick run (`make bench-quick`: {len(quick['seeds'])} seed, {steps} steps, baselines and the"
-                  f" default): all loose {quick['all_loose']['auroc_delta']:+.4f}, all tight"
+                  f" default, then the {default_mode_of(quick)} mode): all loose {quick['all_loose']['auroc_delta']:+.4f}, all tight"
                   f" {quick['all_tight']['auroc_delta']:+.4f}, the default {d['auroc_delta']:+.4f} AUROC against"
                   f" uncompressed ({order} the full run's), precision {d['precision']:.2f}, recall {d['recall']:.2f},"
                   f" others loose {d['robust_loose_share']:.0%}, {d['bytes_vs_all_tight']:.2f}x the bytes of all"
@@ -1278,11 +1285,15 @@ WORLD_TARGETS = (  # issue 33's targets on the evaluation worlds: (key, name, th
 )
 
 
-def calibration_worlds(results: Results) -> list[str]:
-    """The default and the noise mode on the evaluation worlds of the family: per world, the AUROC against all-tight
-    and all-loose, the flagged tables against the planted sensitive ones and the bytes; then the issue's summary
-    and targets (a target needs at least 20 worlds to be judged)."""
-    name = "calibration_worlds_quick.json"
+# The calibrated variants of a worlds run, in table order, and their labels.
+WORLD_LABELS = {"default": "default (`DLACCallback()`, {mode} mode)", "gradient": '`mode="gradient"`',
+                "noise": '`mode="noise"`', "noise_recal": '`mode="noise", recalibrate_every=steps // 5`'}
+
+
+def calibration_worlds(results: Results, name: str = "calibration_worlds_quick.json") -> list[str]:
+    """The calibrated variants of a run on worlds of the family: per world, the AUROC against all-tight and
+    all-loose, the flagged tables against the planted sensitive ones and the bytes; then the issue's summary and,
+    on evaluation worlds, its targets (a target needs at least 20 worlds to be judged)."""
     data = results.get(name)
     cfg = data.get("config", {})
     lines = [source_line(name, data, results.shown), "",
@@ -1290,19 +1301,21 @@ def calibration_worlds(results: Results) -> list[str]:
              "| world | tables (sensitive) | dim | all-tight vs uncompressed | all-loose vs all-tight | variant |"
              " vs all-tight | vs all-loose | flagged (of them sensitive) | bytes vs all-tight |",
              "|---|---|---|---|---|---|---|---|---|---|"]
+    judged = [v for v in WORLD_LABELS if v in data["per_world"][0]]
     for w in data["per_world"]:
         spec = w["spec"]
-        for variant in ("default", "noise"):
+        for variant in judged:
             r = w[variant]
             tight = r["auroc_vs_uncompressed"] - r["auroc_vs_all_tight"]  # all-tight's AUROC minus uncompressed's
             head = (f"| {w['world']} | {spec['tables']} ({spec['roles']['sensitive']}) | {spec['dim']} |"
-                    f" {tight:+.4f} | {w['all_loose_vs_all_tight']:+.4f} |") if variant == "default" else "| | | | | |"
+                    f" {tight:+.4f} | {w['all_loose_vs_all_tight']:+.4f} |") if variant == judged[0] else "| | | | | |"
             lines.append(f"{head} {variant} | {r['auroc_vs_all_tight']:+.4f} | {r['auroc_vs_all_loose']:+.4f} |"
                          f" {r['flagged_count']} ({r['true_positives']}) | {_x(r['bytes_vs_all_tight'])} |")
     lines += ["", "| summary | worlds | within 0.001 of all-tight | worse than all-loose | recall | precision |"
               " median bytes vs all-tight |", "|---|---|---|---|---|---|---|"]
-    for key, label in (("summary", "default (`DLACCallback()`)"), ("summary_noise", '`mode="noise"`')):
-        d = data[key]
+    for variant in judged:
+        d = data["summary" if variant == "default" else f"summary_{variant}"]
+        label = WORLD_LABELS[variant].format(mode=default_mode_of(data))
         lines.append(f"| {label} | {d['worlds']} | {_plain(d['default_within_0001_of_all_tight'], '.0%')} |"
                      f" {d['worse_than_all_loose']} | {_plain(d['recall'])} | {_plain(d['precision'])} |"
                      f" {_x(d['bytes_vs_all_tight'])} |")
@@ -1312,6 +1325,8 @@ def calibration_worlds(results: Results) -> list[str]:
         lines += ["", f"Noise floor per world ({seeds} paired training seeds; two standard errors of a mean of paired"
                   " differences; a difference within it is within noise): "
                   + ", ".join(f"{w['world']} {_plain(f, '.4f')}" for w, f in zip(data["per_world"], floors)) + "."]
+    if cfg.get("worlds") != "eval":
+        return lines
     d = data["summary"]
     lines += ["", f"Targets of the default (issue 33; judged on at least 20 evaluation worlds, here {d['worlds']}):",
               ""]
@@ -1340,6 +1355,9 @@ def _calibration_fit_line(results: Results) -> list[str]:
 BLOCKS["calibration_worlds"] = Block(("calibration_worlds_quick.json",),
                                      lambda results: calibration_worlds(results) + _calibration_fit_line(results),
                                      optional=("calibration_worlds_fit.json",))
+# The development worlds the default mode was chosen on (issue 33: the noise mode against the gradient mode).
+BLOCKS["calibration_worlds_dev"] = Block(("calibration_worlds_dev.json",),
+                                         lambda results: calibration_worlds(results, "calibration_worlds_dev.json"))
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -202,6 +202,10 @@ STEPS: tuple[Step, ...] = (
     Step("calibration_worlds_fit.json", "benchmarks/calibration_bench.py", {  # the noise budget, dev worlds only
         "full": ["--worlds", "dev", "--fit", "--count", "20"],
     }),
+    Step("calibration_worlds_dev.json", "benchmarks/calibration_bench.py", {  # the default mode, chosen on dev worlds
+        "full": ["--worlds", "dev", "--first", "20", "--count", "3", "--train-seeds", "2", "--variants",
+                 "uncompressed,all_tight,all_loose,default,gradient,noise_recal"],
+    }),
     Step("calibration_worlds.json", "benchmarks/calibration_bench.py", {
         "full": ["--worlds", "eval", "--count", "20"],
     }),

@@ -5,11 +5,11 @@ Three policies:
 - ``homogenization`` (the paper's): classify each table by its homogenization index at the index bound into
   *tight* (the bound erases differences between its embeddings: index below ``tight_below``), *loose* (it keeps
   them: index at least ``loose_from``) or *base*, and give each class its bound (default 0.01 / 0.03 / 0.05).
-- ``gradient`` (beyond the paper; the default): give each table the largest candidate bound whose expected
+- ``gradient`` (beyond the paper): give each table the largest candidate bound whose expected
   first-order change of a sample's loss (:meth:`TableStats.gradient_sensitivity`, from the loss gradients the
   backward exchange carries) stays within ``tolerance`` of the mean loss; a table whose every candidate exceeds it
   gets the smallest candidate.
-- ``noise`` (beyond the paper; scale-free): the variance the codec's error on each table adds to a batch's loss, as
+- ``noise`` (beyond the paper; scale-free; ``DLACCallback``'s default): the variance the codec's error on each table adds to a batch's loss, as
   a share of the loss's minibatch variance (:meth:`TableStats.noise_share`), summed over tables, may reach
   ``budget``; within it, tables are loosened greedily where a looser candidate saves the most bytes per share of
   noise it adds (docs/adaptive.md derives the rule).

@@ -53,12 +53,13 @@ class DLACCallback(Callback):
     loss: free, computed from the gradient the backward exchange carries) and, on the first ``sensitivity_batches``
     of them, the root mean square of the change of the training loss when only that table carries the codec's error
     (a *probe*, extra forward passes; see :mod:`lightning_dlac.adaptive.calibration`). The statistics are
-    all-reduced, so every rank picks the same bound per table: ``mode="gradient"`` (the default) takes the largest
-    candidate whose gradient sensitivity is within ``gradient_tolerance``; ``mode="homogenization"`` (the paper) puts
-    index ``< tight_below`` *tight*, index ``>= loose_from`` *loose*, the rest *base*; ``mode="sensitivity"`` takes
-    the largest candidate whose probed RMS loss change is within ``sensitivity_tolerance``; ``mode="noise"`` keeps
-    the loss variance the codec adds within ``noise_budget`` of the minibatch noise; ``mode="off"`` keeps ``eps``,
-    as every table does until calibration ends. By default calibration starts a tenth into the run (when the Trainer
+    all-reduced, so every rank picks the same bound per table: ``mode="noise"`` (the default) keeps the variance the
+    codec's error adds to a batch's loss, all tables together, within ``noise_budget`` of the loss's minibatch
+    variance, at the fewest bytes (a scale-free rule: docs/adaptive.md derives it); ``mode="gradient"`` takes the
+    largest candidate whose gradient sensitivity is within ``gradient_tolerance`` of the mean loss;
+    ``mode="homogenization"`` (the paper) puts index ``< tight_below`` *tight*, index ``>= loose_from`` *loose*, the
+    rest *base*; ``mode="sensitivity"`` takes the largest candidate whose probed RMS loss change is within
+    ``sensitivity_tolerance``; ``mode="off"`` keeps ``eps``, as every table does until calibration ends. By default calibration starts a tenth into the run (when the Trainer
     knows its length; else after 1000 batches), once the tables have trained: docs/adaptive.md has the evidence.
 
     **Iteration-wise level.** Every bound is multiplied by ``m(t)`` (:class:`~lightning_dlac.adaptive.DecaySchedule`)
@@ -78,7 +79,8 @@ class DLACCallback(Callback):
     ``training_step`` must return the loss (a tensor or a dict with ``"loss"``) and have no other side effects.
 
     Args:
-        mode: ``"gradient"``, ``"noise"``, ``"homogenization"``, ``"sensitivity"`` or ``"off"`` (no table-wise level).
+        mode: ``"noise"`` (the default), ``"gradient"``, ``"homogenization"``, ``"sensitivity"`` or ``"off"`` (no
+            table-wise level).
         tight_eps: Relative bound of tight tables.
         base_eps: Relative bound of base tables.
         loose_eps: Relative bound of loose tables.
@@ -107,7 +109,8 @@ class DLACCallback(Callback):
             never); each calibration measures ``calibration_batches`` batches with the current bounds in force.
         calibration_dataloader: Batches to calibrate on before training (default: the first training batches).
             Every rank must provide its own batches; the smallest count across ranks is used. They only run
-            forward, so ``mode="gradient"`` (which needs the backward pass's gradients) refuses them.
+            forward, so ``mode="noise"`` (the default) and ``mode="gradient"``, which read the backward pass's gradients,
+            refuse them: use ``mode="sensitivity"`` or ``"homogenization"`` with them.
         schedule: ``"step"``, ``"linear"``, ``"log"`` or ``"constant"``.
         c: Initial multiplier m(0) (>= 1; 1 turns the iteration-wise level off).
         T: Length of the early stage, in training batches (default ``None``: a tenth of the run's training batches
@@ -120,7 +123,7 @@ class DLACCallback(Callback):
             directory (rank 0) and log the report's headline (see :mod:`lightning_dlac.plugin.report`).
     """
 
-    def __init__(self, mode: str = "gradient", tight_eps: float = 0.01, base_eps: float = 0.03,
+    def __init__(self, mode: str = "noise", tight_eps: float = 0.01, base_eps: float = 0.03,
                  loose_eps: float = 0.05, tight_below: float = 0.9, loose_from: float = 0.99,
                  index_eps: float | None = None, index: str = "vector", candidates: Sequence[float] | None = None,
                  sensitivity_tolerance: float = 1e-3, gradient_tolerance: float = GRADIENT_TOLERANCE,

@@ -153,7 +153,7 @@ def test_given_start_and_T_are_kept_and_probes_run_only_where_they_choose() -> N
     dlac = DLACCallback(calibration_start=7, T=30)
     dlac._fit_defaults_to_the_run(_trainer(10_000))
     assert (dlac.settings.start, dlac.schedule.T) == (7, 30)
-    assert DLACCallback().settings.mode == "gradient" and DLACCallback().sensitivity_batches == 0
+    assert DLACCallback().settings.mode == "noise" and DLACCallback().sensitivity_batches == 0
     assert DLACCallback(mode="sensitivity").sensitivity_batches == 1
 
 
@@ -177,12 +177,15 @@ def test_an_unknown_run_length_is_said_with_what_to_set(caplog: pytest.LogCaptur
 
 def test_the_gradient_mode_refuses_a_calibration_dataloader_it_could_not_use() -> None:
     """Batches calibrated on before training are only run forward: no gradient comes back, and the gradient mode
-    used to skip every table and still call itself calibrated. It is refused at construction, naming the fix."""
+    used to skip every table and still call itself calibrated. It, and the noise mode (the default), which reads
+    the same gradients, are refused at construction, naming the fix."""
     from lightning_dlac import DLACCallback
     from lightning_dlac.adaptive import CalibrationSettings
 
-    with pytest.raises(ValueError, match="mode='gradient' measures the loss gradient.*Calibrate on training"):
+    with pytest.raises(ValueError, match="mode='noise' measures the loss gradient.*Calibrate on training"):
         DLACCallback(calibration_dataloader=[1])
+    with pytest.raises(ValueError, match="mode='gradient' measures the loss gradient.*Calibrate on training"):
+        DLACCallback(mode="gradient", calibration_dataloader=[1])
     with pytest.raises(ValueError, match="mode='sensitivity' or mode='homogenization'"):
         CalibrationSettings(mode="gradient", before_training=True)
     for mode in ("sensitivity", "homogenization", "off"):  # the modes that can use the batches keep them

@@ -404,8 +404,8 @@ def test_a_run_that_stops_before_calibrating_says_so_at_the_end_and_in_the_repor
     assert "due from training batch 8" in end and "after 5 batches" in end and "eps=0.02" in end
     assert not [m for m in said if "it will never calibrate" in m]  # the set-up saw a run of 20
     report = (tmp_path / "run" / "version_0" / "dlac_report.md").read_text()
-    assert "bounds (gradient): never calibrated: calibration was due from training batch 8" in report
-    assert "bounds (gradient): never calibrated" in caplog.text  # the headline, logged at the end of fit
+    assert "bounds (noise): never calibrated: calibration was due from training batch 8" in report
+    assert "bounds (noise): never calibrated" in caplog.text  # the headline, logged at the end of fit
 
 
 @pytest.mark.slow
