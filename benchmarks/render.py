@@ -363,7 +363,8 @@ def calibration_modes(results: Results) -> list[str]:
         d, steps = quick["default"], quick.get("config", {}).get("steps")
         order = "the same order as" if quick["all_loose"]["auroc_delta"] < d["auroc_delta"] else "**not** the order of"
         lines += ["", f"The quick run (`make bench-quick`: {len(quick['seeds'])} seed, {steps} steps, baselines and the"
-                  f" default, then the {default_mode_of(quick)} mode): all loose {quick['all_loose']['auroc_delta']:+.4f}, all tight"
+                  f" default, then the {default_mode_of(quick)} mode): all loose"
+                  f" {quick['all_loose']['auroc_delta']:+.4f}, all tight"
                   f" {quick['all_tight']['auroc_delta']:+.4f}, the default {d['auroc_delta']:+.4f} AUROC against"
                   f" uncompressed ({order} the full run's), precision {d['precision']:.2f}, recall {d['recall']:.2f},"
                   f" others loose {d['robust_loose_share']:.0%}, {d['bytes_vs_all_tight']:.2f}x the bytes of all"

@@ -9,10 +9,10 @@ Three policies:
   first-order change of a sample's loss (:meth:`TableStats.gradient_sensitivity`, from the loss gradients the
   backward exchange carries) stays within ``tolerance`` of the mean loss; a table whose every candidate exceeds it
   gets the smallest candidate.
-- ``noise`` (beyond the paper; scale-free; ``DLACCallback``'s default): the variance the codec's error on each table adds to a batch's loss, as
-  a share of the loss's minibatch variance (:meth:`TableStats.noise_share`), summed over tables, may reach
-  ``budget``; within it, tables are loosened greedily where a looser candidate saves the most bytes per share of
-  noise it adds (docs/adaptive.md derives the rule).
+- ``noise`` (beyond the paper; scale-free; ``DLACCallback``'s default): the variance the codec's error on each table
+  adds to a batch's loss, as a share of the loss's minibatch variance (:meth:`TableStats.noise_share`), summed over
+  tables, may reach ``budget``; within it, tables are loosened greedily where a looser candidate saves the most
+  bytes per share of noise it adds (docs/adaptive.md derives the rule).
 - ``sensitivity`` (beyond the paper): give each table the largest candidate bound whose measured loss change stays
   within ``tolerance`` of the exact loss (and whose smaller candidates do too); a table whose every candidate exceeds
   it gets the smallest candidate.

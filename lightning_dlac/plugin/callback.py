@@ -59,8 +59,9 @@ class DLACCallback(Callback):
     largest candidate whose gradient sensitivity is within ``gradient_tolerance`` of the mean loss;
     ``mode="homogenization"`` (the paper) puts index ``< tight_below`` *tight*, index ``>= loose_from`` *loose*, the
     rest *base*; ``mode="sensitivity"`` takes the largest candidate whose probed RMS loss change is within
-    ``sensitivity_tolerance``; ``mode="off"`` keeps ``eps``, as every table does until calibration ends. By default calibration starts a tenth into the run (when the Trainer
-    knows its length; else after 1000 batches), once the tables have trained: docs/adaptive.md has the evidence.
+    ``sensitivity_tolerance``; ``mode="off"`` keeps ``eps``, as every table does until calibration ends. By default
+    calibration starts a tenth into the run (when the Trainer knows its length; else after 1000 batches), once the
+    tables have trained: docs/adaptive.md has the evidence.
 
     **Iteration-wise level.** Every bound is multiplied by ``m(t)`` (:class:`~lightning_dlac.adaptive.DecaySchedule`)
     which decays from ``c`` to 1 over the first ``T`` training batches (by default a tenth of the run, at most the
@@ -109,8 +110,8 @@ class DLACCallback(Callback):
             never); each calibration measures ``calibration_batches`` batches with the current bounds in force.
         calibration_dataloader: Batches to calibrate on before training (default: the first training batches).
             Every rank must provide its own batches; the smallest count across ranks is used. They only run
-            forward, so ``mode="noise"`` (the default) and ``mode="gradient"``, which read the backward pass's gradients,
-            refuse them: use ``mode="sensitivity"`` or ``"homogenization"`` with them.
+            forward, so ``mode="noise"`` (the default) and ``mode="gradient"``, which read the backward pass's
+            gradients, refuse them: use ``mode="sensitivity"`` or ``"homogenization"`` with them.
         schedule: ``"step"``, ``"linear"``, ``"log"`` or ``"constant"``.
         c: Initial multiplier m(0) (>= 1; 1 turns the iteration-wise level off).
         T: Length of the early stage, in training batches (default ``None``: a tenth of the run's training batches
