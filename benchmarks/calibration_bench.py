@@ -190,6 +190,16 @@ class _Bytes(pl.Callback):
         self.sent += sent - self._start[1]
 
 
+class _LooseOne(pl.Callback):
+    """One table at the loose bound for the whole run, every other at the strategy's eps (the ablation arm)."""
+
+    def __init__(self, table: str) -> None:
+        self.table = table
+
+    def on_train_start(self, trainer, pl_module) -> None:  # noqa: ANN001
+        trainer.strategy.error_bounds.set_table_bounds({self.table: LOOSE})
+
+
 def trace_summary(point: dict[str, Any], roles: dict[str, str]) -> dict[str, tuple[float, float]]:
     """Smallest and largest gradient sensitivity (at the largest candidate) of each role at one calibration."""
     out = {}
@@ -311,10 +321,12 @@ def _run_world(rank: int, world_size: int, variant: str, cfg: dict[str, Any]) ->
     else:
         strategy = DLACStrategy(eps={"all_tight": 0.01, "all_loose": LOOSE}.get(variant, 0.01),
                                 embedding_lr=cfg["lr"])
-    dlac = _callback(variant, cfg) if variant not in BASELINES else None
+    ablated = variant.removeprefix(ABLATE_PREFIX) if variant.startswith(ABLATE_PREFIX) else None
+    dlac = _callback(variant, cfg) if variant not in BASELINES and ablated is None else None
     meter = _Bytes()
+    callbacks = [meter] + ([] if dlac is None else [dlac]) + ([] if ablated is None else [_LooseOne(ablated)])
     trainer = pl.Trainer(accelerator="cpu", devices=world_size, strategy=strategy, max_epochs=1,
-                         callbacks=[meter] if dlac is None else [dlac, meter], logger=False,
+                         callbacks=callbacks, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                          num_sanity_val_steps=0)
     start = time.perf_counter()
@@ -328,6 +340,64 @@ def _run_world(rank: int, world_size: int, variant: str, cfg: dict[str, Any]) ->
                    calibration_s=dlac.calibration_seconds,
                    noise_share={r["table"]: r["noise_share"] for r in dlac.calibration_report()})
     return out
+
+
+# The per-table ablation (issue 33 item 2: "a table counts as sensitive when a loose bound on it alone costs >= 0.001
+# AUROC"): arm "loose:<table>" runs that table at LOOSE and every other at 0.01, under the world's paired seeds.
+ABLATE_PREFIX = "loose:"
+
+
+def judge_ablation(by_seed: list[dict[str, dict[str, Any]]], roles: dict[str, str]) -> dict[str, Any]:
+    """Per table, the mean paired AUROC difference of its ablation arm to all-tight, whether it costs at least
+    WORLD_NOISE (sensitive by ablation) and whether that cost is beyond the world's floor (FLOOR_Z standard errors of
+    a mean of paired differences, the spread pooled over every ablation arm and all-loose); then the planted roles
+    against it: the tables where planted-sensitive and sensitive-by-ablation disagree."""
+    arms = [v for v in by_seed[0] if v.startswith(ABLATE_PREFIX)] + ["all_loose"]
+    diffs = {v: [runs[v]["val_auroc"] - runs["all_tight"]["val_auroc"] for runs in by_seed] for v in arms}
+    squares = sum(sum((d - statistics.fmean(ds)) ** 2 for d in ds) for ds in diffs.values())
+    dof = sum(len(ds) - 1 for ds in diffs.values())
+    floor = FLOOR_Z * math.sqrt(squares / dof) / math.sqrt(len(by_seed)) if dof > 0 else None
+    tables = []
+    for v in arms[:-1]:
+        table = v.removeprefix(ABLATE_PREFIX)
+        cost = -statistics.fmean(diffs[v])
+        tables.append({"table": table, "role": roles[table], "cost": cost, "per_seed": diffs[v],
+                       "sensitive_by_ablation": cost >= WORLD_NOISE,
+                       "beyond_floor": None if floor is None else cost > floor})
+    disagree = [t["table"] for t in tables if (t["role"] == "sensitive") != t["sensitive_by_ablation"]]
+    return {"floor": floor, "train_seeds": len(by_seed), "all_loose_cost": -statistics.fmean(diffs["all_loose"]),
+            "tables": tables, "disagreements": disagree}
+
+
+def main_ablation(args: argparse.Namespace, metadata: dict[str, Any]) -> None:
+    """``--ablate WORLD``: every table of one world loose alone, against all-tight and all-loose, paired seeds."""
+    from calibration_data import DEV_WORLDS, draw_world
+
+    if args.ablate not in DEV_WORLDS:
+        raise SystemExit(f"--ablate {args.ablate}: ablate a development world ({DEV_WORLDS[0]}-{DEV_WORLDS[-1]}), so"
+                         " that no evaluation world is looked at table by table")
+    world = draw_world(args.ablate)
+    tables = [f"t_f{i}" for i in range(len(world.tables))]
+    cfg = dict(worlds="dev", seeds=[args.ablate], steps=args.steps or WORLD_FULL["steps"],
+               val_batches=args.val_batches, lr=args.lr or WORLD_FULL["lr"], train_seeds=args.train_seeds or 2,
+               variants=["all_tight", "all_loose", *(ABLATE_PREFIX + t for t in tables)], floor_z=FLOOR_Z)
+    print(f"world {args.ablate}: {world.summary()}", flush=True)
+    by_seed, runs = [], []
+    for train_seed in range(cfg["train_seeds"]):
+        by_variant = {}
+        for variant in cfg["variants"]:
+            r = run_ranks(_run_world, 2, variant, dict(cfg, world=args.ablate, train_seed=train_seed),
+                          timeout=args.timeout)[0]
+            by_variant[variant] = r
+            runs.append(r)
+            print(f"  seed {train_seed} {variant}: val AUROC {r['val_auroc']:.4f}, {r['seconds']:.0f} s", flush=True)
+        by_seed.append(by_variant)
+    ablation = judge_ablation(by_seed, runs[0]["roles"])
+    for t in ablation["tables"]:
+        print(f"  {t['table']} ({t['role']}): loose alone costs {t['cost']:+.4f} AUROC", flush=True)
+    print(f"floor {ablation['floor']}; planted roles that disagree with the ablation: {ablation['disagreements']}")
+    write_results(args.json_out, metadata, cfg, runs, ablation=ablation, spec=world.summary())
+    print(f"\nwrote {args.json_out}")
 
 
 FIT_QUANTILE = 0.9  # the p90 rule of fit_noise_budget
@@ -534,9 +604,15 @@ def main() -> None:
                         " with --quick, WORLD_QUICK's); the noise floor needs at least 2")
     parser.add_argument("--fit", action="store_true",
                         help="with --worlds dev: run the noise mode only and fit its budget (fit_noise_budget)")
+    parser.add_argument("--ablate", type=int, default=None, metavar="WORLD",
+                        help="every table of this development world loose alone (the ablation that defines a"
+                        " sensitive table), paired with all-tight under --train-seeds seeds (default 2)")
     parser.add_argument("--json-out", type=Path, default=REPO / "benchmarks/results/calibration_bench.json")
     args = parser.parse_args()
     metadata = start_run("benchmarks/calibration_bench.py", vars(args))
+    if args.ablate is not None:
+        main_ablation(args, metadata)
+        return
     if args.worlds is not None:
         main_worlds(args, metadata)
         return

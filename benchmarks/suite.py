@@ -206,6 +206,9 @@ STEPS: tuple[Step, ...] = (
         "full": ["--worlds", "dev", "--first", "20", "--count", "3", "--train-seeds", "2", "--variants",
                  "uncompressed,all_tight,all_loose,default,gradient,noise_recal"],
     }),
+    Step("calibration_ablation.json", "benchmarks/calibration_bench.py", {  # the planted roles against the ablation
+        "full": ["--ablate", "20", "--train-seeds", "2"],
+    }),
     Step("calibration_worlds.json", "benchmarks/calibration_bench.py", {
         "full": ["--worlds", "eval", "--count", "20"],
     }),

@@ -147,3 +147,28 @@ def test_the_noise_floor_is_read_from_paired_differences_and_judges_a_world() ->
     assert s["worlds_floor_within_0001"] == 0 and s["noise_floor_median"] == pytest.approx((floor["floor"] + 0.004) / 2)
     # Worlds without a floor (one seed, or results taken before floors) give the issue's summary alone.
     assert "noise_floor_median" not in bench.summarize_worlds([{"default": w}], "default")
+
+
+def test_the_ablation_judges_each_table_by_what_its_loose_bound_alone_costs() -> None:
+    """Issue 33's definition of a sensitive table (a loose bound on it alone costs >= 0.001 AUROC), measured per
+    table against all-tight under paired seeds, and the planted roles checked against it."""
+    import calibration_bench as bench
+
+    def seed(tight: float, a: float, b: float, loose: float) -> dict:
+        return {"all_tight": {"val_auroc": tight}, "all_loose": {"val_auroc": loose},
+                "loose:t_f0": {"val_auroc": a}, "loose:t_f1": {"val_auroc": b}}
+
+    # t_f0 costs 0.003 under both seeds, t_f1 0.0002 and 0.0004: planted t_f1 sensitive disagrees with the ablation.
+    by_seed = [seed(0.80, 0.797, 0.7998, 0.790), seed(0.81, 0.807, 0.8096, 0.800)]
+    out = bench.judge_ablation(by_seed, {"t_f0": "robust", "t_f1": "sensitive"})
+    costs = {t["table"]: t for t in out["tables"]}
+    assert costs["t_f0"]["cost"] == pytest.approx(0.003) and costs["t_f0"]["sensitive_by_ablation"]
+    assert costs["t_f1"]["cost"] == pytest.approx(0.0003) and not costs["t_f1"]["sensitive_by_ablation"]
+    assert out["disagreements"] == ["t_f0", "t_f1"] and out["all_loose_cost"] == pytest.approx(0.01)
+    # The floor pools the paired spread of every arm: only t_f1's pair differs (0.0002 vs 0.0004).
+    assert out["floor"] == pytest.approx(2 * (0.0001 * 2**0.5 / 3**0.5) / 2**0.5)
+    # t_f1's cost is real (beyond the floor) but under 0.001: not sensitive by the issue's definition.
+    assert costs["t_f0"]["beyond_floor"] and costs["t_f1"]["beyond_floor"]
+    by_seed[1]["loose:t_f1"]["val_auroc"] = 0.8104  # now it gains under one seed: its cost is within the floor
+    out = bench.judge_ablation(by_seed, {"t_f0": "robust", "t_f1": "sensitive"})
+    assert [t["beyond_floor"] for t in out["tables"]] == [True, False]
