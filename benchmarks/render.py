@@ -1369,7 +1369,8 @@ def calibration_ablation(results: Results) -> list[str]:
              f" 0.01 except the one ablated, at 0.05. All tables loose cost {ab['all_loose_cost']:+.4f} AUROC; the"
              f" world's floor (two standard errors of a mean of paired differences, pooled over the arms) is"
              f" {_plain(ab['floor'], '.4f')}.", "",
-             "| table | planted role | AUROC cost of it alone loose | per seed | >= 0.001 (sensitive) | beyond the floor |",
+             "| table | planted role | AUROC cost of it alone loose | per seed | >= 0.001 (sensitive) |"
+             " beyond the floor |",
              "|---|---|---:|---|---|---|"]
     for t in sorted(ab["tables"], key=lambda t: -t["cost"]):
         lines.append(f"| {t['table']} | {t['role']} | {t['cost']:+.4f} |"
