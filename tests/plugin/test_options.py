@@ -492,10 +492,11 @@ def test_fallback_check_every_spaces_the_checks_of_the_way_not_taken(arms: tuple
     for rank, (arm, control) in enumerate(_pair(arms, "fallback_check_every")):
         # After call 2 the fallback takes the faster way (which one depends on the times) and tries the other one
         # once, fallback_check_every calls later: call 2 + 2 here, call 2 + 4 in the control. So the way changes at
-        # call 4 in the arm and not in the control, and at call 6 in the control.
+        # call 4 in the arm and not in the control, and at call 6 in the control. What the arm does at call 5 depends
+        # on the times again (back, or on the way it tried if that one was faster this time), so it is not asserted.
         arm_way, control_way = (
             [b - a for a, b in zip([0, *r["uncompressed"]], r["uncompressed"])] for r in (arm, control))
-        assert arm_way[4] != arm_way[3] and arm_way[5] == arm_way[3], (rank, arm_way)
+        assert arm_way[4] != arm_way[3], (rank, arm_way)
         assert control_way[4] == control_way[3] == control_way[5] and control_way[6] != control_way[5], (
             rank, control_way)
 
