@@ -11,7 +11,7 @@ batch's ids during the current step). Nothing here measures anything: every inpu
 | quantity | formula |
 |---|---|
 | bytes a rank sends per direction, raw | ``R = (W - 1) / W * B * D * 4`` (``D`` columns, spread evenly) |
-| the same, sent | ``R / ratio`` (FP32 1; FP16/BF16 2; INT8 row-wise ``4 d / (d + 8)``; DLAC measured) |
+| the same, sent | ``R / ratio`` (FP32 1; FP16/BF16 2; INT8 in rows of 32 values ``4 * 32 / 40 = 3.2``; DLAC measured) |
 | MX4's ratio | ``128 D / (17 D')`` (``D'``: ``D`` rounded up to a multiple of 32) |
 | wire time, ``per_gpu`` link | ``alpha * messages + 8 * sent / bandwidth`` (every GPU its own link, full bisection) |
 | wire time, ``shared`` link | ``alpha * messages + 8 * W * sent / bandwidth`` (one link for all: tc on loopback) |
@@ -109,6 +109,7 @@ METHOD_LABELS = {
     "mx4": "TorchRec qcomm MX4 fwd / MX4 bwd",
 }
 MX4_GROUP_SIZE = 32  # values sharing one 8-bit exponent (TorchRec's MX_GROUP_SIZE_DEFAULT)
+INT8_ROW_DIM = 32  # values per scale-and-bias row of TorchRec's INT8 qcomm (fbgemm quantize_comm's ROW_DIM_DEFAULT)
 POLICIES = ("none", "all", "other_nodes")
 POLICY_LABELS = {
     "none": "none (FP32 to every peer)",
@@ -195,8 +196,10 @@ class Workload:
 
     @property
     def int8_ratio(self) -> float:
-        """TorchRec's row-wise INT8: one byte per element plus a float32 scale and bias per row and table."""
-        return 4 * self.total_dim / (self.total_dim + 8 * len(self.embedding_dims))
+        """TorchRec's row-wise INT8 qcomm: fbgemm quantizes the flattened buffer in rows of ``INT8_ROW_DIM`` values
+        (``QuantizationContext``'s default row_dim, which TorchRec keeps for INT8), one byte per value plus a float32
+        scale and bias per row: ``4 * 32 / (32 + 8) = 3.2`` whatever the tables' dims."""
+        return 4 * INT8_ROW_DIM / (INT8_ROW_DIM + 8)
 
     @property
     def mx4_ratio(self) -> float:

@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 
 from lightning_dlac.commands.estimate import (
     ALL_METHODS,
@@ -71,10 +72,19 @@ def test_dlac_pays_its_codec_and_a_size_exchange_and_sends_raw_over_ratio() -> N
 
 
 def test_int8_ratio_is_torchrec_row_wise_layout() -> None:
-    # One byte per element plus a float32 scale and bias per row of each table: 64 / (64 + 8) * 4 = 3.56 at dim 64.
-    assert Workload(4096, (64,) * 26, 1.0).int8_ratio == pytest.approx(4 * 64 / 72)
+    # What TorchRec's INT8 qcomm codec sends (fbgemm's quantize_comm, INT8 in its default context: rows of 32
+    # values, one byte each plus a float32 scale and bias), whatever the tables' dims.
+    from fbgemm_gpu.quantize_comm import QuantizedCommCodec
+    from fbgemm_gpu.split_embedding_configs import SparseType
+
+    codec = QuantizedCommCodec(SparseType.INT8)
+    for dims in [(64,) * 26, (128, 32, 96)]:
+        x = torch.randn(512, sum(dims))
+        sent = codec.encode(x, codec.create_context())
+        sent_bytes = sent.numel() * sent.element_size()
+        assert Workload(512, dims, 1.0).int8_ratio == pytest.approx(x.numel() * 4 / sent_bytes)
     p = predict("int8_fp16", WORKLOAD, CODEC, Link(1.0, 0.0), world=2)
-    assert p.parts["forward_wire_ms"] == pytest.approx(8 * 32_000 / (4 * 16 / 32) / 1e9 * 1e3)
+    assert p.parts["forward_wire_ms"] == pytest.approx(8 * 32_000 / 3.2 / 1e9 * 1e3)
 
 
 @pytest.mark.parametrize("dims", [(64,) * 26, (20, 20, 20), (100,), (32, 16)])
