@@ -1356,6 +1356,9 @@ def _calibration_fit_line(results: Results) -> list[str]:
 BLOCKS["calibration_worlds"] = Block(("calibration_worlds_quick.json",),
                                      lambda results: calibration_worlds(results) + _calibration_fit_line(results),
                                      optional=("calibration_worlds_fit.json",))
+LOOSE_EPS = 0.05  # calibration_bench's LOOSE: a table at a bound below it is flagged
+
+
 def calibration_ablation(results: Results) -> list[str]:
     """The per-table ablation of one development world (issue 33 item 2): what a loose bound on each table alone
     costs against all-tight, and the planted roles against it."""
@@ -1363,20 +1366,30 @@ def calibration_ablation(results: Results) -> list[str]:
     data = results.get(name)
     cfg, ab = data.get("config", {}), data["ablation"]
     spec = data.get("spec", {})
-    lines = [source_line(name, data, results.shown), "",
-             f"Development world {cfg['seeds'][0]} ({spec.get('tables')} tables, dim {spec.get('dim')}),"
+    world = cfg["seeds"][0]
+    # How often the noise mode flagged each table on the same world in the development comparison, if it ran there.
+    dev = results.get("calibration_worlds_dev.json")
+    noise = "default" if dev is not None and default_mode_of(dev) == "noise" else "noise"
+    flags = [r for r in (dev or {}).get("results", []) if r["world"] == world and r["variant"] == noise]
+    lines = [source_line(name, data, results.shown)]
+    if flags:
+        lines.append(source_line("calibration_worlds_dev.json", dev, results.shown))
+    lines += ["",
+             f"Development world {world} ({spec.get('tables')} tables, dim {spec.get('dim')}),"
              f" {cfg['steps']} training batches per rank, {ab['train_seeds']} paired training seeds; every table at"
              f" 0.01 except the one ablated, at 0.05. All tables loose cost {ab['all_loose_cost']:+.4f} AUROC; the"
              f" world's floor (two standard errors of a mean of paired differences, pooled over the arms) is"
              f" {_plain(ab['floor'], '.4f')}.", "",
              "| table | planted role | AUROC cost of it alone loose | per seed | >= 0.001 (sensitive) |"
-             " beyond the floor |",
-             "|---|---|---:|---|---|---|"]
+             " beyond the floor |" + (" flagged by the noise mode (development comparison, seeds) |" if flags else ""),
+             "|---|---|---:|---|---|---|" + ("---|" if flags else "")]
     for t in sorted(ab["tables"], key=lambda t: -t["cost"]):
+        flagged = sum((r.get("table_bounds") or {}).get(t["table"], LOOSE_EPS) < LOOSE_EPS for r in flags)
         lines.append(f"| {t['table']} | {t['role']} | {t['cost']:+.4f} |"
                      f" {', '.join(f'{-d:+.4f}' for d in t['per_seed'])} |"
                      f" {'yes' if t['sensitive_by_ablation'] else 'no'} |"
-                     f" {'-' if t['beyond_floor'] is None else ('yes' if t['beyond_floor'] else 'no')} |")
+                     f" {'-' if t['beyond_floor'] is None else ('yes' if t['beyond_floor'] else 'no')} |"
+                     + (f" {flagged} of {len(flags)} |" if flags else ""))
     planted = sum(t["role"] == "sensitive" for t in ab["tables"])
     found = sum(t["sensitive_by_ablation"] for t in ab["tables"])
     lines += ["", f"Planted sensitive: {planted} tables; sensitive by the ablation: {found}; where they disagree:"
@@ -1387,7 +1400,8 @@ def calibration_ablation(results: Results) -> list[str]:
 # The development worlds the default mode was chosen on (issue 33: the noise mode against the gradient mode).
 BLOCKS["calibration_worlds_dev"] = Block(("calibration_worlds_dev.json",),
                                          lambda results: calibration_worlds(results, "calibration_worlds_dev.json"))
-BLOCKS["calibration_ablation"] = Block(("calibration_ablation.json",), calibration_ablation)
+BLOCKS["calibration_ablation"] = Block(("calibration_ablation.json",), calibration_ablation,
+                                       optional=("calibration_worlds_dev.json",))
 
 
 # ---------------------------------------------------------------------------------------------------------------------
