@@ -27,6 +27,7 @@ exactly) and must not count as traffic: the driver runs them off the record.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -342,6 +343,17 @@ class Calibrator:
         self._stats.load_tensors(tables, {op: self._all_reduce(t, op) for op, t in tensors.items()})
         self._table_stats = {n: self._stats.tables[n] for n in tables}
         s = self.settings
+        if s.mode in ("gradient", "noise") and tables and not any(st.grad_rows for st in self._table_stats.values()):
+            # No table saw a loss gradient: nothing fed observe_gradient (a loop driving the Calibrator without the
+            # exchange's gradient observer, or forwards only), so every table would keep the strategy's eps.
+            warnings.warn(
+                f"Calibrator (mode={s.mode!r}) measured {len(tables)} table(s) but no loss gradient reached it, so"
+                " every table keeps the strategy's eps (sequence features never carry one). Feed the backward"
+                " exchange's gradients"
+                " (ExchangeGroup.set_gradient_observer(calibrator.observe_gradient)) and the losses"
+                " (calibrator.observe_loss), or use mode='homogenization', which needs only the forward chunks.",
+                stacklevel=2,
+            )
         if s.mode == "homogenization":
             self._classes = classify(self._table_stats, s.thresholds, s.index)
             self._table_bounds = class_table_bounds(self._classes, s.class_bounds)

@@ -268,3 +268,32 @@ def test_the_calibrators_status_says_which_bounds_hold_and_why() -> None:
     cal.batch_measured()
     cal.finish(7, ["t"])
     assert cal.status(9) == {"state": "calibrated", "at": 7, "calibrations": 1}
+
+
+@pytest.mark.parametrize("mode", ["gradient", "noise"])
+def test_a_calibrator_fed_no_gradient_says_so_instead_of_keeping_every_eps_in_silence(mode: str) -> None:
+    """A loop that drives the Calibrator itself and feeds only the forward chunks (benchmarks/e2e_bandwidth.py did)
+    would leave every table at the strategy's eps in the two modes that read gradients: finish() warns, naming what
+    to feed or the mode that needs no gradient; fed gradients and losses, it does not."""
+    import warnings
+
+    from lightning_dlac.adaptive import CalibrationSettings, Calibrator
+
+    chunk = torch.randn(16, 8, generator=torch.Generator().manual_seed(0))
+    quiet = Calibrator(CalibrationSettings(mode=mode, batches=1))
+    quiet.begin()
+    quiet.observe("t", chunk)
+    quiet.batch_measured()
+    with pytest.warns(UserWarning, match=rf"mode='{mode}'.*no loss gradient reached it.*set_gradient_observer"):
+        quiet.finish(1, ["t"])
+    assert quiet.table_bounds == {}  # the strategy's eps stays
+
+    fed = Calibrator(CalibrationSettings(mode=mode, batches=1))
+    fed.begin()
+    fed.observe("t", chunk)
+    fed.observe_gradient("t", energy=0.25, rows=16)  # what the exchange hands over: range-weighted energy, rows
+    fed.observe_loss(torch.tensor(0.5))
+    fed.batch_measured()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fed.finish(1, ["t"])
