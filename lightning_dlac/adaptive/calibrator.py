@@ -86,12 +86,13 @@ def _alone(tensor: torch.Tensor, op: str) -> torch.Tensor:
 class CalibrationSettings:
     """What the table-wise level measures and how it classifies (``DLACCallback``'s options of the same names)."""
 
-    mode: str = "gradient"  # "gradient" | "homogenization" | "sensitivity" | "off"
+    mode: str = "noise"  # "noise" | "gradient" | "homogenization" | "sensitivity" | "off" (DLACCallback's default)
     class_bounds: ClassBounds = ClassBounds()  # bound of each class
     thresholds: HomogenizationThresholds = HomogenizationThresholds()  # class boundaries on the index
     index_eps: float = 0.03  # bound at which the homogenization index is measured
     index: str = "vector"  # which index classifies: "vector" (the paper's) or "value" (per coordinate)
-    candidates: tuple[float, ...] = (0.01, 0.03, 0.05)  # bounds whose ratio and sensitivity are measured
+    # Bounds whose ratio and sensitivity are measured (None: default_candidates of the mode).
+    candidates: tuple[float, ...] | None = None
     sensitivity_tolerance: float = 1e-3  # largest relative loss change a bound may cause (sensitivity mode)
     gradient_tolerance: float = GRADIENT_TOLERANCE  # largest expected RMS change of a sample's loss (gradient mode)
     noise_budget: float = NOISE_BUDGET  # share of the loss's minibatch variance the codec may add (noise mode)
@@ -109,6 +110,8 @@ class CalibrationSettings:
         if self.mode not in MODES:
             raise ValueError(f"mode={self.mode!r} is not supported; choose one of {', '.join(map(repr, MODES))}.")
         check_relative_bound(self.index_eps, "index_eps")
+        if self.candidates is None:
+            object.__setattr__(self, "candidates", default_candidates(self.mode, self.class_bounds))
         checked = [check_relative_bound(v, "candidates") for v in self.candidates]
         if not checked or checked != sorted(set(checked)):
             raise ValueError(f"candidates={list(self.candidates)} must be a non-empty, strictly increasing list.")
