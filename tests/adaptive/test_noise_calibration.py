@@ -119,13 +119,13 @@ def _plain_loop_rank(rank: int, world_size: int) -> dict:
     import warnings
 
     import torch.distributed as dist
+    from lightning_dlac.examples.dlrm import DLRMModule
+    from lightning_dlac.examples.synthetic import SyntheticCriteoDataModule
 
     from lightning_dlac.adaptive import CalibrationSettings, Calibrator, ErrorBounds
     from lightning_dlac.comm import CompressionConfig, install_compressed_all_to_all
     from lightning_dlac.comm.collectives import all_gather_object, all_reduce
     from lightning_dlac.engine import ShardingOptions, dense_parameters, shard_model
-    from lightning_dlac.examples.dlrm import DLRMModule
-    from lightning_dlac.examples.synthetic import SyntheticCriteoDataModule
 
     dist.init_process_group("gloo")
     torch.manual_seed(0)
