@@ -1312,14 +1312,19 @@ def calibration_worlds(results: Results, name: str = "calibration_worlds_quick.j
                     f" {tight:+.4f} | {w['all_loose_vs_all_tight']:+.4f} |") if variant == judged[0] else "| | | | | |"
             lines.append(f"{head} {variant} | {r['auroc_vs_all_tight']:+.4f} | {r['auroc_vs_all_loose']:+.4f} |"
                          f" {r['flagged_count']} ({r['true_positives']}) | {_x(r['bytes_vs_all_tight'])} |")
-    lines += ["", "| summary | worlds | within 0.001 of all-tight | worse than all-loose | recall | precision |"
-              " median bytes vs all-tight |", "|---|---|---|---|---|---|---|"]
+    floored = "within_floor_of_all_tight" in data["summary"]  # runs before paired training seeds have no floor
+    lines += ["", "| summary | worlds | within 0.001 of all-tight | worse than all-loose |"
+              + (" within the floor of all-tight | worse than all-loose beyond the floor |" if floored else "")
+              + " recall | precision | median bytes vs all-tight |",
+              "|---|---|---|---|" + ("---|---|" if floored else "") + "---|---|---|"]
     for variant in judged:
         d = data["summary" if variant == "default" else f"summary_{variant}"]
         label = WORLD_LABELS[variant].format(mode=default_mode_of(data))
         lines.append(f"| {label} | {d['worlds']} | {_plain(d['default_within_0001_of_all_tight'], '.0%')} |"
-                     f" {d['worse_than_all_loose']} | {_plain(d['recall'])} | {_plain(d['precision'])} |"
-                     f" {_x(d['bytes_vs_all_tight'])} |")
+                     f" {d['worse_than_all_loose']} |"
+                     + (f" {_plain(d['within_floor_of_all_tight'], '.0%')} |"
+                        f" {d['worse_than_all_loose_beyond_floor']} |" if floored else "")
+                     + f" {_plain(d['recall'])} | {_plain(d['precision'])} | {_x(d['bytes_vs_all_tight'])} |")
     floors = [(w.get("noise_floor") or {}).get("floor") for w in data["per_world"]]
     if any(f is not None for f in floors):  # runs before paired training seeds have none
         seeds = data["per_world"][0]["noise_floor"]["train_seeds"]
@@ -1356,6 +1361,10 @@ def _calibration_fit_line(results: Results) -> list[str]:
 BLOCKS["calibration_worlds"] = Block(("calibration_worlds_quick.json",),
                                      lambda results: calibration_worlds(results) + _calibration_fit_line(results),
                                      optional=("calibration_worlds_fit.json",))
+# The evaluation worlds under the full protocol (1000 batches, 5 paired training seeds): what judges the accuracy
+# targets the quick run's floors cannot.
+BLOCKS["calibration_worlds_full"] = Block(("calibration_worlds.json",),
+                                          lambda results: calibration_worlds(results, "calibration_worlds.json"))
 LOOSE_EPS = 0.05  # calibration_bench's LOOSE: a table at a bound below it is flagged
 
 

@@ -359,3 +359,25 @@ def test_the_worlds_block_shows_each_worlds_noise_floor_when_the_file_has_one(tm
         del w["noise_floor"]
     (tmp_path / name).write_text(json.dumps(data))
     assert "Noise floor" not in "\n".join(render.calibration_worlds(render.Results(tmp_path)))
+
+
+def test_the_worlds_summary_judges_each_world_against_its_floor_when_the_run_has_one(tmp_path: Path) -> None:
+    """The issue's two AUROC judgements are also shown with each world's margin widened to its floor: with a quick
+    run's floors of several hundredths, 0.001 alone says nothing."""
+    import json
+
+    name = "calibration_worlds_quick.json"
+    data = json.loads((BENCHMARKS / "results" / name).read_text())
+    data["summary"].update(within_floor_of_all_tight=2 / 3, worse_than_all_loose_beyond_floor=1)
+    (tmp_path / name).write_text(json.dumps(data))
+    lines = render.calibration_worlds(render.Results(tmp_path))
+    header = next(line for line in lines if line.startswith("| summary |"))
+    assert "within the floor of all-tight" in header and "worse than all-loose beyond the floor" in header
+    row = next(line for line in lines if line.startswith("| default"))
+    assert row.count("|") == header.count("|") and "| 67% | 1 |" in row
+    for key in ("within_floor_of_all_tight", "worse_than_all_loose_beyond_floor"):  # a run without floors
+        for summary in (v for k, v in data.items() if k.startswith("summary")):
+            summary.pop(key, None)
+    (tmp_path / name).write_text(json.dumps(data))
+    header = next(line for line in render.calibration_worlds(render.Results(tmp_path)) if line.startswith("| summary"))
+    assert "floor" not in header
