@@ -565,14 +565,19 @@ def main_worlds(args: argparse.Namespace, metadata: dict[str, Any]) -> None:
                               r["all_loose"]["val_auroc"] - r["all_tight"]["val_auroc"] for r in by_seed),
                           "all_tight_vs_uncompressed": statistics.fmean(
                               r["all_tight"]["val_auroc"] - r["uncompressed"]["val_auroc"] for r in by_seed)})
-    summaries = {v: summarize_worlds(per_world, v) for v in judged}
+        # After every world, the worlds done so far: a long run stopped early keeps them (the file says which were
+        # planned), and its summary is over those worlds only.
+        summaries = {v: summarize_worlds(per_world, v) for v in judged}
+        extra = {"summary": summaries["default"]} if "default" in summaries else {}
+        extra.update({f"summary_{v}": s for v, s in summaries.items() if v != "default"})
+        done = [w["world"] for w in per_world]
+        write_results(args.json_out, metadata, dict(cfg, seeds=done, **({"seeds_planned": list(seeds)}
+                                                                          if done != list(seeds) else {})),
+                      runs, **extra, per_world=per_world)
     for v, summary in summaries.items():
         print(f"\n{v}: {summary}")
     floors = [w["noise_floor"]["floor"] for w in per_world]
     print(f"\nnoise floors per world: {floors}")
-    extra = {"summary": summaries["default"]} if "default" in summaries else {}
-    extra.update({f"summary_{v}": s for v, s in summaries.items() if v != "default"})
-    write_results(args.json_out, metadata, cfg, runs, **extra, per_world=per_world)
     print(f"\nwrote {args.json_out}")
 
 

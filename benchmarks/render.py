@@ -1298,7 +1298,9 @@ def calibration_worlds(results: Results, name: str = "calibration_worlds_quick.j
     data = results.get(name)
     cfg = data.get("config", {})
     lines = [source_line(name, data, results.shown), "",
-             f"{cfg.get('worlds')} worlds {cfg.get('seeds')}, {cfg.get('steps')} training batches per rank each.", "",
+             f"{cfg.get('worlds')} worlds {cfg.get('seeds')}, {cfg.get('steps')} training batches per rank each"
+             + (f" (the run was stopped after {len(cfg['seeds'])} of the {len(cfg['seeds_planned'])} worlds it"
+                " planned)" if cfg.get("seeds_planned") else "") + ".", "",
              "| world | tables (sensitive) | dim | all-tight vs uncompressed | all-loose vs all-tight | variant |"
              " vs all-tight | vs all-loose | flagged (of them sensitive) | bytes vs all-tight |",
              "|---|---|---|---|---|---|---|---|---|---|"]

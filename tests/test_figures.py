@@ -381,3 +381,14 @@ def test_the_worlds_summary_judges_each_world_against_its_floor_when_the_run_has
     (tmp_path / name).write_text(json.dumps(data))
     header = next(line for line in render.calibration_worlds(render.Results(tmp_path)) if line.startswith("| summary"))
     assert "floor" not in header
+
+
+def test_a_worlds_run_stopped_early_says_how_many_worlds_it_planned(tmp_path: Path) -> None:
+    import json
+
+    name = "calibration_worlds_quick.json"
+    data = json.loads((BENCHMARKS / "results" / name).read_text())
+    data["config"]["seeds_planned"] = [*data["config"]["seeds"], 1003, 1004]
+    (tmp_path / name).write_text(json.dumps(data))
+    text = "\n".join(render.calibration_worlds(render.Results(tmp_path)))
+    assert "the run was stopped after 3 of the 5 worlds it planned" in text
