@@ -14,8 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from lightning_dlac.native.build import cache_root
-
 REPO = Path(__file__).resolve().parents[2]
 
 FAKE_NVIDIA_SMI = """#!/usr/bin/env bash
@@ -61,11 +59,9 @@ def _session(tmp_path: Path, nvidia_smi: bool, sanitizer: str, bench_args: str =
     path = [str(bin_dir), str(Path(sys.executable).parent)]
     path += [p for p in os.environ.get("PATH", "").split(os.pathsep)
              if p and not any((Path(p) / t).exists() for t in ("nvidia-smi", "compute-sanitizer"))]
-    # The builds the other tests cached (the session's own default, /tmp/dlac_extensions, would build them again:
-    # over a minute on 2 cores on a fresh machine).
     env = {**os.environ, "PATH": os.pathsep.join(path), "OUT": str(out), "PYTHON": sys.executable,
            "CUDA_HOME": str(tmp_path / "no-cuda"), "DLAC_FAKE_SANITIZER": sanitizer, "DLAC_SESSION_DAMAGED": "10",
-           "DLAC_SESSION_BENCH_ARGS": bench_args, "DLAC_EXTENSION_DIR": str(cache_root())}
+           "DLAC_SESSION_BENCH_ARGS": bench_args}
     proc = subprocess.Popen(["bash", str(REPO / "benchmarks" / "gpu_session.sh")], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
