@@ -1302,7 +1302,7 @@ def calibration_worlds(results: Results, name: str = "calibration_worlds_quick.j
              + (f" (the run was stopped after {len(cfg['seeds'])} of the {len(cfg['seeds_planned'])} worlds it"
                 " planned)" if cfg.get("seeds_planned") else "") + ".", "",
              "| world | tables (sensitive) | dim | all-tight vs uncompressed | all-loose vs all-tight | variant |"
-             " vs all-tight | vs all-loose | flagged (of them sensitive) | bytes vs all-tight |",
+             " vs all-tight, mean (median) over seeds | vs all-loose | flagged (of them sensitive) | bytes vs all-tight |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     judged = [v for v in WORLD_LABELS if v in data["per_world"][0]]
     for w in data["per_world"]:
@@ -1312,7 +1312,10 @@ def calibration_worlds(results: Results, name: str = "calibration_worlds_quick.j
             tight = r["auroc_vs_uncompressed"] - r["auroc_vs_all_tight"]  # all-tight's AUROC minus uncompressed's
             head = (f"| {w['world']} | {spec['tables']} ({spec['roles']['sensitive']}) | {spec['dim']} |"
                     f" {tight:+.4f} | {w['all_loose_vs_all_tight']:+.4f} |") if variant == judged[0] else "| | | | | |"
-            lines.append(f"{head} {variant} | {r['auroc_vs_all_tight']:+.4f} | {r['auroc_vs_all_loose']:+.4f} |"
+            median = r.get("auroc_vs_all_tight_median")  # one seed per arm before paired training seeds
+            lines.append(f"{head} {variant} | {r['auroc_vs_all_tight']:+.4f}"
+                         + ("" if median is None else f" ({median:+.4f})")
+                         + f" | {r['auroc_vs_all_loose']:+.4f} |"
                          f" {r['flagged_count']} ({r['true_positives']}) | {_x(r['bytes_vs_all_tight'])} |")
     floored = "within_floor_of_all_tight" in data["summary"]  # runs before paired training seeds have no floor
     lines += ["", "| summary | worlds | within 0.001 of all-tight | worse than all-loose |"
