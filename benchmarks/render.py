@@ -1302,7 +1302,8 @@ def calibration_worlds(results: Results, name: str = "calibration_worlds_quick.j
              + (f" (the run was stopped after {len(cfg['seeds'])} of the {len(cfg['seeds_planned'])} worlds it"
                 " planned)" if cfg.get("seeds_planned") else "") + ".", "",
              "| world | tables (sensitive) | dim | all-tight vs uncompressed | all-loose vs all-tight | variant |"
-             " vs all-tight, mean (median) over seeds | vs all-loose | flagged (of them sensitive) | bytes vs all-tight |",
+             " vs all-tight, mean (median) over seeds | vs all-loose | flagged (of them sensitive) |"
+             " bytes vs all-tight |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     judged = [v for v in WORLD_LABELS if v in data["per_world"][0]]
     for w in data["per_world"]:
