@@ -319,10 +319,12 @@ def _run_world(rank: int, world_size: int, variant: str, cfg: dict[str, Any]) ->
     if variant == "uncompressed":
         strategy = DLACStrategy(compress=False, embedding_lr=cfg["lr"])
     else:
-        strategy = DLACStrategy(eps={"all_tight": 0.01, "all_loose": LOOSE}.get(variant, 0.01),
-                                embedding_lr=cfg["lr"])
+        eps = float(variant.removeprefix(CONSTANT_PREFIX)) if variant.startswith(CONSTANT_PREFIX) else \
+            {"all_tight": 0.01, "all_loose": LOOSE}.get(variant, 0.01)
+        strategy = DLACStrategy(eps=eps, embedding_lr=cfg["lr"])
     ablated = variant.removeprefix(ABLATE_PREFIX) if variant.startswith(ABLATE_PREFIX) else None
-    dlac = _callback(variant, cfg) if variant not in BASELINES and ablated is None else None
+    constant = variant in BASELINES or variant.startswith(CONSTANT_PREFIX)
+    dlac = _callback(variant, cfg) if not constant and ablated is None else None
     meter = _Bytes()
     callbacks = [meter] + ([] if dlac is None else [dlac]) + ([] if ablated is None else [_LooseOne(ablated)])
     trainer = pl.Trainer(accelerator="cpu", devices=world_size, strategy=strategy, max_epochs=1,
@@ -397,6 +399,39 @@ def main_ablation(args: argparse.Namespace, metadata: dict[str, Any]) -> None:
         print(f"  {t['table']} ({t['role']}): loose alone costs {t['cost']:+.4f} AUROC", flush=True)
     print(f"floor {ablation['floor']}; planted roles that disagree with the ablation: {ablation['disagreements']}")
     write_results(args.json_out, metadata, cfg, runs, ablation=ablation, spec=world.summary())
+    print(f"\nwrote {args.json_out}")
+
+
+# How chaotic one world's training is (--perturb): arm "constant:<eps>" runs every table at that bound.
+CONSTANT_PREFIX = "constant:"
+PERTURB_EPS = (0.0099, 0.01, 0.0101)  # all-tight's bound and one percent either side
+
+
+def main_perturb(args: argparse.Namespace, metadata: dict[str, Any]) -> None:
+    """``--perturb WORLD:SEED``: one training seed of one world, uncompressed and with every table at all-tight's
+    bound and at one percent either side of it. A difference between arms that a one-percent change of a constant
+    bound reproduces is the trajectory's, not the bound's: it measures what a world's floor is made of. It judges
+    and chooses nothing, so it may run on any world of either split."""
+    from calibration_data import DEV_WORLDS, draw_world
+
+    world_seed, _, train_seed = args.perturb.partition(":")
+    world, train_seed = int(world_seed), int(train_seed or 0)
+    cfg = dict(worlds="dev" if world in DEV_WORLDS else "eval", seeds=[world], steps=args.steps or WORLD_FULL["steps"],
+               val_batches=args.val_batches, lr=args.lr or WORLD_FULL["lr"], train_seed=train_seed,
+               variants=["uncompressed", *(CONSTANT_PREFIX + f"{e:g}" for e in PERTURB_EPS)])
+    print(f"world {world}, training seed {train_seed}: {draw_world(world).summary()}", flush=True)
+    runs = []
+    for variant in cfg["variants"]:
+        r = run_ranks(_run_world, 2, variant, dict(cfg, world=world), timeout=args.timeout)[0]
+        runs.append(r)
+        print(f"  {variant}: val AUROC {r['val_auroc']:.4f}, {r['seconds']:.0f} s", flush=True)
+    constants = [{"eps": float(r["variant"].removeprefix(CONSTANT_PREFIX)), "val_auroc": r["val_auroc"]}
+                 for r in runs if r["variant"].startswith(CONSTANT_PREFIX)]
+    aurocs = [c["val_auroc"] for c in constants]
+    perturb = {"world": world, "train_seed": train_seed, "uncompressed": runs[0]["val_auroc"],
+               "constants": constants, "spread": max(aurocs) - min(aurocs)}
+    print(f"spread of the constant bounds' AUROC: {perturb['spread']:.4f}")
+    write_results(args.json_out, metadata, cfg, runs, perturb=perturb)
     print(f"\nwrote {args.json_out}")
 
 
@@ -612,11 +647,17 @@ def main() -> None:
     parser.add_argument("--ablate", type=int, default=None, metavar="WORLD",
                         help="every table of this development world loose alone (the ablation that defines a"
                         " sensitive table), paired with all-tight under --train-seeds seeds (default 2)")
+    parser.add_argument("--perturb", default=None, metavar="WORLD:SEED",
+                        help="one training seed of one world at all-tight's bound and one percent either side of it"
+                        " (how far the trajectory alone moves the AUROC)")
     parser.add_argument("--json-out", type=Path, default=REPO / "benchmarks/results/calibration_bench.json")
     args = parser.parse_args()
     metadata = start_run("benchmarks/calibration_bench.py", vars(args))
     if args.ablate is not None:
         main_ablation(args, metadata)
+        return
+    if args.perturb is not None:
+        main_perturb(args, metadata)
         return
     if args.worlds is not None:
         main_worlds(args, metadata)
