@@ -1367,6 +1367,28 @@ def _calibration_fit_line(results: Results) -> list[str]:
 BLOCKS["calibration_worlds"] = Block(("calibration_worlds_quick.json",),
                                      lambda results: calibration_worlds(results) + _calibration_fit_line(results),
                                      optional=("calibration_worlds_fit.json",))
+def calibration_perturb(results: Results) -> list[str]:
+    """One training seed of one world at all-tight's bound and one percent either side: how far the trajectory
+    alone moves the AUROC, beside the worlds' floors."""
+    name = "calibration_perturb.json"
+    data = results.get(name)
+    p = data["perturb"]
+    lines = [source_line(name, data, results.shown), "",
+             f"World {p['world']} ({data['config']['worlds']} split), training seed {p['train_seed']},"
+             f" {data['config']['steps']} training batches per rank; every table at one constant bound.", "",
+             "| every table at | val AUROC | vs uncompressed |", "|---|---:|---:|",
+             f"| uncompressed | {p['uncompressed']:.4f} | |"]
+    lines += [f"| {c['eps']:g} | {c['val_auroc']:.4f} | {c['val_auroc'] - p['uncompressed']:+.4f} |"
+              for c in p["constants"]]
+    lines += ["", f"A one-percent change of the bound moves this run's AUROC by up to {p['spread']:.4f}"
+              f" ({p['spread'] / WORLD_MARGIN:.0f}x the 0.001 the issue judges)."]
+    return lines
+
+
+WORLD_MARGIN = 0.001  # calibration_bench's WORLD_NOISE: the issue's margin
+BLOCKS["calibration_perturb"] = Block(("calibration_perturb.json",), calibration_perturb)
+
+
 # The evaluation worlds under the full protocol (1000 batches, 5 paired training seeds): what judges the accuracy
 # targets the quick run's floors cannot.
 BLOCKS["calibration_worlds_full"] = Block(("calibration_worlds.json",),

@@ -212,6 +212,9 @@ STEPS: tuple[Step, ...] = (
     Step("calibration_worlds.json", "benchmarks/calibration_bench.py", {
         "full": ["--worlds", "eval", "--count", "20"],
     }),
+    Step("calibration_perturb.json", "benchmarks/calibration_bench.py", {  # what the worlds' floors are made of
+        "full": ["--perturb", "1000:1"],
+    }),
     Step("data_bench.json", "benchmarks/data_bench.py", {
         "smoke": ["--rows", "20000", "--torchrec-rows", "2000", "--python-rows", "2000", "--loader-rows", "40000",
                   "--repeat", "1"],

@@ -392,3 +392,19 @@ def test_a_worlds_run_stopped_early_says_how_many_worlds_it_planned(tmp_path: Pa
     (tmp_path / name).write_text(json.dumps(data))
     text = "\n".join(render.calibration_worlds(render.Results(tmp_path)))
     assert "the run was stopped after 3 of the 5 worlds it planned" in text
+
+
+def test_the_perturbation_block_reads_the_spread_of_the_constant_bounds(tmp_path: Path) -> None:
+    import json
+
+    constants = [{"eps": 0.0099, "val_auroc": 0.9431}, {"eps": 0.01, "val_auroc": 0.9426},
+                 {"eps": 0.0101, "val_auroc": 0.857}]
+    data = {"metadata": {"git_commit": "0" * 40, "command": "x", "date": "2026-12-04T00:00:00+00:00"},
+            "config": {"worlds": "eval", "steps": 1000},
+            "perturb": {"world": 1000, "train_seed": 1, "uncompressed": 0.9559, "constants": constants,
+                        "spread": 0.9431 - 0.857}}
+    (tmp_path / "calibration_perturb.json").write_text(json.dumps(data))
+    lines = render.calibration_perturb(render.Results(tmp_path))
+    assert "| 0.0101 | 0.8570 | -0.0989 |" in lines
+    assert lines[-1] == "A one-percent change of the bound moves this run's AUROC by up to 0.0861 (86x the 0.001 the" \
+        " issue judges)."
