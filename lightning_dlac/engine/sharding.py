@@ -286,10 +286,47 @@ def shard_model(
     log.debug(f"sharding plan\n{plan}")
     ddp = {"find_unused_parameters": options.find_unused_parameters, "static_graph": options.static_graph,
            "bucket_cap_mb": options.bucket_cap_mb}
+    weights = _table_weights(module, [*ebcs, *ecs])
     dmp = DistributedModelParallel(module, env=env, device=device, plan=plan, sharders=[sharder, sequence_sharder],
                                    data_parallel_wrapper=_dense_data_parallel(**ddp))
+    _load_table_weights(module, weights)
     install_id_checks(dmp, device)  # an id outside its table fails at its batch, naming the feature
     return dmp
+
+
+def _table_weights(module: nn.Module, embedding_modules: Sequence[nn.Module]) -> dict[str, torch.Tensor]:
+    """The embedding tables' weights as ``module`` holds them before sharding, by state-dict key: the ones a user
+    initialized, seeded or loaded. Tables on the meta device have none and are left to TorchRec's initialization."""
+    names = {id(m): name for name, m in module.named_modules()}
+    weights = {}
+    for m in embedding_modules:
+        prefix = names[id(m)]
+        for key, value in m.state_dict(prefix=f"{prefix}." if prefix else "").items():
+            if value.device.type != "meta":
+                weights[key] = value.detach()
+    return weights
+
+
+def _load_table_weights(module: nn.Module, weights: dict[str, torch.Tensor]) -> None:
+    """Copy ``weights`` (:func:`_table_weights`) into the sharded tables of ``module``, each rank the rows and columns
+    of the shards it holds. TorchRec's sharded tables start from their own random initialization instead (drawn
+    from the global random state at sharding time, so it moved with whatever had drawn from it before, such as a
+    callback setting up the training loader): without this, a module's tables were silently replaced, and two runs
+    from the same seeded module trained from different tables."""
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+
+    with torch.no_grad():
+        for key, value in module.state_dict().items():
+            source = weights.get(key)
+            if source is None:
+                continue
+            if isinstance(value, ShardedTensor):
+                for shard in value.local_shards():
+                    meta = shard.metadata
+                    index = tuple(slice(o, o + n) for o, n in zip(meta.shard_offsets, meta.shard_sizes))
+                    shard.tensor.copy_(source[index])
+            else:  # a data-parallel table: every rank holds all of it
+                value.copy_(source)
 
 
 # TorchRec's default share of every device kept free for what the planner does not model (its

@@ -49,6 +49,45 @@ def test_sharded_forward_equals_unsharded(sharding_type: str) -> None:
     run_ranks(_forward_parity, 2, sharding_type)
 
 
+def _sharded_tables(rank: int, world_size: int, sharding_type: str, draw_first: bool) -> None:
+    import lightning.pytorch as pl
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+
+    class DrawsAtSetup(pl.Callback):  # as a callback that sets the training loader up early does
+        def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+            torch.rand(1000)
+
+    torch.manual_seed(1234)
+    model = small_dlrm()
+    reference = {k: v.clone() for k, v in model.state_dict().items()}
+    t = trainer(world_size, DLACStrategy(sharding_types=[sharding_type]), limit_val_batches=1,
+                callbacks=[DrawsAtSetup()] if draw_first else [])
+    t.validate(model, datamodule=small_data(), verbose=False)  # sets the strategy up: the tables are now sharded
+    checked = 0
+    for key, value in model.state_dict().items():
+        if isinstance(value, ShardedTensor):
+            for shard in value.local_shards():
+                meta = shard.metadata
+                index = tuple(slice(o, o + n) for o, n in zip(meta.shard_offsets, meta.shard_sizes))
+                assert torch.equal(shard.tensor, reference[key][index]), (key, meta)
+                checked += shard.tensor.numel()
+        elif "embedding_bags" in key:  # a data-parallel table: every rank holds all of it
+            assert torch.equal(value, reference[key]), key
+            checked += value.numel()
+    assert checked > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sharding_type", ["table_wise", "column_wise", "data_parallel"])
+@pytest.mark.parametrize("draw_first", [False, True])
+def test_sharded_tables_start_from_the_modules_own_weights(sharding_type: str, draw_first: bool) -> None:
+    """The tables a user built, seeded or loaded are the tables that train: TorchRec's sharded tables start from
+    their own random initialization, drawn from the global random state at sharding time, so without the copy the
+    module's weights were silently replaced and anything that drew a random number before (a callback's setup)
+    changed the tables a run started from."""
+    run_ranks(_sharded_tables, 2, sharding_type, draw_first)
+
+
 def _train(rank: int, world_size: int, strategy: str | None) -> dict:
     from lightning_dlac.codec import impl_calls
 
