@@ -203,19 +203,14 @@ def trainer(world_size: int, strategy: Any = None, **kwargs: Any) -> Any:
 
 
 def load_global_weights(module: torch.nn.Module, global_state: dict[str, torch.Tensor]) -> None:
-    """Copy an unsharded state dict into a sharded module: each rank fills the shards it owns."""
-    from torch.distributed._shard.sharded_tensor import ShardedTensor
+    """Copy an unsharded state dict into a sharded module: each rank fills the shards it owns. Every entry of the
+    module's state dict must be in ``global_state``."""
+    from lightning_dlac.engine.sharding import load_unsharded_state
 
-    with torch.no_grad():
-        for key, value in module.state_dict().items():
-            src = global_state[key]
-            if isinstance(value, ShardedTensor):
-                for shard in value.local_shards():
-                    meta = shard.metadata
-                    index = tuple(slice(o, o + s) for o, s in zip(meta.shard_offsets, meta.shard_sizes))
-                    shard.tensor.copy_(src[index])
-            elif isinstance(value, torch.Tensor):
-                value.copy_(src)
+    missing = [key for key in module.state_dict() if key not in global_state]
+    if missing:
+        raise KeyError(f"global_state lacks {missing}")
+    load_unsharded_state(module, global_state)
 
 
 def loss_recorder() -> Any:

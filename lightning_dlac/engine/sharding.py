@@ -289,7 +289,11 @@ def shard_model(
     weights = _table_weights(module, [*ebcs, *ecs])
     dmp = DistributedModelParallel(module, env=env, device=device, plan=plan, sharders=[sharder, sequence_sharder],
                                    data_parallel_wrapper=_dense_data_parallel(**ddp))
-    _load_table_weights(module, weights)
+    # TorchRec's sharded tables start from their own random initialization, drawn from the global random state at
+    # sharding time (so it moved with whatever had drawn from it before, such as a callback setting up the training
+    # loader): without this copy a module's tables were silently replaced, and two runs from the same seeded module
+    # trained from different tables.
+    load_unsharded_state(module, weights)
     install_id_checks(dmp, device)  # an id outside its table fails at its batch, naming the feature
     return dmp
 
@@ -307,25 +311,25 @@ def _table_weights(module: nn.Module, embedding_modules: Sequence[nn.Module]) ->
     return weights
 
 
-def _load_table_weights(module: nn.Module, weights: dict[str, torch.Tensor]) -> None:
-    """Copy ``weights`` (:func:`_table_weights`) into the sharded tables of ``module``, each rank the rows and columns
-    of the shards it holds. TorchRec's sharded tables start from their own random initialization instead (drawn
-    from the global random state at sharding time, so it moved with whatever had drawn from it before, such as a
-    callback setting up the training loader): without this, a module's tables were silently replaced, and two runs
-    from the same seeded module trained from different tables."""
+def shard_slices(metadata: Any) -> tuple[slice, ...]:
+    """Where a shard (its ``ShardMetadata``) sits in the unsharded tensor: one slice per dimension."""
+    return tuple(slice(o, o + n) for o, n in zip(metadata.shard_offsets, metadata.shard_sizes))
+
+
+def load_unsharded_state(module: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
+    """Copy unsharded tensors into a sharded ``module``: every entry of its state dict that ``state`` holds, each
+    rank the rows and columns of the shards it owns (a replicated tensor, such as a data-parallel table, whole)."""
     from torch.distributed._shard.sharded_tensor import ShardedTensor
 
     with torch.no_grad():
         for key, value in module.state_dict().items():
-            source = weights.get(key)
+            source = state.get(key)
             if source is None:
                 continue
             if isinstance(value, ShardedTensor):
                 for shard in value.local_shards():
-                    meta = shard.metadata
-                    index = tuple(slice(o, o + n) for o, n in zip(meta.shard_offsets, meta.shard_sizes))
-                    shard.tensor.copy_(source[index])
-            else:  # a data-parallel table: every rank holds all of it
+                    shard.tensor.copy_(source[shard_slices(shard.metadata)])
+            elif isinstance(value, torch.Tensor):
                 value.copy_(source)
 
 

@@ -426,8 +426,9 @@ def _local_of(full: torch.Tensor, value) -> torch.Tensor:  # noqa: ANN001
     shards = value.local_shards()
     if not shards:
         return torch.zeros(0)
-    meta = shards[0].metadata
-    return full[tuple(slice(o, o + s) for o, s in zip(meta.shard_offsets, meta.shard_sizes))]
+    from lightning_dlac.engine.sharding import shard_slices
+
+    return full[shard_slices(shards[0].metadata)]
 
 
 @pytest.mark.slow

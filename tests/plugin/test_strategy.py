@@ -53,6 +53,8 @@ def _sharded_tables(rank: int, world_size: int, sharding_type: str, draw_first: 
     import lightning.pytorch as pl
     from torch.distributed._shard.sharded_tensor import ShardedTensor
 
+    from lightning_dlac.engine.sharding import shard_slices
+
     class DrawsAtSetup(pl.Callback):  # as a callback that sets the training loader up early does
         def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
             torch.rand(1000)
@@ -67,9 +69,7 @@ def _sharded_tables(rank: int, world_size: int, sharding_type: str, draw_first: 
     for key, value in model.state_dict().items():
         if isinstance(value, ShardedTensor):
             for shard in value.local_shards():
-                meta = shard.metadata
-                index = tuple(slice(o, o + n) for o, n in zip(meta.shard_offsets, meta.shard_sizes))
-                assert torch.equal(shard.tensor, reference[key][index]), (key, meta)
+                assert torch.equal(shard.tensor, reference[key][shard_slices(shard.metadata)]), (key, shard.metadata)
                 checked += shard.tensor.numel()
         elif "embedding_bags" in key:  # a data-parallel table: every rank holds all of it
             assert torch.equal(value, reference[key]), key
