@@ -75,6 +75,7 @@ import argparse
 import math
 import statistics
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -344,6 +345,22 @@ def _run_world(rank: int, world_size: int, variant: str, cfg: dict[str, Any]) ->
     return out
 
 
+def run_arms(cfg: dict[str, Any], world: int, variants: Sequence[str], train_seeds: Sequence[int],
+             timeout: float) -> list[dict[str, dict[str, Any]]]:
+    """Every arm (``variants``) of one world under each of ``train_seeds``, paired: per training seed, the result of
+    each arm by its name, printed as it comes."""
+    by_seed = []
+    for train_seed in train_seeds:
+        by_variant = {}
+        for variant in variants:
+            r = run_ranks(_run_world, 2, variant, dict(cfg, world=world, train_seed=train_seed), timeout=timeout)[0]
+            by_variant[variant] = r
+            print(f"  seed {train_seed} {variant}: val AUROC {r['val_auroc']:.4f},"
+                  f" {r['sent_bytes'] / max(r['steps'], 1):.0f} bytes/step, {r['seconds']:.0f} s", flush=True)
+        by_seed.append(by_variant)
+    return by_seed
+
+
 # The per-table ablation (issue 33 item 2: "a table counts as sensitive when a loose bound on it alone costs >= 0.001
 # AUROC"): arm "loose:<table>" runs that table at LOOSE and every other at 0.01, under the world's paired seeds.
 ABLATE_PREFIX = "loose:"
@@ -384,16 +401,8 @@ def main_ablation(args: argparse.Namespace, metadata: dict[str, Any]) -> None:
                val_batches=args.val_batches, lr=args.lr or WORLD_FULL["lr"], train_seeds=args.train_seeds or 2,
                variants=["all_tight", "all_loose", *(ABLATE_PREFIX + t for t in tables)], floor_z=FLOOR_Z)
     print(f"world {args.ablate}: {world.summary()}", flush=True)
-    by_seed, runs = [], []
-    for train_seed in range(cfg["train_seeds"]):
-        by_variant = {}
-        for variant in cfg["variants"]:
-            r = run_ranks(_run_world, 2, variant, dict(cfg, world=args.ablate, train_seed=train_seed),
-                          timeout=args.timeout)[0]
-            by_variant[variant] = r
-            runs.append(r)
-            print(f"  seed {train_seed} {variant}: val AUROC {r['val_auroc']:.4f}, {r['seconds']:.0f} s", flush=True)
-        by_seed.append(by_variant)
+    by_seed = run_arms(cfg, args.ablate, cfg["variants"], range(cfg["train_seeds"]), args.timeout)
+    runs = [r for by_variant in by_seed for r in by_variant.values()]
     ablation = judge_ablation(by_seed, runs[0]["roles"])
     for t in ablation["tables"]:
         print(f"  {t['table']} ({t['role']}): loose alone costs {t['cost']:+.4f} AUROC", flush=True)
@@ -420,11 +429,7 @@ def main_perturb(args: argparse.Namespace, metadata: dict[str, Any]) -> None:
                val_batches=args.val_batches, lr=args.lr or WORLD_FULL["lr"], train_seed=train_seed,
                variants=["uncompressed", *(CONSTANT_PREFIX + f"{e:g}" for e in PERTURB_EPS)])
     print(f"world {world}, training seed {train_seed}: {draw_world(world).summary()}", flush=True)
-    runs = []
-    for variant in cfg["variants"]:
-        r = run_ranks(_run_world, 2, variant, dict(cfg, world=world), timeout=args.timeout)[0]
-        runs.append(r)
-        print(f"  {variant}: val AUROC {r['val_auroc']:.4f}, {r['seconds']:.0f} s", flush=True)
+    runs = list(run_arms(cfg, world, cfg["variants"], [train_seed], args.timeout)[0].values())
     constants = [{"eps": float(r["variant"].removeprefix(CONSTANT_PREFIX)), "val_auroc": r["val_auroc"]}
                  for r in runs if r["variant"].startswith(CONSTANT_PREFIX)]
     aurocs = [c["val_auroc"] for c in constants]
@@ -580,17 +585,8 @@ def main_worlds(args: argparse.Namespace, metadata: dict[str, Any]) -> None:
     judged = [v for v in variants if v not in BASELINES]
     for seed in seeds:
         print(f"world {seed}: {draw_world(seed).summary()}", flush=True)
-        by_seed = []
-        for train_seed in range(cfg["train_seeds"]):
-            by_variant = {}
-            for variant in variants:
-                r = run_ranks(_run_world, 2, variant, dict(cfg, world=seed, train_seed=train_seed),
-                              timeout=args.timeout)[0]
-                by_variant[variant] = r
-                runs.append(r)
-                print(f"  seed {train_seed} {variant}: val AUROC {r['val_auroc']:.4f},"
-                      f" {r['sent_bytes'] / max(r['steps'], 1):.0f} bytes/step, {r['seconds']:.0f} s", flush=True)
-            by_seed.append(by_variant)
+        by_seed = run_arms(cfg, seed, variants, range(cfg["train_seeds"]), args.timeout)
+        runs += [r for by_variant in by_seed for r in by_variant.values()]
         floor = noise_floor(by_seed)
         print(f"  noise floor: {floor['floor']} (paired sd {floor['paired_sd']}, {floor['train_seeds']} seeds)",
               flush=True)

@@ -1370,6 +1370,8 @@ BLOCKS["calibration_worlds"] = Block(("calibration_worlds_quick.json",),
 def calibration_perturb(results: Results) -> list[str]:
     """One training seed of one world at all-tight's bound and one percent either side: how far the trajectory
     alone moves the AUROC, beside the worlds' floors."""
+    from calibration_bench import WORLD_NOISE
+
     name = "calibration_perturb.json"
     data = results.get(name)
     p = data["perturb"]
@@ -1381,11 +1383,10 @@ def calibration_perturb(results: Results) -> list[str]:
     lines += [f"| {c['eps']:g} | {c['val_auroc']:.4f} | {c['val_auroc'] - p['uncompressed']:+.4f} |"
               for c in p["constants"]]
     lines += ["", f"A one-percent change of the bound moves this run's AUROC by up to {p['spread']:.4f}"
-              f" ({p['spread'] / WORLD_MARGIN:.0f}x the 0.001 the issue judges)."]
+              f" ({p['spread'] / WORLD_NOISE:.0f}x the {WORLD_NOISE:g} the issue judges)."]
     return lines
 
 
-WORLD_MARGIN = 0.001  # calibration_bench's WORLD_NOISE: the issue's margin
 BLOCKS["calibration_perturb"] = Block(("calibration_perturb.json",), calibration_perturb)
 
 
@@ -1393,12 +1394,13 @@ BLOCKS["calibration_perturb"] = Block(("calibration_perturb.json",), calibration
 # targets the quick run's floors cannot.
 BLOCKS["calibration_worlds_full"] = Block(("calibration_worlds.json",),
                                           lambda results: calibration_worlds(results, "calibration_worlds.json"))
-LOOSE_EPS = 0.05  # calibration_bench's LOOSE: a table at a bound below it is flagged
 
 
 def calibration_ablation(results: Results) -> list[str]:
     """The per-table ablation of one development world (issue 33 item 2): what a loose bound on each table alone
     costs against all-tight, and the planted roles against it."""
+    from calibration_bench import LOOSE
+
     name = "calibration_ablation.json"
     data = results.get(name)
     cfg, ab = data.get("config", {}), data["ablation"]
@@ -1421,7 +1423,7 @@ def calibration_ablation(results: Results) -> list[str]:
              " beyond the floor |" + (" flagged by the noise mode (development comparison, seeds) |" if flags else ""),
              "|---|---|---:|---|---|---|" + ("---|" if flags else "")]
     for t in sorted(ab["tables"], key=lambda t: -t["cost"]):
-        flagged = sum((r.get("table_bounds") or {}).get(t["table"], LOOSE_EPS) < LOOSE_EPS for r in flags)
+        flagged = sum((r.get("table_bounds") or {}).get(t["table"], LOOSE) < LOOSE for r in flags)
         lines.append(f"| {t['table']} | {t['role']} | {t['cost']:+.4f} |"
                      f" {', '.join(f'{-d:+.4f}' for d in t['per_seed'])} |"
                      f" {'yes' if t['sensitive_by_ablation'] else 'no'} |"
