@@ -59,6 +59,11 @@ unpaired seeds would count as a difference between arms.
 ``--worlds dev --fit`` runs only the noise mode on development worlds and fits its budget (:func:`fit_noise_budget`,
 the p90 rule); the fitted value is what ``NOISE_BUDGET`` in lightning_dlac/adaptive/calibrator.py holds.
 
+``--ablate WORLD`` (development worlds only) runs every table of one world loose alone against all-tight, the
+issue's definition of a sensitive table, and checks the planted roles against it (:func:`judge_ablation`).
+``--perturb WORLD:SEED`` runs one training seed of one world with every table at all-tight's bound and one percent
+either side of it (PERTURB_EPS): how far the trajectory alone moves the AUROC, what the worlds' floors are made of.
+
 ``--trace`` runs only the gradient mode, calibrating from a tenth of the run and again every fifth (``c=1``), and
 records every table's gradient sensitivity at each calibration: how the statistic of each role moves as the model
 trains, the evidence the default tolerance and start were chosen on.
