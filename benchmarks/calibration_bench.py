@@ -64,6 +64,12 @@ issue's definition of a sensitive table, and checks the planted roles against it
 ``--perturb WORLD:SEED`` runs one training seed of one world with every table at all-tight's bound and one percent
 either side of it (PERTURB_EPS): how far the trajectory alone moves the AUROC, what the worlds' floors are made of.
 
+``--curves WORLD:SEED,...`` runs the arms of each world and training seed (``--variants``, default uncompressed and
+all-tight) with the validation AUROC taken every ``--val-every`` batches: their learning curves, where along the run
+arms part and whether they have settled when it ends. ``--settle`` (with ``--worlds``) trains every arm until its
+validation AUROC has settled (SETTLE_EVERY, SETTLE_DELTA, SETTLE_MAX) instead of for a fixed number of batches, and
+records beside each world's floor the floor its arms had at the fixed protocol's length, read off the same curves.
+
 ``--trace`` runs only the gradient mode, calibrating from a tenth of the run and again every fifth (``c=1``), and
 records every table's gradient sensitivity at each calibration: how the statistic of each role moves as the model
 trains, the evidence the default tolerance and start were chosen on.
@@ -196,6 +202,17 @@ class _Bytes(pl.Callback):
         self.sent += sent - self._start[1]
 
 
+class _Curve(pl.Callback):
+    """The validation AUROC at every validation of the run (``val_check_interval``): the learning curve of an arm."""
+
+    def __init__(self) -> None:
+        self.points: list[tuple[int, float]] = []
+
+    def on_validation_end(self, trainer, pl_module) -> None:  # noqa: ANN001
+        if not trainer.sanity_checking and "val/auroc" in trainer.callback_metrics:
+            self.points.append((trainer.global_step, float(trainer.callback_metrics["val/auroc"])))
+
+
 class _LooseOne(pl.Callback):
     """One table at the loose bound for the whole run, every other at the strategy's eps (the ablation arm)."""
 
@@ -296,6 +313,12 @@ LOOSE = 0.05  # a table at a bound below it is flagged
 # rate and how many training seeds every arm runs under (paired). --quick's 2 seeds keep 3 worlds within 15 minutes.
 WORLD_FULL = dict(steps=1000, lr=0.015, train_seeds=5)
 WORLD_QUICK = dict(steps=400, lr=0.015, train_seeds=2)
+# --settle: every arm trains until its validation AUROC has settled, not for a fixed number of steps. It is validated
+# every SETTLE_EVERY batches and stops at the first validation that gains less than SETTLE_DELTA over the one before
+# (Lightning's EarlyStopping, patience 1), or at SETTLE_MAX batches, where the arm counts as unsettled. SETTLE_DELTA is
+# half the 0.001 judged, so that where an arm stops, a delay of a whole validation interval moves it by less than the
+# margin; SETTLE_MAX bounds the cost (a world's arm is then a few minutes on two cores). Neither was fitted to results.
+SETTLE_EVERY, SETTLE_DELTA, SETTLE_MAX = 500, 0.0005, 6000
 
 
 def training_seed(world: int, train_seed: int) -> int:
@@ -331,10 +354,17 @@ def _run_world(rank: int, world_size: int, variant: str, cfg: dict[str, Any]) ->
     ablated = variant.removeprefix(ABLATE_PREFIX) if variant.startswith(ABLATE_PREFIX) else None
     constant = variant in BASELINES or variant.startswith(CONSTANT_PREFIX)
     dlac = _callback(variant, cfg) if not constant and ablated is None else None
-    meter = _Bytes()
-    callbacks = [meter] + ([] if dlac is None else [dlac]) + ([] if ablated is None else [_LooseOne(ablated)])
+    meter, curve = _Bytes(), _Curve()
+    callbacks = [meter, curve] + ([] if dlac is None else [dlac]) + ([] if ablated is None else [_LooseOne(ablated)])
+    settle = None
+    if cfg.get("settle"):
+        from lightning.pytorch.callbacks import EarlyStopping
+
+        settle = EarlyStopping(monitor="val/auroc", mode="max", min_delta=cfg.get("settle_delta", SETTLE_DELTA),
+                               patience=1)
+        callbacks.append(settle)
     trainer = pl.Trainer(accelerator="cpu", devices=world_size, strategy=strategy, max_epochs=1,
-                         callbacks=callbacks, logger=False,
+                         callbacks=callbacks, logger=False, val_check_interval=cfg.get("val_every"),
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                          num_sanity_val_steps=0)
     start = time.perf_counter()
@@ -343,6 +373,10 @@ def _run_world(rank: int, world_size: int, variant: str, cfg: dict[str, Any]) ->
            "val_auroc": float(trainer.callback_metrics["val/auroc"]), "steps": meter.steps,
            "seconds": time.perf_counter() - start, "sent_bytes": meter.sent,
            "raw_bytes": meter.raw, "roles": dm.table_roles}
+    if cfg.get("val_every"):
+        out["curve"] = curve.points
+    if settle is not None:
+        out["settled"] = bool(trainer.should_stop) and meter.steps < cfg["steps"]
     if dlac is not None:
         out.update(table_bounds=dlac.table_bounds, calibrated_at=dlac.calibrator.calibrated_at,
                    calibration_s=dlac.calibration_seconds,
@@ -445,6 +479,50 @@ def main_perturb(args: argparse.Namespace, metadata: dict[str, Any]) -> None:
     print(f"\nwrote {args.json_out}")
 
 
+CURVE_VARIANTS = ("uncompressed", "all_tight")
+
+
+def curve_summary(by_variant: dict[str, dict[str, Any]], reference: str) -> dict[str, Any]:
+    """The learning curves of one world's arms under one training seed: each arm's validation AUROC at every
+    validation step they share, each arm's difference from ``reference`` there, and each arm's gain over the last
+    tenth of the run (how far from settled it still was when the run ended)."""
+    steps = sorted(set.intersection(*(set(s for s, _ in r["curve"]) for r in by_variant.values())))
+    auroc = {v: [dict(r["curve"])[s] for s in steps] for v, r in by_variant.items()}
+    ref = auroc[reference]
+    late = next((i for i, s in enumerate(steps) if s >= 0.9 * steps[-1]), len(steps) - 1) if steps else 0
+    return {"steps": steps, "auroc": auroc,
+            "difference": {v: [a - b for a, b in zip(series, ref)] for v, series in auroc.items() if v != reference},
+            "last_tenth_gain": {v: series[-1] - series[max(late - 1, 0)] for v, series in auroc.items() if series}}
+
+
+def main_curves(args: argparse.Namespace, metadata: dict[str, Any]) -> None:
+    """``--curves WORLD:SEED,...``: the arms of each (world, training seed) with the validation AUROC taken every
+    ``--val-every`` steps: where along the run the arms part and whether they have settled by its end. It judges and
+    chooses nothing by itself; a protocol chosen from it is chosen on development worlds only."""
+    from calibration_data import DEV_WORLDS, draw_world
+
+    pairs = [tuple(int(x) for x in item.split(":")) if ":" in item else (int(item), 0)
+             for item in args.curves.split(",")]
+    variants = tuple(v.strip() for v in args.variants.split(",")) if args.variants else CURVE_VARIANTS
+    steps = args.steps or WORLD_FULL["steps"]
+    cfg = dict(seeds=[w for w, _ in pairs], train_seeds_of=[t for _, t in pairs], steps=steps,
+               val_batches=args.val_batches, lr=args.lr or WORLD_FULL["lr"],
+               val_every=args.val_every or max(1, steps // 10), variants=list(variants))
+    runs, curves = [], []
+    for world, train_seed in pairs:
+        print(f"world {world} ({'dev' if world in DEV_WORLDS else 'eval'}), training seed {train_seed}:"
+              f" {draw_world(world).summary()}", flush=True)
+        by_variant = run_arms(cfg, world, variants, [train_seed], args.timeout)[0]
+        runs += list(by_variant.values())
+        summary = curve_summary(by_variant, variants[0])
+        curves.append({"world": world, "split": "dev" if world in DEV_WORLDS else "eval", "train_seed": train_seed,
+                       **summary})
+        for v, series in summary["auroc"].items():
+            print(f"  {v:>14}: " + " ".join(f"{a:.3f}" for a in series), flush=True)
+        write_results(args.json_out, metadata, cfg, runs, reference=variants[0], curves=curves)
+    print(f"\nwrote {args.json_out}")
+
+
 FIT_QUANTILE = 0.9  # the p90 rule of fit_noise_budget
 
 
@@ -492,6 +570,16 @@ def judge_world(runs: dict[str, dict[str, Any]], variant: str) -> dict[str, Any]
 # each about its own mean, so that a real difference between arms does not count as noise.
 FLOOR_Z = 2.0
 FLOOR_COMPARISONS = ("uncompressed", "all_loose", "default", "gradient", "noise")  # each against all-tight, per seed
+
+
+def at_step(by_seed: list[dict[str, dict[str, Any]]], step: int) -> list[dict[str, dict[str, Any]]]:
+    """``by_seed`` with every arm's AUROC read from its learning curve at ``step`` (where it stopped, if earlier: a
+    settled arm has stopped moving): the same runs judged as a fixed run of ``step`` batches would be."""
+    def read(r: dict[str, Any]) -> float:
+        before = [a for s, a in r["curve"] if s <= step]
+        return before[-1] if before else r["val_auroc"]
+
+    return [{v: dict(r, val_auroc=read(r)) for v, r in runs.items()} for runs in by_seed]
 
 
 def noise_floor(by_seed: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
@@ -572,6 +660,10 @@ def main_worlds(args: argparse.Namespace, metadata: dict[str, Any]) -> None:
                val_batches=args.val_batches, lr=args.lr or protocol["lr"],
                train_seeds=args.train_seeds or protocol["train_seeds"], variants=list(variants), floor_z=FLOOR_Z,
                default_mode=default_mode())
+    if args.settle:  # every arm to its settled AUROC; the fixed protocol's step read from the curve beside it
+        cfg.update(settle=True, steps=args.steps or SETTLE_MAX, val_every=args.val_every or SETTLE_EVERY,
+                   settle_delta=SETTLE_DELTA,
+                   fixed_steps=protocol["steps"])
     if args.fit:  # one training seed per world, under the protocol's steps and lr (WORLD_FULL unless given)
         cfg.update(train_seeds=1)
         if args.worlds != "dev":
@@ -595,7 +687,16 @@ def main_worlds(args: argparse.Namespace, metadata: dict[str, Any]) -> None:
         floor = noise_floor(by_seed)
         print(f"  noise floor: {floor['floor']} (paired sd {floor['paired_sd']}, {floor['train_seeds']} seeds)",
               flush=True)
-        per_world.append({"world": seed, "spec": draw_world(seed).summary(), "noise_floor": floor,
+        settled = {}
+        if cfg.get("settle"):
+            fixed = noise_floor(at_step(by_seed, cfg["fixed_steps"]))
+            settled = {"noise_floor_at_fixed_steps": fixed,
+                       "unsettled": [f"{r['variant']}:{r['train_seed']}" for rs in by_seed for r in rs.values()
+                                     if not r["settled"]],
+                       "stopped_at": {v: [rs[v]["steps"] for rs in by_seed] for v in variants}}
+            print(f"  at {cfg['fixed_steps']} steps the floor was {fixed['floor']}; stopped at {settled['stopped_at']},"
+                  f" unsettled {settled['unsettled']}", flush=True)
+        per_world.append({"world": seed, "spec": draw_world(seed).summary(), "noise_floor": floor, **settled,
                           **{v: judge_world_seeds(by_seed, v, floor["floor"]) for v in judged},
                           "all_loose_vs_all_tight": statistics.fmean(
                               r["all_loose"]["val_auroc"] - r["all_tight"]["val_auroc"] for r in by_seed),
@@ -651,6 +752,15 @@ def main() -> None:
     parser.add_argument("--perturb", default=None, metavar="WORLD:SEED",
                         help="one training seed of one world at all-tight's bound and one percent either side of it"
                         " (how far the trajectory alone moves the AUROC)")
+    parser.add_argument("--settle", action="store_true",
+                        help="with --worlds: every arm until its validation AUROC settles (SETTLE_* rule), at most"
+                        " --steps batches (default SETTLE_MAX)")
+    parser.add_argument("--curves", default=None, metavar="WORLD:SEED,...",
+                        help="the arms of each world and training seed (--variants, default uncompressed,all_tight)"
+                        " validated every --val-every steps: their learning curves")
+    parser.add_argument("--val-every", type=int, default=None,
+                        help="with --curves: training batches between validations (default a tenth of the run); with"
+                        " --settle, SETTLE_EVERY's stand-in (smoke runs)")
     parser.add_argument("--json-out", type=Path, default=REPO / "benchmarks/results/calibration_bench.json")
     args = parser.parse_args()
     metadata = start_run("benchmarks/calibration_bench.py", vars(args))
@@ -659,6 +769,9 @@ def main() -> None:
         return
     if args.perturb is not None:
         main_perturb(args, metadata)
+        return
+    if args.curves is not None:
+        main_curves(args, metadata)
         return
     if args.worlds is not None:
         main_worlds(args, metadata)

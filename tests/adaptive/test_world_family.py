@@ -172,3 +172,38 @@ def test_the_ablation_judges_each_table_by_what_its_loose_bound_alone_costs() ->
     by_seed[1]["loose:t_f1"]["val_auroc"] = 0.8104  # now it gains under one seed: its cost is within the floor
     out = bench.judge_ablation(by_seed, {"t_f0": "robust", "t_f1": "sensitive"})
     assert [t["beyond_floor"] for t in out["tables"]] == [True, False]
+
+
+def test_learning_curves_are_read_at_a_step_and_summarized_against_a_reference() -> None:
+    """The settle protocol's evidence: an arm's AUROC read off its curve at a fixed run's length (its last value if
+    it stopped before), and the curves of a world's arms side by side."""
+    import calibration_bench as bench
+
+    fast = {"variant": "uncompressed", "val_auroc": 0.95, "curve": [(500, 0.90), (1000, 0.94), (1500, 0.95)]}
+    slow = {"variant": "all_tight", "val_auroc": 0.95, "curve": [(500, 0.80), (1000, 0.85), (1500, 0.93),
+                                                                (2000, 0.95)]}
+    read = bench.at_step([{"uncompressed": fast, "all_tight": slow}], 1000)[0]
+    assert read["uncompressed"]["val_auroc"] == 0.94 and read["all_tight"]["val_auroc"] == 0.85
+    assert bench.at_step([{"a": fast}], 4000)[0]["a"]["val_auroc"] == 0.95  # stopped (settled) before 4000
+    assert fast["val_auroc"] == 0.95  # the runs themselves are not changed
+    summary = bench.curve_summary({"uncompressed": fast, "all_tight": slow}, "uncompressed")
+    assert summary["steps"] == [500, 1000, 1500]  # the validations both arms had
+    assert summary["difference"]["all_tight"] == pytest.approx([-0.10, -0.09, -0.02])
+    assert summary["last_tenth_gain"] == pytest.approx({"uncompressed": 0.01, "all_tight": 0.08})
+
+
+@pytest.mark.slow
+def test_a_settling_arm_stops_at_the_first_validation_that_gains_too_little() -> None:
+    """--settle on 2 gloo ranks: with a gain no validation can reach, an arm stops at its second validation and
+    says it settled; its AUROC is its curve's last point."""
+    import calibration_bench as bench
+
+    from lightning_dlac.testing import run_ranks
+
+    cfg = dict(world=data.DEV_WORLDS[30], train_seed=0, steps=60, val_batches=4, lr=0.015, val_every=10,
+               settle=True, settle_delta=1.0)
+    r = run_ranks(bench._run_world, 2, "all_tight", cfg, timeout=300)[0]
+    assert r["settled"] and r["steps"] == 20 and [s for s, _ in r["curve"]] == [10, 20]
+    assert r["val_auroc"] == r["curve"][-1][1]
+    capped = run_ranks(bench._run_world, 2, "all_tight", dict(cfg, steps=20, settle_delta=0.0), timeout=300)[0]
+    assert r["curve"][0] == capped["curve"][0]  # validating along the way leaves the run as it was
