@@ -1298,7 +1298,10 @@ def calibration_worlds(results: Results, name: str = "calibration_worlds_quick.j
     data = results.get(name)
     cfg = data.get("config", {})
     lines = [source_line(name, data, results.shown), "",
-             f"{cfg.get('worlds')} worlds {cfg.get('seeds')}, {cfg.get('steps')} training batches per rank each"
+             f"{cfg.get('worlds')} worlds {cfg.get('seeds')}, "
+             + (f"every arm trained until its validation AUROC settled (validated every {cfg['val_every']} batches,"
+                f" stopped at the first validation gaining less than {cfg['settle_delta']:g}; at most {cfg['steps']}"
+                " batches per rank)" if cfg.get("settle") else f"{cfg.get('steps')} training batches per rank each")
              + (f" (the run was stopped after {len(cfg['seeds'])} of the {len(cfg['seeds_planned'])} worlds it"
                 " planned)" if cfg.get("seeds_planned") else "") + ".", "",
              "| world | tables (sensitive) | dim | all-tight vs uncompressed | all-loose vs all-tight | variant |"
@@ -1337,6 +1340,13 @@ def calibration_worlds(results: Results, name: str = "calibration_worlds_quick.j
         lines += ["", f"Noise floor per world ({seeds} paired training seeds; two standard errors of a mean of paired"
                   " differences; a difference within it is within noise): "
                   + ", ".join(f"{w['world']} {_plain(f, '.4f')}" for w, f in zip(data["per_world"], floors)) + "."]
+    if cfg.get("settle"):
+        fixed = [w["noise_floor_at_fixed_steps"]["floor"] for w in data["per_world"]]
+        unsettled = [f"{w['world']} {u}" for w in data["per_world"] for u in w["unsettled"]]
+        lines += ["", f"The same runs read at {cfg['fixed_steps']} batches (the fixed protocol) had the floors "
+                  + ", ".join(f"{w['world']} {_plain(f, '.4f')}" for w, f in zip(data["per_world"], fixed))
+                  + "; arms that reached the cap unsettled (world, arm:seed): " + (", ".join(unsettled) or "none")
+                  + "."]
     if cfg.get("worlds") != "eval":
         return lines
     d = data["summary"]
@@ -1388,6 +1398,61 @@ def calibration_perturb(results: Results) -> list[str]:
 
 
 BLOCKS["calibration_perturb"] = Block(("calibration_perturb.json",), calibration_perturb)
+
+
+def calibration_curves(results: Results) -> list[str]:
+    """Learning curves of a world's arms (``--curves``): the validation AUROC along the run, where arms part."""
+    name = "calibration_curves.json"
+    data = results.get(name)
+    ref = data["reference"]
+    lines = [source_line(name, data, results.shown), ""]
+    for c in data["curves"]:
+        lines += [f"World {c['world']} ({c['split']} split), training seed {c['train_seed']}: validation AUROC after"
+                  " each number of training batches per rank.", "",
+                  "| arm | " + " | ".join(str(s) for s in c["steps"]) + " |",
+                  "|---|" + "---:|" * len(c["steps"])]
+        lines += [f"| {v} | " + " | ".join(f"{a:.3f}" for a in series) + " |" for v, series in c["auroc"].items()]
+        lines += [f"| {v} vs {ref} | " + " | ".join(f"{d:+.3f}" for d in series) + " |"
+                  for v, series in c["difference"].items()]
+        lines.append("")
+    return lines[:-1]
+
+
+BLOCKS["calibration_curves"] = Block(("calibration_curves.json",), calibration_curves)
+
+
+def calibration_settle(results: Results) -> list[str]:
+    """The settle protocol on development worlds: every arm trained until its AUROC settles, its paired differences
+    and floor beside those the same runs had at the fixed protocol's length."""
+    name = "calibration_settle_dev.json"
+    data = results.get(name)
+    cfg = data["config"]
+    fixed = cfg["fixed_steps"]
+    lines = [source_line(name, data, results.shown), "",
+             f"{cfg['worlds']} worlds {cfg['seeds']}, {cfg['train_seeds']} paired training seeds; every arm validated"
+             f" every {cfg['val_every']} batches and stopped at the first validation that gained less than"
+             f" {cfg['settle_delta']:g} AUROC (at most {cfg['steps']} batches per rank).", "",
+             f"| world | tables (sensitive) | dim | arm | vs all-tight per seed, at {fixed} batches | vs all-tight per"
+             " seed, settled | stopped at (batches per rank) |", "|---|---|---|---|---|---|---|"]
+    for w in data["per_world"]:
+        spec, floor, at_fixed = w["spec"], w["noise_floor"], w["noise_floor_at_fixed_steps"]
+        first = True
+        for v, settled in floor["paired_differences"].items():
+            head = f"| {w['world']} | {spec['tables']} ({spec['roles']['sensitive']}) | {spec['dim']} |" if first \
+                else "| | | |"
+            first = False
+            lines.append(f"{head} {v} | " + ", ".join(f"{d:+.4f}" for d in at_fixed["paired_differences"][v])
+                         + " | " + ", ".join(f"{d:+.4f}" for d in settled) + " | "
+                         + ", ".join(str(n) for n in w["stopped_at"][v]) + " |")
+        lines.append(f"| | | | all_tight | | | {', '.join(str(n) for n in w['stopped_at']['all_tight'])} |")
+    lines += ["", "| world | floor at " + f"{fixed} batches | floor settled | arms unsettled at the cap |",
+              "|---|---:|---:|---|"]
+    lines += [f"| {w['world']} | {w['noise_floor_at_fixed_steps']['floor']:.4f} | {w['noise_floor']['floor']:.4f} |"
+              f" {', '.join(w['unsettled']) or 'none'} |" for w in data["per_world"]]
+    return lines
+
+
+BLOCKS["calibration_settle"] = Block(("calibration_settle_dev.json",), calibration_settle)
 
 
 # The evaluation worlds under the full protocol (1000 batches, 5 paired training seeds): what judges the accuracy

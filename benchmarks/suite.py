@@ -215,6 +215,17 @@ STEPS: tuple[Step, ...] = (
     Step("calibration_perturb.json", "benchmarks/calibration_bench.py", {  # what the worlds' floors are made of
         "full": ["--perturb", "1000:1"],
     }),
+    Step("calibration_curves.json", "benchmarks/calibration_bench.py", {  # where along the run arms part
+        "smoke": ["--curves", "30:1", "--steps", "20", "--val-every", "10", "--val-batches", "8"],
+        "full": ["--curves", "1000:0,1000:1", "--steps", "3000", "--val-every", "250"],
+    }),
+    Step("calibration_settle_dev.json", "benchmarks/calibration_bench.py", {  # every arm to its settled AUROC
+        "smoke": ["--worlds", "dev", "--first", "23", "--count", "1", "--train-seeds", "2", "--variants",
+                  "uncompressed,all_tight,all_loose", "--settle", "--steps", "40", "--val-every", "10",
+                  "--val-batches", "8"],
+        "full": ["--worlds", "dev", "--first", "23", "--count", "3", "--train-seeds", "2", "--variants",
+                 "uncompressed,all_tight,all_loose", "--settle"],
+    }),
     Step("data_bench.json", "benchmarks/data_bench.py", {
         "smoke": ["--rows", "20000", "--torchrec-rows", "2000", "--python-rows", "2000", "--loader-rows", "40000",
                   "--repeat", "1"],
