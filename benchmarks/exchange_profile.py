@@ -33,8 +33,9 @@ Then, one rank at a time, the codec's native kernels (``torch.ops.dlac.encode_gr
 directly on the arguments of the last step's codec calls (same block, splits, bounds and payload); for the
 bf16 / fp16 backward the cast of the same float32 gradient to the wire dtype and back, contiguous, into tensors made
 beforehand; for the own block the same copy into a tensor of the block's layout (a column block of the output
-is strided) made beforehand: the kernel's own time for the same bytes. The issue-34 target is each phase within 1.5x of it (``phase / kernel``, on wall and on CPU time; on a shared machine
-the CPU time is the steadier figure: wall time counts the slices other processes took). With ``--profiler-steps``,
+is strided) made beforehand: the kernel's own time for the same bytes. The issue-34 target is each phase within
+1.5x of it (``phase / kernel``, on wall and on CPU time; on a shared machine the CPU time is the steadier figure:
+wall time counts the slices other processes took). With ``--profiler-steps``,
 a ``torch.profiler`` pass over that many more steps adds the self CPU time of the copies (``aten::cat``,
 ``aten::copy_``, ``aten::_to_copy``, ...) and allocations (``aten::empty*``, ``aten::zeros``) per direction; its
 figures include the profiler's own overhead (they ran well above the timed phases here) and are off by default.
