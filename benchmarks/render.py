@@ -1453,6 +1453,10 @@ def calibration_settle(results: Results) -> list[str]:
 
 
 BLOCKS["calibration_settle"] = Block(("calibration_settle_dev.json",), calibration_settle)
+# The first evaluation world with every arm trained until it settles (--settle), the default among the arms.
+BLOCKS["calibration_worlds_settled"] = Block(("calibration_worlds_settled.json",),
+                                             lambda results: calibration_worlds(results,
+                                                                                "calibration_worlds_settled.json"))
 
 
 # The evaluation worlds under the full protocol (1000 batches, 5 paired training seeds): what judges the accuracy
