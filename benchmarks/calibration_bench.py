@@ -504,19 +504,22 @@ def main_curves(args: argparse.Namespace, metadata: dict[str, Any]) -> None:
     pairs = [tuple(int(x) for x in item.split(":")) if ":" in item else (int(item), 0)
              for item in args.curves.split(",")]
     variants = tuple(v.strip() for v in args.variants.split(",")) if args.variants else CURVE_VARIANTS
+    unknown = [v for v in variants if v not in WORLD_VARIANTS and not v.startswith(CONSTANT_PREFIX)]
+    if unknown:
+        raise SystemExit(f"--variants {unknown} with --curves: choose from {list(WORLD_VARIANTS)} or"
+                         f" '{CONSTANT_PREFIX}<eps>'")
     steps = args.steps or WORLD_FULL["steps"]
     cfg = dict(seeds=[w for w, _ in pairs], train_seeds_of=[t for _, t in pairs], steps=steps,
                val_batches=args.val_batches, lr=args.lr or WORLD_FULL["lr"],
                val_every=args.val_every or max(1, steps // 10), variants=list(variants))
     runs, curves = [], []
     for world, train_seed in pairs:
-        print(f"world {world} ({'dev' if world in DEV_WORLDS else 'eval'}), training seed {train_seed}:"
-              f" {draw_world(world).summary()}", flush=True)
+        split = "dev" if world in DEV_WORLDS else "eval"
+        print(f"world {world} ({split}), training seed {train_seed}: {draw_world(world).summary()}", flush=True)
         by_variant = run_arms(cfg, world, variants, [train_seed], args.timeout)[0]
         runs += list(by_variant.values())
         summary = curve_summary(by_variant, variants[0])
-        curves.append({"world": world, "split": "dev" if world in DEV_WORLDS else "eval", "train_seed": train_seed,
-                       **summary})
+        curves.append({"world": world, "split": split, "train_seed": train_seed, **summary})
         for v, series in summary["auroc"].items():
             print(f"  {v:>14}: " + " ".join(f"{a:.3f}" for a in series), flush=True)
         write_results(args.json_out, metadata, cfg, runs, reference=variants[0], curves=curves)
@@ -763,6 +766,12 @@ def main() -> None:
                         " --settle, SETTLE_EVERY's stand-in (smoke runs)")
     parser.add_argument("--json-out", type=Path, default=REPO / "benchmarks/results/calibration_bench.json")
     args = parser.parse_args()
+    if args.settle and args.worlds is None:
+        parser.error("--settle trains the arms of a world run: give --worlds dev or --worlds eval")
+    if args.curves is not None and args.worlds is not None:
+        parser.error("--curves runs the worlds it names: leave out --worlds")
+    if args.val_every is not None and args.curves is None and not args.settle:
+        parser.error("--val-every applies to --curves and --settle runs only")
     metadata = start_run("benchmarks/calibration_bench.py", vars(args))
     if args.ablate is not None:
         main_ablation(args, metadata)

@@ -229,7 +229,7 @@ def _kernel_times(clock: PhaseClock, direction: str, repeat: int) -> dict[str, A
     for args, _ in calls.get("place_own", []):
         # The same copy into a tensor of the block's layout, made beforehand: the forward's own block is a column
         # block of the output (TorchRec's layout), whose rows lie the output's width apart; a contiguous target
-        # (the yardstick before) did less work than the exchange can, about 0.55x of it on this CPU.
+        # (the yardstick before) did less work than the exchange can.
         block, own = args[0], args[1]
         copy = torch.empty_strided(block.size(), block.stride(), dtype=block.dtype)
         _add(total, _median_s(repeat, copy.copy_, own))

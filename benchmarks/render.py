@@ -1299,9 +1299,7 @@ def calibration_worlds(results: Results, name: str = "calibration_worlds_quick.j
     cfg = data.get("config", {})
     lines = [source_line(name, data, results.shown), "",
              f"{cfg.get('worlds')} worlds {cfg.get('seeds')}, "
-             + (f"every arm trained until its validation AUROC settled (validated every {cfg['val_every']} batches,"
-                f" stopped at the first validation gaining less than {cfg['settle_delta']:g}; at most {cfg['steps']}"
-                " batches per rank)" if cfg.get("settle") else f"{cfg.get('steps')} training batches per rank each")
+             + (_settle_rule(cfg) if cfg.get("settle") else f"{cfg.get('steps')} training batches per rank each")
              + (f" (the run was stopped after {len(cfg['seeds'])} of the {len(cfg['seeds_planned'])} worlds it"
                 " planned)" if cfg.get("seeds_planned") else "") + ".", "",
              "| world | tables (sensitive) | dim | all-tight vs uncompressed | all-loose vs all-tight | variant |"
@@ -1360,6 +1358,13 @@ def calibration_worlds(results: Results, name: str = "calibration_worlds_quick.j
         lines.append(f"- {label}: {judged} on these worlds ({shown})" + ("" if d["worlds"] >= 20 else
                                                                          "; too few worlds to count"))
     return lines
+
+
+def _settle_rule(cfg: dict[str, Any]) -> str:
+    """How a ``--settle`` run trained its arms, from its configuration."""
+    return (f"every arm trained until its validation AUROC settled (validated every {cfg['val_every']} batches,"
+            f" stopped at the first validation gaining less than {cfg['settle_delta']:g} AUROC; at most"
+            f" {cfg['steps']} batches per rank)")
 
 
 def _calibration_fit_line(results: Results) -> list[str]:
@@ -1429,18 +1434,15 @@ def calibration_settle(results: Results) -> list[str]:
     cfg = data["config"]
     fixed = cfg["fixed_steps"]
     lines = [source_line(name, data, results.shown), "",
-             f"{cfg['worlds']} worlds {cfg['seeds']}, {cfg['train_seeds']} paired training seeds; every arm validated"
-             f" every {cfg['val_every']} batches and stopped at the first validation that gained less than"
-             f" {cfg['settle_delta']:g} AUROC (at most {cfg['steps']} batches per rank).", "",
+             f"{cfg['worlds']} worlds {cfg['seeds']}, {cfg['train_seeds']} paired training seeds; {_settle_rule(cfg)}.",
+             "",
              f"| world | tables (sensitive) | dim | arm | vs all-tight per seed, at {fixed} batches | vs all-tight per"
              " seed, settled | stopped at (batches per rank) |", "|---|---|---|---|---|---|---|"]
     for w in data["per_world"]:
         spec, floor, at_fixed = w["spec"], w["noise_floor"], w["noise_floor_at_fixed_steps"]
-        first = True
-        for v, settled in floor["paired_differences"].items():
-            head = f"| {w['world']} | {spec['tables']} ({spec['roles']['sensitive']}) | {spec['dim']} |" if first \
+        for i, (v, settled) in enumerate(floor["paired_differences"].items()):
+            head = f"| {w['world']} | {spec['tables']} ({spec['roles']['sensitive']}) | {spec['dim']} |" if i == 0 \
                 else "| | | |"
-            first = False
             lines.append(f"{head} {v} | " + ", ".join(f"{d:+.4f}" for d in at_fixed["paired_differences"][v])
                          + " | " + ", ".join(f"{d:+.4f}" for d in settled) + " | "
                          + ", ".join(str(n) for n in w["stopped_at"][v]) + " |")
