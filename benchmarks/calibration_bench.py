@@ -91,7 +91,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
-from common import REPO, run_ranks, start_run, write_results
+from common import REPO, load_results, run_ranks, start_run, write_results
 
 BASELINES = ("uncompressed", "all_tight", "all_loose")
 MODES = ("gradient", "homogenization", "homogenization_value", "sensitivity")  # the default is the noise mode
@@ -649,6 +649,32 @@ def summarize_worlds(per_world: list[dict[str, Any]], variant: str) -> dict[str,
     return out
 
 
+def resumed_worlds(path: Path, cfg: dict[str, Any],
+                   metadata: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The worlds (and their arms' runs) that an earlier run of the same protocol wrote to ``path``, for ``--resume``:
+    a run of many hours continues where it stopped instead of starting again. The earlier file must hold the same
+    configuration but for its worlds, and only worlds this run plans; ``metadata`` records each earlier part's
+    command, commit and dates under ``resumed_from``."""
+    if not path.exists():
+        return [], []
+    old = load_results(path)
+    keys = set(cfg) | set(old["config"])
+    differ = sorted(k for k in keys - {"seeds", "seeds_planned"} if old["config"].get(k) != cfg.get(k))
+    if differ:
+        raise SystemExit(f"--resume: {path} was written under another configuration ({', '.join(differ)} differ);"
+                         " rerun with the same options or choose another --json-out")
+    per_world = old.get("per_world") or []
+    foreign = sorted({w["world"] for w in per_world} - set(cfg["seeds"]))
+    if foreign:
+        raise SystemExit(f"--resume: {path} holds worlds {foreign} this run does not plan; widen --first/--count")
+    earlier = old["metadata"].pop("resumed_from", [])
+    metadata["resumed_from"] = earlier + [{k: old["metadata"].get(k) for k in ("command", "git_commit", "date",
+                                                                                "finished", "wall_s")}
+                                          | {"worlds": [w["world"] for w in per_world]}]
+    print(f"resuming: {len(per_world)} world(s) already in {path}: {[w['world'] for w in per_world]}", flush=True)
+    return per_world, list(old["results"])
+
+
 def main_worlds(args: argparse.Namespace, metadata: dict[str, Any]) -> None:
     from calibration_data import DEV_WORLDS, EVAL_WORLDS, QUICK_EVAL_WORLDS, draw_world
 
@@ -681,9 +707,11 @@ def main_worlds(args: argparse.Namespace, metadata: dict[str, Any]) -> None:
         write_results(args.json_out, metadata, dict(cfg, variants=["noise"]), runs, fit=fit)
         print(f"\nwrote {args.json_out}")
         return
-    per_world, runs = [], []
+    per_world, runs = ([], []) if not args.resume else resumed_worlds(args.json_out, cfg, metadata)
     judged = [v for v in variants if v not in BASELINES]
     for seed in seeds:
+        if seed in {w["world"] for w in per_world}:
+            continue
         print(f"world {seed}: {draw_world(seed).summary()}", flush=True)
         by_seed = run_arms(cfg, seed, variants, range(cfg["train_seeds"]), args.timeout)
         runs += [r for by_variant in by_seed for r in by_variant.values()]
@@ -758,6 +786,9 @@ def main() -> None:
     parser.add_argument("--settle", action="store_true",
                         help="with --worlds: every arm until its validation AUROC settles (SETTLE_* rule), at most"
                         " --steps batches (default SETTLE_MAX)")
+    parser.add_argument("--resume", action="store_true",
+                        help="with --worlds: keep the worlds an earlier run of the same options wrote to --json-out"
+                        " and run only the rest")
     parser.add_argument("--curves", default=None, metavar="WORLD:SEED,...",
                         help="the arms of each world and training seed (--variants, default uncompressed,all_tight)"
                         " validated every --val-every steps: their learning curves")
@@ -772,6 +803,8 @@ def main() -> None:
         parser.error("--curves runs the worlds it names: leave out --worlds")
     if args.val_every is not None and args.curves is None and not args.settle:
         parser.error("--val-every applies to --curves and --settle runs only")
+    if args.resume and (args.worlds is None or args.fit):
+        parser.error("--resume continues a --worlds run (not --fit): give --worlds dev or --worlds eval")
     metadata = start_run("benchmarks/calibration_bench.py", vars(args))
     if args.ablate is not None:
         main_ablation(args, metadata)

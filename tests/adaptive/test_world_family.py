@@ -207,3 +207,26 @@ def test_a_settling_arm_stops_at_the_first_validation_that_gains_too_little() ->
     assert r["val_auroc"] == r["curve"][-1][1]
     capped = run_ranks(bench._run_world, 2, "all_tight", dict(cfg, steps=20, settle_delta=0.0), timeout=300)[0]
     assert r["curve"][0] == capped["curve"][0]  # validating along the way leaves the run as it was
+
+
+def test_a_long_world_run_resumes_from_its_own_file_and_refuses_another(tmp_path: Path) -> None:
+    """--resume keeps the worlds an earlier part of the same protocol wrote, records that part in the metadata, and
+    refuses a file written under other options or holding a world the run does not plan."""
+    import calibration_bench as bench
+    from common import write_results
+
+    path = tmp_path / "worlds.json"
+    cfg = dict(worlds="eval", seeds=[1000, 1001, 1002], steps=6000, settle=True, variants=["uncompressed"])
+    assert bench.resumed_worlds(path, cfg, {}) == ([], [])  # nothing yet: a fresh run
+    runs = [{"variant": "uncompressed", "train_seed": 0, "val_auroc": 0.9}]
+    first = {"command": "python first.py", "git_commit": "abc", "date": "2026-12-05T02:00:00+00:00"}
+    write_results(path, first, dict(cfg, seeds=[1000]), runs, per_world=[{"world": 1000}])
+
+    metadata: dict = {}
+    per_world, kept = bench.resumed_worlds(path, cfg, metadata)
+    assert per_world == [{"world": 1000}] and kept == runs
+    assert metadata["resumed_from"][0]["command"] == "python first.py" and metadata["resumed_from"][0]["worlds"] == [1000]
+    with pytest.raises(SystemExit, match="steps differ"):
+        bench.resumed_worlds(path, dict(cfg, steps=1000), {})
+    with pytest.raises(SystemExit, match=r"worlds \[1000\]"):
+        bench.resumed_worlds(path, dict(cfg, seeds=[1001, 1002]), {})
