@@ -93,6 +93,8 @@ class Variant:
     # DLAC: which peers get the compressed exchange ("all", "other_nodes"); None: the library's default. The
     # multi-node variants (e2e_topology.py, issue 37) name it.
     compress_peers: str | None = None
+    # DLAC: the pieces the synchronous exchange is sent in (CompressionConfig.pieces); None: the library's default.
+    pieces: int | None = None
 
 
 VARIANTS: dict[str, Variant] = {
@@ -118,6 +120,11 @@ VARIANTS: dict[str, Variant] = {
         Variant("dlac_auto", "DLAC fwd + BF16 bwd, compress=auto", "dlac", "dlac", "bf16", auto_fallback=True),
         Variant("ceiling_dlac_dlac", "ceiling of DLAC both directions (null codec, DLAC's bytes)", "null", "dlac",
                 "dlac", ceiling_of="dlac_dlac"),
+        # The exchange sent in 4 pieces (CompressionConfig(pieces=4), issue 34: the codec works on one piece while
+        # another is on the wire) and its own ceiling, the null codec sent in the same pieces.
+        Variant("dlac_dlac_pieces", "DLAC both directions, sent in 4 pieces", "dlac", "dlac", "dlac", pieces=4),
+        Variant("ceiling_dlac_dlac_pieces", "ceiling of DLAC both directions in 4 pieces (null codec, its bytes)",
+                "null", "dlac", "dlac", ceiling_of="dlac_dlac_pieces", pieces=4),
         # Issue 37 (e2e_topology.py, 2 nodes x 2 ranks): DLAC to every peer, to the other node's ranks only (the
         # same node's pairs uncompressed), and the latter's like-for-like ceiling.
         Variant("dlac_dlac_all", "DLAC both directions, to every peer", "dlac", "dlac", "dlac", compress_peers="all"),
@@ -229,6 +236,8 @@ def _train_rank(rank: int, world_size: int, variant_name: str, cfg: dict[str, An
                             fallback_check_every=cfg.get("fallback_check_every", 64), overlap=variant.overlap)
             if variant.compress_peers is not None:
                 exchange["compress_peers"] = variant.compress_peers
+            if variant.pieces is not None:
+                exchange["pieces"] = variant.pieces
             if variant.kind == "null":  # nothing to sample: the null codec's payload is not DLAC's
                 exchange["error_every"] = 0
             group = install_compressed_all_to_all(model, CompressionConfig(**exchange), bounds)

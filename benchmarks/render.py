@@ -1195,6 +1195,47 @@ def qcomm_race(results: Results) -> list[str]:
     return lines
 
 
+PIECE_VARIANTS = (("dlac_dlac", "ceiling_dlac_dlac"), ("dlac_dlac_pieces", "ceiling_dlac_dlac_pieces"))
+
+
+def e2e_pieces(results: Results) -> list[str]:
+    """The exchange whole and in 4 pieces, each with its own ceiling: the race table, where each step's exchange
+    time goes, and the pieces' speed against the whole exchange (launches paired by repeat)."""
+    from e2e_bandwidth import paired
+
+    lines = _e2e_body(results, ("e2e_pieces.json",))
+    rows = results.get("e2e_pieces.json")["results"]
+    lines += ["", "Per step (medians over the pooled steps, the slower rank), ms: the exchange's phases, and what DLAC"
+              " spends beyond its ceiling in them (its codec, and what waits on it):", "",
+              "| rate | variant | fwd encode | fwd exchange | fwd decode | bwd exchange | step |",
+              "|---|---|---:|---:|---:|---:|---:|"]
+    for rate in sorted({r["rate"] for r in rows}):
+        for pair in PIECE_VARIANTS:
+            for name in pair:
+                r = _pick(rows, rate, name)
+                if r is not None:
+                    lines.append(f"| {rate} | {r['label']} | {r['fwd_encode_ms']:.1f} | {r['fwd_exchange_ms']:.1f} |"
+                                 f" {r['fwd_decode_ms']:.1f} | {r['bwd_a2a_ms']:.1f} | {r['median_step_ms']:.0f} |")
+    lines.append("")
+    for rate in sorted({r["rate"] for r in rows}):
+        for variant, ceiling in PIECE_VARIANTS:
+            a, c = _pick(rows, rate, variant), _pick(rows, rate, ceiling)
+            if a is not None and c is not None:
+                fwd = sum(a[k] - c[k] for k in ("fwd_encode_ms", "fwd_exchange_ms", "fwd_decode_ms"))
+                lines.append(f"- {rate}: {a['label']} beyond its ceiling: forward {fwd:.1f} ms, backward"
+                             f" {a['bwd_a2a_ms'] - c['bwd_a2a_ms']:.1f} ms, step"
+                             f" {a['median_step_ms'] - c['median_step_ms']:.0f} ms.")
+        for variant, reference, what in (("dlac_dlac_pieces", "dlac_dlac", "DLAC in 4 pieces against the whole"
+                                          " exchange"),
+                                         ("ceiling_dlac_dlac_pieces", "ceiling_dlac_dlac", "the null codec in 4"
+                                          " pieces against the whole exchange")):
+            found = paired(rows, rate, variant, reference)
+            if found:
+                per = ", ".join(f"{x:.2f}" for x in found[1])
+                lines.append(f"- {rate}: {what}: speed {found[0]:.2f}x (per repeat {per}).")
+    return lines
+
+
 def e2e_topology(results: Results) -> list[str]:
     """The two-node run (issue 37): the e2e table, and the bytes each rank sent per link class."""
     from e2e_bandwidth import paired
@@ -1269,6 +1310,7 @@ BLOCKS.update({
     "e2e_topology": Block(("e2e_topology.json",), e2e_topology),
     "topology_estimate": Block(("e2e_topology.json",), topology_estimate_check),
     "exchange_profile": Block(("exchange_profile.json",), exchange_profile),
+    "e2e_pieces": Block(("e2e_pieces.json",), e2e_pieces),
     "qcomm_race": Block(("e2e_qcomm_race.json",), qcomm_race,
                         optional=("e2e_qcomm_race_10gbit.json", "e2e_qcomm_race_starved.json",
                                   "codec_bench_qcomm.json")),

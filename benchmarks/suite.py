@@ -49,6 +49,8 @@ E2E_PIPELINE = "fp32,fp32_pipelined,dlac_dlac,dlac_dlac_pipelined,dlac_dlac_over
 E2E_PIPELINE_ALTERNATE = "fp32_alternate,dlac_dlac_alternate,dlac_dlac_overlap_alternate"
 # Issue 34: every TorchRec codec against DLAC, and the same with every rank on one core (FP8 cannot run on CPU).
 E2E_QCOMM_RACE = "fp32,qcomm_int8_fp16,qcomm_fp8,qcomm_mx4,qcomm_mx4_bf16,dlac_bf16,dlac_dlac,ceiling_dlac_dlac"
+# The exchange whole (the default) and in 4 pieces (issue 34), each against its own null-codec ceiling.
+E2E_PIECES = "dlac_dlac,ceiling_dlac_dlac,dlac_dlac_pieces,ceiling_dlac_dlac_pieces"
 E2E_QCOMM_STARVED = "fp32,qcomm_int8_fp16,qcomm_mx4,dlac_bf16,dlac_dlac,ceiling_dlac_dlac"
 E2E_TOPOLOGY = "fp32,qcomm_int8_fp16,dlac_dlac_all,dlac_dlac_other_nodes,ceiling_dlac_dlac_other_nodes"
 # At 10 Gbit/s against the fastest qcomm variant of the 1 Gbit/s race (MX4's CPU kernels are slower than the wire
@@ -122,6 +124,11 @@ STEPS: tuple[Step, ...] = (
         "smoke": ["--quick", "--qcomm", "fp8", "mx4", "--no-dlrm-v2"],
         "quick": ["--qcomm", "fp8", "mx4", "--no-dlrm-v2", "--eps", "0.01", "0.05"],
         "full": ["--qcomm", "fp8", "mx4", "--no-dlrm-v2", "--eps", "0.01", "0.05", "--repeat", "15"],
+    }),
+    Step("e2e_pieces.json", "benchmarks/e2e_bandwidth.py", {
+        "smoke": _e2e("1gbit", E2E_PIECES, 256, 2, 1, 1),
+        "quick": _e2e("1gbit,100mbit", E2E_PIECES, 4096, 4, 1, 4),
+        "full": _e2e("1gbit,100mbit", E2E_PIECES, 4096, 6, 2, 4),
     }),
     Step("e2e_qcomm_race.json", "benchmarks/e2e_bandwidth.py", {
         "smoke": _e2e("1gbit", "fp32,qcomm_fp8,qcomm_mx4,dlac_dlac", 256, 2, 1, 2),

@@ -33,6 +33,7 @@ from lightning_dlac.comm.config import BackwardCompression, CompressionConfig
 from lightning_dlac.comm.exchange import BackwardInFlight, Impl, Layout, ResultBuffers, offsets
 from lightning_dlac.comm.fallback import FallbackCall, UncompressedFallback
 from lightning_dlac.comm.peers import PeerPlan
+from lightning_dlac.comm.pieces import Piece, merge_piece_sizes, piece_count, split_layout
 from lightning_dlac.comm.recorder import Ready, RecordedExchange
 from lightning_dlac.comm.timing import PhaseTimer
 
@@ -124,6 +125,7 @@ class CompressedPooledEmbeddingsAllToAll(RecordedExchange):
         self._backward_buffers = ResultBuffers()
         self._cast_scratch = ResultBuffers()  # the gradient cast whole before its owners' blocks are gathered
         self._cast_sends = ResultBuffers()  # and the blocks gathered, until the exchange has sent them
+        self._splits: dict[int, tuple[Piece, ...]] = {}  # the layout cut into pieces, by count
 
     @property
     def overlapped(self) -> bool:
@@ -192,33 +194,50 @@ class CompressedPooledEmbeddingsAllToAll(RecordedExchange):
                 with timer.phase("exchange_s", label):
                     return exchange.finish_forward_uncompressed(flight, batch_size_per_rank, layout)
         else:
-            with timer.phase("encode_s", "dlac encode"):
-                encoded = exchange.encode_for_others(x, row_splits, layout, eps, self.forward_impl)
             own = x[row_splits[layout.rank] : row_splits[layout.rank + 1]]
-            with timer.phase("exchange_s", "dlac exchange"):
-                flight, recv_sizes = exchange.start_forward(encoded, layout, own.size(0), self._pg)
-                # The exact block this rank kept goes into the output while the bytes travel (exchange time: it
-                # overlaps the transfer).
-                out = exchange.start_output(own, layout, self._forward_buffers)
+            pieces = self._pieces()
+            out: torch.Tensor | None = None
+            sent: list[tuple[Piece, exchange.Encoded, exchange.InFlight, torch.Tensor]] = []
+
+            def decode(piece: Piece, flight: exchange.InFlight, recv_sizes: torch.Tensor) -> torch.Tensor:
+                with timer.phase("exchange_s", "dlac exchange"):
+                    received = flight.wait()
+                with timer.phase("decode_s", "dlac decode"):
+                    return exchange.decode_from_others(received, recv_sizes, own, piece.layout, self.forward_impl,
+                                                       out=out, cols=piece.out_cols(layout))
+
+            for piece in pieces:  # one piece unless the exchange is sent in pieces (then synchronous)
+                with timer.phase("encode_s", "dlac encode"):
+                    encoded = exchange.encode_for_others(x[:, piece.local_cols], row_splits, piece.layout,
+                                                         eps[piece.local_tables], self.forward_impl)
+                with timer.phase("exchange_s", "dlac exchange"):
+                    flight, recv_sizes = exchange.start_forward(encoded, piece.layout, own.size(0), self._pg)
+                    if out is None:
+                        # The exact block this rank kept goes into the output while the bytes travel (exchange
+                        # time: it overlaps the transfer).
+                        out = exchange.start_output(own, layout, self._forward_buffers)
+                if sent:  # the previous piece is decoded while this one travels
+                    previous, _, previous_flight, previous_sizes = sent[-1]
+                    decode(previous, previous_flight, previous_sizes)
+                sent.append((piece, encoded, flight, recv_sizes))
             if call.on_record:  # while the payload is on its way
                 n_local, world = len(tables), layout.world
-                per_chunk = encoded.sizes.view(world, n_local)
+                sizes = merge_piece_sizes([e.sizes for _, e, _, _ in sent], pieces, world, "local")
+                per_chunk = sizes.view(world, n_local)
                 table_sent = per_chunk.sum(0).tolist() if n_local else []
                 passed = [d for d in layout.other_ranks if not layout.compress_to[d]]
                 table_passed = per_chunk[passed].sum(0).tolist() if passed and n_local else None
                 # The payload plus the size exchange: one int64 per (compressed destination, local table).
                 records = sum(layout.compress_to[d] for d in layout.other_ranks) * n_local
-                sent = int(encoded.payload.numel()) + records * 8
-                rec.count_forward(tables, table_raw, table_sent, sent, table_passed=table_passed)
-                self.count_links(encoded.send_bytes, layout.compress_to)
-                rec.check(encoded.grids, dict(zip(tables, eps.tolist())))
+                sent_bytes = sum(int(e.payload.numel()) for _, e, _, _ in sent) + records * 8
+                rec.count_forward(tables, table_raw, table_sent, sent_bytes, table_passed=table_passed)
+                self.count_links([sum(b) for b in zip(*(e.send_bytes for _, e, _, _ in sent))], layout.compress_to)
+                rec.check([g for _, e, _, _ in sent for g in e.grids], dict(zip(tables, eps.tolist())))
+            last_piece, _, last_flight, last_sizes = sent[-1]
+            del sent
 
             def finish() -> torch.Tensor:
-                with timer.phase("exchange_s", "dlac exchange"):
-                    received = flight.wait()
-                with timer.phase("decode_s", "dlac decode"):
-                    return exchange.decode_from_others(received, recv_sizes, own, layout, self.forward_impl,
-                                                       out=out)
+                return decode(last_piece, last_flight, last_sizes)
 
         call.finish = finish
 
@@ -250,7 +269,10 @@ class CompressedPooledEmbeddingsAllToAll(RecordedExchange):
         grad = grad.contiguous().float()
         mode = self._backward_mode(call)
         with call.timer.phase("backward_s", f"dlac backward ({mode})"):
-            if mode is BackwardCompression.DLAC:
+            pieces = self._pieces() if mode is BackwardCompression.DLAC else ()
+            if len(pieces) > 1:
+                call.backward, call.grad = self._backward_in_pieces(grad, call.batch_size_per_rank, pieces)
+            elif mode is BackwardCompression.DLAC:
                 call.backward = exchange.start_backward_dlac(grad, call.batch_size_per_rank, self.layout,
                                                              self._config.backward_eps, self.backward_impl, self._pg,
                                                              self._backward_buffers)
@@ -266,8 +288,44 @@ class CompressedPooledEmbeddingsAllToAll(RecordedExchange):
             if call.ranges is not None:
                 self.recorder.observe_gradients(self._output_tables, call.ranges, grad, self._output_cols)
                 call.ranges = None
+        if call.grad is not None:  # sent in pieces: done already, and its figures are counted
+            call.backward = None
         if not self._overlap:
             call.grad = self._wait_backward(call)
+
+    def _backward_in_pieces(self, grad: torch.Tensor, batch_size_per_rank: list[int],
+                            pieces: Sequence[Piece]) -> tuple[BackwardInFlight, torch.Tensor]:
+        """The DLAC gradient exchange sent in ``pieces`` (synchronous): piece ``k + 1`` is encoded and launched
+        before piece ``k`` is waited on and decoded, into its columns of the result. Returns the whole exchange's
+        figures (what the statistics read: every chunk's size in the whole exchange's order, the bytes to each
+        owner and in all) and the gradient, divided as :meth:`_wait_backward` divides it."""
+        layout, me = self.layout, self.layout.rank
+        owners = offsets(layout.dim_sums)
+        own = grad[:, owners[me] : owners[me + 1]]
+        out = exchange.start_gradient(own, batch_size_per_rank, me, self._backward_buffers)
+        launched: list[BackwardInFlight] = []
+        for piece in pieces:
+            pending = exchange.start_backward_dlac(grad, batch_size_per_rank, piece.layout, self._config.backward_eps,
+                                                   self.backward_impl, self._pg, cols=piece.out_cols(layout),
+                                                   out=out[:, piece.local_cols])
+            if launched:  # the previous piece is decoded while this one travels
+                exchange.finish_backward(launched[-1], batch_size_per_rank, pieces[len(launched) - 1].layout,
+                                         self.backward_impl)
+            launched.append(pending)
+        exchange.finish_backward(launched[-1], batch_size_per_rank, pieces[-1].layout, self.backward_impl)
+        whole = BackwardInFlight(launched[-1].flight, sum(p.sent for p in launched), None, own,
+                                 merge_piece_sizes([p.sizes for p in launched], pieces, layout.world, "rank"),
+                                 send_bytes=[sum(b) for b in zip(*(p.send_bytes for p in launched))], out=out)
+        return whole, self._divided(out)
+
+    def _pieces(self) -> tuple[Piece, ...]:
+        """The pieces this call's exchange is sent in: one where the exchange is overlapped (its launch returns
+        before the bytes have arrived; sending in pieces would wait for all but the last), else the configured
+        count (:func:`~lightning_dlac.comm.pieces.piece_count`)."""
+        count = 1 if self._overlap else piece_count(self.layout, self._config.pieces)
+        if count not in self._splits:
+            self._splits[count] = split_layout(self.layout, count)
+        return self._splits[count]
 
     def _uncompressed(self, call: _Call) -> bool:
         """Whether ``call`` is TorchRec's uncompressed exchange in both directions: the fallback chose it, or the
@@ -292,9 +350,13 @@ class CompressedPooledEmbeddingsAllToAll(RecordedExchange):
             out = exchange.finish_backward(call.backward, call.batch_size_per_rank, self.layout, self.backward_impl,
                                            self._backward_buffers)
         call.backward = None
+        return self._divided(out)
+
+    def _divided(self, out: torch.Tensor) -> torch.Tensor:
+        """``out`` divided by the world size where TorchRec scales embedding gradients, as DDP averages dense ones;
+        in place: ``out`` is the exchange's own new tensor (the float32 cast's receive buffer, or the decoded
+        gradient)."""
         if comm_ops.get_gradient_division():
-            # TorchRec scales embedding gradients like DDP averages dense ones; in place: out is the exchange's own
-            # new tensor (the float32 cast's receive buffer, or the decoded gradient).
             out.div_(self.layout.world)
         return out
 

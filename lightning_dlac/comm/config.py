@@ -50,6 +50,12 @@ class CompressionConfig:
             (default): overlapped on NCCL, synchronous on gloo, where the loopback or TCP transfer is CPU work that
             competes with the step's compute (measured in docs/benchmarks.md: the synchronous path was faster in
             11 of 13 paired CPU launches).
+        pieces: How many pieces the synchronous exchange sends (:mod:`lightning_dlac.comm.pieces`): every rank's
+            tables cut into this many groups of about equal width, so that the codec encodes one piece (and
+            decodes another) while a third is on the wire; the result is the same, bit for bit. Default 1 (the
+            exchange whole): each piece adds a meeting of the ranks, and at DLAC's ratios on a 1 Gbit/s link four
+            pieces measured slower than one (docs/benchmarks.md). The overlapped path (``overlap``) and the cast
+            gradient exchanges send one piece.
         compress_peers: Which peers' payloads are compressed (:mod:`lightning_dlac.comm.peers`): ``"auto"``
             (default: only those to other nodes when the job spans several nodes on NCCL, every peer's on one node
             or on gloo),
@@ -65,6 +71,7 @@ class CompressionConfig:
     fallback_check_every: int = 64  # calls between checks of the way not taken
     overlap: bool | None = None  # wait for a launched exchange only when needed; None: on NCCL only
     compress_peers: PeerPolicy = "auto"  # which peers' payloads are compressed: auto | all | other_nodes | (s, d)
+    pieces: int = 1  # pieces the synchronous exchange is sent in (1: whole)
 
     def __post_init__(self) -> None:
         self.backward_eps = check_relative_bound(self.backward_eps, "backward_eps")
@@ -77,5 +84,6 @@ class CompressionConfig:
             raise ValueError(f"error_every={self.error_every} must be >= 0 (0 disables the measurement).")
         self.fallback_check_every = check_count(self.fallback_check_every, "fallback_check_every", 1)
         self.compress_peers = check_policy(self.compress_peers)
+        self.pieces = check_count(self.pieces, "pieces", 1)
         if self.impl not in ("auto", "native", "ref"):
             raise ValueError(f"impl={self.impl!r} is not supported; choose 'auto', 'native' or 'ref'.")

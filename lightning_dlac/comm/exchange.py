@@ -533,28 +533,45 @@ def start_output(own: torch.Tensor, layout: Layout, buffers: ResultBuffers | Non
 def decode_from_others(
     received: torch.Tensor, recv_sizes: torch.Tensor, own: torch.Tensor, layout: Layout, impl: Impl,
     buffers: ResultBuffers | None = None, out: torch.Tensor | None = None,
+    cols: Sequence[tuple[int, int]] | None = None,
 ) -> torch.Tensor:
     """This rank's pooled embeddings [local batch, total dim]: every source's columns decoded (a run of consecutive
-    compressed sources at once) or copied (a source that sent them as is) straight into their block of ``out``, the
-    output :func:`start_output` made with the exact block this rank kept in place (made here from ``own`` and
-    ``buffers`` where ``out`` is not given)."""
+    compressed sources whose columns are side by side at once) or copied (a source that sent them as is) straight
+    into their block of ``out``, the output :func:`start_output` made with the exact block this rank kept in place
+    (made here from ``own`` and ``buffers`` where ``out`` is not given). ``cols`` gives each source's columns in
+    ``out`` where ``layout`` is a piece of the output's layout (:mod:`~lightning_dlac.comm.pieces`; default: the
+    sources' blocks side by side, the whole layout)."""
     me, rows, counts = layout.rank, own.size(0), layout.chunk_counts
     chunk_at, col_at = offsets(counts), offsets(layout.dim_sums)
+    cols = list(cols) if cols is not None else list(itertools.pairwise(col_at))
     byte_at = offsets(rank_sums(recv_sizes, counts))
     if out is None:
         out = start_output(own, layout, buffers)
     try:
         for compressed, lo, hi in runs(layout.compress_from):
             if compressed:
-                dims = offsets([d for s in range(lo, hi) for d in layout.dims_per_rank[s]])
-                decode_chunks(received[byte_at[lo] : byte_at[hi]], recv_sizes[chunk_at[lo] : chunk_at[hi]],
-                              [0, rows], dims, impl, own.device, out=out[:, col_at[lo] : col_at[hi]])
+                for a, b in adjacent(cols, lo, hi):
+                    dims = offsets([d for s in range(a, b) for d in layout.dims_per_rank[s]])
+                    decode_chunks(received[byte_at[a] : byte_at[b]], recv_sizes[chunk_at[a] : chunk_at[b]],
+                                  [0, rows], dims, impl, own.device, out=out[:, cols[a][0] : cols[b - 1][1]])
                 continue
             for s in range(lo, hi):
                 if s != me:  # this rank's own block is in place already
-                    copy_raw(out[:, col_at[s] : col_at[s + 1]], received[byte_at[s] : byte_at[s + 1]])
+                    copy_raw(out[:, cols[s][0] : cols[s][1]], received[byte_at[s] : byte_at[s + 1]])
     except CodecError as err:
         raise locate_decode_error(received, recv_sizes, layout, rows, impl) from err
+    return out
+
+
+def adjacent(cols: Sequence[tuple[int, int]], lo: int, hi: int) -> list[tuple[int, int]]:
+    """The ranks ``lo`` to ``hi`` (exclusive) in maximal ``(first, end)`` ranges whose columns ``cols[r]`` lie side
+    by side (one codec call can cover each range): the whole range for a whole layout's blocks."""
+    out: list[tuple[int, int]] = []
+    for r in range(lo, hi):
+        if out and cols[r][0] == cols[out[-1][1] - 1][1]:
+            out[-1] = (out[-1][0], r + 1)
+        else:
+            out.append((r, r + 1))
     return out
 
 
@@ -697,45 +714,53 @@ def start_backward_mixed_cast(grad: torch.Tensor, batch_size_per_rank: list[int]
 
 
 def start_backward_dlac(grad: torch.Tensor, batch_size_per_rank: list[int], layout: Layout, eps: float, impl: Impl,
-                        pg, buffers: ResultBuffers | None = None) -> BackwardInFlight:
+                        pg, buffers: ResultBuffers | None = None, cols: Sequence[tuple[int, int]] | None = None,
+                        out: torch.Tensor | None = None) -> BackwardInFlight:
     """As :func:`start_backward_cast`, the gradients DLAC-encoded with relative bound ``eps`` for the owners whose
     embeddings came compressed (one grid per run of consecutive such owners), float32 for the others (the size
     exchange runs before the payload is launched: the receive buffer's size depends on it); this rank's own block
-    is placed in the result (a tensor from ``buffers``) while the payload is on its way."""
+    is placed in the result (a tensor from ``buffers``) while the payload is on its way.
+
+    Where ``layout`` is a piece of the gradient's layout (:mod:`~lightning_dlac.comm.pieces`), ``cols`` gives each
+    owner's columns of the piece in ``grad`` and ``out`` is the piece's columns of the result, made (and this rank's
+    own block placed) once for all pieces by :func:`start_gradient`."""
     me, world = layout.rank, layout.world
     b_me, dev = grad.size(0), grad.device
     counts = layout.chunk_counts
     n_local = counts[me]
-    owners = offsets(layout.dim_sums)  # each owner rank's columns of grad
+    cols = list(cols) if cols is not None else list(itertools.pairwise(offsets(layout.dim_sums)))
     pieces, sizes = [], []
     for compressed, lo, hi in runs(layout.compress_from):  # a gradient goes back as its embeddings came
         if compressed:
-            dims = [d for r in range(lo, hi) for d in layout.dims_per_rank[r]]
-            tables = [t for r in range(lo, hi) for t in layout.tables_per_rank[r]]
-            grid = encode_chunks(grad[:, owners[lo] : owners[hi]], [0, b_me], offsets(dims), eps, impl, tables)
-            pieces.append(grid.payload.to(dev))
-            sizes.append(grid.sizes.to(dev))
+            for a, b in adjacent(cols, lo, hi):
+                dims = [d for r in range(a, b) for d in layout.dims_per_rank[r]]
+                tables = [t for r in range(a, b) for t in layout.tables_per_rank[r]]
+                grid = encode_chunks(grad[:, cols[a][0] : cols[b - 1][1]], [0, b_me], offsets(dims), eps, impl,
+                                     tables)
+                pieces.append(grid.payload.to(dev))
+                sizes.append(grid.sizes.to(dev))
             continue
         for r in range(lo, hi):  # ours stays here, exactly; an uncompressed owner's columns go as float32
             if r != me:
-                pieces.append(as_bytes(grad[:, owners[r] : owners[r + 1]]))
+                pieces.append(as_bytes(grad[:, cols[r][0] : cols[r][1]]))
             raw = [0 if r == me else b_me * d * 4 for d in layout.dims_per_rank[r]]
             sizes.append(torch.tensor(raw, dtype=torch.int64, device=dev))
     payload = assemble(pieces, dev)
     all_sizes = torch.cat(sizes) if sizes else torch.zeros(0, dtype=torch.int64, device=dev)
     # Only compressed chunks' sizes travel: an owner knows the size of a gradient sent as is (the source's batch rows
     # x its dims x 4) and of its own block (0).
-    cols = layout.dims_per_rank[me]
+    local_dims = layout.dims_per_rank[me]
     sends, known = size_records_plan(layout.compress_from, layout.compress_to, me,
-                                     lambda s: [batch_size_per_rank[s] * d for d in cols])
+                                     lambda s: [batch_size_per_rank[s] * d for d in local_dims])
     recv_sizes = exchange_unknown_sizes(all_sizes, counts, [n_local] * world, sends, known, pg)
     send_bytes = rank_sums(all_sizes, counts)
     flight = start_payload(payload, send_bytes, rank_sums(recv_sizes, [n_local] * world), pg)
     records = sum(c for c, go in zip(counts, sends) if go)  # the size records sent
     sent = int(payload.numel()) + records * 8
-    own = grad[:, owners[me] : owners[me + 1]]
-    return BackwardInFlight(flight, sent, recv_sizes, own, all_sizes, send_bytes=send_bytes,
-                            out=start_gradient(own, batch_size_per_rank, me, buffers))
+    own = grad[:, cols[me][0] : cols[me][1]]
+    if out is None:
+        out = start_gradient(own, batch_size_per_rank, me, buffers)
+    return BackwardInFlight(flight, sent, recv_sizes, own, all_sizes, send_bytes=send_bytes, out=out)
 
 
 def finish_backward(pending: BackwardInFlight, batch_size_per_rank: list[int], layout: Layout,
