@@ -1225,6 +1225,17 @@ def e2e_pieces(results: Results) -> list[str]:
                 lines.append(f"- {rate}: {a['label']} beyond its ceiling: forward {fwd:.1f} ms, backward"
                              f" {a['bwd_a2a_ms'] - c['bwd_a2a_ms']:.1f} ms, step"
                              f" {a['median_step_ms'] - c['median_step_ms']:.0f} ms.")
+        profile = results.get("exchange_profile.json")
+        ceiling = _pick(rows, rate, "ceiling_dlac_dlac")
+        if profile is not None and "dlac" in profile["results"] and ceiling is not None:
+            # The codec kernels' own time for one step's bytes (the same model and batch: exchange_profile.py), and
+            # the best a codec of that speed can do against the ceiling if none of it overlaps anything.
+            kernels = profile["results"]["dlac"]
+            ms = sum(kernels[d]["kernels"][op]["ms"] for d in ("forward", "backward") for op in ("encode", "decode"))
+            best = ceiling["median_step_ms"] / (ceiling["median_step_ms"] + ms)
+            lines.append(f"- {rate}: the codec kernels alone take {ms:.1f} ms per step and rank (encode and decode,"
+                         f" both directions; exchange_profile.json, one thread): with none of it overlapped, the"
+                         f" fastest DLAC both directions can be is {best:.2f} of this ceiling.")
         for variant, reference, what in (("dlac_dlac_pieces", "dlac_dlac", "DLAC in 4 pieces against the whole"
                                           " exchange"),
                                          ("ceiling_dlac_dlac_pieces", "ceiling_dlac_dlac", "the null codec in 4"
@@ -1310,7 +1321,7 @@ BLOCKS.update({
     "e2e_topology": Block(("e2e_topology.json",), e2e_topology),
     "topology_estimate": Block(("e2e_topology.json",), topology_estimate_check),
     "exchange_profile": Block(("exchange_profile.json",), exchange_profile),
-    "e2e_pieces": Block(("e2e_pieces.json",), e2e_pieces),
+    "e2e_pieces": Block(("e2e_pieces.json",), e2e_pieces, optional=("exchange_profile.json",)),
     "qcomm_race": Block(("e2e_qcomm_race.json",), qcomm_race,
                         optional=("e2e_qcomm_race_10gbit.json", "e2e_qcomm_race_starved.json",
                                   "codec_bench_qcomm.json")),
