@@ -114,6 +114,8 @@ def merge_piece_sizes(sizes: Sequence[torch.Tensor], pieces: Sequence[Piece], gr
     each holding, in the whole exchange, every piece's chunks of that group one piece after the other.
     ``counts_of`` says how many chunks a piece has per group: ``"local"`` (this rank's tables of the piece, for
     every group: a forward send) or ``"rank"`` (group ``g``'s tables of the piece: a backward send to owner ``g``)."""
+    if len(pieces) == 1:  # the whole exchange: already in its order
+        return sizes[0]
     per_piece = []
     for s, piece in zip(sizes, pieces):
         lay = piece.layout
