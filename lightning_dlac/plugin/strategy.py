@@ -139,6 +139,11 @@ class DLACStrategy(DDPStrategy):
             ``"other_nodes"``, or
             a function ``(src, dst) -> bool`` of two global ranks (or its import path, for YAML). The others go as
             float32, exactly, both ways. Nodes come from Lightning's cluster environment (``node_rank``).
+        pieces: How many pieces the synchronous pooled exchange is sent in (every rank's tables cut into groups
+            of about equal width, the codec working on one piece while another is on the wire; the same result, bit
+            for bit). Default 1, the exchange whole: on a 1 Gbit/s link at DLAC's ratios more pieces measured slower
+            (docs/benchmarks.md, "Sending the exchange in pieces"); try more where the transfer is long next to the
+            codec.
         verify_checkpoints: Checksum (CRC32) every file of a checkpoint when it is saved, by the rank that wrote it,
             and verify them when it is loaded, shared out over the ranks. ``False``: sizes only, for checkpoints too
             large to read back (docs/multinode.md, "Surviving failures").
@@ -172,6 +177,7 @@ class DLACStrategy(DDPStrategy):
         overlap: bool | None = None,
         pipeline: str | None = None,
         compress_peers: str | Callable[[int, int], bool] = "auto",
+        pieces: int = 1,
         find_unused_parameters: bool = False,
         static_graph: bool = False,
         bucket_cap_mb: int = 25,
@@ -204,7 +210,7 @@ class DLACStrategy(DDPStrategy):
         self._compression = CompressionConfig(
             backward=parse_enum(BackwardCompression, backward_compression, "backward_compression"),
             backward_eps=backward_eps, error_every=error_every, impl=codec_impl, auto_fallback=compress == "auto",
-            fallback_check_every=fallback_check_every, overlap=overlap, compress_peers=compress_peers,
+            fallback_check_every=fallback_check_every, overlap=overlap, compress_peers=compress_peers, pieces=pieces,
         )
         self._error_bounds = ErrorBounds(default_eps=eps)
         self._group: ExchangeGroup | None = None

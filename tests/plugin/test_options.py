@@ -71,6 +71,7 @@ STRATEGY_ARMS: dict[str, tuple[dict[str, Any], str]] = {
     "backward_fp16": ({"backward_compression": "fp16"}, "control"),
     "backward_dlac": ({"backward_compression": "dlac"}, "control"),
     "backward_eps": ({"backward_compression": "dlac", "backward_eps": 0.05}, "backward_dlac"),
+    "pieces": ({"backward_compression": "dlac", "pieces": 2}, "backward_dlac"),
     "codec_impl": ({"codec_impl": "ref"}, "control"),
     "error_every_0": ({"error_every": 0}, "control"),
     "error_every_1": ({"error_every": 1}, "control"),
@@ -270,6 +271,7 @@ def _strategy_arm(world_size: int, name: str) -> dict[str, Any]:
         "ddp": _ddp_options(t.strategy),
         "exchanges": len(t.strategy.exchanges),
         "overlapped": [a2a.overlapped for a2a in t.strategy.exchanges],
+        "pieces": [len(a2a._pieces()) for a2a in t.strategy.exchanges],
         "compress_to": [a2a.layout.compress_to for a2a in t.strategy.exchanges],
         "calls": observer.calls,
         "uncompressed": observer.uncompressed,
@@ -575,6 +577,14 @@ def test_overlap_launches_the_exchange_and_waits_when_needed(arms: tuple[list[di
     for arm, control in _pair(arms, "overlap"):
         assert arm["overlapped"] == [True] and control["overlapped"] == [False]
         assert arm["stats"]["sent"] == control["stats"]["sent"]  # the same payloads, launched earlier
+
+
+@pytest.mark.slow
+def test_pieces_sends_the_exchange_in_pieces_with_the_whole_exchanges_result(arms: tuple[list[dict], Path]) -> None:
+    for arm, control in _pair(arms, "pieces"):
+        assert arm["pieces"] == [2] and control["pieces"] == [1]
+        # The same chunks, encoded as in the whole exchange: the same bytes per table, errors and first update.
+        assert arm["stats"] == control["stats"] and arm["first_update"] == control["first_update"]
 
 
 @pytest.mark.slow
