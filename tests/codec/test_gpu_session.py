@@ -59,7 +59,12 @@ def _session(tmp_path: Path, nvidia_smi: bool, sanitizer: str, bench_args: str =
     path = [str(bin_dir), str(Path(sys.executable).parent)]
     path += [p for p in os.environ.get("PATH", "").split(os.pathsep)
              if p and not any((Path(p) / t).exists() for t in ("nvidia-smi", "compute-sanitizer"))]
-    env = {**os.environ, "PATH": os.pathsep.join(path), "OUT": str(out), "PYTHON": sys.executable,
+    # The suite's own build cache (the session's default is /tmp/dlac_extensions, for the lent machine): the
+    # extensions the rest of the suite built already are found there instead of built again.
+    from lightning_dlac.native.build import cache_root
+
+    env = {"DLAC_EXTENSION_DIR": str(cache_root()),
+           **os.environ, "PATH": os.pathsep.join(path), "OUT": str(out), "PYTHON": sys.executable,
            "CUDA_HOME": str(tmp_path / "no-cuda"), "DLAC_FAKE_SANITIZER": sanitizer, "DLAC_SESSION_DAMAGED": "10",
            "DLAC_SESSION_BENCH_ARGS": bench_args}
     proc = subprocess.Popen(["bash", str(REPO / "benchmarks" / "gpu_session.sh")], cwd=REPO, env=env,
