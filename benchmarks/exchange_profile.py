@@ -100,8 +100,11 @@ def _now() -> tuple[float, float, float]:
 
 
 class PhaseClock:
-    """Exclusive wall and thread-CPU seconds of the wrapped calls, per direction and phase, and the arguments of
-    every call, for the step being timed (the kernel reference replays the last step's codec calls)."""
+    """Exclusive wall and thread-CPU seconds of the wrapped calls, per direction and phase, for the step being timed;
+    and, while ``recording``, the arguments of every call (the kernel reference replays them). Arguments are kept
+    only in an untimed step of their own: held during a timed step they would be one more reference to the tensors
+    the exchange returns (its gradient: autograd then copies it into the leaf's ``.grad`` instead of taking it, and
+    the timed backward pays for that copy)."""
 
     def __init__(self) -> None:
         self.direction = "forward"
@@ -109,6 +112,7 @@ class PhaseClock:
         self.step: dict[tuple[str, str], list[float]] = {}  # (direction, phase) -> [wall, cpu, faults] exclusive
         self.top: dict[str, list[float]] = {}  # direction -> [wall, cpu, faults] of the outermost wrapped calls
         self.calls: dict[str, dict[str, list[tuple]]] = {}  # direction -> function -> this step's (args, kwargs)
+        self.recording = False
 
     def reset(self) -> None:
         self.step, self.top, self.calls = {}, {}, {}
@@ -131,7 +135,8 @@ class PhaseClock:
 
     def wrap(self, name: str, fn: Callable[..., Any], phase: str) -> Callable[..., Any]:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            self.calls.setdefault(self.direction, {}).setdefault(name, []).append((args, kwargs))
+            if self.recording:
+                self.calls.setdefault(self.direction, {}).setdefault(name, []).append((args, kwargs))
             with self.timed(phase):
                 return fn(*args, **kwargs)
 
@@ -292,6 +297,16 @@ def _profile_rank(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
                 steps.append(record)
                 digest = [float(out.detach().double().sum()), float(inp.grad.double().sum())]
                 del out, inp
+            # One more step, untimed, whose calls' arguments the kernel reference replays.
+            clock.reset()
+            clock.recording = True
+            inp = x.clone().requires_grad_(True)
+            clock.direction = "forward"
+            out = a2a(inp).wait()
+            clock.direction = "backward"
+            out.backward(upstream)
+            clock.recording = False
+            del out, inp
             kernels = {}
             for r in range(world):  # one rank at a time: the kernels alone, not sharing the cores with the other
                 if r == rank:
