@@ -282,7 +282,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--depth", choices=DEPTHS, required=True)
     parser.add_argument("--results", type=Path, default=RESULTS, help="directory the results files go to")
-    parser.add_argument("--only", default=None, help="comma-separated results files: run just their steps")
+    parser.add_argument("--only", default=None, help="comma-separated results files: run just their steps (no"
+                        " suite_<depth>.json record: that is a whole run's duration)")
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     parser.add_argument("--render", action="store_true", help="then render the blocks from the same directory")
     args = parser.parse_args()
@@ -317,8 +318,9 @@ def main() -> None:
                         loadavg_before=load, loadavg_after=os.getloadavg()[0]))
         print(f"=== {step.output}: {'done' if rc == 0 else f'FAILED (exit {rc})'} in {log[-1]['seconds']:.0f} s",
               flush=True)
-        write_results(results / f"suite_{args.depth}.json", dict(metadata), {"depth": args.depth},
-                      {"seconds": round(time.perf_counter() - start, 1), "steps": log})
+        if not args.only:  # the record is the whole depth's duration (the suite_duration block); a part is not
+            write_results(results / f"suite_{args.depth}.json", dict(metadata), {"depth": args.depth},
+                          {"seconds": round(time.perf_counter() - start, 1), "steps": log})
     failed = [s["output"] for s in log if s["returncode"]]
     print(f"\nsuite ({args.depth}): {len(log) - len(failed)} of {len(log)} steps done in"
           f" {(time.perf_counter() - start) / 60:.1f} min" + (f"; failed: {failed}" if failed else ""))
