@@ -30,12 +30,13 @@ allocations with ``mmap`` until its threshold adapts, and returns them), so the 
 zeroed pages, whichever phase that is; ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_`` change that.
 
 Then, one rank at a time, the codec's native kernels (``torch.ops.dlac.encode_grid`` / ``decode_grid``) are called
-directly on the arguments of the codec calls of one more, untimed step (same block, splits, bounds and payload),
-each call's input a fresh copy of the step's in its layout (a step's input is data the step has just written; a
-kernel replayed on one tensor finds it in the caches), the decode into a tensor of the exchange's output layout made
-beforehand; for the bf16 / fp16 backward the cast of the same float32 gradient (fresh) to the wire dtype and back,
-contiguous, into tensors made beforehand; for the own block the same copy (from a fresh copy) into a tensor of the
-block's layout (a column block of the output is strided) made beforehand: the kernel's own time for the same bytes.
+directly on the arguments of the codec calls of one more, untimed step (same block, splits, bounds and payload); for
+the bf16 / fp16 backward the cast of the same float32 gradient to the wire dtype and back, contiguous; for the own
+block the same copy into a tensor of the block's layout (a column block of the output is strided): the kernel's own
+time for the same bytes, with its memory in the state a step has it. Each call's input is written anew just before
+it (a step reads data it has just written) and its output is a tensor of the exchange's layout last written before
+all the others of its repeats (the exchange writes the memory of the previous step's result). Replayed on the same
+output a kernel finds it in the caches: the decode took about half the time it takes into memory written long ago.
 The issue-34 target is each phase within 1.5x of it (``phase / kernel``, on wall and on CPU time; on a shared machine
 the CPU time is the steadier figure: wall time counts the slices other processes took). With ``--profiler-steps``,
 a ``torch.profiler`` pass over that many more steps adds the self CPU time of the copies (``aten::cat``,
@@ -178,12 +179,21 @@ def pooled_payload(rank: int, world: int, batch_size: int, max_rows: int, seed: 
     return torch.cat(blocks).contiguous()
 
 
-def _median_s(repeat: int, fn: Callable[..., Any], *args: Any, fresh: int | None = None) -> tuple[float, float]:
-    """Median wall and thread-CPU seconds of ``repeat`` calls of ``fn(*args)``; with ``fresh``, argument ``fresh`` is
-    replaced before every call (untimed) by a copy of it in new memory of the same layout (:func:`_fresh_copy`)."""
+def _median_s(repeat: int, fn: Callable[..., Any], *args: Any, fresh: int | None = None,
+              reused: int | None = None) -> tuple[float, float]:
+    """Median wall and thread-CPU seconds of ``repeat`` calls of ``fn(*args)``. With ``fresh``, argument ``fresh`` (an
+    input) is written anew just before every call (untimed), into one tensor of its layout made beforehand
+    (:func:`_written_input`). With ``reused``, argument ``reused`` (an output) is a different one of ``repeat``
+    tensors of its layout, all made and written before the first call (:func:`_reused_targets`)."""
+    targets = _reused_targets(args[reused], repeat) if reused is not None else []
+    source = _written_input(args[fresh]) if fresh is not None else None
     wall, cpu = [], []
-    for _ in range(repeat):
-        call = args if fresh is None else (*args[:fresh], _fresh_copy(args[fresh]), *args[fresh + 1:])
+    for i in range(repeat):
+        call = list(args)
+        if source is not None:
+            call[fresh] = source.copy_(args[fresh])
+        if reused is not None:
+            call[reused] = targets[i]
         w0, c0 = time.perf_counter(), time.thread_time()
         fn(*call)
         wall.append(time.perf_counter() - w0)
@@ -191,14 +201,29 @@ def _median_s(repeat: int, fn: Callable[..., Any], *args: Any, fresh: int | None
     return statistics.median(wall), statistics.median(cpu)
 
 
-def _fresh_copy(t: torch.Tensor) -> torch.Tensor:
-    """``t``'s values in new memory of its layout (its strides, so a column block stays one), as a step's input
-    is: the exchange reads data the step has just written (the lookup's output, the upstream gradient), never the
-    same data it read before. Replayed on one tensor, a kernel runs on data its earlier calls left in the caches,
-    faster than it can in a step (on an Intel machine a forward encode ran about one and a half times as long on a
-    fresh copy), and the phase / kernel ratio then charges the exchange for the kernel's own first touch of its
-    input."""
-    return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device).copy_(t)
+def _written_input(t: torch.Tensor) -> torch.Tensor:
+    """A tensor of ``t``'s layout (its strides, so a column block stays one) that each timed call's input is written
+    into just before the call, as a step's input is data the step has just written (the lookup's output, the
+    upstream gradient), never data the exchange read before. Replayed on one tensor it has already read, a kernel
+    finds its input in the caches, faster than it can in a step (on an Intel machine a forward encode ran about one
+    and a half times as long on just-written input)."""
+    return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device)
+
+
+def _reused_targets(t: torch.Tensor, n: int) -> list[torch.Tensor]:
+    """``n`` tensors of ``t``'s layout, each written once, in order: the i-th is written by its timed call after the
+    n - 1 others were, as the exchange writes its result into the memory of the previous step's (reused, so no page
+    faults; but a whole step of other memory traffic since it was last touched). A reference that wrote one target
+    call after call would find it in the caches (on an Intel machine a forward decode into the same target ran in
+    about half the time it took into targets written long before), faster than a step can."""
+    targets = [torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device) for _ in range(n)]
+    for target in targets:
+        target.zero_()
+    return targets
+
+
+def _into(target: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+    return target.copy_(source)
 
 
 def _add(total: list[float], seconds: tuple[float, float]) -> None:
@@ -229,9 +254,9 @@ def _kernel_times(clock: PhaseClock, direction: str, repeat: int) -> dict[str, A
                 block = kwargs.get("out")
                 if block is None:
                     _add(total, _median_s(repeat, torch.ops.dlac.decode_grid, payload, sizes, rs, cs))
-                else:  # into a tensor of the exchange's layout (a block of its output), made beforehand, as it does
-                    target = torch.empty_strided(block.size(), block.stride(), dtype=block.dtype)
-                    _add(total, _median_s(repeat, torch.ops.dlac.decode_grid_into, payload, sizes, rs, cs, target))
+                else:  # into tensors of the exchange's layout (a block of its output), as it does
+                    _add(total, _median_s(repeat, torch.ops.dlac.decode_grid_into, payload, sizes, rs, cs, block,
+                                          reused=4))
                 raw += rs[-1] * cs[-1] * 4
                 wire += payload.numel()
         if calls.get(name):
@@ -241,22 +266,22 @@ def _kernel_times(clock: PhaseClock, direction: str, repeat: int) -> dict[str, A
         if wire_dtype == torch.float32:
             continue
         # The whole gradient there and back, as the exchange casts it (the own block too: it goes on the wire), from
-        # float32 (the exchange is handed float32) into tensors made beforehand.
+        # float32 (the exchange is handed float32), into tensors written long before (reused).
         grad = grad.contiguous().float()
         wire, back = torch.empty_like(grad, dtype=wire_dtype), torch.empty_like(grad)
         total = [0.0, 0.0]
-        _add(total, _median_s(repeat, wire.copy_, grad, fresh=0))
-        _add(total, _median_s(repeat, back.copy_, wire))
+        wire.copy_(grad)
+        _add(total, _median_s(repeat, _into, wire, grad, fresh=1, reused=0))
+        _add(total, _median_s(repeat, _into, back, wire, fresh=1, reused=0))
         out["cast"] = dict(seconds=total[0], cpu_seconds=total[1], raw_bytes=grad.numel() * 4,
                            wire_bytes=wire.numel() * wire.element_size())
     total, nbytes = [0.0, 0.0], 0
     for args, _ in calls.get("place_own", []):
-        # The same copy into a tensor of the block's layout, made beforehand: the forward's own block is a column
+        # The same copy into tensors of the block's layout, written long before: the forward's own block is a column
         # block of the output (TorchRec's layout), whose rows lie the output's width apart; a contiguous target
         # (the yardstick before) did less work than the exchange can.
         block, own = args[0], args[1]
-        copy = torch.empty_strided(block.size(), block.stride(), dtype=block.dtype)
-        _add(total, _median_s(repeat, copy.copy_, own, fresh=0))
+        _add(total, _median_s(repeat, _into, block, own, fresh=1, reused=0))
         nbytes += own.numel() * own.element_size()
     if nbytes:
         out["copy"] = dict(seconds=total[0], cpu_seconds=total[1], raw_bytes=nbytes, wire_bytes=0)
