@@ -1472,6 +1472,10 @@ def calibration_curves(results: Results) -> list[str]:
         lines += [f"| {v} | " + " | ".join(f"{a:.3f}" for a in series) + " |" for v, series in c["auroc"].items()]
         lines += [f"| {v} vs {ref} | " + " | ".join(f"{d:+.3f}" for d in series) + " |"
                   for v, series in c["difference"].items()]
+        gains = c.get("last_tenth_gain") or {}
+        if gains:  # how far each arm still was from settled when the run ended
+            lines += ["", "AUROC gained over the last tenth of the run: "
+                      + ", ".join(f"{v} {g:+.4f}" for v, g in gains.items()) + "."]
         lines.append("")
     return lines[:-1]
 
