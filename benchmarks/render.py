@@ -82,10 +82,13 @@ def source_line(name: str, data: dict[str, Any], where: str = "benchmarks/result
     depth = f", `make bench{'' if m.get('depth') == 'full' else '-' + m['depth']}`" if m.get("depth") else ""
     versions = m.get("versions", {})
     dirty = " (with local changes)" if m.get("git_dirty") else ""
+    resumed = "".join(f" It continues (`--resume`) the run of commit {_short(part.get('git_commit'))},"
+                      f" {part.get('date')}, that wrote worlds {part.get('worlds')} (command: `{part.get('command')}`)."
+                      for part in m.get("resumed_from", []))
     return (f"From `{where}/{name}`: commit {_short(m.get('git_commit'))}{dirty}, {m.get('date')},"
             f" {m.get('cores')} cores ({m.get('cpu', '?')}){load}{depth}; torch {versions.get('torch', '?')},"
             f" torchrec {versions.get('torchrec', '?')}, lightning {versions.get('lightning', '?')}. Command:"
-            f" `{m.get('command')}`.")
+            f" `{m.get('command')}`.{resumed}")
 
 
 def awaiting(files: list[str], short: bool = False) -> list[str]:
