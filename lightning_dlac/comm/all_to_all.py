@@ -33,7 +33,7 @@ from lightning_dlac.comm.config import BackwardCompression, CompressionConfig
 from lightning_dlac.comm.exchange import BackwardInFlight, Impl, Layout, ResultBuffers, offsets
 from lightning_dlac.comm.fallback import FallbackCall, UncompressedFallback
 from lightning_dlac.comm.peers import PeerPlan
-from lightning_dlac.comm.pieces import Piece, merge_piece_sizes, piece_count, split_layout
+from lightning_dlac.comm.pieces import Piece, in_turn, merge_piece_sizes, piece_count, split_layout
 from lightning_dlac.comm.recorder import Ready, RecordedExchange
 from lightning_dlac.comm.timing import PhaseTimer
 
@@ -197,16 +197,9 @@ class CompressedPooledEmbeddingsAllToAll(RecordedExchange):
             own = x[row_splits[layout.rank] : row_splits[layout.rank + 1]]
             pieces = self._pieces()
             out: torch.Tensor | None = None
-            sent: list[tuple[Piece, exchange.Encoded, exchange.InFlight, torch.Tensor]] = []
 
-            def decode(piece: Piece, flight: exchange.InFlight, recv_sizes: torch.Tensor) -> torch.Tensor:
-                with timer.phase("exchange_s", "dlac exchange"):
-                    received = flight.wait()
-                with timer.phase("decode_s", "dlac decode"):
-                    return exchange.decode_from_others(received, recv_sizes, own, piece.layout, self.forward_impl,
-                                                       out=out, cols=piece.out_cols(layout))
-
-            for piece in pieces:  # one piece unless the exchange is sent in pieces (then synchronous)
+            def launch(piece: Piece) -> tuple[exchange.Encoded, exchange.InFlight, torch.Tensor]:
+                nonlocal out
                 with timer.phase("encode_s", "dlac encode"):
                     encoded = exchange.encode_for_others(x[:, piece.local_cols], row_splits, piece.layout,
                                                          eps[piece.local_tables], self.forward_impl)
@@ -216,28 +209,39 @@ class CompressedPooledEmbeddingsAllToAll(RecordedExchange):
                         # The exact block this rank kept goes into the output while the bytes travel (exchange
                         # time: it overlaps the transfer).
                         out = exchange.start_output(own, layout, self._forward_buffers)
-                if sent:  # the previous piece is decoded while this one travels
-                    previous, _, previous_flight, previous_sizes = sent[-1]
-                    decode(previous, previous_flight, previous_sizes)
-                sent.append((piece, encoded, flight, recv_sizes))
+                return encoded, flight, recv_sizes
+
+            def decode(piece: Piece, flight: exchange.InFlight, recv_sizes: torch.Tensor) -> torch.Tensor:
+                with timer.phase("exchange_s", "dlac exchange"):
+                    received = flight.wait()
+                with timer.phase("decode_s", "dlac decode"):
+                    return exchange.decode_from_others(received, recv_sizes, own, piece.layout, self.forward_impl,
+                                                       out=out, cols=piece.out_cols)
+
+            # One piece unless the exchange is sent in pieces (then synchronous): every piece but the last is
+            # decoded while the next one travels.
+            sent = in_turn(pieces, launch, lambda piece, launched: decode(piece, *launched[1:]))
             if call.on_record:  # while the payload is on its way
                 n_local, world = len(tables), layout.world
-                sizes = merge_piece_sizes([e.sizes for _, e, _, _ in sent], pieces, world, "local")
+                encoded = [e for e, _, _ in sent]
+                sizes = merge_piece_sizes([e.sizes for e in encoded],
+                                          [[len(p.layout.local_tables)] * world for p in pieces])
                 per_chunk = sizes.view(world, n_local)
                 table_sent = per_chunk.sum(0).tolist() if n_local else []
                 passed = [d for d in layout.other_ranks if not layout.compress_to[d]]
                 table_passed = per_chunk[passed].sum(0).tolist() if passed and n_local else None
                 # The payload plus the size exchange: one int64 per (compressed destination, local table).
                 records = sum(layout.compress_to[d] for d in layout.other_ranks) * n_local
-                sent_bytes = sum(int(e.payload.numel()) for _, e, _, _ in sent) + records * 8
+                sent_bytes = sum(int(e.payload.numel()) for e in encoded) + records * 8
                 rec.count_forward(tables, table_raw, table_sent, sent_bytes, table_passed=table_passed)
-                self.count_links([sum(b) for b in zip(*(e.send_bytes for _, e, _, _ in sent))], layout.compress_to)
-                rec.check([g for _, e, _, _ in sent for g in e.grids], dict(zip(tables, eps.tolist())))
-            last_piece, _, last_flight, last_sizes = sent[-1]
+                self.count_links([sum(b) for b in zip(*(e.send_bytes for e in encoded))], layout.compress_to)
+                rec.check([g for e in encoded for g in e.grids], dict(zip(tables, eps.tolist())))
+                del encoded
+            _, last_flight, last_sizes = sent[-1]
             del sent
 
             def finish() -> torch.Tensor:
-                return decode(last_piece, last_flight, last_sizes)
+                return decode(pieces[-1], last_flight, last_sizes)
 
         call.finish = finish
 
@@ -303,18 +307,17 @@ class CompressedPooledEmbeddingsAllToAll(RecordedExchange):
         owners = offsets(layout.dim_sums)
         own = grad[:, owners[me] : owners[me + 1]]
         out = exchange.start_gradient(own, batch_size_per_rank, me, self._backward_buffers)
-        launched: list[BackwardInFlight] = []
-        for piece in pieces:
-            pending = exchange.start_backward_dlac(grad, batch_size_per_rank, piece.layout, self._config.backward_eps,
-                                                   self.backward_impl, self._pg, cols=piece.out_cols(layout),
-                                                   out=out[:, piece.local_cols])
-            if launched:  # the previous piece is decoded while this one travels
-                exchange.finish_backward(launched[-1], batch_size_per_rank, pieces[len(launched) - 1].layout,
-                                         self.backward_impl)
-            launched.append(pending)
-        exchange.finish_backward(launched[-1], batch_size_per_rank, pieces[-1].layout, self.backward_impl)
+
+        def finish(piece: Piece, pending: BackwardInFlight) -> None:
+            exchange.finish_backward(pending, batch_size_per_rank, piece.layout, self.backward_impl)
+
+        launched = in_turn(pieces, lambda piece: exchange.start_backward_dlac(
+            grad, batch_size_per_rank, piece.layout, self._config.backward_eps, self.backward_impl, self._pg,
+            cols=piece.out_cols, out=out[:, piece.local_cols]), finish)
+        finish(pieces[-1], launched[-1])
         whole = BackwardInFlight(launched[-1].flight, sum(p.sent for p in launched), None, own,
-                                 merge_piece_sizes([p.sizes for p in launched], pieces, layout.world, "rank"),
+                                 merge_piece_sizes([p.sizes for p in launched],
+                                                   [p.layout.chunk_counts for p in pieces]),
                                  send_bytes=[sum(b) for b in zip(*(p.send_bytes for p in launched))], out=out)
         return whole, self._divided(out)
 

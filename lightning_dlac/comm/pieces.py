@@ -16,7 +16,7 @@ Sending in pieces is opt-in (``CompressionConfig(pieces=K)``; default 1, the exc
 the transfer is long next to the codec: each piece adds a size exchange, which on gloo waits for the previous
 piece's payload and for every peer to have encoded its own piece, so the ranks meet ``K`` times instead of once. In
 the 2-rank DLRM race at 1 Gbit/s, where DLAC's ratio leaves a few milliseconds of wire per step, four pieces made the
-step slower than one; at 100 Mbit/s they hid the forward codec but gained about a percent of the step
+step slower than one; at 100 Mbit/s they hid most of the backward codec and the step gained a little
 (``benchmarks/results/e2e_pieces.json``, docs/benchmarks.md).
 """
 
@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections.abc import Sequence
-from typing import NamedTuple
+from collections.abc import Callable, Sequence
+from typing import NamedTuple, TypeVar
 
 import torch
 
@@ -40,16 +40,14 @@ class Piece(NamedTuple):
         cols: Per rank, ``(start, end)``: the piece's columns within that rank's columns of the whole layout (its
             ``local_embs`` on the sender, its block of the output on a receiver, of the gradient on the owner).
         tables: Per rank, ``(start, end)``: the piece's tables among that rank's tables of the whole layout.
+        out_cols: Per rank, ``(start, end)``: the piece's columns of that rank in the forward output and in the
+            gradient handed back (every rank's block side by side).
     """
 
     layout: Layout
     cols: tuple[tuple[int, int], ...]
     tables: tuple[tuple[int, int], ...]
-
-    def out_cols(self, whole: Layout) -> list[tuple[int, int]]:
-        """Per source rank, the piece's columns in the forward output (every source's block side by side)."""
-        col_at = offsets(whole.dim_sums)
-        return [(col_at[s] + a, col_at[s] + b) for s, (a, b) in enumerate(self.cols)]
+    out_cols: tuple[tuple[int, int], ...]
 
     @property
     def local_cols(self) -> slice:
@@ -84,8 +82,14 @@ def piece_bounds(dims: Sequence[int], count: int) -> list[int]:
 def split_layout(layout: Layout, count: int) -> tuple[Piece, ...]:
     """``layout`` cut into ``count`` pieces (:func:`piece_bounds` of every rank's tables), in order; one piece is the
     layout itself."""
+    block_at = offsets(layout.dim_sums)  # each rank's block in the output
+
+    def piece(sub: Layout, cols: Sequence[tuple[int, int]], tables: Sequence[tuple[int, int]]) -> Piece:
+        out_cols = tuple((at + a, at + b) for at, (a, b) in zip(block_at, cols))
+        return Piece(sub, tuple(cols), tuple(tables), out_cols)
+
     if count == 1:
-        return (Piece(layout, tuple((0, s) for s in layout.dim_sums), tuple((0, n) for n in layout.chunk_counts)),)
+        return (piece(layout, [(0, s) for s in layout.dim_sums], [(0, n) for n in layout.chunk_counts]),)
     bounds = [piece_bounds(dims, count) for dims in layout.dims_per_rank]
     col_at = [offsets(dims) for dims in layout.dims_per_rank]
     pieces = []
@@ -95,7 +99,7 @@ def split_layout(layout: Layout, count: int) -> tuple[Piece, ...]:
                      tuple(tables[a:b] for tables, (a, b) in zip(layout.tables_per_rank, ranges)),
                      tuple(dims[a:b] for dims, (a, b) in zip(layout.dims_per_rank, ranges)),
                      peers=layout.peers)
-        pieces.append(Piece(sub, tuple((c[a], c[b]) for c, (a, b) in zip(col_at, ranges)), tuple(ranges)))
+        pieces.append(piece(sub, [(c[a], c[b]) for c, (a, b) in zip(col_at, ranges)], ranges))
     return tuple(pieces)
 
 
@@ -107,20 +111,29 @@ def piece_count(layout: Layout, requested: int) -> int:
     return max(1, min(requested, max(layout.chunk_counts, default=1)))
 
 
-def merge_piece_sizes(sizes: Sequence[torch.Tensor], pieces: Sequence[Piece], groups: int,
-                      counts_of: str) -> torch.Tensor:
+T = TypeVar("T")
+
+
+def in_turn(pieces: Sequence[Piece], launch: Callable[[Piece], T], finish: Callable[[Piece, T], object]) -> list[T]:
+    """Launch every piece in order and finish each one right after the next is launched (piece ``k`` is decoded
+    while piece ``k + 1`` travels): what each launch returned, all finished but the last, which the caller finishes
+    when it needs it."""
+    launched: list[T] = []
+    for k, piece in enumerate(pieces):
+        launched.append(launch(piece))
+        if k:
+            finish(pieces[k - 1], launched[k - 1])
+    return launched
+
+
+def merge_piece_sizes(sizes: Sequence[torch.Tensor], counts: Sequence[Sequence[int]]) -> torch.Tensor:
     """The chunk sizes of the whole exchange, in its order, from each piece's (``sizes[k]``, in piece ``k``'s
-    order): chunks come in ``groups`` groups (the destinations of a forward send, the owners of a backward one),
-    each holding, in the whole exchange, every piece's chunks of that group one piece after the other.
-    ``counts_of`` says how many chunks a piece has per group: ``"local"`` (this rank's tables of the piece, for
-    every group: a forward send) or ``"rank"`` (group ``g``'s tables of the piece: a backward send to owner ``g``)."""
-    if len(pieces) == 1:  # the whole exchange: already in its order
+    order). Chunks come in groups (the destinations of a forward send, the owners of a backward one), and
+    ``counts[k][g]`` is how many chunks piece ``k`` has in group ``g`` (this rank's tables of the piece for every
+    destination of a forward send; owner ``g``'s tables of the piece in a backward one); in the whole exchange each
+    group holds every piece's chunks of it, one piece after the other."""
+    if len(sizes) == 1:  # the whole exchange: already in its order
         return sizes[0]
-    per_piece = []
-    for s, piece in zip(sizes, pieces):
-        lay = piece.layout
-        counts = [len(lay.local_tables)] * groups if counts_of == "local" else lay.chunk_counts
-        at = offsets(counts)
-        per_piece.append([s[a:b] for a, b in itertools.pairwise(at)])
-    parts = [per_piece[k][g] for g in range(groups) for k in range(len(pieces))]
+    per_piece = [[s[a:b] for a, b in itertools.pairwise(offsets(c))] for s, c in zip(sizes, counts)]
+    parts = [blocks[g] for g in range(len(counts[0])) for blocks in per_piece]
     return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)

@@ -51,7 +51,7 @@ def test_every_table_of_every_rank_is_in_exactly_one_piece_at_its_columns(count:
         assert all(a[1] == b[0] for a, b in zip(ends, ends[1:]))
         assert all(b - a == p.layout.dim_sums[r] for (a, b), p in zip(ends, pieces))
     assert all(p.layout.rank == 2 and p.layout.plan == layout.plan for p in pieces)
-    out_cols = [p.out_cols(layout) for p in pieces]  # rank 1's block starts after rank 0's 28 columns
+    out_cols = [p.out_cols for p in pieces]  # rank 1's block starts after rank 0's 28 columns
     assert out_cols[0][1][0] == 28 and out_cols[-1][2][1] == sum(layout.dim_sums)
 
 
@@ -70,11 +70,11 @@ def test_piece_sizes_merge_into_the_whole_exchanges_order() -> None:
     # Forward: this rank's (destination, table) chunks, destination-major: size = 100 * destination + table.
     whole = torch.tensor([100 * d + t for d in range(3) for t in range(4)])
     per_piece = [torch.tensor([100 * d + t for d in range(3) for t in range(*p.tables[2])]) for p in pieces]
-    assert torch.equal(merge_piece_sizes(per_piece, pieces, 3, "local"), whole)
+    assert torch.equal(merge_piece_sizes(per_piece, [[len(p.layout.local_tables)] * 3 for p in pieces]), whole)
     # Backward: the (owner, owner's table) chunks, owner-major.
     whole = torch.tensor([100 * r + t for r in range(3) for t in range(len(DIMS[r]))])
     per_piece = [torch.tensor([100 * r + t for r in range(3) for t in range(*p.tables[r])]) for p in pieces]
-    assert torch.equal(merge_piece_sizes(per_piece, pieces, 3, "rank"), whole)
+    assert torch.equal(merge_piece_sizes(per_piece, [p.layout.chunk_counts for p in pieces]), whole)
 
 
 # ------------------------------------------------------------------------------------------------ 3 gloo ranks
