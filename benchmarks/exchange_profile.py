@@ -204,9 +204,8 @@ def _median_s(repeat: int, fn: Callable[..., Any], *args: Any, fresh: int | None
 def _written_input(t: torch.Tensor) -> torch.Tensor:
     """A tensor of ``t``'s layout (its strides, so a column block stays one) that each timed call's input is written
     into just before the call, as a step's input is data the step has just written (the lookup's output, the
-    upstream gradient), never data the exchange read before. Replayed on one tensor it has already read, a kernel
-    finds its input in the caches, faster than it can in a step (on an Intel machine a forward encode ran about one
-    and a half times as long on just-written input)."""
+    upstream gradient), never data the exchange read before. One tensor, reused: a new allocation per call made
+    the encode's reference vary by half its time from one run to the next."""
     return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device)
 
 

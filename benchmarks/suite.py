@@ -233,12 +233,13 @@ STEPS: tuple[Step, ...] = (
         "full": ["--worlds", "dev", "--first", "23", "--count", "3", "--train-seeds", "2", "--variants",
                  "uncompressed,all_tight,all_loose", "--settle"],
     }),
-    Step("calibration_worlds_settled.json", "benchmarks/calibration_bench.py", {  # the first eval world, settled
+    Step("calibration_worlds_settled.json", "benchmarks/calibration_bench.py", {  # the eval worlds, settled
         "smoke": ["--worlds", "eval", "--count", "1", "--train-seeds", "2", "--variants",
                   "uncompressed,all_tight,all_loose,default", "--settle", "--steps", "40", "--val-every", "10",
                   "--val-batches", "8"],
-        "full": ["--worlds", "eval", "--count", "1", "--train-seeds", "2", "--variants",
-                 "uncompressed,all_tight,all_loose,default", "--settle"],
+        # All 20, continuing the worlds the file holds (the committed one was made this way, in parts).
+        "full": ["--worlds", "eval", "--count", "20", "--train-seeds", "2", "--variants",
+                 "uncompressed,all_tight,all_loose,default", "--settle", "--resume"],
     }),
     Step("data_bench.json", "benchmarks/data_bench.py", {
         "smoke": ["--rows", "20000", "--torchrec-rows", "2000", "--python-rows", "2000", "--loader-rows", "40000",
