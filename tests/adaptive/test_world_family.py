@@ -225,7 +225,8 @@ def test_a_long_world_run_resumes_from_its_own_file_and_refuses_another(tmp_path
     metadata: dict = {}
     per_world, kept = bench.resumed_worlds(path, cfg, metadata)
     assert per_world == [{"world": 1000}] and kept == runs
-    assert metadata["resumed_from"][0]["command"] == "python first.py" and metadata["resumed_from"][0]["worlds"] == [1000]
+    earlier = metadata["resumed_from"][0]
+    assert earlier["command"] == "python first.py" and earlier["worlds"] == [1000]
     with pytest.raises(SystemExit, match="steps differ"):
         bench.resumed_worlds(path, dict(cfg, steps=1000), {})
     with pytest.raises(SystemExit, match=r"worlds \[1000\]"):
