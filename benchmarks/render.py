@@ -1099,6 +1099,7 @@ QCOMM_RACE = ("qcomm_int8_fp16", "qcomm_fp8", "qcomm_mx4", "qcomm_mx4_bf16")
 
 # Issue 34's target for each phase of the exchange: within 1.5x of its kernel's own time for the same bytes.
 PHASE_TARGET = 1.5
+CEILING_TARGET = 0.95  # issue 34: DLAC both directions against its like-for-like ceiling
 
 
 def exchange_profile(results: Results) -> list[str]:
@@ -1119,6 +1120,9 @@ def exchange_profile(results: Results) -> list[str]:
                              f" {v['page_faults']:.0f} |")
             for op, k in d["kernels"].items():
                 lines.append(f"| {direction} | *{op} kernel alone* | {k['ms']:.2f} | {k['cpu_ms']:.2f} | - |")
+                if "one_address_ms" in k:
+                    lines.append(f"| {direction} | *{op} kernel alone, one input tensor replayed* |"
+                                 f" {k['one_address_ms']:.2f} | {k['one_address_cpu_ms']:.2f} | - |")
             lines.append(f"| {direction} | **step** | {d['wall_ms']:.2f} | {d['cpu_ms']:.2f} | - |")
         lines.append("")
         for direction in ("forward", "backward"):
@@ -1130,6 +1134,12 @@ def exchange_profile(results: Results) -> list[str]:
             verdict = (f"within {PHASE_TARGET}x: {', '.join(met) or 'none'}"
                        + (f"; above it: {', '.join(missed)}" if missed else ""))
             lines.append(f"- {direction}, CPU time over the kernels' own: {text} ({verdict}).")
+            encode = s[direction]["kernels"].get("encode", {})
+            if "one_address_cpu_ms" in encode and "encode" in ratios:
+                replay = encode["one_address_cpu_ms"] / encode["cpu_ms"]
+                lines.append(f"- {direction}: the encode kernel replayed on one input tensor took {replay:.2f} of"
+                             f" its CPU time on a new tensor each call; over that replay the encode phase would read"
+                             f" {ratios['encode'] / replay:.2f}x.")
         lines.append("")
     return lines
 
@@ -1165,7 +1175,8 @@ def qcomm_race(results: Results) -> list[str]:
         ran = [q for q in QCOMM_RACE if _pick(rows, rate, q)]
         fastest = min(ran, key=lambda q: _pick(rows, rate, q)["median_step_ms"]) if ran else None
         for variant, reference, threshold, name in (
-            ("dlac_dlac", "ceiling_dlac_dlac", 0.95, "DLAC both directions >= 0.95 of its ceiling"),
+            ("dlac_dlac", "ceiling_dlac_dlac", CEILING_TARGET, f"DLAC both directions >= {CEILING_TARGET} of its"
+             " ceiling"),
             ("dlac_dlac", fastest, 1.15, f"DLAC both directions >= 1.15x the fastest qcomm variant ({fastest})"),
             ("dlac_bf16", "qcomm_int8_fp16", 1.0, "DLAC fwd + BF16 bwd ahead of qcomm INT8/FP16"),
         ):
@@ -1221,7 +1232,8 @@ def e2e_pieces(results: Results) -> list[str]:
                                  f" {r['fwd_decode_ms']:.1f} | {r['bwd_a2a_ms']:.1f} | {r['median_step_ms']:.0f} |")
     lines.append("")
     # The codec kernels' own time for one step's bytes (the same model and batch: exchange_profile.py), and below, per
-    # rate, the best a codec of that speed can do against the ceiling if none of it overlaps anything.
+    # rate, the time beyond the ceiling that issue 34's target leaves DLAC. Not a bound on the race: the profile is
+    # another run, its upstream gradient is random, and the ceiling's own copies are not taken off.
     profile = results.get("exchange_profile.json")
     kernel_ms = None
     if profile is not None and "dlac" in profile["results"]:
@@ -1237,10 +1249,12 @@ def e2e_pieces(results: Results) -> list[str]:
                              f" {a['median_step_ms'] - c['median_step_ms']:.0f} ms.")
         ceiling = _pick(rows, rate, "ceiling_dlac_dlac")
         if kernel_ms is not None and ceiling is not None:
-            best = ceiling["median_step_ms"] / (ceiling["median_step_ms"] + kernel_ms)
-            lines.append(f"- {rate}: the codec kernels alone take {kernel_ms:.1f} ms per step and rank (encode and"
-                         f" decode, both directions; exchange_profile.json, one thread): with none of it overlapped,"
-                         f" the fastest DLAC both directions can be is {best:.2f} of this ceiling.")
+            budget = ceiling["median_step_ms"] * (1 / CEILING_TARGET - 1)
+            lines.append(f"- {rate}: at {CEILING_TARGET} of this ceiling DLAC both directions may spend"
+                         f" {budget:.1f} ms per step beyond it; the codec kernels alone take {kernel_ms:.1f} ms per"
+                         f" step and rank for these bytes (encode and decode, both directions, each on a new input;"
+                         f" exchange_profile.json, one thread, its random upstream gradient), all of which the"
+                         f" exchange has to hide behind the wire to meet it.")
         for variant, reference, what in (("dlac_dlac_pieces", "dlac_dlac", "DLAC in 4 pieces against the whole"
                                           " exchange"),
                                          ("ceiling_dlac_dlac_pieces", "ceiling_dlac_dlac", "the null codec in 4"
