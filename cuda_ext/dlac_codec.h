@@ -1131,14 +1131,14 @@ struct EncodeScratch {
   std::vector<uint32_t> raw_index, rcodes, codes, uniq, index, code_of_raw, part, suspect;
   std::vector<uint64_t> mult, cnt;
   std::vector<const float*> rowp;
-  std::vector<float> values;
+  std::vector<float> values, block;
   template <typename V>
   static void trim(V& v) {
     if (v.capacity() * sizeof(typename V::value_type) > kScratchKeep) V().swap(v);
   }
   void release_large() {
     trim(raw_index), trim(rcodes), trim(codes), trim(uniq), trim(index), trim(code_of_raw), trim(mult), trim(cnt),
-        trim(rowp), trim(values);
+        trim(rowp), trim(values), trim(block);
   }
 };
 inline EncodeScratch& encode_scratch() {
@@ -1150,6 +1150,23 @@ template <typename V>
 inline typename V::value_type* at_least(V& v, size_t n) {
   if (v.size() < n) v.resize(n);
   return v.data();
+}
+
+// Copies rows x dim floats of row stride ld into the contiguous block at dst, fetching a few rows ahead (hardware
+// prefetchers stay within a page, and a row of a wide tensor's column block is a page of its own).
+template <int64_t kDim>
+DLAC_ALWAYS_INLINE inline void gather_rows(const float* x, int64_t rows, int64_t dim_arg, int64_t ld, float* dst) {
+  const int64_t dim = kDim > 0 ? kDim : dim_arg;
+  constexpr int64_t kAhead = 8;
+  for (int64_t r = 0; r < rows; ++r) {
+#if defined(__GNUC__)
+    if (r + kAhead < rows) {
+      const char* p = reinterpret_cast<const char*>(x + (r + kAhead) * ld);
+      for (int64_t b = 0; b < 4 * dim; b += 64) __builtin_prefetch(p + b);
+    }
+#endif
+    std::memcpy(dst + r * dim, x + r * ld, 4 * size_t(dim));
+  }
 }
 
 // Rows hashed for raw-row dedup before deciding whether it pays: if fewer than one in kRawProbeMinRepeat of the
@@ -1186,6 +1203,16 @@ inline void encode_chunk_dim(const float* x, int64_t rows, int64_t dim_arg, int6
     EncodeScratch& s;
     ~Release() { s.release_large(); }
   } release{s};
+  // A column block of a wider tensor (the exchange's chunks: one table's columns of the pooled embeddings or of the
+  // gradient) is copied into a contiguous block once, and every pass below reads that: the passes read each row
+  // two or three times (scan and hash, quantize, RAW fallback), and a row of a column block sits on a page of its
+  // own, which costs its own address translation and cache lines on every pass. Same values, same bytes out.
+  if (ld != dim && rows > 1 && 4 * n <= EncodeScratch::kScratchKeep) {
+    float* block = at_least(s.block, size_t(n));
+    gather_rows<kDim>(x, rows, dim, ld, block);
+    x = block;
+    ld = dim;
+  }
 
   // Pass 1: min, max, finiteness and raw-row dedup (given up after kRawProbe rows if it finds few repeats).
   const int64_t probe = std::min<int64_t>(rows, kRawProbe);
@@ -1196,8 +1223,8 @@ inline void encode_chunk_dim(const float* x, int64_t rows, int64_t dim_arg, int6
   int64_t hashed = rows;  // rows [0, hashed) are numbered by the table, rows after it are distinct raw rows
   {
     RangeScan scan;
-    // The first pass reads x from memory, one row per page when x is a column block of a wider tensor (a gradient
-    // chunk's rows are 6.5 KB apart); hardware prefetchers stay within a page, so the rows ahead are fetched here.
+    // The first pass reads x from memory, one row per page when x is still a column block of a wider tensor (one
+    // too large to copy above); hardware prefetchers stay within a page, so the rows ahead are fetched here.
     auto prefetch_row = [&](int64_t r) {
 #if defined(__GNUC__)
       if (r < rows) {
