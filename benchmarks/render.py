@@ -739,6 +739,16 @@ def readme_headline(results: Results) -> list[str]:
                                "DLRM v2 (DCNv2) training step at 1 Gbit/s, DLAC both ways", "e2e_dlrm_v2.json",
                                f"{BENCH}#dlrm-v2-end-to-end-under-a-throttled-interconnect")
         used.append("e2e_dlrm_v2.json")
+    race_link = f"{BENCH}#the-exchange-phase-by-phase-and-every-torchrec-codec-issue-34"
+    for name, what, judged in (
+            ("e2e_qcomm_race.json", "Training step at 1 Gbit/s against every TorchRec codec (INT8/FP16, FP8, MX4),"
+             " DLAC both ways", _race_targets),
+            ("e2e_qcomm_race_starved.json", "The same with every rank on one core (`--cpu-starved`), DLAC both ways",
+             _starved_targets)):
+        race = results.get(name)
+        if race is not None:
+            lines += _e2e_headline(race["results"], judged(race["results"]), "1gbit", what, name, race_link)
+            used.append(name)
     topo = results.get("e2e_topology.json")
     if topo is not None:
         trows = topo["results"]
@@ -997,7 +1007,8 @@ BLOCKS: dict[str, Block] = {
     "codec_headline": Block(("codec_bench.json",), readme_codec),
     "e2e_summary": Block(("e2e_throttled.json",), readme_e2e, optional=("e2e_unthrottled.json",)),
     "readme_headline": Block(("codec_bench.json", "e2e_throttled.json"), readme_headline,
-                             optional=("e2e_unthrottled.json", "e2e_dlrm_v2.json", "e2e_topology.json",
+                             optional=("e2e_unthrottled.json", "e2e_dlrm_v2.json", "e2e_qcomm_race.json",
+                                       "e2e_qcomm_race_starved.json", "e2e_topology.json",
                                        "adaptive_frontier_criteo.json", "adaptive_accuracy_criteo_1epoch.json")),
     "adaptive_summary": Block(("adaptive_accuracy_criteo_1epoch.json",), readme_adaptive),
     "calibration_modes": Block(("calibration_bench.json",), calibration_modes,
@@ -1159,17 +1170,10 @@ def _against_every_qcomm(rows: list[dict[str, Any]], variants: tuple[str, ...], 
     return judged
 
 
-def qcomm_race(results: Results) -> list[str]:
-    """The race of every TorchRec codec against DLAC, its starved twin, the codecs' own rows and issue 34's targets
-    judged by the rule."""
+def _race_targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Issue 34's targets of a race at full CPU (e2e_qcomm_race.json) at each of its rates, judged by the rule."""
     from e2e_bandwidth import paired
 
-    lines = _e2e_body(results, ("e2e_qcomm_race.json",))
-    failed = results.get("e2e_qcomm_race.json").get("failed", [])
-    if failed:
-        lines += ["", "Could not run here (TorchRec's error):", ""]
-        lines += [f"- {f['rate']}: {f['label']}: `{f['error']}`" for f in failed]
-    rows = results.get("e2e_qcomm_race.json")["results"]
     targets = []
     for rate in sorted({r["rate"] for r in rows}):
         ran = [q for q in QCOMM_RACE if _pick(rows, rate, q)]
@@ -1183,6 +1187,22 @@ def qcomm_race(results: Results) -> list[str]:
             found = paired(rows, rate, variant, reference) if reference else None
             if found:
                 targets.append(judge(name, found[0], found[1], threshold, rate=rate))
+    return targets
+
+
+def _starved_targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return _against_every_qcomm(rows, ("dlac_dlac",), "CPU-starved: DLAC both directions ahead of {q}")
+
+
+def qcomm_race(results: Results) -> list[str]:
+    """The race of every TorchRec codec against DLAC, its starved twin, the codecs' own rows and issue 34's targets
+    judged by the rule."""
+    lines = _e2e_body(results, ("e2e_qcomm_race.json",))
+    failed = results.get("e2e_qcomm_race.json").get("failed", [])
+    if failed:
+        lines += ["", "Could not run here (TorchRec's error):", ""]
+        lines += [f"- {f['rate']}: {f['label']}: `{f['error']}`" for f in failed]
+    targets = _race_targets(results.get("e2e_qcomm_race.json")["results"])
     fast = results.get("e2e_qcomm_race_10gbit.json")
     if fast is not None:
         lines += ["", "At 10 Gbit/s, against the fastest qcomm variant of the race above:", ""]
@@ -1192,8 +1212,7 @@ def qcomm_race(results: Results) -> list[str]:
     if starved is not None:
         lines += ["", "With `--cpu-starved` (every rank's threads on one core):", ""]
         lines += _e2e_body(results, ("e2e_qcomm_race_starved.json",))
-        targets += _against_every_qcomm(starved["results"], ("dlac_dlac",),
-                                        "CPU-starved: DLAC both directions ahead of {q}")
+        targets += _starved_targets(starved["results"])
     lines += ["", "Issue 34's targets (the rule above):", ""]
     lines += [f"- {t['rate']}: {t['target']}: {verdict_text(t)}" for t in targets]
     codecs = results.get("codec_bench_qcomm.json")
