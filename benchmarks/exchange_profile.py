@@ -209,9 +209,10 @@ def _written_inputs(t: torch.Tensor, n: int) -> list[torch.Tensor]:
     """``n`` tensors of ``t``'s layout (its strides, so a column block stays one), each the input of one timed call,
     written just before it: a step's input is data the step has just written (the lookup's output, the upstream
     gradient) into memory it has just allocated, never the memory the previous call read. The native encoder read
-    one input tensor faster call after call, down to about two thirds of its first call's time after half a dozen
-    calls, however the tensor was written in between (``one_address`` in the results file is that replay); a
-    different tensor each call runs at the first call's speed, as the exchange's encode does."""
+    one input tensor faster call after call, however the tensor was written in between (before it copied column
+    blocks into a contiguous block, down to about two thirds of its first call's time after half a dozen calls;
+    ``one_address`` in the results file is that replay); a different tensor each call runs at the first call's
+    speed, as the exchange's encode does."""
     return [torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device) for _ in range(n)]
 
 

@@ -1208,6 +1208,7 @@ inline void encode_chunk_dim(const float* x, int64_t rows, int64_t dim_arg, int6
   // two or three times (scan and hash, quantize, RAW fallback), and a row of a column block sits on a page of its
   // own, which costs its own address translation and cache lines on every pass. Same values, same bytes out.
   if (ld != dim && rows > 1 && 4 * n <= EncodeScratch::kScratchKeep) {
+    if (s.block.size() < n) s.block.reserve(n);  // exactly n: a doubled capacity past kScratchKeep would be trimmed
     float* block = at_least(s.block, size_t(n));
     gather_rows<kDim>(x, rows, dim, ld, block);
     x = block;
