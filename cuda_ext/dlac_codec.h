@@ -867,7 +867,7 @@ inline void huff_decode(const uint8_t* data, uint64_t size, uint64_t n, uint32_t
   } trim;
   // Each symbol's position depends on the previous one's length, so one block is a serial chain; blocks are
   // independent, so kLanes of them are decoded in lock-step to overlap their chains.
-  constexpr uint64_t kLanes = 4;
+  constexpr uint64_t kLanes = 8;
   const uint32_t mask = (1u << kHuffMaxLen) - 1;
   for (uint64_t b0 = 0; b0 < nblocks; b0 += kLanes) {
     const uint64_t lanes = std::min<uint64_t>(kLanes, nblocks - b0);
