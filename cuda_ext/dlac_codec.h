@@ -1152,6 +1152,16 @@ inline typename V::value_type* at_least(V& v, size_t n) {
   return v.data();
 }
 
+// DLAC_ENCODE_IN_PLACE set (and not "0") makes the encoder read every column block where it lies, as it does a chunk
+// too large to copy, so that tests can check that path on small chunks. Read once per process.
+inline bool encode_in_place() {
+  static const bool on = [] {
+    const char* v = std::getenv("DLAC_ENCODE_IN_PLACE");
+    return v != nullptr && v[0] != '\0' && std::strcmp(v, "0") != 0;
+  }();
+  return on;
+}
+
 // Copies rows x dim floats of row stride ld into the contiguous block at dst, fetching a few rows ahead (hardware
 // prefetchers stay within a page, and a row of a wide tensor's column block is a page of its own).
 template <int64_t kDim>
@@ -1207,7 +1217,7 @@ inline void encode_chunk_dim(const float* x, int64_t rows, int64_t dim_arg, int6
   // gradient) is copied into a contiguous block once, and every pass below reads that: the passes read each row
   // two or three times (scan and hash, quantize, RAW fallback), and a row of a column block sits on a page of its
   // own, which costs its own address translation and cache lines on every pass. Same values, same bytes out.
-  if (ld != dim && rows > 1 && 4 * n <= EncodeScratch::kScratchKeep) {
+  if (ld != dim && rows > 1 && 4 * n <= EncodeScratch::kScratchKeep && !encode_in_place()) {
     if (s.block.size() < n) s.block.reserve(n);  // exactly n: a doubled capacity past kScratchKeep would be trimmed
     float* block = at_least(s.block, size_t(n));
     gather_rows<kDim>(x, rows, dim, ld, block);

@@ -111,26 +111,52 @@ def _quantize_grid():
     return x, [0, 1000, 2048], [0, 64, 192, 229], torch.tensor([0.01, 0.03, 0.002])
 
 
-@pytest.mark.slow  # a fresh Python process
-def test_baseline_and_avx2_quantize_loops_give_the_reference_bytes(native, tmp_path):
-    """The encoder's quantize loop has an SSE2 and an AVX2 copy chosen at run time; DLAC_CPU_BASELINE=1 (read once per
-    process, hence the subprocess) forces the SSE2 one. Both must give the reference's bytes."""
+def _native_in_subprocess(tmp_path, variable: str, x, rs, cs, eps):
+    """The native encoder's payload and sizes for the grid, from a fresh Python process with ``variable``=1 (the
+    switches are read once per process)."""
     import os
     import subprocess
     import sys
     from pathlib import Path
 
+    torch.save((x, rs, cs, eps), tmp_path / "in.pt")
+    repo = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]))
+    env[variable] = "1"
+    subprocess.run([sys.executable, "-c", _BASELINE_SCRIPT, str(tmp_path / "in.pt"), str(tmp_path / "out.pt")],
+                   env=env, check=True, cwd=repo)
+    return torch.load(tmp_path / "out.pt")
+
+
+@pytest.mark.slow  # a fresh Python process
+def test_baseline_and_avx2_quantize_loops_give_the_reference_bytes(native, tmp_path):
+    """The encoder's quantize loop has an SSE2 and an AVX2 copy chosen at run time; DLAC_CPU_BASELINE=1 (read once per
+    process, hence the subprocess) forces the SSE2 one. Both must give the reference's bytes."""
     x, rs, cs, eps = _quantize_grid()
     want_p, want_s = encode_grid(x, rs, cs, eps=eps, impl="ref")
     p, s = encode_grid(x, rs, cs, eps=eps, impl="native")
     assert torch.equal(p, want_p) and torch.equal(s, want_s)
-    torch.save((x, rs, cs, eps), tmp_path / "in.pt")
-    repo = str(Path(__file__).resolve().parents[2])
-    env = dict(os.environ, DLAC_CPU_BASELINE="1", PYTHONPATH=os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]))
-    subprocess.run([sys.executable, "-c", _BASELINE_SCRIPT, str(tmp_path / "in.pt"), str(tmp_path / "out.pt")],
-                   env=env, check=True, cwd=repo)
-    p2, s2 = torch.load(tmp_path / "out.pt")
+    p2, s2 = _native_in_subprocess(tmp_path, "DLAC_CPU_BASELINE", x, rs, cs, eps)
     assert torch.equal(p2, want_p) and torch.equal(s2, want_s)
+
+
+@pytest.mark.slow  # a fresh Python process
+def test_column_blocks_read_in_place_or_copied_give_the_reference_bytes(native, tmp_path):
+    """The encoder copies a column block of a wider tensor into a contiguous block before its passes, unless the chunk
+    is over 64 MB; DLAC_ENCODE_IN_PLACE=1 makes it read every block where it lies, so both paths are checked here on
+    a grid of every mode (DEDUP with hashed and distinct raw rows, HUFF, PACK, RAW, an empty CONST row block) and on
+    chunks holding NaN and Inf."""
+    from grid_cases import nan_inf
+
+    x, rs, cs, eps = _all_modes_grid()
+    x[100:300:7, 70] = float("nan")  # a HUFF chunk of the all-modes grid turned RAW by a NaN
+    for grid in ((x, rs, cs, eps), nan_inf()[:4]):
+        x_, rs_, cs_, eps_ = grid
+        want_p, want_s = encode_grid(x_, rs_, cs_, eps=eps_, impl="ref")
+        p, s = encode_grid(x_, rs_, cs_, eps=eps_, impl="native")
+        assert torch.equal(p, want_p) and torch.equal(s, want_s)
+        p2, s2 = _native_in_subprocess(tmp_path, "DLAC_ENCODE_IN_PLACE", x_, rs_, cs_, eps_)
+        assert torch.equal(p2, want_p) and torch.equal(s2, want_s)
 
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
