@@ -1272,8 +1272,7 @@ def e2e_pieces(results: Results) -> list[str]:
             lines.append(f"- {rate}: at {CEILING_TARGET} of this ceiling DLAC both directions may spend"
                          f" {budget:.1f} ms per step beyond it; the codec kernels alone take {kernel_ms:.1f} ms per"
                          f" step and rank for these bytes (encode and decode, both directions, each encode on a new"
-                         f" input;"
-                         f" exchange_profile.json, one thread, its random upstream gradient)"
+                         f" input; exchange_profile.json, one thread, its random upstream gradient)"
                          + (f": {kernel_ms - budget:.1f} ms of them would have to overlap the transfer."
                             if kernel_ms > budget else "."))
         for variant, reference, what in (("dlac_dlac_pieces", "dlac_dlac", "DLAC in 4 pieces against the whole"

@@ -95,6 +95,12 @@ DLAC_HD inline uint32_t bits_for(uint32_t vmax) {
 }
 DLAC_HD inline uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
 
+// An environment switch of the host code: set, and neither empty nor "0".
+inline bool env_flag(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && v[0] != '\0' && std::strcmp(v, "0") != 0;
+}
+
 // float32 operations rounded to nearest one at a time. On the host these are the plain operators (the build flags
 // forbid contraction); on the device the intrinsics make it explicit whatever --fmad says.
 DLAC_HD inline float f_add(float a, float b) {
@@ -379,10 +385,7 @@ __attribute__((target("avx2"))) __attribute__((noinline)) uint32_t quantize_rows
 }
 // DLAC_CPU_BASELINE set (and not "0") keeps the SSE2 loop on an AVX2 host, so that tests can check both copies.
 inline bool cpu_has_avx2() {
-  static const bool has = [] {
-    const char* off = std::getenv("DLAC_CPU_BASELINE");
-    return !(off != nullptr && off[0] != '\0' && std::strcmp(off, "0") != 0) && __builtin_cpu_supports("avx2");
-  }();
+  static const bool has = !env_flag("DLAC_CPU_BASELINE") && __builtin_cpu_supports("avx2");
   return has;
 }
 #endif
@@ -1155,26 +1158,28 @@ inline typename V::value_type* at_least(V& v, size_t n) {
 // DLAC_ENCODE_IN_PLACE set (and not "0") makes the encoder read every column block where it lies, as it does a chunk
 // too large to copy, so that tests can check that path on small chunks. Read once per process.
 inline bool encode_in_place() {
-  static const bool on = [] {
-    const char* v = std::getenv("DLAC_ENCODE_IN_PLACE");
-    return v != nullptr && v[0] != '\0' && std::strcmp(v, "0") != 0;
-  }();
+  static const bool on = env_flag("DLAC_ENCODE_IN_PLACE");
   return on;
 }
 
-// Copies rows x dim floats of row stride ld into the contiguous block at dst, fetching a few rows ahead (hardware
-// prefetchers stay within a page, and a row of a wide tensor's column block is a page of its own).
+// Asks for the cache lines of the dim floats at row. Hardware prefetchers stay within a page, and a row of a wide
+// tensor's column block is a page of its own: the encoder's loops over such rows call this kRowsAhead rows ahead.
+constexpr int64_t kRowsAhead = 8;
+DLAC_ALWAYS_INLINE inline void prefetch_row(const float* row, int64_t dim) {
+#if defined(__GNUC__)
+  const char* p = reinterpret_cast<const char*>(row);
+  for (int64_t b = 0; b < 4 * dim; b += 64) __builtin_prefetch(p + b);
+#else
+  (void)row, (void)dim;
+#endif
+}
+
+// Copies rows x dim floats of row stride ld into the contiguous block at dst.
 template <int64_t kDim>
 DLAC_ALWAYS_INLINE inline void gather_rows(const float* x, int64_t rows, int64_t dim_arg, int64_t ld, float* dst) {
   const int64_t dim = kDim > 0 ? kDim : dim_arg;
-  constexpr int64_t kAhead = 8;
   for (int64_t r = 0; r < rows; ++r) {
-#if defined(__GNUC__)
-    if (r + kAhead < rows) {
-      const char* p = reinterpret_cast<const char*>(x + (r + kAhead) * ld);
-      for (int64_t b = 0; b < 4 * dim; b += 64) __builtin_prefetch(p + b);
-    }
-#endif
+    if (r + kRowsAhead < rows) prefetch_row(x + (r + kRowsAhead) * ld, dim);
     std::memcpy(dst + r * dim, x + r * ld, 4 * size_t(dim));
   }
 }
@@ -1235,21 +1240,13 @@ inline void encode_chunk_dim(const float* x, int64_t rows, int64_t dim_arg, int6
   {
     RangeScan scan;
     // The first pass reads x from memory, one row per page when x is still a column block of a wider tensor (one
-    // too large to copy above); hardware prefetchers stay within a page, so the rows ahead are fetched here.
-    auto prefetch_row = [&](int64_t r) {
-#if defined(__GNUC__)
-      if (r < rows) {
-        const char* p = reinterpret_cast<const char*>(x + r * ld);
-        for (int64_t b = 0; b < 4 * dim; b += 64) __builtin_prefetch(p + b);
-      }
-#else
-      (void)r;
-#endif
+    // too large to copy above), so the rows ahead are fetched here (prefetch_row).
+    auto ahead = [&](int64_t r) {
+      if (r < rows) prefetch_row(x + r * ld, dim);
     };
-    constexpr int64_t kAhead = 8;
-    for (int64_t r = 0; r < kAhead; ++r) prefetch_row(r);
+    for (int64_t r = 0; r < kRowsAhead; ++r) ahead(r);
     for (int64_t r = 0; r < probe; ++r) {
-      prefetch_row(r + kAhead);
+      ahead(r + kRowsAhead);
       const float* p = x + r * ld;
       scan.add(p, dim);
       raw_index[r] = raw.insert(reinterpret_cast<const uint8_t*>(p));
@@ -1257,14 +1254,14 @@ inline void encode_chunk_dim(const float* x, int64_t rows, int64_t dim_arg, int6
     if (rows > probe && (probe - int64_t(raw.size())) * kRawProbeMinRepeat < probe) {
       hashed = probe;
       for (int64_t r = probe; r < rows; ++r) {
-        prefetch_row(r + kAhead);
+        ahead(r + kRowsAhead);
         scan.add(x + r * ld, dim);
       }
     } else if (rows > probe) {
       RowTable grown{uint64_t(rows), uint32_t(dim)};  // re-insert the probed rows: ids stay in the same order
       for (int64_t r = 0; r < probe; ++r) grown.insert(reinterpret_cast<const uint8_t*>(x + r * ld));
       for (int64_t r = probe; r < rows; ++r) {
-        prefetch_row(r + kAhead);
+        ahead(r + kRowsAhead);
         const float* p = x + r * ld;
         scan.add(p, dim);
         raw_index[r] = grown.insert(reinterpret_cast<const uint8_t*>(p));

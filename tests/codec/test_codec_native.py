@@ -95,7 +95,7 @@ def test_single_thread_and_multi_thread_agree(native):
     assert torch.equal(bits(decode_grid(p1, s1, rs, cs, impl="native")), bits(decode_grid(p1, s1, rs, cs, impl="ref")))
 
 
-_BASELINE_SCRIPT = """
+_ENCODE_SCRIPT = """
 import sys, torch
 from lightning_dlac.codec import encode_grid
 x, rs, cs, eps = torch.load(sys.argv[1])
@@ -123,7 +123,7 @@ def _native_in_subprocess(tmp_path, variable: str, x, rs, cs, eps):
     repo = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]))
     env[variable] = "1"
-    subprocess.run([sys.executable, "-c", _BASELINE_SCRIPT, str(tmp_path / "in.pt"), str(tmp_path / "out.pt")],
+    subprocess.run([sys.executable, "-c", _ENCODE_SCRIPT, str(tmp_path / "in.pt"), str(tmp_path / "out.pt")],
                    env=env, check=True, cwd=repo)
     return torch.load(tmp_path / "out.pt")
 
