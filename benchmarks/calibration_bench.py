@@ -56,6 +56,15 @@ most. Each world records its own, so a difference is read against the floor of i
 some seeds leave a world's training in a far worse state for every arm alike (several hundredths of AUROC), which
 unpaired seeds would count as a difference between arms.
 
+``--baselines-from FILE`` (with ``--worlds``) takes the three baseline arms of every world FILE holds from that
+earlier run of the same protocol and runs only the calibrated variants: a new default is judged on the evaluation
+worlds at a quarter of the cost (every launch is deterministic, so the reused arm is the one the run would launch;
+the metadata records the file's commit)::
+
+    python benchmarks/calibration_bench.py --worlds eval --count 20 --train-seeds 2 --settle \
+        --variants uncompressed,all_tight,all_loose,default \
+        --baselines-from benchmarks/results/calibration_worlds_settled.json --json-out /tmp/new_default.json
+
 ``--worlds dev --fit`` runs only the noise mode on development worlds and fits its budget (:func:`fit_noise_budget`,
 the p90 rule); the fitted value is what ``NOISE_BUDGET`` in lightning_dlac/adaptive/calibrator.py holds.
 
@@ -385,13 +394,17 @@ def _run_world(rank: int, world_size: int, variant: str, cfg: dict[str, Any]) ->
 
 
 def run_arms(cfg: dict[str, Any], world: int, variants: Sequence[str], train_seeds: Sequence[int],
-             timeout: float) -> list[dict[str, dict[str, Any]]]:
+             timeout: float, given: dict[int, dict[str, dict[str, Any]]] | None = None
+             ) -> list[dict[str, dict[str, Any]]]:
     """Every arm (``variants``) of one world under each of ``train_seeds``, paired: per training seed, the result of
-    each arm by its name, printed as it comes."""
+    each arm by its name, printed as it comes. Arms in ``given[train_seed]`` (runs of an earlier file, see
+    :func:`reused_baselines`) are taken from there instead of run."""
     by_seed = []
     for train_seed in train_seeds:
-        by_variant = {}
+        by_variant = dict((given or {}).get(train_seed, {}))
         for variant in variants:
+            if variant in by_variant:
+                continue
             r = run_ranks(_run_world, 2, variant, dict(cfg, world=world, train_seed=train_seed), timeout=timeout)[0]
             by_variant[variant] = r
             print(f"  seed {train_seed} {variant}: val AUROC {r['val_auroc']:.4f},"
@@ -675,6 +688,37 @@ def resumed_worlds(path: Path, cfg: dict[str, Any],
     return per_world, list(old["results"])
 
 
+def reused_baselines(path: Path, cfg: dict[str, Any],
+                     metadata: dict[str, Any]) -> dict[int, dict[int, dict[str, dict[str, Any]]]]:
+    """The baseline arms (BASELINES) of every world and training seed that an earlier ``--worlds`` run of the same
+    protocol wrote to ``path``, for ``--baselines-from``: judging a new calibrated variant then runs only that
+    variant, a quarter of a world's arms. Every launch is deterministic given its world, training seed and options
+    (the same seed gives the same AUROC to the last digit), so a baseline arm of the earlier run is the arm this run
+    would launch, as long as nothing that the baselines run has changed since (the file's commit, recorded here under
+    ``baselines_from``, says where they were run). The protocol must match but for the worlds, variants and default
+    mode; returns ``{world: {train_seed: {variant: run}}}`` for worlds whose every training seed has every baseline."""
+    old = load_results(path)
+    keys = (set(cfg) | set(old["config"])) - {"seeds", "seeds_planned", "variants", "default_mode"}
+    differ = sorted(k for k in keys if old["config"].get(k) != cfg.get(k))
+    if differ:
+        raise SystemExit(f"--baselines-from: {path} was run under another protocol ({', '.join(differ)} differ);"
+                         " give the options it was run with")
+    found: dict[int, dict[int, dict[str, dict[str, Any]]]] = {}
+    for r in old["results"]:
+        if r.get("variant") in BASELINES:
+            r = dict(r, reused_from=r.get("reused_from") or old["metadata"].get("git_commit"))
+            found.setdefault(r["world"], {}).setdefault(r["train_seed"], {})[r["variant"]] = r
+    complete = {w: seeds for w, seeds in found.items()
+                if sorted(seeds) == list(range(cfg["train_seeds"])) and all(set(BASELINES) <= set(v)
+                                                                          for v in seeds.values())}
+    metadata["baselines_from"] = {"path": str(path), **{k: old["metadata"].get(k) for k in
+                                                        ("command", "git_commit", "date")},
+                                  "worlds": sorted(w for w in complete if w in cfg["seeds"])}
+    print(f"--baselines-from: the baselines of {len(metadata['baselines_from']['worlds'])} world(s) come from"
+          f" {path} (commit {old['metadata'].get('git_commit')})", flush=True)
+    return complete
+
+
 def main_worlds(args: argparse.Namespace, metadata: dict[str, Any]) -> None:
     from calibration_data import DEV_WORLDS, EVAL_WORLDS, QUICK_EVAL_WORLDS, draw_world
 
@@ -708,12 +752,13 @@ def main_worlds(args: argparse.Namespace, metadata: dict[str, Any]) -> None:
         print(f"\nwrote {args.json_out}")
         return
     per_world, runs = ([], []) if not args.resume else resumed_worlds(args.json_out, cfg, metadata)
+    reused = {} if args.baselines_from is None else reused_baselines(args.baselines_from, cfg, metadata)
     judged = [v for v in variants if v not in BASELINES]
     for seed in seeds:
         if seed in {w["world"] for w in per_world}:
             continue
         print(f"world {seed}: {draw_world(seed).summary()}", flush=True)
-        by_seed = run_arms(cfg, seed, variants, range(cfg["train_seeds"]), args.timeout)
+        by_seed = run_arms(cfg, seed, variants, range(cfg["train_seeds"]), args.timeout, given=reused.get(seed))
         runs += [r for by_variant in by_seed for r in by_variant.values()]
         floor = noise_floor(by_seed)
         print(f"  noise floor: {floor['floor']} (paired sd {floor['paired_sd']}, {floor['train_seeds']} seeds)",
@@ -789,6 +834,9 @@ def main() -> None:
     parser.add_argument("--resume", action="store_true",
                         help="with --worlds: keep the worlds an earlier run of the same options wrote to --json-out"
                         " and run only the rest")
+    parser.add_argument("--baselines-from", type=Path, default=None, metavar="FILE",
+                        help="with --worlds: take the baseline arms (uncompressed, all-tight, all-loose) of every"
+                        " world FILE holds from it, run under the same protocol, and run only the other variants")
     parser.add_argument("--curves", default=None, metavar="WORLD:SEED,...",
                         help="the arms of each world and training seed (--variants, default uncompressed,all_tight)"
                         " validated every --val-every steps: their learning curves")
@@ -805,6 +853,10 @@ def main() -> None:
         parser.error("--val-every applies to --curves and --settle runs only")
     if args.resume and (args.worlds is None or args.fit):
         parser.error("--resume continues a --worlds run (not --fit): give --worlds dev or --worlds eval")
+    if args.baselines_from is not None and (args.worlds is None or args.fit):
+        parser.error("--baselines-from judges variants of a --worlds run (not --fit): give --worlds dev or eval")
+    if args.baselines_from is not None and args.baselines_from.resolve() == args.json_out.resolve():
+        parser.error("--baselines-from FILE must not be --json-out: the run would overwrite the baselines it reads")
     metadata = start_run("benchmarks/calibration_bench.py", vars(args))
     if args.ablate is not None:
         main_ablation(args, metadata)

@@ -231,3 +231,44 @@ def test_a_long_world_run_resumes_from_its_own_file_and_refuses_another(tmp_path
         bench.resumed_worlds(path, dict(cfg, steps=1000), {})
     with pytest.raises(SystemExit, match=r"worlds \[1000\]"):
         bench.resumed_worlds(path, dict(cfg, seeds=[1001, 1002]), {})
+
+
+def test_a_new_variant_is_judged_against_the_baselines_of_an_earlier_run(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """--baselines-from takes the three baseline arms of every world (and every training seed) an earlier run of the
+    same protocol wrote, marks where they came from, and refuses a file of another protocol; a world missing a
+    baseline under any seed runs all of its arms again."""
+    import calibration_bench as bench
+    from common import write_results
+
+    path = tmp_path / "earlier.json"
+    cfg = dict(worlds="eval", seeds=[1000, 1001], steps=6000, settle=True, train_seeds=2,
+               variants=["uncompressed", "all_tight", "all_loose", "default"], default_mode="noise")
+    runs = [{"variant": v, "world": w, "train_seed": k, "val_auroc": 0.9 + 0.01 * k}
+            for w in (1000, 1001) for k in (0, 1) for v in (*bench.BASELINES, "default")]
+    runs = [r for r in runs if not (r["world"] == 1001 and r["train_seed"] == 1 and r["variant"] == "all_loose")]
+    write_results(path, {"command": "python earlier.py", "git_commit": "abc", "date": "2026-12-05T02:00:00+00:00"},
+                  dict(cfg, default_mode="gradient"), runs)
+
+    metadata: dict = {}
+    reused = bench.reused_baselines(path, dict(cfg, variants=["uncompressed", "all_tight", "all_loose", "noise"]),
+                                    metadata)
+    assert sorted(reused) == [1000] and sorted(reused[1000]) == [0, 1]  # 1001 lacks all-loose under seed 1
+    assert sorted(reused[1000][1]) == sorted(bench.BASELINES)  # the earlier default is not a baseline
+    assert reused[1000][1]["all_tight"]["val_auroc"] == 0.91 and reused[1000][1]["all_tight"]["reused_from"] == "abc"
+    assert metadata["baselines_from"]["git_commit"] == "abc" and metadata["baselines_from"]["worlds"] == [1000]
+    with pytest.raises(SystemExit, match="steps differ"):
+        bench.reused_baselines(path, dict(cfg, steps=1000), {})
+
+    # run_arms launches only what is not given, and keeps the pairing per training seed.
+    launched = []
+
+    def fake_run_ranks(fn, n, variant, run_cfg, timeout):  # noqa: ANN001, ANN202
+        launched.append((variant, run_cfg["train_seed"]))
+        return [{"variant": variant, "val_auroc": 0.5, "sent_bytes": 1, "steps": 1, "seconds": 0.0}]
+
+    monkeypatch.setattr(bench, "run_ranks", fake_run_ranks)
+    by_seed = bench.run_arms(cfg, 1000, (*bench.BASELINES, "default"), range(2), 10.0, given=reused[1000])
+    assert launched == [("default", 0), ("default", 1)]
+    assert [by_variant["all_tight"]["val_auroc"] for by_variant in by_seed] == [0.9, 0.91]
+    assert list(by_seed[0]) == [*bench.BASELINES, "default"]
