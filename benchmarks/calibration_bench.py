@@ -117,6 +117,28 @@ def default_mode() -> str:
     return DLACCallback().mode
 
 
+def default_rule() -> str:
+    """How ``DLACCallback()`` chooses its table-wise bounds, in words: recorded in every --worlds results file, so
+    that runs of different defaults are never resumed into, or read as, one another."""
+    from lightning_dlac import DLACCallback
+    from lightning_dlac.adaptive.calibrator import RECALIBRATE_SHARE
+
+    dlac = DLACCallback()
+    s = dlac.settings
+    if s.mode != "noise":
+        return f"{s.mode} mode"
+    budget = f"noise budget {s.noise_budget:g}" if s.noise_budget is not None else \
+        f"{s.noise_fraction:g} of all-loose's noise"
+    again = f"recalibrating every {RECALIBRATE_SHARE:g} of the run" if dlac.recalibrate_every is None else \
+        f"recalibrating every {s.recalibrate_every} batches" if s.recalibrate_every else "calibrating once"
+    return f"noise mode, {budget}, {again}"
+
+
+# The default until the relative budget (issue 33): an absolute noise budget fitted on development worlds by the p90
+# rule (calibration_worlds_fit.json), one calibration a tenth into the run. Kept as a variant to compare against.
+PREVIOUS_NOISE_BUDGET = 0.0011
+
+
 def _callback(variant: str, cfg: dict[str, Any]):
     from lightning_dlac import DLACCallback
 
@@ -126,6 +148,8 @@ def _callback(variant: str, cfg: dict[str, Any]):
         return DLACCallback(mode="noise")
     if variant == "noise_recal":  # the noise mode measured again every fifth of the run (drift, issue 33 item 1)
         return DLACCallback(mode="noise", recalibrate_every=cfg["steps"] // 5)
+    if variant == "noise_absolute":  # the previous default
+        return DLACCallback(mode="noise", noise_budget=PREVIOUS_NOISE_BUDGET, recalibrate_every=0)
     if variant == "homogenization_value":
         return DLACCallback(mode="homogenization", index="value")
     if variant == "sensitivity":
@@ -209,6 +233,20 @@ class _Bytes(pl.Callback):
         self.steps += 1
         self.raw += raw - self._start[0]
         self.sent += sent - self._start[1]
+
+
+class _Calibrations(pl.Callback):
+    """Every calibration of ``dlac`` along the run: the batch it ended at, the bounds it chose and every table's
+    statistics (:meth:`TableStats.as_dict`; a recalibrating variant has several: how they drift as the model
+    learns)."""
+
+    def __init__(self, dlac) -> None:  # noqa: ANN001
+        self.dlac, self.points = dlac, []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:  # noqa: ANN001
+        if self.dlac.calibrator.calibrated_at == self.dlac.step and self.dlac.table_stats:
+            self.points.append({"batch": self.dlac.step, "table_bounds": self.dlac.table_bounds,
+                                "stats": {t: s.as_dict() for t, s in self.dlac.table_stats.items()}})
 
 
 class _Curve(pl.Callback):
@@ -312,7 +350,7 @@ def table(summary: dict[str, Any], variants: tuple[str, ...]) -> list[str]:
 
 # ------------------------------------------------------------------------------------------- the family of worlds
 
-WORLD_VARIANTS = (*BASELINES, "default", "gradient", "noise", "noise_recal")
+WORLD_VARIANTS = (*BASELINES, "default", "gradient", "noise", "noise_recal", "noise_absolute")
 # The default (noise mode since issue 33) against the former default, the gradient mode; "noise" (the default's mode
 # spelled out) and "noise_recal" on request (--variants).
 DEFAULT_WORLD_VARIANTS = (*BASELINES, "default", "gradient")
@@ -364,7 +402,9 @@ def _run_world(rank: int, world_size: int, variant: str, cfg: dict[str, Any]) ->
     constant = variant in BASELINES or variant.startswith(CONSTANT_PREFIX)
     dlac = _callback(variant, cfg) if not constant and ablated is None else None
     meter, curve = _Bytes(), _Curve()
-    callbacks = [meter, curve] + ([] if dlac is None else [dlac]) + ([] if ablated is None else [_LooseOne(ablated)])
+    calibrations = None if dlac is None else _Calibrations(dlac)
+    callbacks = [meter, curve] + ([] if dlac is None else [dlac, calibrations]) + \
+        ([] if ablated is None else [_LooseOne(ablated)])
     settle = None
     if cfg.get("settle"):
         from lightning.pytorch.callbacks import EarlyStopping
@@ -389,7 +429,8 @@ def _run_world(rank: int, world_size: int, variant: str, cfg: dict[str, Any]) ->
     if dlac is not None:
         out.update(table_bounds=dlac.table_bounds, calibrated_at=dlac.calibrator.calibrated_at,
                    calibration_s=dlac.calibration_seconds,
-                   noise_share={r["table"]: r["noise_share"] for r in dlac.calibration_report()})
+                   noise_share={r["table"]: r["noise_share"] for r in dlac.calibration_report()},
+                   calibrations=calibrations.points)
     return out
 
 
@@ -698,7 +739,7 @@ def reused_baselines(path: Path, cfg: dict[str, Any],
     ``baselines_from``, says where they were run). The protocol must match but for the worlds, variants and default
     mode; returns ``{world: {train_seed: {variant: run}}}`` for worlds whose every training seed has every baseline."""
     old = load_results(path)
-    keys = (set(cfg) | set(old["config"])) - {"seeds", "seeds_planned", "variants", "default_mode"}
+    keys = (set(cfg) | set(old["config"])) - {"seeds", "seeds_planned", "variants", "default_mode", "default_rule"}
     differ = sorted(k for k in keys if old["config"].get(k) != cfg.get(k))
     if differ:
         raise SystemExit(f"--baselines-from: {path} was run under another protocol ({', '.join(differ)} differ);"
@@ -732,7 +773,7 @@ def main_worlds(args: argparse.Namespace, metadata: dict[str, Any]) -> None:
     cfg = dict(worlds=args.worlds, seeds=list(seeds), steps=args.steps or protocol["steps"],
                val_batches=args.val_batches, lr=args.lr or protocol["lr"],
                train_seeds=args.train_seeds or protocol["train_seeds"], variants=list(variants), floor_z=FLOOR_Z,
-               default_mode=default_mode())
+               default_mode=default_mode(), default_rule=default_rule())
     if args.settle:  # every arm to its settled AUROC; the fixed protocol's step read from the curve beside it
         cfg.update(settle=True, steps=args.steps or SETTLE_MAX, val_every=args.val_every or SETTLE_EVERY,
                    settle_delta=SETTLE_DELTA,

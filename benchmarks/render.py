@@ -1380,7 +1380,8 @@ WORLD_TARGETS = (  # issue 33's targets on the evaluation worlds: (key, name, th
 
 # The calibrated variants of a worlds run, in table order, and their labels.
 WORLD_LABELS = {"default": "default (`DLACCallback()`, {mode} mode)", "gradient": '`mode="gradient"`',
-                "noise": '`mode="noise"`', "noise_recal": '`mode="noise", recalibrate_every=steps // 5`'}
+                "noise": '`mode="noise"`', "noise_recal": '`mode="noise", recalibrate_every=steps // 5`',
+                "noise_absolute": '`mode="noise", noise_budget=0.0011, recalibrate_every=0` (the previous default)'}
 
 
 def calibration_worlds(results: Results, name: str = "calibration_worlds_quick.json") -> list[str]:
@@ -1419,6 +1420,8 @@ def calibration_worlds(results: Results, name: str = "calibration_worlds_quick.j
     for variant in judged:
         d = data["summary" if variant == "default" else f"summary_{variant}"]
         label = WORLD_LABELS[variant].format(mode=default_mode_of(data))
+        if variant == "default" and cfg.get("default_rule"):  # recorded since the relative budget
+            label = f"default (`DLACCallback()`: {cfg['default_rule']})"
         lines.append(f"| {label} | {d['worlds']} | {_plain(d['default_within_0001_of_all_tight'], '.0%')} |"
                      f" {d['worse_than_all_loose']} |"
                      + (f" {_plain(d['within_floor_of_all_tight'], '.0%')} |"

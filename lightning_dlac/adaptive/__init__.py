@@ -36,6 +36,7 @@ from lightning_dlac.adaptive.policy import (
     classify,
     gradient_table_bounds,
     noise_table_bounds,
+    relative_noise_budget,
     sensitivity_classes,
     sensitivity_table_bounds,
 )
@@ -64,6 +65,7 @@ __all__ = [
     "homogenization_counts",
     "homogenization_index",
     "noise_table_bounds",
+    "relative_noise_budget",
     "sensitivity_classes",
     "sensitivity_table_bounds",
     "value_homogenization_counts",

@@ -11,8 +11,10 @@ Three policies:
   gets the smallest candidate.
 - ``noise`` (beyond the paper; scale-free; ``DLACCallback``'s default): the variance the codec's error on each table
   adds to a batch's loss, as a share of the loss's minibatch variance (:meth:`TableStats.noise_share`), summed over
-  tables, may reach ``budget``; within it, tables are loosened greedily where a looser candidate saves the most
-  bytes per share of noise it adds (docs/adaptive.md derives the rule).
+  tables, may reach a budget; within it, tables are loosened greedily where a looser candidate saves the most
+  bytes per share of noise it adds. The budget is either absolute (``noise_budget``) or, by default, a fraction of
+  the noise every table at its loosest candidate would add (:func:`relative_noise_budget`), which holds however the
+  statistic's level moves from one data set, or one point of a run, to another (docs/adaptive.md derives both).
 - ``sensitivity`` (beyond the paper): give each table the largest candidate bound whose measured loss change stays
   within ``tolerance`` of the exact loss (and whose smaller candidates do too); a table whose every candidate exceeds
   it gets the smallest candidate.
@@ -129,6 +131,30 @@ def sensitivity_classes(table_bounds: Mapping[str, float], bounds: ClassBounds) 
     for name, eps in table_bounds.items():
         out[name] = min(TableClass, key=lambda c: (abs(bounds[c] - eps), -bounds[c]))
     return out
+
+
+def check_fraction(fraction: float, option: str = "noise_fraction") -> float:
+    """Validate a fraction in (0, 1], named ``option`` in errors."""
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
+        raise ValueError(
+            f"{option}={fraction!r} must be a number in (0, 1]: the share of the noise every table at its loosest"
+            " candidate would add that the chosen bounds may add (e.g. 0.1)."
+        )
+    return float(fraction)
+
+
+def relative_noise_budget(stats: Mapping[str, TableStats], fraction: float) -> float | None:
+    """``fraction`` of the noise every table would add at its largest candidate: the sum over tables of their noise
+    share there (:meth:`TableStats.noise_share`), times ``fraction``. ``None`` when no table has a share.
+
+    Errors on different tables are independent, so their shares add; to first order a zero-mean perturbation of a
+    model's score moves its loss, and its AUROC, in proportion to the perturbation's variance. Bounds whose shares sum
+    to ``fraction`` of the all-loosest sum therefore cost about ``fraction`` of what every table loose costs, on any
+    data set and at any point of a run, whatever the statistic's level there (docs/adaptive.md). 0 when every share
+    is 0 (no table's error reaches the loss)."""
+    fraction = check_fraction(fraction)
+    loosest = [share[max(share)] for s in stats.values() if (share := s.noise_share()) is not None]
+    return fraction * sum(loosest) if loosest else None
 
 
 def noise_table_bounds(stats: Mapping[str, TableStats], budget: float) -> dict[str, float]:

@@ -24,7 +24,7 @@ from lightning_dlac.adaptive import (
     TableStats,
 )
 from lightning_dlac.adaptive.bounds import check_count
-from lightning_dlac.adaptive.calibrator import GRADIENT_TOLERANCE, NOISE_BUDGET, default_candidates
+from lightning_dlac.adaptive.calibrator import GRADIENT_TOLERANCE, RECALIBRATE_SHARE, default_candidates
 from lightning_dlac.comm.collectives import all_gather_object, all_reduce, rank_and_world
 from lightning_dlac.plugin._forward import loss_of, loss_or_none, side_forward
 from lightning_dlac.plugin._run import (  # noqa: F401 - run_training_batches: importable from here too
@@ -54,8 +54,10 @@ class DLACCallback(Callback):
     of them, the root mean square of the change of the training loss when only that table carries the codec's error
     (a *probe*, extra forward passes; see :mod:`lightning_dlac.adaptive.calibration`). The statistics are
     all-reduced, so every rank picks the same bound per table: ``mode="noise"`` (the default) keeps the variance the
-    codec's error adds to a batch's loss, all tables together, within ``noise_budget`` of the loss's minibatch
-    variance, at the fewest bytes (a scale-free rule: docs/adaptive.md derives it); ``mode="gradient"`` takes the
+    codec's error adds to a batch's loss, all tables together, within ``noise_fraction`` (a tenth) of what every
+    table at its loosest candidate would add, or within an absolute ``noise_budget`` of the loss's minibatch
+    variance, at the fewest bytes (scale-free rules: docs/adaptive.md derives them), and measures again every fifth
+    of the run, as the model learns to read tables it could not at first; ``mode="gradient"`` takes the
     largest candidate whose gradient sensitivity is within ``gradient_tolerance`` of the mean loss;
     ``mode="homogenization"`` (the paper) puts index ``< tight_below`` *tight*, index ``>= loose_from`` *loose*, the
     rest *base*; ``mode="sensitivity"`` takes the largest candidate whose probed RMS loss change is within
@@ -96,8 +98,12 @@ class DLACCallback(Callback):
         sensitivity_tolerance: Largest relative change of the loss a table's bound may cause in sensitivity mode.
         gradient_tolerance: Largest expected RMS change of a sample's loss, relative to the mean loss, a table's
             bound may cause in gradient mode.
-        noise_budget: In noise mode, the share of the loss's minibatch variance the codec may add, all tables
-            together (candidates default to 0.002, 0.005, 0.01, 0.02, 0.05 there; docs/adaptive.md).
+        noise_budget: In noise mode, an absolute budget: the share of the loss's minibatch variance the codec may
+            add, all tables together (candidates default to 0.002, 0.005, 0.01, 0.02, 0.05 there; docs/adaptive.md).
+            Give it or ``noise_fraction``, not both.
+        noise_fraction: In noise mode, the budget as a fraction of the noise every table at its loosest candidate
+            would add (default ``None``: 0.1 unless ``noise_budget`` is given). To first order the AUROC a bound
+            costs follows the noise it adds, so the default costs about a tenth of what every table loose costs.
         calibration_batches: Number of batches calibration measures.
         calibration_start: Training batch at which calibration begins (default ``None``: a tenth of the run's
             training batches when the Trainer knows them from ``max_steps`` / ``max_epochs``, else 1000). Freshly
@@ -108,6 +114,9 @@ class DLACCallback(Callback):
             passes.
         recalibrate_every: Calibrate again this many training batches after each calibration takes effect (0:
             never); each calibration measures ``calibration_batches`` batches with the current bounds in force.
+            Default ``None``: in noise mode a fifth of the run's training batches when the Trainer knows them (from
+            ``max_steps`` alone when ``calibration_start`` and ``T`` are both given; else 2000), so calibrations fall
+            at a tenth, three tenths, ... of the run; in the other modes never.
         calibration_dataloader: Batches to calibrate on before training (default: the first training batches).
             Every rank must provide its own batches; the smallest count across ranks is used. They only run
             forward, so ``mode="noise"`` (the default) and ``mode="gradient"``, which read the backward pass's
@@ -128,8 +137,9 @@ class DLACCallback(Callback):
                  loose_eps: float = 0.05, tight_below: float = 0.9, loose_from: float = 0.99,
                  index_eps: float | None = None, index: str = "vector", candidates: Sequence[float] | None = None,
                  sensitivity_tolerance: float = 1e-3, gradient_tolerance: float = GRADIENT_TOLERANCE,
-                 noise_budget: float = NOISE_BUDGET, calibration_batches: int = 8, calibration_start: int | None = None,
-                 sensitivity_batches: int | None = None, recalibrate_every: int = 0,
+                 noise_budget: float | None = None, noise_fraction: float | None = None,
+                 calibration_batches: int = 8, calibration_start: int | None = None,
+                 sensitivity_batches: int | None = None, recalibrate_every: int | None = None,
                  calibration_dataloader: Iterable[Any] | None = None, schedule: str = "step", c: float = 2.0,
                  T: int | None = None, stages: int = 10, log_every_n_steps: int = 50, per_table_metrics: bool = True,
                  prog_bar: bool = True, report: bool = True) -> None:
@@ -142,10 +152,14 @@ class DLACCallback(Callback):
             index_eps=base_eps if index_eps is None else index_eps, index=index,
             candidates=default_candidates(mode, self.class_bounds) if candidates is None else tuple(candidates),
             sensitivity_tolerance=sensitivity_tolerance, gradient_tolerance=gradient_tolerance,
-            noise_budget=noise_budget, batches=calibration_batches, start=calibration_start or 0,
-            sensitivity_batches=sensitivity_batches,
-            recalibrate_every=recalibrate_every, before_training=calibration_dataloader is not None,
+            noise_budget=noise_budget, noise_fraction=noise_fraction, batches=calibration_batches,
+            start=calibration_start or 0, sensitivity_batches=sensitivity_batches,
+            recalibrate_every=recalibrate_every or 0, before_training=calibration_dataloader is not None,
         )
+        # recalibrate_every=None in noise mode follows the run's length, known once the Trainer is (setup()).
+        self.recalibrate_every = recalibrate_every
+        self._default_recalibration = recalibrate_every is None and mode == "noise" and \
+            calibration_dataloader is None
         self.mode, self.calibration_batches, self.gradient_tolerance = mode, calibration_batches, gradient_tolerance
         self.calibration_start, self.sensitivity_batches = calibration_start, sensitivity_batches
         self.calibration_dataloader = calibration_dataloader
@@ -224,12 +238,14 @@ class DLACCallback(Callback):
                 self._fit_defaults_to_the_run(trainer)
 
     def _fit_defaults_to_the_run(self, trainer: pl.Trainer) -> None:
-        """Resolve ``T=None`` and ``calibration_start=None`` from the run's length in training batches, when the
-        Trainer knows it (a tenth of it; the early stage at most the paper's 1000), and warn when the first
-        calibration on training batches cannot complete within that length."""
+        """Resolve ``T=None``, ``calibration_start=None`` and the noise mode's ``recalibrate_every=None`` from the
+        run's length in training batches, when the Trainer knows it (a tenth of it, the early stage at most the
+        paper's 1000; recalibration every fifth), and warn when the first calibration on training batches cannot
+        complete within that length."""
         schedule, c, T, stages = self._schedule_args
         default_start = self.calibration_start is None and self.calibration_dataloader is None
-        # With T and the start given only max_steps is read (estimated_stepping_batches sets the loader up early).
+        # With T and the start given only max_steps is read (estimated_stepping_batches sets the loader up early); the
+        # default recalibration period then follows max_steps alone.
         batches = run_training_batches(trainer) if T is None or default_start else max_steps_batches(trainer)
         share = max(1, round(batches * DEFAULT_RUN_SHARE)) if batches is not None else PAPER_T
         if batches is None and (T is None or default_start):
@@ -244,6 +260,9 @@ class DLACCallback(Callback):
         if default_start:
             self._calibrator.settings = self.settings = replace(self.settings, start=share)
             self._calibrator.reschedule(share)
+        if self._default_recalibration:
+            every = max(1, round(batches * RECALIBRATE_SHARE)) if batches is not None else 2 * PAPER_T
+            self._calibrator.settings = self.settings = replace(self.settings, recalibrate_every=every)
         if self.mode != "off" and self.calibration_dataloader is None:
             warn_if_past_the_end(self.settings.start, self.calibration_batches, batches)
 

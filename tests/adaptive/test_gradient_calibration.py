@@ -133,10 +133,12 @@ def _trainer(steps: float, accumulate: int = 1) -> SimpleNamespace:
 
 
 @pytest.mark.parametrize(
-    ("steps", "accumulate", "start", "T"),
-    [(200, 1, 20, 20), (50_000, 1, 5000, 1000), (100, 4, 40, 40), (float("inf"), 1, 1000, 1000)],
+    ("steps", "accumulate", "start", "T", "every"),
+    [(200, 1, 20, 20, 40), (50_000, 1, 5000, 1000, 10_000), (100, 4, 40, 40, 80),
+     (float("inf"), 1, 1000, 1000, 2000)],
 )
-def test_default_start_and_early_stage_follow_the_run(steps: float, accumulate: int, start: int, T: int) -> None:
+def test_default_start_early_stage_and_recalibration_follow_the_run(steps: float, accumulate: int, start: int,
+                                                                     T: int, every: int) -> None:
     from lightning_dlac import DLACCallback
 
     dlac = DLACCallback()
@@ -145,6 +147,17 @@ def test_default_start_and_early_stage_follow_the_run(steps: float, accumulate: 
     assert dlac.schedule.T == T
     assert dlac.settings.start == start
     assert dlac.calibrator.measuring(start) and not dlac.calibrator.measuring(start - 1)
+    # The noise mode measures again every fifth of the run (the statistic drifts as the model learns).
+    assert dlac.settings.recalibrate_every == every
+
+
+def test_only_the_noise_mode_recalibrates_by_default_and_a_given_period_is_kept() -> None:
+    from lightning_dlac import DLACCallback
+
+    for dlac, every in ((DLACCallback(mode="gradient"), 0), (DLACCallback(mode="homogenization"), 0),
+                        (DLACCallback(recalibrate_every=0), 0), (DLACCallback(recalibrate_every=300), 300)):
+        dlac._fit_defaults_to_the_run(_trainer(10_000))
+        assert dlac.settings.recalibrate_every == every, dlac.mode
 
 
 def test_given_start_and_T_are_kept_and_probes_run_only_where_they_choose() -> None:

@@ -10,8 +10,15 @@ import math
 import pytest
 import torch
 
-from lightning_dlac.adaptive import CalibrationSettings, CalibrationStats, Calibrator, TableStats, noise_table_bounds
-from lightning_dlac.adaptive.calibrator import NOISE_BUDGET, NOISE_CANDIDATES
+from lightning_dlac.adaptive import (
+    CalibrationSettings,
+    CalibrationStats,
+    Calibrator,
+    TableStats,
+    noise_table_bounds,
+    relative_noise_budget,
+)
+from lightning_dlac.adaptive.calibrator import NOISE_CANDIDATES, NOISE_FRACTION
 from lightning_dlac.testing import run_ranks
 
 CANDIDATES = (0.01, 0.03, 0.05)
@@ -93,7 +100,14 @@ def test_the_noise_mode_calibrates_on_the_finer_candidates() -> None:
     from lightning_dlac import DLACCallback
 
     dlac = DLACCallback(mode="noise")
-    assert dlac.settings.candidates == NOISE_CANDIDATES and dlac.settings.noise_budget == NOISE_BUDGET
+    assert dlac.settings.candidates == NOISE_CANDIDATES
+    assert dlac.settings.noise_budget is None and dlac.settings.noise_fraction == NOISE_FRACTION
+    assert DLACCallback(noise_budget=0.01).settings.noise_fraction is None
+    with pytest.raises(ValueError, match="give one"):
+        DLACCallback(noise_budget=0.01, noise_fraction=0.1)
+    for bad in (0, 1.5, True, "0.1"):
+        with pytest.raises(ValueError, match=r"must be a number in \(0, 1\]"):
+            DLACCallback(noise_fraction=bad)
     assert DLACCallback(mode="gradient").settings.candidates == (0.01, 0.03, 0.05)
     with pytest.raises(ValueError, match="mode='noise' measures the loss gradient"):
         DLACCallback(mode="noise", calibration_dataloader=[1])
@@ -173,3 +187,36 @@ def test_the_documented_plain_loop_calibrates_every_table_in_the_default_mode() 
     assert first["tables"] and set(first["bounds"]) == set(first["tables"])
     assert first["bounds"] == second["bounds"]
     assert set(first["bounds"].values()) <= set(NOISE_CANDIDATES)
+
+
+def test_a_relative_budget_adds_its_fraction_of_all_loose_noise_whatever_the_statistic_s_level() -> None:
+    """The default budget is a fraction of the noise every table at its loosest candidate would add: the chosen
+    bounds add at most that, the loudest tables stay tight, and multiplying every table's statistic by one factor
+    (the level moving from one data set, or one point of a run, to another) changes no bound, where an absolute
+    budget's bounds move."""
+    g = torch.Generator().manual_seed(3)
+
+    def world(scale: float) -> dict[str, TableStats]:
+        tables = {}
+        for i, energy in enumerate((40.0, 9.0, 2.0, 0.5, 0.1, 0.01)):
+            s = TableStats(NOISE_CANDIDATES, grad_rows=256, grad_energy=energy * scale * 256, loss_sum=1.0,
+                           loss_batches=2, loss_sq_sum=0.5 + 0.5 * 0.25)
+            s.encoded_bytes = [int(1000 * (1 + i) / (1 + 20 * e)) + int(torch.randint(0, 5, (1,), generator=g))
+                               for e in NOISE_CANDIDATES]
+            tables[f"t{i}"] = s
+        return tables
+
+    base = world(1.0)
+    loosest = sum(s.noise_share()[0.05] for s in base.values())
+    assert relative_noise_budget(base, 0.1) == pytest.approx(0.1 * loosest)
+    chosen = noise_table_bounds(base, relative_noise_budget(base, 0.1))
+    assert sum(base[n].noise_share()[e] for n, e in chosen.items()) <= 0.1 * loosest
+    assert chosen["t0"] < 0.05 and chosen["t5"] == 0.05  # the loudest table stays tight, the quietest goes loose
+    scaled = {scale: world(scale) for scale in (1e-3, 30.0)}
+    for tables in scaled.values():
+        for name, s in tables.items():
+            s.encoded_bytes = list(base[name].encoded_bytes)
+        assert noise_table_bounds(tables, relative_noise_budget(tables, 0.1)) == chosen
+    budget = 0.1 * loosest  # the same budget held fixed: the louder world's bounds tighten
+    assert noise_table_bounds(scaled[30.0], budget) != noise_table_bounds(base, budget)
+    assert relative_noise_budget({}, 0.1) is None

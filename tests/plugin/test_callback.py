@@ -433,7 +433,7 @@ def test_the_gradient_statistic_is_unscaled_under_a_grad_scaler() -> None:
 @pytest.mark.slow
 def test_the_noise_mode_chooses_among_its_finer_candidates_in_a_run() -> None:
     """mode="noise" end to end: every table gets one of the five candidates, the report carries each table's noise
-    share, and the chosen bounds' shares fit the budget together."""
+    share, and the chosen bounds' shares fit the budget together (a tenth of what every table loose would add)."""
     torch.manual_seed(0)
     dlac = DLACCallback(mode="noise", calibration_start=2, calibration_batches=4, log_every_n_steps=100, report=False)
     t = trainer(1, DLACStrategy(), max_steps=8, callbacks=[dlac], limit_val_batches=0)
@@ -441,4 +441,5 @@ def test_the_noise_mode_chooses_among_its_finer_candidates_in_a_run() -> None:
     assert dlac.calibrated and sorted(dlac.table_bounds) == sorted(TABLES)
     assert set(dlac.table_bounds.values()) <= {0.002, 0.005, 0.01, 0.02, 0.05}
     shares = {row["table"]: row["noise_share"] for row in dlac.calibration_report()}
-    assert sum(shares[n][str(e)] for n, e in dlac.table_bounds.items()) <= dlac.settings.noise_budget
+    loosest = sum(share["0.05"] for share in shares.values())
+    assert sum(shares[n][str(e)] for n, e in dlac.table_bounds.items()) <= dlac.settings.noise_fraction * loosest

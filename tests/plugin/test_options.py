@@ -882,6 +882,18 @@ def test_noise_budget_is_the_share_of_the_minibatch_noise_all_tables_may_add() -
     assert tight["bounds"]["middle"] < loose["bounds"]["middle"] == 0.05
 
 
+def test_noise_fraction_is_the_share_of_all_loose_noise_the_bounds_may_add() -> None:
+    # The same tables as above: the bounds add at most the fraction of what every table at 0.05 would (and more only
+    # where even the tightest candidates add more; not here).
+    arms = {f: _calibrate(mode="noise", loss_swing=0.5, noise_fraction=f) for f in (0.1, 0.5, 1.0)}
+    for fraction, arm in arms.items():
+        loosest = sum(arm["report"][n]["noise_share"]["0.05"] for n in arm["bounds"])
+        used = sum(arm["report"][n]["noise_share"][str(e)] for n, e in arm["bounds"].items())
+        assert used <= fraction * loosest, (arm["bounds"], fraction)
+    assert (arms[0.1]["bounds"]["apart"], arms[0.5]["bounds"]["apart"], arms[1.0]["bounds"]["apart"]) == \
+        (0.01, 0.03, 0.05)
+
+
 def test_calibration_batches_is_how_many_batches_are_measured() -> None:
     control, arm = _calibrate(), _calibrate(calibration_batches=3)
     assert (control["measured"], control["finished"]) == ([0, 1], [2])
