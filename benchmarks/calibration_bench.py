@@ -65,8 +65,16 @@ the metadata records the file's commit)::
         --variants uncompressed,all_tight,all_loose,default \
         --baselines-from benchmarks/results/calibration_worlds_settled.json --json-out /tmp/new_default.json
 
-``--worlds dev --fit`` runs only the noise mode on development worlds and fits its budget (:func:`fit_noise_budget`,
-the p90 rule); the fitted value is what ``NOISE_BUDGET`` in lightning_dlac/adaptive/calibrator.py holds.
+``--worlds dev --drift`` runs only the default on development worlds 0-19 (one seed each) and records every one of
+its calibrations: how the noise share's order and level move along the run, and which tables relative and absolute
+budgets would flag at each calibration (:func:`drift_check`), the development evidence for the default's rule::
+
+    python benchmarks/calibration_bench.py --worlds dev --drift --count 20 \
+        --json-out benchmarks/results/calibration_drift_dev.json
+
+``--worlds dev --fit`` runs the previous default (absolute budget, one calibration: ``noise_absolute``) on
+development worlds and fits its budget (:func:`fit_noise_budget`, the p90 rule); the fitted value is
+PREVIOUS_NOISE_BUDGET.
 
 ``--ablate WORLD`` (development worlds only) runs every table of one world loose alone against all-tight, the
 issue's definition of a sensitive table, and checks the planted roles against it (:func:`judge_ablation`).
@@ -603,6 +611,63 @@ def fit_noise_budget(runs: list[dict[str, Any]], eps: str = "0.05") -> dict[str,
             "worlds": [r["world"] for r in runs], "per_world": per_world}
 
 
+DRIFT_FRACTIONS = (0.05, 0.1, 0.2)  # the default's noise_fraction and either side of it
+
+
+def _auc(positive: Sequence[float], negative: Sequence[float]) -> float | None:
+    """The probability that a positive value exceeds a negative one (ties count half); None without both."""
+    if not positive or not negative:
+        return None
+    wins = sum((p > n) + 0.5 * (p == n) for p in positive for n in negative)
+    return wins / (len(positive) * len(negative))
+
+
+def drift_check(runs: list[dict[str, Any]], eps: float = LOOSE) -> dict[str, Any]:
+    """What the default's calibrations see on development worlds (``--drift``: one run per world, every calibration
+    recorded): per calibration (by its index along the run), how well the noise share at ``eps`` orders the planted
+    sensitive tables above the others within each world (median AUC over worlds), how far the level of the other
+    tables' summed shares moves from world to world (its median and ninth decile), and which tables a budget would
+    flag there: relative ones (DRIFT_FRACTIONS of the all-loose noise) and the absolute one the previous default used
+    (PREVIOUS_NOISE_BUDGET), with recall and precision pooled over worlds and the median bytes against every table at
+    0.01. Development data: it shows what the default's rule does where it may be developed, not how it is judged."""
+    from lightning_dlac.adaptive import TableStats, noise_table_bounds, relative_noise_budget
+
+    budgets = {f"fraction {f:g}": f for f in DRIFT_FRACTIONS} | {f"absolute {PREVIOUS_NOISE_BUDGET:g}": None}
+    count = min(len(r["calibrations"]) for r in runs)
+    points = []
+    for k in range(count):
+        aucs, sums, tallies = [], [], {name: [0, 0, 0, []] for name in budgets}
+        for r in runs:
+            stats = {t: TableStats.from_dict(d) for t, d in r["calibrations"][k]["stats"].items()}
+            shares = {t: s.noise_share() for t, s in stats.items()}
+            sensitive = {t for t, role in r["roles"].items() if role == "sensitive"}
+            aucs.append(_auc([v[eps] for t, v in shares.items() if v and t in sensitive],
+                             [v[eps] for t, v in shares.items() if v and t not in sensitive]))
+            sums.append(sum(v[eps] for t, v in shares.items() if v and t not in sensitive))
+            for name, fraction in budgets.items():
+                budget = PREVIOUS_NOISE_BUDGET if fraction is None else relative_noise_budget(stats, fraction)
+                bounds = noise_table_bounds(stats, budget) if budget else {}
+                flagged = {t for t, b in bounds.items() if b < eps}
+                tally = tallies[name]
+                tally[0] += len(flagged & sensitive)
+                tally[1] += len(flagged)
+                tally[2] += len(sensitive)
+                at = {c: i for i, c in enumerate(next(iter(stats.values())).candidates)}
+                tight = sum(s.encoded_bytes[at[0.01]] for s in stats.values())
+                tally[3].append(sum(stats[t].encoded_bytes[at[b]] for t, b in bounds.items()) / tight)
+        ordered = sorted(sums)
+        known = [a for a in aucs if a is not None]
+        points.append({"batch": statistics.median(r["calibrations"][k]["batch"] for r in runs),
+                       "auc_median": statistics.median(known) if known else None,
+                       "auc_min": min(known) if known else None,
+                       "others_sum_median": statistics.median(ordered),
+                       "others_sum_p90": ordered[max(0, math.ceil(0.9 * len(ordered)) - 1)],
+                       "budgets": {name: {"recall": tp / n if n else None, "precision": tp / f if f else None,
+                                          "bytes_vs_tight": statistics.median(b)}
+                                   for name, (tp, f, n, b) in tallies.items()}})
+    return {"eps": eps, "worlds": [r["world"] for r in runs], "calibrations": points}
+
+
 def judge_world(runs: dict[str, dict[str, Any]], variant: str) -> dict[str, Any]:
     """One world's figures of a calibrated ``variant`` under one training seed: its AUROC against all-tight and
     all-loose, its bytes against all-tight's, and its flagged tables (bound below LOOSE) against the planted
@@ -723,7 +788,7 @@ def resumed_worlds(path: Path, cfg: dict[str, Any],
         raise SystemExit(f"--resume: {path} holds worlds {foreign} this run does not plan; widen --first/--count")
     earlier = old["metadata"].pop("resumed_from", [])
     metadata["resumed_from"] = earlier + [{k: old["metadata"].get(k) for k in ("command", "git_commit", "date",
-                                                                                "finished", "wall_s")}
+                                                                                "finished", "wall_s", "cpu")}
                                           | {"worlds": [w["world"] for w in per_world]}]
     print(f"resuming: {len(per_world)} world(s) already in {path}: {[w['world'] for w in per_world]}", flush=True)
     return per_world, list(old["results"])
@@ -737,13 +802,25 @@ def reused_baselines(path: Path, cfg: dict[str, Any],
     (the same seed gives the same AUROC to the last digit), so a baseline arm of the earlier run is the arm this run
     would launch, as long as nothing that the baselines run has changed since (the file's commit, recorded here under
     ``baselines_from``, says where they were run). The protocol must match but for the worlds, variants and default
-    mode; returns ``{world: {train_seed: {variant: run}}}`` for worlds whose every training seed has every baseline."""
+    mode; returns ``{world: {train_seed: {variant: run}}}`` for worlds whose every training seed has every baseline.
+
+    Deterministic means on one kind of processor: the same arm run on an AMD EPYC and on an Intel Xeon parts (the
+    floating-point sums differ and training amplifies them, development world 20's all-tight arm by 0.002 AUROC), so
+    a file whose parts ran on another processor than this run is refused: its baselines would pair a processor's
+    trajectory with another's."""
     old = load_results(path)
     keys = (set(cfg) | set(old["config"])) - {"seeds", "seeds_planned", "variants", "default_mode", "default_rule"}
     differ = sorted(k for k in keys if old["config"].get(k) != cfg.get(k))
     if differ:
         raise SystemExit(f"--baselines-from: {path} was run under another protocol ({', '.join(differ)} differ);"
                          " give the options it was run with")
+    cpus = {old["metadata"].get("cpu")} | {part.get("cpu", "unrecorded") for part in
+                                           old["metadata"].get("resumed_from", [])}
+    if cpus != {metadata.get("cpu")}:
+        raise SystemExit(f"--baselines-from: {path} was run on {sorted(map(str, cpus))}, this run is on"
+                         f" {metadata.get('cpu')!r}: runs repeat to the last digit on one kind of processor only, so"
+                         " its baselines cannot pair with this run's arms; run every arm here (leave out"
+                         " --baselines-from)")
     found: dict[int, dict[int, dict[str, dict[str, Any]]]] = {}
     for r in old["results"]:
         if r.get("variant") in BASELINES:
@@ -778,18 +855,28 @@ def main_worlds(args: argparse.Namespace, metadata: dict[str, Any]) -> None:
         cfg.update(settle=True, steps=args.steps or SETTLE_MAX, val_every=args.val_every or SETTLE_EVERY,
                    settle_delta=SETTLE_DELTA,
                    fixed_steps=protocol["steps"])
-    if args.fit:  # one training seed per world, under the protocol's steps and lr (WORLD_FULL unless given)
+    if args.fit or args.drift:  # one training seed per world, under the protocol's steps and lr
         cfg.update(train_seeds=1)
         if args.worlds != "dev":
-            raise SystemExit("--fit fits on development worlds only: use --worlds dev")
+            raise SystemExit("--fit and --drift look at development worlds only: use --worlds dev")
+        # The previous default's absolute budget (calibration_worlds_fit.json was fitted with mode="noise" when that
+        # meant it): the variant that still does.
+        variant = "noise_absolute" if args.fit else "default"
         runs = []
         for seed in seeds:
-            runs.append(run_ranks(_run_world, 2, "noise", dict(cfg, world=seed, variants=["noise"], train_seed=0),
+            runs.append(run_ranks(_run_world, 2, variant, dict(cfg, world=seed, variants=[variant], train_seed=0),
                                   timeout=args.timeout)[0])
-            print(f"world {seed}: {runs[-1]['seconds']:.0f} s", flush=True)
-        fit = fit_noise_budget(runs)
-        print(f"\nfitted noise_budget (p{FIT_QUANTILE * 100:.0f} rule): {fit['noise_budget']}")
-        write_results(args.json_out, metadata, dict(cfg, variants=["noise"]), runs, fit=fit)
+            print(f"world {seed}: {runs[-1]['seconds']:.0f} s, calibrations at"
+                  f" {[p['batch'] for p in runs[-1]['calibrations']]}", flush=True)
+        if args.drift:
+            check = drift_check(runs)
+            for point in check["calibrations"]:
+                print(f"  calibration at {point['batch']}: {point}", flush=True)
+            write_results(args.json_out, metadata, dict(cfg, variants=[variant]), runs, drift=check)
+        else:
+            fit = fit_noise_budget(runs)
+            print(f"\nfitted noise_budget (p{FIT_QUANTILE * 100:.0f} rule): {fit['noise_budget']}")
+            write_results(args.json_out, metadata, dict(cfg, variants=[variant]), runs, fit=fit)
         print(f"\nwrote {args.json_out}")
         return
     per_world, runs = ([], []) if not args.resume else resumed_worlds(args.json_out, cfg, metadata)
@@ -863,6 +950,9 @@ def main() -> None:
                         " with --quick, WORLD_QUICK's); the noise floor needs at least 2")
     parser.add_argument("--fit", action="store_true",
                         help="with --worlds dev: run the noise mode only and fit its budget (fit_noise_budget)")
+    parser.add_argument("--drift", action="store_true",
+                        help="with --worlds dev: run the default only, one seed per world, and report how its"
+                        " statistic and bounds move from calibration to calibration (drift_check)")
     parser.add_argument("--ablate", type=int, default=None, metavar="WORLD",
                         help="every table of this development world loose alone (the ablation that defines a"
                         " sensitive table), paired with all-tight under --train-seeds seeds (default 2)")
@@ -892,9 +982,9 @@ def main() -> None:
         parser.error("--curves runs the worlds it names: leave out --worlds")
     if args.val_every is not None and args.curves is None and not args.settle:
         parser.error("--val-every applies to --curves and --settle runs only")
-    if args.resume and (args.worlds is None or args.fit):
+    if args.resume and (args.worlds is None or args.fit or args.drift):
         parser.error("--resume continues a --worlds run (not --fit): give --worlds dev or --worlds eval")
-    if args.baselines_from is not None and (args.worlds is None or args.fit):
+    if args.baselines_from is not None and (args.worlds is None or args.fit or args.drift):
         parser.error("--baselines-from judges variants of a --worlds run (not --fit): give --worlds dev or eval")
     if args.baselines_from is not None and args.baselines_from.resolve() == args.json_out.resolve():
         parser.error("--baselines-from FILE must not be --json-out: the run would overwrite the baselines it reads")

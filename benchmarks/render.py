@@ -85,6 +85,11 @@ def source_line(name: str, data: dict[str, Any], where: str = "benchmarks/result
     resumed = "".join(f" It continues (`--resume`) the run of commit {_short(part.get('git_commit'))},"
                       f" {part.get('date')}, that wrote worlds {part.get('worlds')} (command: `{part.get('command')}`)."
                       for part in m.get("resumed_from", []))
+    reused = m.get("baselines_from")
+    if reused:
+        resumed += (f" Its baseline arms (uncompressed, all-tight, all-loose) of worlds {reused.get('worlds')} are"
+                    f" those of `{Path(reused.get('path', '?')).name}` (`--baselines-from`; commit"
+                    f" {_short(reused.get('git_commit'))}, {reused.get('date')}), reused, not rerun.")
     return (f"From `{where}/{name}`: commit {_short(m.get('git_commit'))}{dirty}, {m.get('date')},"
             f" {m.get('cores')} cores ({m.get('cpu', '?')}){load}{depth}; torch {versions.get('torch', '?')},"
             f" torchrec {versions.get('torchrec', '?')}, lightning {versions.get('lightning', '?')}. Command:"
