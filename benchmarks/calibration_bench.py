@@ -806,21 +806,19 @@ def reused_baselines(path: Path, cfg: dict[str, Any],
 
     Deterministic means on one kind of processor: the same arm run on an AMD EPYC and on an Intel Xeon parts (the
     floating-point sums differ and training amplifies them, development world 20's all-tight arm by 0.002 AUROC), so
-    a file whose parts ran on another processor than this run is refused: its baselines would pair a processor's
-    trajectory with another's."""
+    a part of the file run on another processor than this run's is refused, and a part whose processor was not
+    recorded (resumed parts before it was) is spot-checked by :func:`spot_check_baselines` before any arm runs."""
     old = load_results(path)
     keys = (set(cfg) | set(old["config"])) - {"seeds", "seeds_planned", "variants", "default_mode", "default_rule"}
     differ = sorted(k for k in keys if old["config"].get(k) != cfg.get(k))
     if differ:
         raise SystemExit(f"--baselines-from: {path} was run under another protocol ({', '.join(differ)} differ);"
                          " give the options it was run with")
-    cpus = {old["metadata"].get("cpu")} | {part.get("cpu", "unrecorded") for part in
-                                           old["metadata"].get("resumed_from", [])}
-    if cpus != {metadata.get("cpu")}:
-        raise SystemExit(f"--baselines-from: {path} was run on {sorted(map(str, cpus))}, this run is on"
-                         f" {metadata.get('cpu')!r}: runs repeat to the last digit on one kind of processor only, so"
-                         " its baselines cannot pair with this run's arms; run every arm here (leave out"
-                         " --baselines-from)")
+    other = sorted({str(p["cpu"]) for p in _parts(old) if p["cpu"] is not None and p["cpu"] != metadata.get("cpu")})
+    if other:
+        raise SystemExit(f"--baselines-from: parts of {path} ran on {other}, this run on {metadata.get('cpu')!r}:"
+                         " runs repeat to the last digit on one kind of processor only, so those baselines cannot"
+                         " pair with this run's arms; run every arm here (leave out --baselines-from)")
     found: dict[int, dict[int, dict[str, dict[str, Any]]]] = {}
     for r in old["results"]:
         if r.get("variant") in BASELINES:
@@ -830,11 +828,47 @@ def reused_baselines(path: Path, cfg: dict[str, Any],
                 if sorted(seeds) == list(range(cfg["train_seeds"])) and all(set(BASELINES) <= set(v)
                                                                           for v in seeds.values())}
     metadata["baselines_from"] = {"path": str(path), **{k: old["metadata"].get(k) for k in
-                                                        ("command", "git_commit", "date")},
-                                  "worlds": sorted(w for w in complete if w in cfg["seeds"])}
+                                                        ("command", "git_commit", "date", "cpu")},
+                                  "worlds": sorted(w for w in complete if w in cfg["seeds"]),
+                                  "unrecorded_cpu_worlds": [p["worlds"] for p in _parts(old) if p["cpu"] is None]}
     print(f"--baselines-from: the baselines of {len(metadata['baselines_from']['worlds'])} world(s) come from"
           f" {path} (commit {old['metadata'].get('git_commit')})", flush=True)
     return complete
+
+
+def _parts(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """The parts of a (possibly resumed) --worlds results file: per part, the processor it ran on (None where not
+    recorded) and the worlds it added."""
+    m, parts, seen = data["metadata"], [], set()
+    for part in m.get("resumed_from", []) + [{"cpu": m.get("cpu"), "worlds": [w["world"] for w in
+                                                                               data.get("per_world") or []]}]:
+        added = [w for w in part.get("worlds") or [] if w not in seen]
+        seen.update(added)
+        parts.append({"cpu": part.get("cpu"), "worlds": added})
+    return parts
+
+
+def spot_check_baselines(cfg: dict[str, Any], reused: dict[int, dict[int, dict[str, dict[str, Any]]]],
+                         metadata: dict[str, Any], timeout: float) -> None:
+    """Before reusing baselines from parts whose processor was not recorded, rerun one of each such part's baseline
+    arms here (the uncompressed arm of the part's first reused world, training seed 0) and require the same AUROC and
+    length to the last digit; records every check under ``baselines_from`` and refuses on a difference."""
+    checks = []
+    for worlds in metadata["baselines_from"]["unrecorded_cpu_worlds"]:
+        world = next((w for w in worlds if w in reused and w in cfg["seeds"]), None)
+        if world is None:
+            continue
+        old = reused[world][0]["uncompressed"]
+        new = run_ranks(_run_world, 2, "uncompressed", dict(cfg, world=world, train_seed=0), timeout=timeout)[0]
+        same = (new["val_auroc"], new["steps"]) == (old["val_auroc"], old["steps"])
+        checks.append({"world": world, "variant": "uncompressed", "train_seed": 0, "same": same,
+                       "earlier": [old["val_auroc"], old["steps"]], "here": [new["val_auroc"], new["steps"]]})
+        print(f"--baselines-from spot check, world {world}: {checks[-1]}", flush=True)
+        if not same:
+            raise SystemExit(f"--baselines-from: world {world}'s uncompressed arm gave {new['val_auroc']} over"
+                             f" {new['steps']} batches here and {old['val_auroc']} over {old['steps']} in the file:"
+                             " its part ran elsewhere; run every arm here (leave out --baselines-from)")
+    metadata["baselines_from"]["spot_checks"] = checks
 
 
 def main_worlds(args: argparse.Namespace, metadata: dict[str, Any]) -> None:
@@ -881,6 +915,8 @@ def main_worlds(args: argparse.Namespace, metadata: dict[str, Any]) -> None:
         return
     per_world, runs = ([], []) if not args.resume else resumed_worlds(args.json_out, cfg, metadata)
     reused = {} if args.baselines_from is None else reused_baselines(args.baselines_from, cfg, metadata)
+    if reused:
+        spot_check_baselines(cfg, reused, metadata, args.timeout)
     judged = [v for v in variants if v not in BASELINES]
     for seed in seeds:
         if seed in {w["world"] for w in per_world}:

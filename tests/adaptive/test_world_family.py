@@ -244,21 +244,27 @@ def test_a_new_variant_is_judged_against_the_baselines_of_an_earlier_run(tmp_pat
     path = tmp_path / "earlier.json"
     cfg = dict(worlds="eval", seeds=[1000, 1001], steps=6000, settle=True, train_seeds=2,
                variants=["uncompressed", "all_tight", "all_loose", "default"], default_mode="noise")
-    runs = [{"variant": v, "world": w, "train_seed": k, "val_auroc": 0.9 + 0.01 * k}
+    runs = [{"variant": v, "world": w, "train_seed": k, "val_auroc": 0.9 + 0.01 * k, "steps": 100}
             for w in (1000, 1001) for k in (0, 1) for v in (*bench.BASELINES, "default")]
     runs = [r for r in runs if not (r["world"] == 1001 and r["train_seed"] == 1 and r["variant"] == "all_loose")]
-    write_results(path, {"command": "python earlier.py", "git_commit": "abc", "date": "2026-12-05T02:00:00+00:00"},
-                  dict(cfg, default_mode="gradient"), runs)
+    earlier = {"command": "python earlier.py", "git_commit": "abc", "date": "2026-12-05T02:00:00+00:00",
+               "cpu": "Intel Xeon", "resumed_from": [{"command": "python first.py", "worlds": [1000]}]}
+    write_results(path, earlier, dict(cfg, default_mode="gradient"), runs,
+                  per_world=[{"world": 1000}, {"world": 1001}])
 
-    metadata: dict = {}
+    metadata: dict = {"cpu": "Intel Xeon"}
     reused = bench.reused_baselines(path, dict(cfg, variants=["uncompressed", "all_tight", "all_loose", "noise"]),
                                     metadata)
     assert sorted(reused) == [1000] and sorted(reused[1000]) == [0, 1]  # 1001 lacks all-loose under seed 1
     assert sorted(reused[1000][1]) == sorted(bench.BASELINES)  # the earlier default is not a baseline
     assert reused[1000][1]["all_tight"]["val_auroc"] == 0.91 and reused[1000][1]["all_tight"]["reused_from"] == "abc"
     assert metadata["baselines_from"]["git_commit"] == "abc" and metadata["baselines_from"]["worlds"] == [1000]
+    # The first part did not record its processor: its world is spot-checked before anything is reused.
+    assert metadata["baselines_from"]["unrecorded_cpu_worlds"] == [[1000]]
     with pytest.raises(SystemExit, match="steps differ"):
-        bench.reused_baselines(path, dict(cfg, steps=1000), {})
+        bench.reused_baselines(path, dict(cfg, steps=1000), {"cpu": "Intel Xeon"})
+    with pytest.raises(SystemExit, match="one kind of processor only"):  # runs repeat on one processor only
+        bench.reused_baselines(path, cfg, {"cpu": "AMD EPYC"})
 
     # run_arms launches only what is not given, and keeps the pairing per training seed.
     launched = []
@@ -272,3 +278,14 @@ def test_a_new_variant_is_judged_against_the_baselines_of_an_earlier_run(tmp_pat
     assert launched == [("default", 0), ("default", 1)]
     assert [by_variant["all_tight"]["val_auroc"] for by_variant in by_seed] == [0.9, 0.91]
     assert list(by_seed[0]) == [*bench.BASELINES, "default"]
+
+    # The spot check reruns world 1000's uncompressed arm: the same figures pass (and are recorded), others refuse.
+    launched.clear()
+    monkeypatch.setattr(bench, "run_ranks", lambda fn, n, variant, run_cfg, timeout: [
+        {"val_auroc": 0.9, "steps": 100}])
+    bench.spot_check_baselines(cfg, reused, metadata, 10.0)
+    assert metadata["baselines_from"]["spot_checks"][0]["same"] and \
+        metadata["baselines_from"]["spot_checks"][0]["world"] == 1000
+    monkeypatch.setattr(bench, "run_ranks", lambda fn, n, variant, run_cfg, timeout: [{"val_auroc": 0.8, "steps": 1}])
+    with pytest.raises(SystemExit, match="its part ran elsewhere"):
+        bench.spot_check_baselines(cfg, reused, metadata, 10.0)
