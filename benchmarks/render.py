@@ -1611,9 +1611,47 @@ def calibration_ablation(results: Results) -> list[str]:
     return lines
 
 
+def calibration_drift(results: Results) -> list[str]:
+    """What the default's calibrations see along a run on development worlds (``--drift``): how well the noise share
+    orders the planted-sensitive tables first within each world, how far its level moves from world to world, and
+    what relative and absolute budgets would flag at each calibration."""
+    name = "calibration_drift_dev.json"
+    data = results.get(name)
+    cfg, drift = data.get("config", {}), data["drift"]
+    budgets = list(drift["calibrations"][0]["budgets"])
+    lines = [source_line(name, data, results.shown), "",
+             f"Development worlds {drift['worlds'][0]}-{drift['worlds'][-1]} ({len(drift['worlds'])} worlds), one"
+             f" training seed each, {cfg.get('steps')} training batches per rank, `{cfg.get('default_rule')}`; every"
+             f" calibration of each run, read at eps {drift['eps']:g}. *Order*: the probability that a planted-"
+             "sensitive table's noise share exceeds another table's, within a world (median and smallest over"
+             " worlds). *Level*: the summed share of the other tables, median and ninth decile over worlds. Then, per"
+             " budget, the tables it would flag at that calibration: recall and precision against the planted roles"
+             " (pooled over worlds) and the median bytes against every table at 0.01.", "",
+             "| calibration at batch | order: median (smallest) | level: median, ninth decile | "
+             + " | ".join(f"{b}: recall, precision, bytes" for b in budgets) + " |",
+             "|---|---|---|" + "---|" * len(budgets)]
+    for p in drift["calibrations"]:
+        cells = [f"{_plain(v['recall'])}, {_plain(v['precision'])}, {_x(v['bytes_vs_tight'])}"
+                 for v in p["budgets"].values()]
+        lines.append(f"| {p['batch']:g} | {_plain(p['auc_median'])} ({_plain(p['auc_min'])}) |"
+                     f" {p['others_sum_median']:.2g}, {p['others_sum_p90']:.2g} | " + " | ".join(cells) + " |")
+    return lines
+
+
+BLOCKS["calibration_drift"] = Block(("calibration_drift_dev.json",), calibration_drift)
+
+
 # The development worlds the default mode was chosen on (issue 33: the noise mode against the gradient mode).
 BLOCKS["calibration_worlds_dev"] = Block(("calibration_worlds_dev.json",),
                                          lambda results: calibration_worlds(results, "calibration_worlds_dev.json"))
+# The same development worlds run again here with the relative, recalibrating default (and the previous one).
+BLOCKS["calibration_worlds_dev_relative"] = Block(
+    ("calibration_worlds_dev_relative.json",),
+    lambda results: calibration_worlds(results, "calibration_worlds_dev_relative.json"))
+# The evaluation worlds under --settle with the relative, recalibrating default, against the settled run's baselines.
+BLOCKS["calibration_worlds_settled_relative"] = Block(
+    ("calibration_worlds_settled_relative.json",),
+    lambda results: calibration_worlds(results, "calibration_worlds_settled_relative.json"))
 BLOCKS["calibration_ablation"] = Block(("calibration_ablation.json",), calibration_ablation,
                                        optional=("calibration_worlds_dev.json",))
 
