@@ -241,6 +241,19 @@ STEPS: tuple[Step, ...] = (
         "full": ["--worlds", "eval", "--count", "20", "--train-seeds", "2", "--variants",
                  "uncompressed,all_tight,all_loose,default", "--settle", "--resume"],
     }),
+    Step("calibration_drift_dev.json", "benchmarks/calibration_bench.py", {  # the default's statistic along a run
+        "full": ["--worlds", "dev", "--drift", "--count", "20"],
+    }),
+    Step("calibration_worlds_dev_relative.json", "benchmarks/calibration_bench.py", {  # the relative default, dev
+        "full": ["--worlds", "dev", "--first", "20", "--count", "3", "--train-seeds", "2", "--variants",
+                 "uncompressed,all_tight,all_loose,default,noise_absolute"],
+    }),
+    Step("calibration_worlds_settled_relative.json", "benchmarks/calibration_bench.py", {  # the relative default, eval
+        # Its baselines are the settled run's (the same worlds, seeds and processor): only the default runs there.
+        "full": ["--worlds", "eval", "--count", "20", "--train-seeds", "2", "--variants",
+                 "uncompressed,all_tight,all_loose,default", "--settle", "--resume", "--baselines-from",
+                 "benchmarks/results/calibration_worlds_settled.json"],
+    }),
     Step("data_bench.json", "benchmarks/data_bench.py", {
         "smoke": ["--rows", "20000", "--torchrec-rows", "2000", "--python-rows", "2000", "--loader-rows", "40000",
                   "--repeat", "1"],
