@@ -352,11 +352,29 @@ class DLACCallback(Callback):
             return
         rank_zero_info(f"dlac: report in {save_run(run, log_dir)}")
 
+    def rule(self) -> str | None:
+        """How the table-wise level chooses, in words, as the report says it (``None`` with ``mode="off"``)."""
+        s = self.settings
+        if s.mode == "noise":
+            rule = (f"a noise budget of {s.noise_budget:g} of the loss's minibatch variance"
+                    if s.noise_budget is not None else
+                    f"at most {s.noise_fraction:g} of the noise every table loose would add")
+        elif s.mode == "gradient":
+            rule = f"a gradient tolerance of {s.gradient_tolerance:g}"
+        elif s.mode == "sensitivity":
+            rule = f"a sensitivity tolerance of {s.sensitivity_tolerance:g}"
+        elif s.mode == "homogenization":
+            rule = f"the {s.index} homogenization index at eps {s.index_eps:g}"
+        else:
+            return None
+        return rule + (f", measured again every {s.recalibrate_every} batches" if s.recalibrate_every else "")
+
     def run_summary(self, trainer: pl.Trainer) -> dict[str, Any]:
         """Everything the report is made from, as plain data (what ``dlac_run.json`` holds)."""
         cal, bounds = self._calibrator, self._strategy.error_bounds if self._strategy is not None else None
         return {
-            "mode": self.mode, "schedule": self.schedule.as_dict(), "table_bounds": cal.table_bounds,
+            "mode": self.mode, "rule": self.rule(), "schedule": self.schedule.as_dict(),
+            "table_bounds": cal.table_bounds,
             "classes": {k: str(v) for k, v in cal.classes.items()}, "calibrated_at": cal.calibrated_at,
             "calibrations": cal.calibrations, "bounds_status": cal.status(self._step),
             "default_eps": bounds.default_eps if bounds else None,

@@ -182,8 +182,9 @@ def bounds_line(run: dict[str, Any]) -> str:
         again = f" (calibrated from batch {calibrations[-1]['at']})"
     kept = sorted(set(run.get("final_effective_bounds") or {}) - set(run.get("table_bounds") or {}))
     kept_note = f", {len(kept)} at the strategy's eps={default} (no measured loss gradient)" if kept else ""
+    rule = f", chosen by {run['rule']}" if run.get("rule") else ""  # recorded since the relative noise budget
     return (f"bounds ({run['mode']}): calibrated, {counts['tight']} tight, {counts['base']} base, {counts['loose']}"
-            f" loose tables{kept_note}{again}{tail}")
+            f" loose tables{kept_note}{rule}{again}{tail}")
 
 
 def _markdown(run: dict[str, Any], plots: dict[str, str], baseline: dict[str, Any] | None = None) -> str:

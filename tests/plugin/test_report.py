@@ -193,6 +193,18 @@ def test_the_headline_always_says_which_bounds_were_used_and_why(status: dict | 
     assert expected in line and line.endswith("schedule step c=2.0 T=15")
 
 
+def test_the_bounds_line_says_the_rule_that_chose_them() -> None:
+    from lightning_dlac import DLACCallback
+
+    run = {**_run({}, [0.7]), "rule": DLACCallback(recalibrate_every=400).rule()}
+    (line,) = [line for line in headline(run) if line.startswith("bounds (")]
+    assert "chosen by at most 0.1 of the noise every table loose would add, measured again every 400 batches" in line
+    assert DLACCallback(noise_budget=0.002, recalibrate_every=0).rule() == \
+        "a noise budget of 0.002 of the loss's minibatch variance"
+    assert DLACCallback(mode="gradient").rule() == "a gradient tolerance of 0.15"
+    assert DLACCallback(mode="off").rule() is None
+
+
 def test_tables_left_at_the_strategys_eps_by_a_calibration_are_counted() -> None:
     run = {**_run({}, [0.7]), "final_effective_bounds": {"t_cat_0": 0.05, "t_seq_0": 0.01}}
     (line,) = [line for line in headline(run) if line.startswith("bounds (")]
