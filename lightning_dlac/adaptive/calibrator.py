@@ -62,8 +62,9 @@ GRADIENT_TOLERANCE = 0.15
 # The noise mode's default: the chosen bounds may add this fraction of the noise that every table at its loosest
 # candidate would add (relative_noise_budget). Argued from issue 33's targets, not fitted: to first order a world's
 # AUROC cost is proportional to the noise added, so a tenth of all-loose's noise keeps the default within 0.001 AUROC
-# of exact wherever every table loose costs up to 0.01, twice the 0.005 that makes all-loose clearly harmful there.
-# Checked on development worlds only (benchmarks/calibration_bench.py --worlds dev --fit; docs/adaptive.md).
+# of exact wherever every table loose costs up to 0.01, twice the 0.005 at which the issue's calibration set counts
+# all-loose as clearly harmful. Checked on development worlds only (benchmarks/calibration_bench.py --worlds dev
+# --drift; docs/adaptive.md).
 NOISE_FRACTION = 0.1
 # The noise mode calibrates again every this share of the run (when the Trainer knows its length): the statistic of a
 # table the model learns late (a dot-interaction effect) grows tens to hundreds of times over a run, so one early
