@@ -1432,6 +1432,13 @@ def calibration_worlds(results: Results, name: str = "calibration_worlds_quick.j
                      + (f" {_plain(d['within_floor_of_all_tight'], '.0%')} |"
                         f" {d['worse_than_all_loose_beyond_floor']} |" if floored else "")
                      + f" {_plain(d['recall'])} | {_plain(d['precision'])} | {_x(d['bytes_vs_all_tight'])} |")
+    shares = {v: [r["calibration_s"] / r["seconds"] for r in data["results"]
+                  if r.get("variant") == v and r.get("calibration_s") is not None and r.get("seconds")]
+              for v in judged}
+    if all(shares.values()):
+        lines += ["", "Calibration's share of an arm's training time (the callback's own measure: observers,"
+                  " reductions), median (range) over its runs: " + "; ".join(
+                      f"{v} {statistics.median(x):.1%} ({min(x):.1%}-{max(x):.1%})" for v, x in shares.items()) + "."]
     floors = [(w.get("noise_floor") or {}).get("floor") for w in data["per_world"]]
     if any(f is not None for f in floors):  # runs before paired training seeds have none
         seeds = data["per_world"][0]["noise_floor"]["train_seeds"]
