@@ -807,7 +807,8 @@ def reused_baselines(path: Path, cfg: dict[str, Any],
     Deterministic means on one kind of processor: the same arm run on an AMD EPYC and on an Intel Xeon parts (the
     floating-point sums differ and training amplifies them, development world 20's all-tight arm by 0.002 AUROC), so
     a part of the file run on another processor than this run's is refused, and a part whose processor was not
-    recorded (resumed parts before it was) is spot-checked by :func:`spot_check_baselines` before any arm runs."""
+    recorded (resumed parts before it was) is spot-checked by :func:`spot_check_baselines` before any arm runs
+    (a part that fails it is run here in full)."""
     old = load_results(path)
     keys = (set(cfg) | set(old["config"])) - {"seeds", "seeds_planned", "variants", "default_mode", "default_rule"}
     differ = sorted(k for k in keys if old["config"].get(k) != cfg.get(k))
@@ -849,11 +850,13 @@ def _parts(data: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def spot_check_baselines(cfg: dict[str, Any], reused: dict[int, dict[int, dict[str, dict[str, Any]]]],
-                         metadata: dict[str, Any], timeout: float) -> None:
+                         metadata: dict[str, Any], timeout: float) -> dict[int, dict[int, dict[str, dict[str, Any]]]]:
     """Before reusing baselines from parts whose processor was not recorded, rerun one of each such part's baseline
     arms here (the uncompressed arm of the part's first reused world, training seed 0) and require the same AUROC and
-    length to the last digit; records every check under ``baselines_from`` and refuses on a difference."""
-    checks = []
+    length to the last digit. A part that fails ran elsewhere (or on other code): its worlds are dropped from the
+    reuse and run every arm here. Returns the baselines still reused; records every check, and the dropped worlds,
+    under ``baselines_from``."""
+    checks, dropped = [], []
     for worlds in metadata["baselines_from"]["unrecorded_cpu_worlds"]:
         world = next((w for w in worlds if w in reused and w in cfg["seeds"]), None)
         if world is None:
@@ -865,10 +868,11 @@ def spot_check_baselines(cfg: dict[str, Any], reused: dict[int, dict[int, dict[s
                        "earlier": [old["val_auroc"], old["steps"]], "here": [new["val_auroc"], new["steps"]]})
         print(f"--baselines-from spot check, world {world}: {checks[-1]}", flush=True)
         if not same:
-            raise SystemExit(f"--baselines-from: world {world}'s uncompressed arm gave {new['val_auroc']} over"
-                             f" {new['steps']} batches here and {old['val_auroc']} over {old['steps']} in the file:"
-                             " its part ran elsewhere; run every arm here (leave out --baselines-from)")
-    metadata["baselines_from"]["spot_checks"] = checks
+            dropped += [w for w in worlds if w in reused]
+            print(f"--baselines-from: worlds {worlds} ran elsewhere; every arm of them runs here", flush=True)
+    metadata["baselines_from"].update(spot_checks=checks, dropped_worlds=sorted(dropped),
+                                      worlds=[w for w in metadata["baselines_from"]["worlds"] if w not in dropped])
+    return {w: seeds for w, seeds in reused.items() if w not in dropped}
 
 
 def main_worlds(args: argparse.Namespace, metadata: dict[str, Any]) -> None:
@@ -916,7 +920,7 @@ def main_worlds(args: argparse.Namespace, metadata: dict[str, Any]) -> None:
     per_world, runs = ([], []) if not args.resume else resumed_worlds(args.json_out, cfg, metadata)
     reused = {} if args.baselines_from is None else reused_baselines(args.baselines_from, cfg, metadata)
     if reused:
-        spot_check_baselines(cfg, reused, metadata, args.timeout)
+        reused = spot_check_baselines(cfg, reused, metadata, args.timeout)
     judged = [v for v in variants if v not in BASELINES]
     for seed in seeds:
         if seed in {w["world"] for w in per_world}:

@@ -283,9 +283,10 @@ def test_a_new_variant_is_judged_against_the_baselines_of_an_earlier_run(tmp_pat
     launched.clear()
     monkeypatch.setattr(bench, "run_ranks", lambda fn, n, variant, run_cfg, timeout: [
         {"val_auroc": 0.9, "steps": 100}])
-    bench.spot_check_baselines(cfg, reused, metadata, 10.0)
+    assert bench.spot_check_baselines(cfg, reused, metadata, 10.0) == reused
     assert metadata["baselines_from"]["spot_checks"][0]["same"] and \
         metadata["baselines_from"]["spot_checks"][0]["world"] == 1000
+    # A part that reruns differently ran elsewhere: its worlds are not reused (every arm of them runs here).
     monkeypatch.setattr(bench, "run_ranks", lambda fn, n, variant, run_cfg, timeout: [{"val_auroc": 0.8, "steps": 1}])
-    with pytest.raises(SystemExit, match="its part ran elsewhere"):
-        bench.spot_check_baselines(cfg, reused, metadata, 10.0)
+    assert bench.spot_check_baselines(cfg, reused, metadata, 10.0) == {}
+    assert metadata["baselines_from"]["dropped_worlds"] == [1000] and metadata["baselines_from"]["worlds"] == []
