@@ -305,7 +305,7 @@ def adaptive_targets(rows: list[dict[str, Any]]) -> list[str]:
 
 
 CALIBRATION_VARIANTS = {
-    "default": "`DLACCallback()` (defaults: {mode} mode)",
+    "default": "`DLACCallback()` (defaults: {mode})",
     "gradient": '`mode="gradient"`',
     "homogenization": '`mode="homogenization"` (`index="vector"`, the paper\'s)',
     "homogenization_value": '`mode="homogenization", index="value"`',
@@ -320,6 +320,16 @@ CALIBRATION_TARGETS = (
     ("bytes_vs_all_tight", "forward bytes <= 0.7x all-tight", 0.7, False),
     ("calibration_share", "calibration <= 5% of the run's time", 0.05, False),
 )
+
+
+def default_described(data: dict[str, Any]) -> str:
+    """What ``DLACCallback()`` did in a calibration run, for labels: the rule recorded in its config since the
+    relative budget; before it, the noise mode's absolute budget with one calibration, or the gradient mode."""
+    cfg = data.get("config", {})
+    if cfg.get("default_rule"):
+        return cfg["default_rule"]
+    mode = default_mode_of(data)
+    return "noise mode, absolute budget, calibrating once" if mode == "noise" else f"{mode} mode"
 
 
 def default_mode_of(data: dict[str, Any]) -> str:
@@ -345,7 +355,7 @@ def calibration_modes(results: Results) -> list[str]:
         # Precision is vacuous (1 by convention) where a mode flagged no table in any seed: say so instead.
         flagged = sum(s[v]["counts"]["tight"] + s[v]["counts"]["base"] for s in per_seed if v in s)
         precision = _plain(d["precision"]) if flagged else "- (none flagged)"
-        lines.append(f"| {label.format(mode=default_mode_of(data))} | {precision} | {_plain(d['recall'])} |"
+        lines.append(f"| {label.format(mode=default_described(data))} | {precision} | {_plain(d['recall'])} |"
                      f" {_plain(d['robust_loose_share'], '.0%')} |"
                      f" {d['auroc_delta']:+.4f} ({d['auroc_delta_sd']:.4f}) |"
                      f" {_x(d['bytes_vs_all_tight'])} | {share} |")
@@ -371,7 +381,7 @@ def calibration_modes(results: Results) -> list[str]:
         d, steps = quick["default"], quick.get("config", {}).get("steps")
         order = "the same order as" if quick["all_loose"]["auroc_delta"] < d["auroc_delta"] else "**not** the order of"
         lines += ["", f"The quick run (`make bench-quick`: {len(quick['seeds'])} seed, {steps} steps, baselines and the"
-                  f" default, then the {default_mode_of(quick)} mode): all loose"
+                  f" default, then {default_described(quick)}): all loose"
                   f" {quick['all_loose']['auroc_delta']:+.4f}, all tight"
                   f" {quick['all_tight']['auroc_delta']:+.4f}, the default {d['auroc_delta']:+.4f} AUROC against"
                   f" uncompressed ({order} the full run's), precision {d['precision']:.2f}, recall {d['recall']:.2f},"
@@ -1384,7 +1394,7 @@ WORLD_TARGETS = (  # issue 33's targets on the evaluation worlds: (key, name, th
 
 
 # The calibrated variants of a worlds run, in table order, and their labels.
-WORLD_LABELS = {"default": "default (`DLACCallback()`, {mode} mode)", "gradient": '`mode="gradient"`',
+WORLD_LABELS = {"default": "default (`DLACCallback()`: {mode})", "gradient": '`mode="gradient"`',
                 "noise": '`mode="noise"`', "noise_recal": '`mode="noise", recalibrate_every=steps // 5`',
                 "noise_absolute": '`mode="noise", noise_budget=0.0011, recalibrate_every=0` (the previous default)'}
 
@@ -1424,9 +1434,7 @@ def calibration_worlds(results: Results, name: str = "calibration_worlds_quick.j
               "|---|---|---|---|" + ("---|---|" if floored else "") + "---|---|---|"]
     for variant in judged:
         d = data["summary" if variant == "default" else f"summary_{variant}"]
-        label = WORLD_LABELS[variant].format(mode=default_mode_of(data))
-        if variant == "default" and cfg.get("default_rule"):  # recorded since the relative budget
-            label = f"default (`DLACCallback()`: {cfg['default_rule']})"
+        label = WORLD_LABELS[variant].format(mode=default_described(data))
         lines.append(f"| {label} | {d['worlds']} | {_plain(d['default_within_0001_of_all_tight'], '.0%')} |"
                      f" {d['worse_than_all_loose']} |"
                      + (f" {_plain(d['within_floor_of_all_tight'], '.0%')} |"
