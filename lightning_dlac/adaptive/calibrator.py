@@ -315,9 +315,11 @@ class Calibrator:
         return self._stats is not None and self._probed < self.settings.sensitivity_batches
 
     def observe(self, table: str, chunk: torch.Tensor) -> None:
-        """Add one chunk ([rows, dim] pooled embeddings of ``table`` bound for one rank) to the measurement."""
+        """Add one chunk ([rows, dim] pooled embeddings of ``table`` bound for one rank) to the measurement. The
+        homogenization indices, which only ``mode="homogenization"`` chooses by, are counted on every batch there and
+        on the first batch of each calibration in the other modes, which only report them."""
         assert self._stats is not None, "observe() outside a measurement"
-        self._stats.observe(table, chunk)
+        self._stats.observe(table, chunk, index=self.settings.mode == "homogenization" or self._seen == 0)
 
     def observe_gradient(self, table: str, energy: float, rows: int) -> None:
         """Add one table's loss gradient of the batch being measured (the exchange's gradient observer: see

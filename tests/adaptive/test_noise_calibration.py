@@ -220,3 +220,30 @@ def test_a_relative_budget_adds_its_fraction_of_all_loose_noise_whatever_the_sta
     budget = 0.1 * loosest  # the same budget held fixed: the louder world's bounds tighten
     assert noise_table_bounds(scaled[30.0], budget) != noise_table_bounds(base, budget)
     assert relative_noise_budget({}, 0.1) is None
+
+
+def test_modes_that_only_report_the_homogenization_index_count_it_on_the_first_batch() -> None:
+    """The index counts are nine tenths of a chunk's observer cost: only mode="homogenization" classifies by them,
+    so it counts every batch; the other modes count the first batch of each calibration and report that."""
+    g = torch.Generator().manual_seed(5)
+    batches = [torch.randn(64, 8, generator=g) for _ in range(3)]
+    first = CalibrationStats(NOISE_CANDIDATES, 0.03)
+    first.observe("t", batches[0])
+    every = CalibrationStats(NOISE_CANDIDATES, 0.03)
+    for chunk in batches:
+        every.observe("t", chunk)
+    for mode, expected in (("noise", first.table("t")), ("homogenization", every.table("t"))):
+        cal = Calibrator(CalibrationSettings(mode=mode, candidates=NOISE_CANDIDATES, batches=3,
+                                             sensitivity_batches=0))
+        cal.begin()
+        for chunk in batches:
+            cal.observe("t", chunk)
+            cal.observe_gradient("t", 1.0, 64)
+            cal.observe_loss(0.5)
+            cal.batch_measured()
+        got = cal._stats.table("t")
+        assert (got.distinct_raw, got.distinct_raw_values) == (expected.distinct_raw, expected.distinct_raw_values)
+        assert got.chunks == 3 and got.encoded_bytes == every.table("t").encoded_bytes  # the rest on every batch
+    skipped = CalibrationStats(NOISE_CANDIDATES, 0.03)
+    skipped.observe("t", batches[0], index=False)
+    assert skipped.table("t").distinct_raw == 0 and skipped.table("t").vector_homogenization_index == 1.0
