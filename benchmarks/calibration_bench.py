@@ -168,6 +168,12 @@ def _callback(variant: str, cfg: dict[str, Any]):
     return DLACCallback(mode=variant)
 
 
+def _just_calibrated(dlac) -> bool:  # noqa: ANN001
+    """Whether ``dlac`` finished a calibration at the batch that just ended (read in ``on_train_batch_end``, after
+    the callback's own)."""
+    return dlac.calibrator.calibrated_at == dlac.step and bool(dlac.table_stats)
+
+
 class _Trace(pl.Callback):
     """Every table's gradient sensitivity at the largest candidate, at each calibration of ``dlac``."""
 
@@ -175,7 +181,7 @@ class _Trace(pl.Callback):
         self.dlac, self.points = dlac, []
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:  # noqa: ANN001
-        if self.dlac.calibrator.calibrated_at == self.dlac.step and self.dlac.table_stats:
+        if _just_calibrated(self.dlac):
             rows = self.dlac.calibration_report()
             self.points.append({"batch": self.dlac.step, "sensitivity": {
                 r["table"]: r["gradient_loss_change"][max(r["gradient_loss_change"], key=float)] for r in rows}})
@@ -252,7 +258,7 @@ class _Calibrations(pl.Callback):
         self.dlac, self.points = dlac, []
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:  # noqa: ANN001
-        if self.dlac.calibrator.calibrated_at == self.dlac.step and self.dlac.table_stats:
+        if _just_calibrated(self.dlac):
             self.points.append({"batch": self.dlac.step, "table_bounds": self.dlac.table_bounds,
                                 "stats": {t: s.as_dict() for t, s in self.dlac.table_stats.items()}})
 
@@ -644,6 +650,8 @@ def drift_check(runs: list[dict[str, Any]], eps: float = LOOSE) -> dict[str, Any
             aucs.append(_auc([v[eps] for t, v in shares.items() if v and t in sensitive],
                              [v[eps] for t, v in shares.items() if v and t not in sensitive]))
             sums.append(sum(v[eps] for t, v in shares.items() if v and t not in sensitive))
+            at = {c: i for i, c in enumerate(next(iter(stats.values())).candidates)}
+            tight = sum(s.encoded_bytes[at[0.01]] for s in stats.values())
             for name, fraction in budgets.items():
                 budget = PREVIOUS_NOISE_BUDGET if fraction is None else relative_noise_budget(stats, fraction)
                 bounds = noise_table_bounds(stats, budget) if budget else {}
@@ -652,8 +660,6 @@ def drift_check(runs: list[dict[str, Any]], eps: float = LOOSE) -> dict[str, Any
                 tally[0] += len(flagged & sensitive)
                 tally[1] += len(flagged)
                 tally[2] += len(sensitive)
-                at = {c: i for i, c in enumerate(next(iter(stats.values())).candidates)}
-                tight = sum(s.encoded_bytes[at[0.01]] for s in stats.values())
                 tally[3].append(sum(stats[t].encoded_bytes[at[b]] for t, b in bounds.items()) / tight)
         ordered = sorted(sums)
         known = [a for a in aucs if a is not None]
@@ -989,7 +995,8 @@ def main() -> None:
                         help="with --worlds: training seeds per arm, paired across arms (default: WORLD_FULL's or,"
                         " with --quick, WORLD_QUICK's); the noise floor needs at least 2")
     parser.add_argument("--fit", action="store_true",
-                        help="with --worlds dev: run the noise mode only and fit its budget (fit_noise_budget)")
+                        help="with --worlds dev: run the previous default (noise_absolute) only and fit its"
+                        " absolute budget (fit_noise_budget)")
     parser.add_argument("--drift", action="store_true",
                         help="with --worlds dev: run the default only, one seed per world, and report how its"
                         " statistic and bounds move from calibration to calibration (drift_check)")
@@ -1023,9 +1030,10 @@ def main() -> None:
     if args.val_every is not None and args.curves is None and not args.settle:
         parser.error("--val-every applies to --curves and --settle runs only")
     if args.resume and (args.worlds is None or args.fit or args.drift):
-        parser.error("--resume continues a --worlds run (not --fit): give --worlds dev or --worlds eval")
+        parser.error("--resume continues a --worlds run (not --fit or --drift): give --worlds dev or --worlds eval")
     if args.baselines_from is not None and (args.worlds is None or args.fit or args.drift):
-        parser.error("--baselines-from judges variants of a --worlds run (not --fit): give --worlds dev or eval")
+        parser.error("--baselines-from judges variants of a --worlds run (not --fit or --drift): give --worlds dev"
+                     " or eval")
     if args.baselines_from is not None and args.baselines_from.resolve() == args.json_out.resolve():
         parser.error("--baselines-from FILE must not be --json-out: the run would overwrite the baselines it reads")
     metadata = start_run("benchmarks/calibration_bench.py", vars(args))
