@@ -114,9 +114,9 @@ class DLACCallback(Callback):
             passes.
         recalibrate_every: Calibrate again this many training batches after each calibration takes effect (0:
             never); each calibration measures ``calibration_batches`` batches with the current bounds in force.
-            Default ``None``: in noise mode a fifth of the run's training batches when the Trainer knows them (from
-            ``max_steps`` alone when ``calibration_start`` and ``T`` are both given; else 2000), so calibrations fall
-            at a tenth, three tenths, ... of the run; in the other modes never.
+            Default ``None``: in noise mode a fifth of the run's training batches when the Trainer knows them as
+            training starts (from ``max_steps`` or ``max_epochs``; else 2000), so with the default start calibrations
+            fall at a tenth, three tenths, ... of the run; in the other modes never.
         calibration_dataloader: Batches to calibrate on before training (default: the first training batches).
             Every rank must provide its own batches; the smallest count across ranks is used. They only run
             forward, so ``mode="noise"`` (the default) and ``mode="gradient"``, which read the backward pass's
@@ -238,14 +238,15 @@ class DLACCallback(Callback):
                 self._fit_defaults_to_the_run(trainer)
 
     def _fit_defaults_to_the_run(self, trainer: pl.Trainer) -> None:
-        """Resolve ``T=None``, ``calibration_start=None`` and the noise mode's ``recalibrate_every=None`` from the
-        run's length in training batches, when the Trainer knows it (a tenth of it, the early stage at most the
-        paper's 1000; recalibration every fifth), and warn when the first calibration on training batches cannot
-        complete within that length."""
+        """Resolve ``T=None`` and ``calibration_start=None`` from the run's length in training batches, when the
+        Trainer knows it (a tenth of it, the early stage at most the paper's 1000), and warn when the first
+        calibration on training batches cannot complete within that length. The noise mode's
+        ``recalibrate_every=None`` waits for :meth:`_fit_recalibration_to_the_run`, at the start of training."""
         schedule, c, T, stages = self._schedule_args
         default_start = self.calibration_start is None and self.calibration_dataloader is None
-        # With T and the start given only max_steps is read (estimated_stepping_batches sets the loader up early); the
-        # default recalibration period then follows max_steps alone.
+        # With T and the start given only max_steps is read: estimated_stepping_batches would set the training loader
+        # up here, before the fit loop does (a run resumed from a checkpoint must not see that happen where the
+        # uninterrupted run did not).
         batches = run_training_batches(trainer) if T is None or default_start else max_steps_batches(trainer)
         share = max(1, round(batches * DEFAULT_RUN_SHARE)) if batches is not None else PAPER_T
         if batches is None and (T is None or default_start):
@@ -260,11 +261,17 @@ class DLACCallback(Callback):
         if default_start:
             self._calibrator.settings = self.settings = replace(self.settings, start=share)
             self._calibrator.reschedule(share)
-        if self._default_recalibration:
-            every = max(1, round(batches * RECALIBRATE_SHARE)) if batches is not None else 2 * PAPER_T
-            self._calibrator.settings = self.settings = replace(self.settings, recalibrate_every=every)
         if self.mode != "off" and self.calibration_dataloader is None:
             warn_if_past_the_end(self.settings.start, self.calibration_batches, batches)
+
+    def _fit_recalibration_to_the_run(self, trainer: pl.Trainer) -> None:
+        """Resolve the noise mode's ``recalibrate_every=None`` to a fifth of the run's training batches (2000 when
+        the Trainer cannot tell them). Called as training starts, when the fit loop has set the training loader up,
+        so the length is read from ``max_epochs`` as well as ``max_steps`` whatever else was given."""
+        if self._default_recalibration:
+            batches = run_training_batches(trainer)
+            every = max(1, round(batches * RECALIBRATE_SHARE)) if batches is not None else 2 * PAPER_T
+            self._calibrator.settings = self.settings = replace(self.settings, recalibrate_every=every)
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -276,6 +283,7 @@ class DLACCallback(Callback):
             self._strategy = None
             return
         self._strategy.error_bounds.set_multiplier(self.schedule(self._step))
+        self._fit_recalibration_to_the_run(trainer)
         self._calibrator.begin()
         self._apply_bounds()  # restored from a checkpoint, or mode="off"
         if self.calibration_dataloader is not None and not self._calibrator.calibrated:

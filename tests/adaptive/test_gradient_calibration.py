@@ -142,8 +142,9 @@ def test_default_start_early_stage_and_recalibration_follow_the_run(steps: float
     from lightning_dlac import DLACCallback
 
     dlac = DLACCallback()
-    dlac._fit_defaults_to_the_run(_trainer(steps, accumulate))
-    dlac.calibrator.begin()  # what on_train_start does
+    dlac._fit_defaults_to_the_run(_trainer(steps, accumulate))  # setup()
+    dlac._fit_recalibration_to_the_run(_trainer(steps, accumulate))  # on_train_start, before:
+    dlac.calibrator.begin()
     assert dlac.schedule.T == T
     assert dlac.settings.start == start
     assert dlac.calibrator.measuring(start) and not dlac.calibrator.measuring(start - 1)
@@ -157,7 +158,22 @@ def test_only_the_noise_mode_recalibrates_by_default_and_a_given_period_is_kept(
     for dlac, every in ((DLACCallback(mode="gradient"), 0), (DLACCallback(mode="homogenization"), 0),
                         (DLACCallback(recalibrate_every=0), 0), (DLACCallback(recalibrate_every=300), 300)):
         dlac._fit_defaults_to_the_run(_trainer(10_000))
+        dlac._fit_recalibration_to_the_run(_trainer(10_000))
         assert dlac.settings.recalibrate_every == every, dlac.mode
+
+
+def test_default_recalibration_follows_the_run_when_start_and_T_are_given_without_max_steps() -> None:
+    """Every example config gives calibration_start and T and a run length in epochs: set-up reads max_steps only
+    (the loader is not set up yet), and the period is resolved once training starts, from the epochs."""
+    from lightning_dlac import DLACCallback
+
+    trainer = SimpleNamespace(max_steps=-1, **vars(_trainer(3000)))
+    dlac = DLACCallback(calibration_start=100, T=200)
+    dlac._fit_defaults_to_the_run(trainer)
+    assert dlac.settings.recalibrate_every == 0  # not yet known
+    dlac._fit_recalibration_to_the_run(trainer)
+    dlac.calibrator.begin()
+    assert (dlac.settings.start, dlac.schedule.T, dlac.settings.recalibrate_every) == (100, 200, 600)
 
 
 def test_given_start_and_T_are_kept_and_probes_run_only_where_they_choose() -> None:
