@@ -491,22 +491,49 @@ def judge_ablation(by_seed: list[dict[str, dict[str, Any]]], roles: dict[str, st
                        "sensitive_by_ablation": cost >= WORLD_NOISE,
                        "beyond_floor": None if floor is None else cost > floor})
     disagree = [t["table"] for t in tables if (t["role"] == "sensitive") != t["sensitive_by_ablation"]]
-    return {"floor": floor, "train_seeds": len(by_seed), "all_loose_cost": -statistics.fmean(diffs["all_loose"]),
-            "tables": tables, "disagreements": disagree}
+    out = {"floor": floor, "train_seeds": len(by_seed), "all_loose_cost": -statistics.fmean(diffs["all_loose"]),
+           "tables": tables, "disagreements": disagree}
+    if all("default" in runs for runs in by_seed):
+        out["default"] = judge_default_by_ablation(by_seed, tables)
+    return out
+
+
+def judge_default_by_ablation(by_seed: list[dict[str, dict[str, Any]]],
+                              tables: list[dict[str, Any]]) -> dict[str, Any]:
+    """The default's flags (bound below LOOSE) in the ablation's own runs, per seed, counted against both yardsticks:
+    the tables the ablation finds sensitive (the issue's definition) and the planted sensitive ones; recall and
+    precision pool over the seeds, as on the family."""
+    by_ablation = {t["table"] for t in tables if t["sensitive_by_ablation"]}
+    planted = {t["table"] for t in tables if t["role"] == "sensitive"}
+    flags = [{t for t, eps in (runs["default"].get("table_bounds") or {}).items() if eps < LOOSE} for runs in by_seed]
+
+    def against(sensitive: set[str]) -> dict[str, Any]:
+        hits = sum(len(f & sensitive) for f in flags)
+        flagged, wanted = sum(len(f) for f in flags), len(sensitive) * len(flags)
+        return {"recall": hits / wanted if wanted else None, "precision": hits / flagged if flagged else None}
+
+    return {"flagged": [sorted(f) for f in flags], "ablation": against(by_ablation), "planted": against(planted),
+            "auroc_vs_all_tight": statistics.fmean(runs["default"]["val_auroc"] - runs["all_tight"]["val_auroc"]
+                                                   for runs in by_seed),
+            "bytes_vs_all_tight": statistics.fmean(runs["default"]["sent_bytes"] / runs["all_tight"]["sent_bytes"]
+                                                   for runs in by_seed)}
 
 
 def main_ablation(args: argparse.Namespace, metadata: dict[str, Any]) -> None:
-    """``--ablate WORLD``: every table of one world loose alone, against all-tight and all-loose, paired seeds."""
-    from calibration_data import DEV_WORLDS, draw_world
+    """``--ablate WORLD``: every table of one world loose alone, against all-tight and all-loose, and the default
+    beside them, paired seeds. An evaluation world is ablated only to judge: the default's constants were fixed on
+    development worlds before any evaluation world was run."""
+    from calibration_data import DEV_WORLDS, EVAL_WORLDS, draw_world
 
-    if args.ablate not in DEV_WORLDS:
-        raise SystemExit(f"--ablate {args.ablate}: ablate a development world ({DEV_WORLDS[0]}-{DEV_WORLDS[-1]}), so"
-                         " that no evaluation world is looked at table by table")
+    if args.ablate not in DEV_WORLDS and args.ablate not in EVAL_WORLDS:
+        raise SystemExit(f"--ablate {args.ablate}: not a world of the family; give a development world"
+                         f" ({DEV_WORLDS[0]}-{DEV_WORLDS[-1]}) or an evaluation world ({EVAL_WORLDS[0]}-{EVAL_WORLDS[-1]})")
     world = draw_world(args.ablate)
     tables = [f"t_f{i}" for i in range(len(world.tables))]
-    cfg = dict(worlds="dev", seeds=[args.ablate], steps=args.steps or WORLD_FULL["steps"],
-               val_batches=args.val_batches, lr=args.lr or WORLD_FULL["lr"], train_seeds=args.train_seeds or 2,
-               variants=["all_tight", "all_loose", *(ABLATE_PREFIX + t for t in tables)], floor_z=FLOOR_Z)
+    cfg = dict(worlds="dev" if args.ablate in DEV_WORLDS else "eval", seeds=[args.ablate],
+               steps=args.steps or WORLD_FULL["steps"], val_batches=args.val_batches, lr=args.lr or WORLD_FULL["lr"],
+               train_seeds=args.train_seeds or 2, default_rule=default_rule(),
+               variants=["all_tight", "all_loose", "default", *(ABLATE_PREFIX + t for t in tables)], floor_z=FLOOR_Z)
     print(f"world {args.ablate}: {world.summary()}", flush=True)
     by_seed = run_arms(cfg, args.ablate, cfg["variants"], range(cfg["train_seeds"]), args.timeout)
     runs = [r for by_variant in by_seed for r in by_variant.values()]
@@ -514,6 +541,10 @@ def main_ablation(args: argparse.Namespace, metadata: dict[str, Any]) -> None:
     for t in ablation["tables"]:
         print(f"  {t['table']} ({t['role']}): loose alone costs {t['cost']:+.4f} AUROC", flush=True)
     print(f"floor {ablation['floor']}; planted roles that disagree with the ablation: {ablation['disagreements']}")
+    if "default" in ablation:
+        d = ablation["default"]
+        print(f"default: flagged {d['flagged']}; recall/precision against the ablation {d['ablation']},"
+              f" against the planted roles {d['planted']}; {d['auroc_vs_all_tight']:+.4f} AUROC vs all-tight")
     write_results(args.json_out, metadata, cfg, runs, ablation=ablation, spec=world.summary())
     print(f"\nwrote {args.json_out}")
 
@@ -1001,8 +1032,9 @@ def main() -> None:
                         help="with --worlds dev: run the default only, one seed per world, and report how its"
                         " statistic and bounds move from calibration to calibration (drift_check)")
     parser.add_argument("--ablate", type=int, default=None, metavar="WORLD",
-                        help="every table of this development world loose alone (the ablation that defines a"
-                        " sensitive table), paired with all-tight under --train-seeds seeds (default 2)")
+                        help="every table of this world loose alone (the ablation that defines a sensitive"
+                        " table), paired with all-tight, all-loose and the default under --train-seeds seeds"
+                        " (default 2); an evaluation world only to judge, never to choose a constant")
     parser.add_argument("--perturb", default=None, metavar="WORLD:SEED",
                         help="one training seed of one world at all-tight's bound and one percent either side of it"
                         " (how far the trajectory alone moves the AUROC)")

@@ -172,6 +172,27 @@ def test_the_ablation_judges_each_table_by_what_its_loose_bound_alone_costs() ->
     by_seed[1]["loose:t_f1"]["val_auroc"] = 0.8104  # now it gains under one seed: its cost is within the floor
     out = bench.judge_ablation(by_seed, {"t_f0": "robust", "t_f1": "sensitive"})
     assert [t["beyond_floor"] for t in out["tables"]] == [True, False]
+    assert "default" not in out  # no default arm ran
+
+
+def test_the_default_beside_an_ablation_is_judged_against_both_yardsticks() -> None:
+    """Run beside the ablation's arms, the default's flags count against the tables the ablation finds sensitive
+    and against the planted ones, pooled over seeds."""
+    import calibration_bench as bench
+
+    def seed(default_bounds: dict, default_auroc: float) -> dict:
+        sent = {"all_tight": 100, "default": 70}
+        return {"all_tight": {"val_auroc": 0.80, "sent_bytes": sent["all_tight"]}, "all_loose": {"val_auroc": 0.79},
+                "loose:t_f0": {"val_auroc": 0.797}, "loose:t_f1": {"val_auroc": 0.7998},
+                "loose:t_f2": {"val_auroc": 0.8001},
+                "default": {"val_auroc": default_auroc, "sent_bytes": sent["default"], "table_bounds": default_bounds}}
+
+    # Ablation: t_f0 sensitive only. Planted: t_f1 sensitive only. Seed 0 flags t_f0 and t_f1, seed 1 t_f0.
+    by_seed = [seed({"t_f0": 0.01, "t_f1": 0.02, "t_f2": 0.05}, 0.7995), seed({"t_f0": 0.005, "t_f1": 0.05}, 0.8003)]
+    d = bench.judge_ablation(by_seed, {"t_f0": "irrelevant", "t_f1": "sensitive", "t_f2": "robust"})["default"]
+    assert d["flagged"] == [["t_f0", "t_f1"], ["t_f0"]]
+    assert d["ablation"] == {"recall": 1.0, "precision": 2 / 3} and d["planted"] == {"recall": 0.5, "precision": 1 / 3}
+    assert d["auroc_vs_all_tight"] == pytest.approx(-0.0001) and d["bytes_vs_all_tight"] == pytest.approx(0.7)
 
 
 def test_learning_curves_are_read_at_a_step_and_summarized_against_a_reference() -> None:
