@@ -201,7 +201,8 @@ def _run(rank: int, world_size: int, variant: str, cfg: dict[str, Any]) -> dict[
                        num_dense_features=dm.num_dense_features, embedding_dim=cfg["dim"],
                        dense_arch_layer_sizes=[32, cfg["dim"]], over_arch_layer_sizes=[64, 1],
                        learning_rate=cfg["lr"], seed=seed)
-    if variant == "uncompressed":
+    qcomm = _qcomm_codecs(variant)  # TorchRec's codecs in its own sharder, counted (benchmarks/frontier_worlds.py)
+    if variant == "uncompressed" or qcomm is not None:
         strategy = DLACStrategy(compress=False, embedding_lr=cfg["lr"])
     else:
         eps = {"all_tight": 0.01, "all_loose": 0.05}.get(variant, 0.01)
@@ -406,19 +407,27 @@ def _run_world(rank: int, world_size: int, variant: str, cfg: dict[str, Any]) ->
                        num_dense_features=dm.num_dense_features, embedding_dim=world.dim,
                        dense_arch_layer_sizes=[32, world.dim], over_arch_layer_sizes=[64, 1],
                        learning_rate=cfg["lr"], seed=init)
-    if variant == "uncompressed":
+    qcomm = _qcomm_codecs(variant)  # TorchRec's codecs in its own sharder, counted (benchmarks/frontier_worlds.py)
+    if variant == "uncompressed" or qcomm is not None:
         strategy = DLACStrategy(compress=False, embedding_lr=cfg["lr"])
     else:
         eps = float(variant.removeprefix(CONSTANT_PREFIX)) if variant.startswith(CONSTANT_PREFIX) else \
             {"all_tight": 0.01, "all_loose": LOOSE}.get(variant, 0.01)
         strategy = DLACStrategy(eps=eps, embedding_lr=cfg["lr"])
     ablated = variant.removeprefix(ABLATE_PREFIX) if variant.startswith(ABLATE_PREFIX) else None
-    constant = variant in BASELINES or variant.startswith(CONSTANT_PREFIX)
+    constant = variant in BASELINES or variant.startswith((CONSTANT_PREFIX, QCOMM_PREFIX))
     dlac = _callback(variant, cfg) if not constant and ablated is None else None
     meter, curve = _Bytes(), _Curve()
     calibrations = None if dlac is None else _Calibrations(dlac)
     callbacks = [meter, curve] + ([] if dlac is None else [dlac, calibrations]) + \
         ([] if ablated is None else [_LooseOne(ablated)])
+    traffic = None
+    if cfg.get("traffic"):  # both directions, in adaptive_accuracy's accounting, for the frontier against qcomm
+        from adaptive_accuracy import _TrafficMeter
+
+        dims = {c.name: c.embedding_dim for c in model.embedding_bag_collection.embedding_bag_configs()}
+        traffic = _TrafficMeter(qcomm, dims if variant == "uncompressed" else None)
+        callbacks.append(traffic)
     settle = None
     if cfg.get("settle"):
         from lightning.pytorch.callbacks import EarlyStopping
@@ -436,6 +445,9 @@ def _run_world(rank: int, world_size: int, variant: str, cfg: dict[str, Any]) ->
            "val_auroc": float(trainer.callback_metrics["val/auroc"]), "steps": meter.steps,
            "seconds": time.perf_counter() - start, "sent_bytes": meter.sent,
            "raw_bytes": meter.raw, "roles": dm.table_roles}
+    if traffic is not None:
+        out.update(fwd_raw_bytes=traffic.raw, fwd_sent_bytes=traffic.sent, bwd_raw_bytes=traffic.bwd_raw,
+                   bwd_sent_bytes=traffic.bwd_sent)
     if cfg.get("val_every"):
         out["curve"] = curve.points
     if settle is not None:
@@ -527,7 +539,8 @@ def main_ablation(args: argparse.Namespace, metadata: dict[str, Any]) -> None:
 
     if args.ablate not in DEV_WORLDS and args.ablate not in EVAL_WORLDS:
         raise SystemExit(f"--ablate {args.ablate}: not a world of the family; give a development world"
-                         f" ({DEV_WORLDS[0]}-{DEV_WORLDS[-1]}) or an evaluation world ({EVAL_WORLDS[0]}-{EVAL_WORLDS[-1]})")
+                         f" ({DEV_WORLDS[0]}-{DEV_WORLDS[-1]}) or an evaluation world"
+                         f" ({EVAL_WORLDS[0]}-{EVAL_WORLDS[-1]})")
     world = draw_world(args.ablate)
     tables = [f"t_f{i}" for i in range(len(world.tables))]
     cfg = dict(worlds="dev" if args.ablate in DEV_WORLDS else "eval", seeds=[args.ablate],
@@ -551,6 +564,23 @@ def main_ablation(args: argparse.Namespace, metadata: dict[str, Any]) -> None:
 
 # How chaotic one world's training is (--perturb): arm "constant:<eps>" runs every table at that bound.
 CONSTANT_PREFIX = "constant:"
+# Arm "qcomm:<label>" sends the forward and backward all-to-all through TorchRec's codecs of that label of
+# benchmarks/e2e_bandwidth.py ("qcomm:INT8/FP16", ...), uncompressed by DLAC (benchmarks/frontier_worlds.py).
+QCOMM_PREFIX = "qcomm:"
+
+
+def _qcomm_codecs(variant: str) -> Any:
+    """For a ``qcomm:<label>`` arm, install TorchRec's codecs of that label in this process's sharder and return
+    their byte-counting wrappers (forward, backward); None for any other arm."""
+    if not variant.startswith(QCOMM_PREFIX):
+        return None
+    from adaptive_accuracy import _install_qcomm, qcomm_variant
+
+    label = "qcomm " + variant.removeprefix(QCOMM_PREFIX)
+    qcomm = qcomm_variant(label)
+    if qcomm is None:
+        raise ValueError(f"{variant}: {label!r} is not a qcomm variant of benchmarks/e2e_bandwidth.py")
+    return _install_qcomm(qcomm)
 PERTURB_EPS = (0.0099, 0.01, 0.0101)  # all-tight's bound and one percent either side
 
 

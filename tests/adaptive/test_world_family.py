@@ -311,3 +311,30 @@ def test_a_new_variant_is_judged_against_the_baselines_of_an_earlier_run(tmp_pat
     monkeypatch.setattr(bench, "run_ranks", lambda fn, n, variant, run_cfg, timeout: [{"val_auroc": 0.8, "steps": 1}])
     assert bench.spot_check_baselines(cfg, reused, metadata, 10.0) == {}
     assert metadata["baselines_from"]["dropped_worlds"] == [1000] and metadata["baselines_from"]["worlds"] == []
+
+
+def test_the_family_frontier_judges_each_world_as_the_criteo_frontier_and_counts_the_worlds() -> None:
+    """benchmarks/frontier_worlds.py: each world's rows go through adaptive_accuracy's frontier() unchanged, and the
+    summary counts, over worlds, where each target holds and which qcomm points a DLAC point dominates."""
+    import frontier_worlds as fw
+    from adaptive_accuracy import frontier
+
+    def rows(world: int, default_auroc: float, mx4_auroc: float, mx4_bytes: int) -> list[dict]:
+        points = {"uncompressed": (0.80, 1000), "constant 0.01": (0.80, 120), "DLAC default": (default_auroc, 80),
+                  "qcomm MX4/MX4": (mx4_auroc, mx4_bytes)}
+        return [{"dataset": f"world {world}", "variant": v, "seed": s, "val_auroc": a + s * 0.01, "steps": 10,
+                 "fwd_sent_bytes": b * 10, "bwd_sent_bytes": b * 10} for v, (a, b) in points.items() for s in (0, 1)]
+
+    # World 1: MX4 loses 0.002 at more bytes than either DLAC point: dominated by both. World 2: MX4 sends fewer
+    # bytes than constant 0.01 and more than the default, which loses 0.005 to it: not dominated; the default is
+    # still on the frontier (nothing at its bytes or fewer beats it).
+    per_world = [{"world": w, "frontier": frontier(rows(w, d, m, b))[0]}
+                 for w, d, m, b in ((1, 0.80, 0.798, 150), (2, 0.795, 0.80, 100))]
+    s = fw.summarize(per_world)
+    assert s["worlds"] == 2 and s["qcomm_dominated"] == {"qcomm MX4/MX4": {"worlds": 1, "of": 2}}
+    assert s["every qcomm point dominated within noise by a DLAC point"] == 0.5
+    assert s["the default on or near the frontier"] == 1.0  # nothing with fewer bytes than the default beats it
+    assert s["default_delta_median"] == pytest.approx(-0.0025)
+    assert s["default_fwd_bytes_vs_fewest_qcomm_median"] == pytest.approx((80 / 150 + 80 / 100) / 2)
+    assert set(fw.ARMS.values()) >= {"uncompressed", "constant 0.002", "constant 0.005", "constant 0.01",
+                                     "constant 0.03", "constant 0.05", "DLAC default", "qcomm MX4/MX4"}

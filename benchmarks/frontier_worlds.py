@@ -1,0 +1,172 @@
+"""The accuracy-bytes frontier against TorchRec's codecs on the family of worlds (issue 33 item 3).
+
+benchmarks/adaptive_accuracy.py draws the frontier on the Criteo sample; this script draws it on each world of
+:mod:`calibration_data`'s family, with the same arms and the same judgement (adaptive_accuracy's :func:`frontier` and
+FRONTIER_DEFINITIONS), under calibration_bench's world protocol (WORLD_QUICK / WORLD_FULL, paired training seeds):
+
+- ``uncompressed``, the reference every AUROC difference is taken against;
+- DLAC at constant bounds 0.002 / 0.005 / 0.01 / 0.03 / 0.05 for the whole run, and the default ``DLACCallback()``;
+- TorchRec's qcomm codecs FP16, INT8 (FP16 backward), FP8 and MX4 (its 4-bit codec), DLAC off. A codec TorchRec
+  cannot run here (FP8 on CPU) is recorded under ``failed`` with its error, and not launched again.
+
+Per world: every arm's point (AUROC difference from the uncompressed run of the same seed; forward and total bytes
+per step, summed over both ranks, remote traffic only), every qcomm point's dominating DLAC points, and whether the
+default is on or near the frontier. The summary counts the worlds where each target holds::
+
+    python benchmarks/frontier_worlds.py --quick --json-out benchmarks/results/frontier_worlds_quick.json
+
+``--quick`` runs the first 3 evaluation worlds at WORLD_QUICK's length; without it, ``--count`` evaluation worlds
+from ``--first`` at WORLD_FULL's. The evaluation worlds only judge: nothing here is fitted. ``--resume`` continues a
+file this script wrote under the same options, world by world.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from pathlib import Path
+from typing import Any
+
+from adaptive_accuracy import FRONTIER_DEFINITIONS, frontier, frontier_lines
+from calibration_bench import (
+    CONSTANT_PREFIX,
+    FLOOR_Z,
+    QCOMM_PREFIX,
+    WORLD_FULL,
+    WORLD_QUICK,
+    _run_world,
+    default_rule,
+    resumed_worlds,
+    training_seed,
+)
+from common import REPO, run_ranks, start_run, write_results
+
+# The arms, and the names adaptive_accuracy's frontier() reads them by. all_tight and all_loose are the constant
+# bounds 0.01 and 0.05 (calibration_bench's names for them).
+ARMS = {
+    "uncompressed": "uncompressed",
+    CONSTANT_PREFIX + "0.002": "constant 0.002",
+    CONSTANT_PREFIX + "0.005": "constant 0.005",
+    "all_tight": "constant 0.01",
+    CONSTANT_PREFIX + "0.03": "constant 0.03",
+    "all_loose": "constant 0.05",
+    "default": "DLAC default",
+    QCOMM_PREFIX + "FP16/FP16": "qcomm FP16/FP16",
+    QCOMM_PREFIX + "INT8/FP16": "qcomm INT8/FP16",
+    QCOMM_PREFIX + "FP8/FP8": "qcomm FP8/FP8",
+    QCOMM_PREFIX + "MX4/MX4": "qcomm MX4/MX4",
+}
+TARGETS = ("every qcomm point dominated within noise by a DLAC point", "the default on or near the frontier")
+
+
+def run_arm(cfg: dict[str, Any], world: int, arm: str, train_seed: int, timeout: float) -> dict[str, Any]:
+    """One arm of one world under one training seed: a 2-rank launch, bytes summed over the ranks (each counts what
+    it sends), as a row of adaptive_accuracy's frontier()."""
+    ranks = run_ranks(_run_world, 2, arm, dict(cfg, world=world, train_seed=train_seed, traffic=True),
+                      timeout=timeout)
+    r0 = ranks[0]
+    row = {"dataset": f"world {world}", "world": world, "variant": ARMS[arm], "arm": arm, "seed": train_seed,
+           "init_seed": training_seed(world, train_seed), "val_auroc": r0["val_auroc"], "steps": r0["steps"],
+           "seconds": r0["seconds"], "byte_accounting": "remote"}
+    for key in ("fwd_raw_bytes", "fwd_sent_bytes", "bwd_raw_bytes", "bwd_sent_bytes"):
+        row[key] = sum(r[key] for r in ranks)
+    if "table_bounds" in r0:
+        row["table_bounds"] = r0["table_bounds"]
+    return row
+
+
+def summarize(per_world: list[dict[str, Any]]) -> dict[str, Any]:
+    """Over worlds: the share where each target holds, per qcomm point the worlds where a DLAC point dominates it,
+    and the default's median AUROC difference from uncompressed and bytes against the fewest-bytes qcomm point."""
+    met = {t: [next(x["met"] for x in w["frontier"]["targets"] if x["target"] == t) for w in per_world]
+           for t in TARGETS}
+    dominated: dict[str, list[int]] = {}
+    for w in per_world:
+        for pair in w["frontier"]["pairs"]:
+            dominated.setdefault(pair["qcomm"], [0, 0])
+            dominated[pair["qcomm"]][0] += bool(pair["dominated_by"])
+            dominated[pair["qcomm"]][1] += 1
+    default, vs_qcomm = [], []
+    for w in per_world:
+        points = {p["variant"]: p for p in w["frontier"]["points"]}
+        qcomm = [p for p in points.values() if p["kind"] == "qcomm"]
+        if "DLAC default" in points:
+            default.append(points["DLAC default"]["delta_mean"])
+            if qcomm:
+                fewest = min(q["fwd_bytes_per_step"] for q in qcomm)
+                vs_qcomm.append(points["DLAC default"]["fwd_bytes_per_step"] / fewest)
+    return {"worlds": len(per_world),
+            **{t: sum(v) / len(v) if v else None for t, v in met.items()},
+            "qcomm_dominated": {q: {"worlds": n, "of": of} for q, (n, of) in dominated.items()},
+            "default_delta_median": statistics.median(default) if default else None,
+            "default_fwd_bytes_vs_fewest_qcomm_median": statistics.median(vs_qcomm) if vs_qcomm else None}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="the first 3 evaluation worlds, WORLD_QUICK's length")
+    parser.add_argument("--first", type=int, default=0, help="the first evaluation world (an index into the split)")
+    parser.add_argument("--count", type=int, default=20, help="how many evaluation worlds (without --quick)")
+    parser.add_argument("--train-seeds", type=int, default=None, help="paired training seeds per world (default 2)")
+    parser.add_argument("--steps", type=int, default=None, help="training batches per rank (default the protocol's)")
+    parser.add_argument("--val-batches", type=int, default=128, help="validation batches over both ranks")
+    parser.add_argument("--arms", default=None, help=f"comma-separated subset of {list(ARMS)}")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds a 2-rank launch may take")
+    parser.add_argument("--resume", action="store_true", help="continue --json-out, world by world")
+    parser.add_argument("--json-out", type=Path, default=REPO / "benchmarks/results/frontier_worlds.json")
+    args = parser.parse_args()
+    metadata = start_run("benchmarks/frontier_worlds.py", vars(args))
+
+    from calibration_data import EVAL_WORLDS, QUICK_EVAL_WORLDS, draw_world
+
+    arms = [a.strip() for a in args.arms.split(",")] if args.arms else list(ARMS)
+    if set(arms) - set(ARMS) or "uncompressed" not in arms:
+        raise SystemExit(f"--arms: a subset of {list(ARMS)} that keeps uncompressed")
+    worlds = QUICK_EVAL_WORLDS if args.quick else EVAL_WORLDS[args.first: args.first + args.count]
+    protocol = WORLD_QUICK if args.quick else WORLD_FULL
+    cfg = dict(worlds="eval", seeds=list(worlds), steps=args.steps or protocol["steps"],
+               val_batches=args.val_batches, lr=protocol["lr"], train_seeds=args.train_seeds or 2,
+               arms=[a for a in ARMS if a in arms], floor_z=FLOOR_Z, default_rule=default_rule())
+    per_world, rows = resumed_worlds(args.json_out, cfg, metadata) if args.resume else ([], [])
+    failed: dict[str, dict[str, Any]] = {}  # arm -> its first launch's error (TorchRec cannot run it here)
+    for f in (per_world[-1].get("failed", []) if per_world else []):
+        failed[f["arm"]] = dict(f)
+    for world in worlds:
+        if world in {w["world"] for w in per_world}:
+            continue
+        print(f"world {world}: {draw_world(world).summary()}", flush=True)
+        here = []
+        for train_seed in range(cfg["train_seeds"]):
+            for arm in cfg["arms"]:
+                if arm in failed:
+                    failed[arm].setdefault("not_launched", []).append([world, train_seed])
+                    continue
+                try:
+                    row = run_arm(cfg, world, arm, train_seed, args.timeout)
+                except Exception as e:  # noqa: BLE001 - a qcomm codec TorchRec cannot run on this platform
+                    if not arm.startswith(QCOMM_PREFIX):
+                        raise
+                    failed[arm] = {"arm": arm, "variant": ARMS[arm], "world": world, "seed": train_seed,
+                                   "error": f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300]}"}
+                    print(f"  seed {train_seed} {arm}: FAILED {failed[arm]['error']}", flush=True)
+                    continue
+                here.append(row)
+                print(f"  seed {train_seed} {arm}: val AUROC {row['val_auroc']:.4f},"
+                      f" {row['fwd_sent_bytes'] / max(row['steps'], 1):.0f} forward bytes/step,"
+                      f" {row['seconds']:.0f} s", flush=True)
+        rows += here
+        (judged,) = frontier(here)
+        per_world.append({"world": world, "spec": draw_world(world).summary(), "frontier": judged,
+                          "failed": list(failed.values())})
+        print("\n".join(frontier_lines([judged], [])), flush=True)
+        done = [w["world"] for w in per_world]
+        write_results(args.json_out, metadata, dict(cfg, seeds=done, **({"seeds_planned": list(worlds)}
+                                                                          if done != list(worlds) else {})),
+                      rows, summary=summarize(per_world), per_world=per_world, failed=list(failed.values()),
+                      definitions=FRONTIER_DEFINITIONS)
+    print(f"\nsummary: {summarize(per_world)}")
+    print(f"\nwrote {args.json_out}")
+
+
+if __name__ == "__main__":
+    main()
