@@ -1393,10 +1393,14 @@ WORLD_TARGETS = (  # issue 33's targets on the evaluation worlds: (key, name, th
 )
 
 
-# The calibrated variants of a worlds run, in table order, and their labels.
-WORLD_LABELS = {"default": "default (`DLACCallback()`: {mode})", "gradient": '`mode="gradient"`',
-                "noise": '`mode="noise"`', "noise_recal": '`mode="noise", recalibrate_every=steps // 5`',
-                "noise_absolute": '`mode="noise", noise_budget=0.0011, recalibrate_every=0` (the previous default)'}
+def _world_labels() -> dict[str, str]:
+    """The calibrated variants of a worlds run, in table order, and their labels (as calibration_bench runs them)."""
+    from calibration_bench import PREVIOUS_NOISE_BUDGET
+
+    return {"default": "default (`DLACCallback()`: {mode})", "gradient": '`mode="gradient"`',
+            "noise": '`mode="noise"`', "noise_recal": '`mode="noise", recalibrate_every=steps // 5`',
+            "noise_absolute": f'`mode="noise", noise_budget={PREVIOUS_NOISE_BUDGET:g}, recalibrate_every=0`'
+                              " (the previous default)"}
 
 
 def calibration_worlds(results: Results, name: str = "calibration_worlds_quick.json") -> list[str]:
@@ -1414,7 +1418,8 @@ def calibration_worlds(results: Results, name: str = "calibration_worlds_quick.j
              " vs all-tight, mean (median) over seeds | vs all-loose | flagged (of them sensitive) |"
              " bytes vs all-tight |",
              "|---|---|---|---|---|---|---|---|---|---|"]
-    judged = [v for v in WORLD_LABELS if v in data["per_world"][0]]
+    labels = _world_labels()
+    judged = [v for v in labels if v in data["per_world"][0]]
     for w in data["per_world"]:
         spec = w["spec"]
         for variant in judged:
@@ -1434,7 +1439,7 @@ def calibration_worlds(results: Results, name: str = "calibration_worlds_quick.j
               "|---|---|---|---|" + ("---|---|" if floored else "") + "---|---|---|"]
     for variant in judged:
         d = data["summary" if variant == "default" else f"summary_{variant}"]
-        label = WORLD_LABELS[variant].format(mode=default_described(data))
+        label = labels[variant].format(mode=default_described(data))
         lines.append(f"| {label} | {d['worlds']} | {_plain(d['default_within_0001_of_all_tight'], '.0%')} |"
                      f" {d['worse_than_all_loose']} |"
                      + (f" {_plain(d['within_floor_of_all_tight'], '.0%')} |"
@@ -1586,31 +1591,36 @@ BLOCKS["calibration_worlds_full"] = Block(("calibration_worlds.json",),
                                           lambda results: calibration_worlds(results, "calibration_worlds.json"))
 
 
-def calibration_ablation(results: Results) -> list[str]:
-    """The per-table ablation of one development world (issue 33 item 2): what a loose bound on each table alone
-    costs against all-tight, and the planted roles against it."""
+def calibration_ablation(results: Results, name: str = "calibration_ablation.json") -> list[str]:
+    """The per-table ablation of one world (issue 33 item 2): what a loose bound on each table alone costs against
+    all-tight, the planted roles against it, and the default's flags against both where it ran beside the arms."""
     from calibration_bench import LOOSE
 
-    name = "calibration_ablation.json"
     data = results.get(name)
     cfg, ab = data.get("config", {}), data["ablation"]
     spec = data.get("spec", {})
     world = cfg["seeds"][0]
-    # How often the noise mode flagged each table on the same world in the development comparison, if it ran there.
-    dev = results.get("calibration_worlds_dev.json")
-    noise = "default" if dev is not None and default_mode_of(dev) == "noise" else "noise"
-    flags = [r for r in (dev or {}).get("results", []) if r["world"] == world and r["variant"] == noise]
-    lines = [source_line(name, data, results.shown)]
-    if flags:
-        lines.append(source_line("calibration_worlds_dev.json", dev, results.shown))
+    if "default" in ab:  # the default ran in the ablation's own runs
+        flags = [r for r in data["results"] if r["variant"] == "default"]
+        flagged_by = f"flagged by the default ({cfg.get('default_rule')}), seeds"
+        lines = [source_line(name, data, results.shown)]
+    else:  # how often the noise mode flagged each table in the development comparison, if it ran there
+        dev = results.get("calibration_worlds_dev.json")
+        noise = "default" if dev is not None and default_mode_of(dev) == "noise" else "noise"
+        flags = [r for r in (dev or {}).get("results", []) if r["world"] == world and r["variant"] == noise]
+        flagged_by = "flagged by the noise mode (development comparison, seeds)"
+        lines = [source_line(name, data, results.shown)]
+        if flags:
+            lines.append(source_line("calibration_worlds_dev.json", dev, results.shown))
+    split = "Development" if cfg.get("worlds", "dev") == "dev" else "Evaluation"
     lines += ["",
-             f"Development world {world} ({spec.get('tables')} tables, dim {spec.get('dim')}),"
+             f"{split} world {world} ({spec.get('tables')} tables, dim {spec.get('dim')}),"
              f" {cfg['steps']} training batches per rank, {ab['train_seeds']} paired training seeds; every table at"
              f" 0.01 except the one ablated, at 0.05. All tables loose cost {ab['all_loose_cost']:+.4f} AUROC; the"
              f" world's floor (two standard errors of a mean of paired differences, pooled over the arms) is"
              f" {_plain(ab['floor'], '.4f')}.", "",
              "| table | planted role | AUROC cost of it alone loose | per seed | >= 0.001 (sensitive) |"
-             " beyond the floor |" + (" flagged by the noise mode (development comparison, seeds) |" if flags else ""),
+             " beyond the floor |" + (f" {flagged_by} |" if flags else ""),
              "|---|---|---:|---|---|---|" + ("---|" if flags else "")]
     for t in sorted(ab["tables"], key=lambda t: -t["cost"]):
         flagged = sum((r.get("table_bounds") or {}).get(t["table"], LOOSE) < LOOSE for r in flags)
@@ -1623,6 +1633,13 @@ def calibration_ablation(results: Results) -> list[str]:
     found = sum(t["sensitive_by_ablation"] for t in ab["tables"])
     lines += ["", f"Planted sensitive: {planted} tables; sensitive by the ablation: {found}; where they disagree:"
               f" {', '.join(ab['disagreements']) or 'nowhere'}."]
+    if "default" in ab:
+        d = ab["default"]
+        lines += ["", f"The default in the same runs: {d['auroc_vs_all_tight']:+.4f} AUROC against all-tight at"
+                  f" {_x(d['bytes_vs_all_tight'])} its bytes; recall {_plain(d['ablation']['recall'])} and precision"
+                  f" {_plain(d['ablation']['precision'])} against the ablation's sensitive tables, recall"
+                  f" {_plain(d['planted']['recall'])} and precision {_plain(d['planted']['precision'])} against the"
+                  " planted ones (pooled over the seeds)."]
     return lines
 
 
@@ -1669,6 +1686,10 @@ BLOCKS["calibration_worlds_settled_relative"] = Block(
     lambda results: calibration_worlds(results, "calibration_worlds_settled_relative.json"))
 BLOCKS["calibration_ablation"] = Block(("calibration_ablation.json",), calibration_ablation,
                                        optional=("calibration_worlds_dev.json",))
+# The same ablation on the first evaluation world, judged after the default's constants were fixed.
+ABLATION_EVAL_FILE = "calibration_ablation_eval.json"
+BLOCKS["calibration_ablation_eval"] = Block((ABLATION_EVAL_FILE,),
+                                            lambda results: calibration_ablation(results, ABLATION_EVAL_FILE))
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -1696,6 +1717,55 @@ def adaptive_frontier(results: Results) -> list[str]:
 
 
 BLOCKS["adaptive_frontier"] = Block((FRONTIER_FILE,), adaptive_frontier)
+
+FAMILY_FRONTIER_FILE = "frontier_worlds_quick.json"
+
+
+def frontier_worlds(results: Results, name: str = FAMILY_FRONTIER_FILE) -> list[str]:
+    """The same frontier on worlds of the family (benchmarks/frontier_worlds.py): per world the default's point,
+    the qcomm point with the fewest forward bytes, the qcomm points no DLAC point dominates and the two targets;
+    then how many worlds meet each, and the codecs TorchRec could not run."""
+    from frontier_worlds import TARGETS
+
+    data = results.get(name)
+    cfg, summary = data.get("config", {}), data["summary"]
+    lines = [source_line(name, data, results.shown), "",
+             f"{cfg.get('worlds')} worlds {cfg.get('seeds')}, {cfg.get('steps')} training batches per rank,"
+             f" {cfg.get('train_seeds')} paired training seeds each; the default is `{cfg.get('default_rule')}`."
+             " Each world is judged as the Criteo sample above (same arms, same definitions); AUROC differences"
+             " are from the uncompressed run of the same seed, bytes are forward bytes per step.", "",
+             "| world | tables | default: AUROC, KiB/step | fewest-bytes qcomm point: AUROC, KiB/step | not dominated |"
+             " every qcomm point dominated | default on or near the frontier |",
+             "|---|---:|---|---|---|---|---|"]
+    for w in data["per_world"]:
+        f = w["frontier"]
+        points = {p["variant"]: p for p in f["points"]}
+        qcomm = sorted((p for p in f["points"] if p["kind"] == "qcomm"), key=lambda p: p["fwd_bytes_per_step"])
+        default = points.get("DLAC default")
+        met = {t["target"]: t for t in f["targets"]}
+
+        def point(p: dict[str, Any] | None) -> str:
+            return "-" if p is None else f"{p['delta_mean']:+.4f}, {p['fwd_bytes_per_step'] / 1024:.1f}"
+
+        near = met.get(TARGETS[1])
+        lines.append(f"| {w['world']} | {w['spec'].get('tables')} | {point(default)} |"
+                     f" {point(qcomm[0]) if qcomm else '-'} ({qcomm[0]['variant'] if qcomm else 'none ran'}) |"
+                     f" {', '.join(met[TARGETS[0]]['not_dominated']) or 'none'} |"
+                     f" {'yes' if met[TARGETS[0]]['met'] else 'no'} |"
+                     f" {'-' if near is None else ('on' if near['on_frontier'] else 'near' if near['met'] else 'no')} |")
+    dominated = ", ".join(f"{q} in {d['worlds']} of {d['of']}" for q, d in summary["qcomm_dominated"].items())
+    lines += ["", f"Over {summary['worlds']} worlds: every qcomm point dominated within noise in"
+              f" {_plain(summary[TARGETS[0]], '.0%')} of them, the default on or near the frontier in"
+              f" {_plain(summary[TARGETS[1]], '.0%')}; each qcomm point dominated: {dominated}. The default's median AUROC"
+              f" difference from uncompressed {summary['default_delta_median']:+.4f}, its median forward bytes"
+              f" {_x(summary['default_fwd_bytes_vs_fewest_qcomm_median'])} those of the fewest-bytes qcomm point."]
+    for e in data.get("failed", []):
+        lines += ["", f"{e['variant']}: TorchRec could not run it here (world {e['world']}, seed {e['seed']}; not"
+                  f" launched again): `{e['error']}`"]
+    return lines
+
+
+BLOCKS["frontier_worlds"] = Block((FAMILY_FRONTIER_FILE,), frontier_worlds)
 
 
 # Results a lent GPU makes (benchmarks/gpu_session.sh, stage 4), not `make bench`: no CPU depth can write them.
