@@ -1748,16 +1748,16 @@ def frontier_worlds(results: Results, name: str = FAMILY_FRONTIER_FILE) -> list[
             return "-" if p is None else f"{p['delta_mean']:+.4f}, {p['fwd_bytes_per_step'] / 1024:.1f}"
 
         near = met.get(TARGETS[1])
+        standing = "-" if near is None else "on" if near["on_frontier"] else "near" if near["met"] else "no"
         lines.append(f"| {w['world']} | {w['spec'].get('tables')} | {point(default)} |"
                      f" {point(qcomm[0]) if qcomm else '-'} ({qcomm[0]['variant'] if qcomm else 'none ran'}) |"
                      f" {', '.join(met[TARGETS[0]]['not_dominated']) or 'none'} |"
-                     f" {'yes' if met[TARGETS[0]]['met'] else 'no'} |"
-                     f" {'-' if near is None else ('on' if near['on_frontier'] else 'near' if near['met'] else 'no')} |")
+                     f" {'yes' if met[TARGETS[0]]['met'] else 'no'} | {standing} |")
     dominated = ", ".join(f"{q} in {d['worlds']} of {d['of']}" for q, d in summary["qcomm_dominated"].items())
     lines += ["", f"Over {summary['worlds']} worlds: every qcomm point dominated within noise in"
               f" {_plain(summary[TARGETS[0]], '.0%')} of them, the default on or near the frontier in"
-              f" {_plain(summary[TARGETS[1]], '.0%')}; each qcomm point dominated: {dominated}. The default's median AUROC"
-              f" difference from uncompressed {summary['default_delta_median']:+.4f}, its median forward bytes"
+              f" {_plain(summary[TARGETS[1]], '.0%')}; each qcomm point dominated: {dominated}. The default's median"
+              f" AUROC difference from uncompressed {summary['default_delta_median']:+.4f}, its median forward bytes"
               f" {_x(summary['default_fwd_bytes_vs_fewest_qcomm_median'])} those of the fewest-bytes qcomm point."]
     for e in data.get("failed", []):
         lines += ["", f"{e['variant']}: TorchRec could not run it here (world {e['world']}, seed {e['seed']}; not"
