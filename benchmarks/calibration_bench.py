@@ -917,15 +917,16 @@ def _parts(data: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def spot_check_baselines(cfg: dict[str, Any], reused: dict[int, dict[int, dict[str, dict[str, Any]]]],
-                         metadata: dict[str, Any], timeout: float) -> dict[int, dict[int, dict[str, dict[str, Any]]]]:
+                         metadata: dict[str, Any], timeout: float,
+                         done: Sequence[int] = ()) -> dict[int, dict[int, dict[str, dict[str, Any]]]]:
     """Before reusing baselines from parts whose processor was not recorded, rerun one of each such part's baseline
-    arms here (the uncompressed arm of the part's first reused world, training seed 0) and require the same AUROC and
-    length to the last digit. A part that fails ran elsewhere (or on other code): its worlds are dropped from the
-    reuse and run every arm here. Returns the baselines still reused; records every check, and the dropped worlds,
-    under ``baselines_from``."""
+    arms here (the uncompressed arm of the part's first reused world still to run, training seed 0; ``done``: the
+    worlds a resumed file already holds) and require the same AUROC and length to the last digit. A part that fails
+    ran elsewhere (or on other code): its worlds are dropped from the reuse and run every arm here. Returns the
+    baselines still reused; records every check, and the dropped worlds, under ``baselines_from``."""
     checks, dropped = [], []
     for worlds in metadata["baselines_from"]["unrecorded_cpu_worlds"]:
-        world = next((w for w in worlds if w in reused and w in cfg["seeds"]), None)
+        world = next((w for w in worlds if w in reused and w in cfg["seeds"] and w not in done), None)
         if world is None:
             continue
         old = reused[world][0]["uncompressed"]
@@ -987,7 +988,7 @@ def main_worlds(args: argparse.Namespace, metadata: dict[str, Any]) -> None:
     per_world, runs = ([], []) if not args.resume else resumed_worlds(args.json_out, cfg, metadata)
     reused = {} if args.baselines_from is None else reused_baselines(args.baselines_from, cfg, metadata)
     if reused:
-        reused = spot_check_baselines(cfg, reused, metadata, args.timeout)
+        reused = spot_check_baselines(cfg, reused, metadata, args.timeout, done=[w["world"] for w in per_world])
     judged = [v for v in variants if v not in BASELINES]
     for seed in seeds:
         if seed in {w["world"] for w in per_world}:

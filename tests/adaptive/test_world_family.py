@@ -311,6 +311,9 @@ def test_a_new_variant_is_judged_against_the_baselines_of_an_earlier_run(tmp_pat
     monkeypatch.setattr(bench, "run_ranks", lambda fn, n, variant, run_cfg, timeout: [{"val_auroc": 0.8, "steps": 1}])
     assert bench.spot_check_baselines(cfg, reused, metadata, 10.0) == {}
     assert metadata["baselines_from"]["dropped_worlds"] == [1000] and metadata["baselines_from"]["worlds"] == []
+    # A part whose worlds a resumed file already holds is not checked: nothing of it is still to run.
+    monkeypatch.setattr(bench, "run_ranks", lambda *a, **k: pytest.fail("spot-checked a world already done"))
+    assert bench.spot_check_baselines(cfg, reused, metadata, 10.0, done=[1000]) == reused
 
 
 def test_the_family_frontier_judges_each_world_as_the_criteo_frontier_and_counts_the_worlds() -> None:
