@@ -547,6 +547,9 @@ def main_ablation(args: argparse.Namespace, metadata: dict[str, Any]) -> None:
                steps=args.steps or WORLD_FULL["steps"], val_batches=args.val_batches, lr=args.lr or WORLD_FULL["lr"],
                train_seeds=args.train_seeds or 2, default_rule=default_rule(),
                variants=["all_tight", "all_loose", "default", *(ABLATE_PREFIX + t for t in tables)], floor_z=FLOOR_Z)
+    if args.settle:  # every arm to its settled AUROC, as the evaluation worlds are judged
+        cfg.update(settle=True, steps=args.steps or SETTLE_MAX, val_every=args.val_every or SETTLE_EVERY,
+                   settle_delta=SETTLE_DELTA)
     print(f"world {args.ablate}: {world.summary()}", flush=True)
     by_seed = run_arms(cfg, args.ablate, cfg["variants"], range(cfg["train_seeds"]), args.timeout)
     runs = [r for by_variant in by_seed for r in by_variant.values()]
@@ -1070,8 +1073,8 @@ def main() -> None:
                         help="one training seed of one world at all-tight's bound and one percent either side of it"
                         " (how far the trajectory alone moves the AUROC)")
     parser.add_argument("--settle", action="store_true",
-                        help="with --worlds: every arm until its validation AUROC settles (SETTLE_* rule), at most"
-                        " --steps batches (default SETTLE_MAX)")
+                        help="with --worlds or --ablate: every arm until its validation AUROC settles (SETTLE_*"
+                        " rule), at most --steps batches (default SETTLE_MAX)")
     parser.add_argument("--resume", action="store_true",
                         help="with --worlds: keep the worlds an earlier run of the same options wrote to --json-out"
                         " and run only the rest")
@@ -1086,8 +1089,8 @@ def main() -> None:
                         " --settle, SETTLE_EVERY's stand-in (smoke runs)")
     parser.add_argument("--json-out", type=Path, default=REPO / "benchmarks/results/calibration_bench.json")
     args = parser.parse_args()
-    if args.settle and args.worlds is None:
-        parser.error("--settle trains the arms of a world run: give --worlds dev or --worlds eval")
+    if args.settle and args.worlds is None and args.ablate is None:
+        parser.error("--settle trains the arms of a world run or an ablation: give --worlds or --ablate")
     if args.curves is not None and args.worlds is not None:
         parser.error("--curves runs the worlds it names: leave out --worlds")
     if args.val_every is not None and args.curves is None and not args.settle:

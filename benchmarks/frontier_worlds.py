@@ -2,7 +2,8 @@
 
 benchmarks/adaptive_accuracy.py draws the frontier on the Criteo sample; this script draws it on each world of
 :mod:`calibration_data`'s family, with the same arms and the same judgement (adaptive_accuracy's :func:`frontier` and
-FRONTIER_DEFINITIONS), under calibration_bench's world protocol (WORLD_QUICK / WORLD_FULL, paired training seeds):
+FRONTIER_DEFINITIONS), under the protocol the family's default is judged by (calibration_bench.py ``--settle``:
+every arm trains until its validation AUROC settles, at most SETTLE_MAX batches; paired training seeds):
 
 - ``uncompressed``, the reference every AUROC difference is taken against;
 - DLAC at constant bounds 0.002 / 0.005 / 0.01 / 0.03 / 0.05 for the whole run, and the default ``DLACCallback()``;
@@ -13,10 +14,13 @@ Per world: every arm's point (AUROC difference from the uncompressed run of the 
 per step, summed over both ranks, remote traffic only), every qcomm point's dominating DLAC points, and whether the
 default is on or near the frontier. The summary counts the worlds where each target holds::
 
-    python benchmarks/frontier_worlds.py --quick --json-out benchmarks/results/frontier_worlds_quick.json
+    python benchmarks/frontier_worlds.py --count 3 --json-out benchmarks/results/frontier_worlds.json
 
-``--quick`` runs the first 3 evaluation worlds at WORLD_QUICK's length; without it, ``--count`` evaluation worlds
-from ``--first`` at WORLD_FULL's. The evaluation worlds only judge: nothing here is fitted. ``--resume`` continues a
+Why settled runs, not a fixed length: on some worlds the runs sit on a plateau and leave it at a step the
+trajectory decides (evaluation world 1000: calibration_curves.json, docs/adaptive.md), so at a fixed length an arm
+is caught before or after its climb by chance, the noise of a comparison is of the order of the climb, and "within
+noise" would admit every point. A world costs about 20 settled launches: tens of minutes to an hour on 2 cores.
+``--count`` evaluation worlds from ``--first``; they only judge: nothing here is fitted. ``--resume`` continues a
 file this script wrote under the same options, world by world.
 """
 
@@ -32,8 +36,10 @@ from calibration_bench import (
     CONSTANT_PREFIX,
     FLOOR_Z,
     QCOMM_PREFIX,
+    SETTLE_DELTA,
+    SETTLE_EVERY,
+    SETTLE_MAX,
     WORLD_FULL,
-    WORLD_QUICK,
     _run_world,
     default_rule,
     resumed_worlds,
@@ -67,7 +73,7 @@ def run_arm(cfg: dict[str, Any], world: int, arm: str, train_seed: int, timeout:
     r0 = ranks[0]
     row = {"dataset": f"world {world}", "world": world, "variant": ARMS[arm], "arm": arm, "seed": train_seed,
            "init_seed": training_seed(world, train_seed), "val_auroc": r0["val_auroc"], "steps": r0["steps"],
-           "seconds": r0["seconds"], "byte_accounting": "remote"}
+           "seconds": r0["seconds"], "settled": r0.get("settled"), "byte_accounting": "remote"}
     for key in ("fwd_raw_bytes", "fwd_sent_bytes", "bwd_raw_bytes", "bwd_sent_bytes"):
         row[key] = sum(r[key] for r in ranks)
     if "table_bounds" in r0:
@@ -104,11 +110,13 @@ def summarize(per_world: list[dict[str, Any]]) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="the first 3 evaluation worlds, WORLD_QUICK's length")
     parser.add_argument("--first", type=int, default=0, help="the first evaluation world (an index into the split)")
-    parser.add_argument("--count", type=int, default=20, help="how many evaluation worlds (without --quick)")
-    parser.add_argument("--train-seeds", type=int, default=None, help="paired training seeds per world (default 2)")
-    parser.add_argument("--steps", type=int, default=None, help="training batches per rank (default the protocol's)")
+    parser.add_argument("--count", type=int, default=3, help="how many evaluation worlds")
+    parser.add_argument("--train-seeds", type=int, default=2, help="paired training seeds per world")
+    parser.add_argument("--steps", type=int, default=SETTLE_MAX,
+                        help="the most training batches per rank an arm may take to settle")
+    parser.add_argument("--val-every", type=int, default=SETTLE_EVERY,
+                        help="validate (and test whether the AUROC settled) every this many batches")
     parser.add_argument("--val-batches", type=int, default=128, help="validation batches over both ranks")
     parser.add_argument("--arms", default=None, help=f"comma-separated subset of {list(ARMS)}")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds a 2-rank launch may take")
@@ -117,16 +125,16 @@ def main() -> None:
     args = parser.parse_args()
     metadata = start_run("benchmarks/frontier_worlds.py", vars(args))
 
-    from calibration_data import EVAL_WORLDS, QUICK_EVAL_WORLDS, draw_world
+    from calibration_data import EVAL_WORLDS, draw_world
 
     arms = [a.strip() for a in args.arms.split(",")] if args.arms else list(ARMS)
     if set(arms) - set(ARMS) or "uncompressed" not in arms:
         raise SystemExit(f"--arms: a subset of {list(ARMS)} that keeps uncompressed")
-    worlds = QUICK_EVAL_WORLDS if args.quick else EVAL_WORLDS[args.first: args.first + args.count]
-    protocol = WORLD_QUICK if args.quick else WORLD_FULL
-    cfg = dict(worlds="eval", seeds=list(worlds), steps=args.steps or protocol["steps"],
-               val_batches=args.val_batches, lr=protocol["lr"], train_seeds=args.train_seeds or 2,
-               arms=[a for a in ARMS if a in arms], floor_z=FLOOR_Z, default_rule=default_rule())
+    worlds = EVAL_WORLDS[args.first: args.first + args.count]
+    cfg = dict(worlds="eval", seeds=list(worlds), steps=args.steps, val_batches=args.val_batches,
+               lr=WORLD_FULL["lr"], train_seeds=args.train_seeds, settle=True, val_every=args.val_every,
+               settle_delta=SETTLE_DELTA, arms=[a for a in ARMS if a in arms], floor_z=FLOOR_Z,
+               default_rule=default_rule())
     per_world, rows = resumed_worlds(args.json_out, cfg, metadata) if args.resume else ([], [])
     failed: dict[str, dict[str, Any]] = {}  # arm -> its first launch's error (TorchRec cannot run it here)
     for f in (per_world[-1].get("failed", []) if per_world else []):

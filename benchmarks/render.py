@@ -1718,7 +1718,7 @@ def adaptive_frontier(results: Results) -> list[str]:
 
 BLOCKS["adaptive_frontier"] = Block((FRONTIER_FILE,), adaptive_frontier)
 
-FAMILY_FRONTIER_FILE = "frontier_worlds_quick.json"
+FAMILY_FRONTIER_FILE = "frontier_worlds.json"
 
 
 def frontier_worlds(results: Results, name: str = FAMILY_FRONTIER_FILE) -> list[str]:
@@ -1730,8 +1730,8 @@ def frontier_worlds(results: Results, name: str = FAMILY_FRONTIER_FILE) -> list[
     data = results.get(name)
     cfg, summary = data.get("config", {}), data["summary"]
     lines = [source_line(name, data, results.shown), "",
-             f"{cfg.get('worlds')} worlds {cfg.get('seeds')}, {cfg.get('steps')} training batches per rank,"
-             f" {cfg.get('train_seeds')} paired training seeds each; the default is `{cfg.get('default_rule')}`."
+             f"{cfg.get('worlds')} worlds {cfg.get('seeds')}, " + _settle_rule(cfg) + f", {cfg.get('train_seeds')}"
+             f" paired training seeds each; the default is `{cfg.get('default_rule')}`."
              " Each world is judged as the Criteo sample above (same arms, same definitions); AUROC differences"
              " are from the uncompressed run of the same seed, bytes are forward bytes per step.", "",
              "| world | tables | default: AUROC, KiB/step | fewest-bytes qcomm point: AUROC, KiB/step | not dominated |"

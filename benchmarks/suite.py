@@ -217,7 +217,7 @@ STEPS: tuple[Step, ...] = (
         "full": ["--ablate", "20", "--train-seeds", "2"],
     }),
     Step("calibration_ablation_eval.json", "benchmarks/calibration_bench.py", {  # the same, on an evaluation world
-        "full": ["--ablate", "1000", "--train-seeds", "2"],
+        "full": ["--ablate", "1000", "--train-seeds", "2", "--settle"],  # world 1000 parts by chance at 1000 steps
     }),
     Step("calibration_worlds.json", "benchmarks/calibration_bench.py", {
         "full": ["--worlds", "eval", "--count", "20"],
@@ -258,14 +258,10 @@ STEPS: tuple[Step, ...] = (
                  "uncompressed,all_tight,all_loose,default", "--settle", "--resume", "--baselines-from",
                  "benchmarks/results/calibration_worlds_settled.json"],
     }),
-    Step("frontier_worlds_quick.json", "benchmarks/frontier_worlds.py", {  # issue 33 item 3 on the family
-        "smoke": ["--count", "1", "--steps", "10", "--val-batches", "8", "--arms",
+    Step("frontier_worlds.json", "benchmarks/frontier_worlds.py", {  # issue 33 item 3 on the family, settled arms
+        "smoke": ["--count", "1", "--steps", "20", "--val-every", "10", "--val-batches", "8", "--arms",
                   "uncompressed,all_tight,default,qcomm:INT8/FP16"],
-        "quick": ["--quick"],
-        "full": ["--quick"],
-    }),
-    Step("frontier_worlds.json", "benchmarks/frontier_worlds.py", {
-        "full": ["--count", "20", "--resume"],
+        "full": ["--count", "3", "--resume"],
     }),
     Step("data_bench.json", "benchmarks/data_bench.py", {
         "smoke": ["--rows", "20000", "--torchrec-rows", "2000", "--python-rows", "2000", "--loader-rows", "40000",
