@@ -1615,7 +1615,8 @@ def calibration_ablation(results: Results, name: str = "calibration_ablation.jso
     split = "Development" if cfg.get("worlds", "dev") == "dev" else "Evaluation"
     lines += ["",
              f"{split} world {world} ({spec.get('tables')} tables, dim {spec.get('dim')}),"
-             f" {cfg['steps']} training batches per rank, {ab['train_seeds']} paired training seeds; every table at"
+             f" {_settle_rule(cfg) if cfg.get('settle') else str(cfg['steps']) + ' training batches per rank'},"
+             f" {ab['train_seeds']} paired training seeds; every table at"
              f" 0.01 except the one ablated, at 0.05. All tables loose cost {ab['all_loose_cost']:+.4f} AUROC; the"
              f" world's floor (two standard errors of a mean of paired differences, pooled over the arms) is"
              f" {_plain(ab['floor'], '.4f')}.", "",
