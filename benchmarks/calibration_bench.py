@@ -201,8 +201,7 @@ def _run(rank: int, world_size: int, variant: str, cfg: dict[str, Any]) -> dict[
                        num_dense_features=dm.num_dense_features, embedding_dim=cfg["dim"],
                        dense_arch_layer_sizes=[32, cfg["dim"]], over_arch_layer_sizes=[64, 1],
                        learning_rate=cfg["lr"], seed=seed)
-    qcomm = _qcomm_codecs(variant)  # TorchRec's codecs in its own sharder, counted (benchmarks/frontier_worlds.py)
-    if variant == "uncompressed" or qcomm is not None:
+    if variant == "uncompressed":
         strategy = DLACStrategy(compress=False, embedding_lr=cfg["lr"])
     else:
         eps = {"all_tight": 0.01, "all_loose": 0.05}.get(variant, 0.01)
@@ -567,6 +566,7 @@ def main_ablation(args: argparse.Namespace, metadata: dict[str, Any]) -> None:
 
 # How chaotic one world's training is (--perturb): arm "constant:<eps>" runs every table at that bound.
 CONSTANT_PREFIX = "constant:"
+PERTURB_EPS = (0.0099, 0.01, 0.0101)  # all-tight's bound and one percent either side
 # Arm "qcomm:<label>" sends the forward and backward all-to-all through TorchRec's codecs of that label of
 # benchmarks/e2e_bandwidth.py ("qcomm:INT8/FP16", ...), uncompressed by DLAC (benchmarks/frontier_worlds.py).
 QCOMM_PREFIX = "qcomm:"
@@ -584,7 +584,6 @@ def _qcomm_codecs(variant: str) -> Any:
     if qcomm is None:
         raise ValueError(f"{variant}: {label!r} is not a qcomm variant of benchmarks/e2e_bandwidth.py")
     return _install_qcomm(qcomm)
-PERTURB_EPS = (0.0099, 0.01, 0.0101)  # all-tight's bound and one percent either side
 
 
 def main_perturb(args: argparse.Namespace, metadata: dict[str, Any]) -> None:
