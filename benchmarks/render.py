@@ -1407,8 +1407,11 @@ def calibration_worlds(results: Results, name: str = "calibration_worlds_quick.j
     """The calibrated variants of a run on worlds of the family: per world, the AUROC against all-tight and
     all-loose, the flagged tables against the planted sensitive ones and the bytes; then the issue's summary and,
     on evaluation worlds, its targets (a target needs at least 20 worlds to be judged)."""
-    data = results.get(name)
-    cfg = data.get("config", {})
+    data = dict(results.get(name))
+    # In world order (a resumed run appends the worlds it reran, world 1000 of the settled runs among them).
+    data["per_world"] = sorted(data["per_world"], key=lambda w: w["world"])
+    cfg = dict(data.get("config", {}))
+    cfg["seeds"] = sorted(cfg.get("seeds", []))
     lines = [source_line(name, data, results.shown), "",
              f"{cfg.get('worlds')} worlds {cfg.get('seeds')}, "
              + (_settle_rule(cfg) if cfg.get("settle") else f"{cfg.get('steps')} training batches per rank each")
