@@ -1134,7 +1134,8 @@ def main() -> None:
             parser.error(f"--data {item!r} must be KEY=VALUE")
         data[key.strip()] = float(value) if "." in value or "e" in value else int(value)
     cfg = dict(steps=steps, data=data, batch_size=args.batch_size, val_batches=args.val_batches, dim=args.dim,
-               lr=args.lr, variants=list(variants), default_mode=default_mode())
+               lr=args.lr, variants=list(variants), default_mode=default_mode(),
+               default_rule=default_rule())
 
 
     per_seed, runs = [], []
