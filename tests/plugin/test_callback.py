@@ -147,6 +147,21 @@ def _fit_recalibrating(rank: int, world_size: int) -> dict:
             "chunks": {k: v.as_dict()["chunks"] for k, v in dlac.table_stats.items()}}
 
 
+def _fit_default_period(rank: int, world_size: int) -> list[int]:
+    torch.manual_seed(0)
+    # What every example config but the demo does: the start and T given, the run's length in epochs only.
+    dlac = DLACCallback(calibration_batches=2, calibration_start=0, T=4, c=1.0, log_every_n_steps=100)
+    t = trainer(world_size, DLACStrategy(eps=0.01), max_epochs=1, callbacks=[dlac])
+    t.fit(small_dlrm(), datamodule=small_data(train_batches=20))
+    return [c["at"] for c in dlac.state_dict()["calibrations"]]
+
+
+@pytest.mark.slow
+def test_the_default_period_follows_a_run_whose_length_is_given_in_epochs() -> None:
+    # 20 batches: the noise mode measures again every fifth of them, 4 batches after each calibration takes effect.
+    assert run_ranks(_fit_default_period, 2) == [[2, 8, 14, 20]] * 2
+
+
 @pytest.mark.slow
 def test_recalibration_measures_again_and_replaces_the_bounds() -> None:
     r0, r1 = run_ranks(_fit_recalibrating, 2)
