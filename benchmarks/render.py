@@ -798,6 +798,7 @@ def readme_headline(results: Results) -> list[str]:
                    f" {qcomm['fwd_bytes_per_step'] / 1024:.1f} KiB |" if qcomm else " - |")
                 + f" {judged} (within noise; see the section) | `adaptive_frontier_criteo.json` |")
             used.append("adaptive_frontier_criteo.json")
+    lines += _readme_family_row(results, used)
     name = "adaptive_accuracy_criteo_1epoch.json"
     if results.get(name) is not None:
         acc_rows = [r for r in adaptive_accuracy.load_rows([results.directory / name])[0] if r["dataset"] == "criteo"]
@@ -824,6 +825,33 @@ def readme_headline(results: Results) -> list[str]:
         runs.append(f"`{n}` commit {_short(m.get('git_commit'))}, {str(m.get('date'))[:10]}{load}")
     return [*lines, "", f"Runs ({results.shown}/; command, machine and versions in the linked sections): "
             + "; ".join(runs) + "."]
+
+
+def _readme_family_row(results: Results, used: list[str]) -> list[str]:
+    """The README row of the default's judgement on the family's settled evaluation worlds (issue 33 item 2), with
+    every table at the loose bound, the cheapest fixed choice, as the baseline of the same runs."""
+    from calibration_bench import WORLD_NOISE
+
+    name = "calibration_worlds_settled_relative.json"
+    data = results.get(name)
+    if data is None or not data.get("per_world"):
+        return []
+    d, per_world = data["summary"], data["per_world"]
+    loose = sum(w["all_loose_vs_all_tight"] >= -WORLD_NOISE for w in per_world)
+    judged, verdicts = d["worlds"] >= 20, []
+    for key, label, threshold, at_least in WORLD_TARGETS:
+        v = d[key]
+        met = v is not None and (v >= threshold if at_least else v <= threshold)
+        verdicts.append(f"{label}: **{'met' if met else 'not met'}**" if judged else
+                        f"{label}: {'holds' if met else '**fails**'} so far")
+    counted = "" if judged else f" ({d['worlds']} of the 20 worlds the issue judges on)"
+    used.append(name)
+    return [f"| [Table-wise calibration on the family's evaluation worlds, every arm trained until it settles]"
+            f"(docs/adaptive.md#on-a-family-of-worlds-issue-33) | `DLACCallback()` within 0.001 AUROC of every table"
+            f" at 0.01 on {d['default_within_0001_of_all_tight']:.0%} of {d['worlds']} worlds, recall"
+            f" {d['recall']:.2f}, precision {d['precision']:.2f}, {d['bytes_vs_all_tight']:.2f}x the bytes |"
+            f" every table at 0.05: within 0.001 on {loose} of {len(per_world)} |"
+            f" {'; '.join(verdicts)}{counted} | `{name}` |"]
 
 
 def _dlrm_v2_reading(both: dict[str, Any]) -> str:
