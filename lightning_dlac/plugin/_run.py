@@ -28,16 +28,6 @@ def run_training_batches(trainer: pl.Trainer) -> int | None:
     return int(steps) * max(1, int(trainer.accumulate_grad_batches))
 
 
-def max_steps_batches(trainer: pl.Trainer) -> int | None:
-    """Training batches ``Trainer(max_steps=...)`` allows (``None`` without it): the run's length read without
-    :func:`run_training_batches`, whose ``estimated_stepping_batches`` sets the training loader up early (which a
-    run resumed from a checkpoint must not see happen where the uninterrupted run did not)."""
-    steps = getattr(trainer, "max_steps", -1)
-    if not isinstance(steps, int) or steps < 0:
-        return None
-    return steps * max(1, int(getattr(trainer, "accumulate_grad_batches", 1)))
-
-
 def loss_scale(trainer: pl.Trainer) -> float:
     """The factor the loss of the coming backward pass is multiplied by: the GradScaler's current scale under
     ``precision="16-mixed"`` (the gradients the exchange carries back are that many times the loss's), else 1. The
@@ -50,8 +40,8 @@ def loss_scale(trainer: pl.Trainer) -> float:
 
 
 def warn_if_past_the_end(start: int, batches: int, run_batches: int | None) -> None:
-    """Warn at set-up when the first calibration (``batches`` training batches from ``start``) cannot complete
-    within the run's known length: the run would never calibrate."""
+    """Warn as training starts when the first calibration (``batches`` training batches from ``start``) cannot
+    complete within the run's known length: the run would never calibrate."""
     if run_batches is not None and start + batches > run_batches:
         rank_zero_warn(
             f"DLACCallback: calibration measures training batches {start} to {start + batches - 1}"

@@ -31,7 +31,6 @@ from lightning_dlac.plugin._run import (  # noqa: F401 - run_training_batches: i
     DEFAULT_RUN_SHARE,
     PAPER_T,
     loss_scale,
-    max_steps_batches,
     run_training_batches,
     warn_if_past_the_end,
     warn_never_calibrated,
@@ -156,15 +155,16 @@ class DLACCallback(Callback):
             start=calibration_start or 0, sensitivity_batches=sensitivity_batches,
             recalibrate_every=recalibrate_every or 0, before_training=calibration_dataloader is not None,
         )
-        # recalibrate_every=None in noise mode follows the run's length, known once the Trainer is (setup()).
+        # recalibrate_every=None in noise mode follows the run's length, known once training starts.
         self.recalibrate_every = recalibrate_every
         self._default_recalibration = recalibrate_every is None and mode == "noise" and \
             calibration_dataloader is None
         self.mode, self.calibration_batches, self.gradient_tolerance = mode, calibration_batches, gradient_tolerance
         self.calibration_start, self.sensitivity_batches = calibration_start, sensitivity_batches
         self.calibration_dataloader = calibration_dataloader
-        # T=None and calibration_start=None follow the run's length, known once the Trainer is (setup()).
+        # T=None and calibration_start=None follow the run's length, known once training starts.
         self._schedule_args = (schedule, c, T, stages)
+        self._restored_schedule: tuple[str, dict[str, Any], int] | None = None  # (mode, schedule, step) loaded
         self.schedule = DecaySchedule(schedule, c, PAPER_T if T is None else T, stages)
         self.log_every_n_steps = check_count(log_every_n_steps, "log_every_n_steps", 1)
         self.prog_bar, self.report = bool(prog_bar), bool(report)
@@ -234,20 +234,17 @@ class DLACCallback(Callback):
             rank_zero_warn("DLACCallback does nothing: DLACStrategy(compress=False) sends the all-to-all uncompressed.")
         else:
             self._strategy = strategy
-            if stage == "fit":
-                self._fit_defaults_to_the_run(trainer)
 
     def _fit_defaults_to_the_run(self, trainer: pl.Trainer) -> None:
-        """Resolve ``T=None`` and ``calibration_start=None`` from the run's length in training batches, when the
-        Trainer knows it (a tenth of it, the early stage at most the paper's 1000), and warn when the first
-        calibration on training batches cannot complete within that length. The noise mode's
-        ``recalibrate_every=None`` waits for :meth:`_fit_recalibration_to_the_run`, at the start of training."""
+        """Resolve ``T=None``, ``calibration_start=None`` and the noise mode's ``recalibrate_every=None`` from the
+        run's length in training batches, when the Trainer knows it (a tenth of it, the early stage at most the
+        paper's 1000; recalibration every fifth), and warn when the first calibration on training batches cannot
+        complete within that length. Called as training starts: the fit loop has set the training loader up, so
+        reading the length sets nothing up early (in ``setup()`` it would run before the strategy wraps the loader
+        for its pipeline, and before a resumed run restores the loader's position)."""
         schedule, c, T, stages = self._schedule_args
         default_start = self.calibration_start is None and self.calibration_dataloader is None
-        # With T and the start given only max_steps is read: estimated_stepping_batches would set the training loader
-        # up here, before the fit loop does (a run resumed from a checkpoint must not see that happen where the
-        # uninterrupted run did not).
-        batches = run_training_batches(trainer) if T is None or default_start else max_steps_batches(trainer)
+        batches = run_training_batches(trainer)
         share = max(1, round(batches * DEFAULT_RUN_SHARE)) if batches is not None else PAPER_T
         if batches is None and (T is None or default_start):
             unset = [name for name, value in (("calibration_start", self.calibration_start), ("T", T))
@@ -260,18 +257,22 @@ class DLACCallback(Callback):
             self.schedule = DecaySchedule(schedule, c, min(share, PAPER_T), stages)
         if default_start:
             self._calibrator.settings = self.settings = replace(self.settings, start=share)
-            self._calibrator.reschedule(share)
-        if self.mode != "off" and self.calibration_dataloader is None:
-            warn_if_past_the_end(self.settings.start, self.calibration_batches, batches)
-
-    def _fit_recalibration_to_the_run(self, trainer: pl.Trainer) -> None:
-        """Resolve the noise mode's ``recalibrate_every=None`` to a fifth of the run's training batches (2000 when
-        the Trainer cannot tell them). Called as training starts, when the fit loop has set the training loader up,
-        so the length is read from ``max_epochs`` as well as ``max_steps`` whatever else was given."""
+            if self._restored_schedule is None:  # a restored checkpoint keeps the measurement it had scheduled
+                self._calibrator.reschedule(share)
         if self._default_recalibration:
-            batches = run_training_batches(trainer)
             every = max(1, round(batches * RECALIBRATE_SHARE)) if batches is not None else 2 * PAPER_T
             self._calibrator.settings = self.settings = replace(self.settings, recalibrate_every=every)
+        if self.mode != "off" and self.calibration_dataloader is None:
+            warn_if_past_the_end(self.settings.start, self.calibration_batches, batches)
+        if self._restored_schedule is not None:
+            mode, saved, step = self._restored_schedule
+            current = self.schedule.as_dict()
+            if saved != current or mode != self.mode:
+                rank_zero_warn(
+                    f"DLACCallback: the checkpoint was written with mode={mode!r}, schedule {saved}; this run uses"
+                    f" mode={self.mode!r}, schedule {current}. Continuing at iteration {step} with the checkpoint's"
+                    " table bounds and this run's schedule."
+                )
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -282,8 +283,8 @@ class DLACCallback(Callback):
                            " table-wise and column-wise shardings are compressed).")
             self._strategy = None
             return
+        self._fit_defaults_to_the_run(trainer)
         self._strategy.error_bounds.set_multiplier(self.schedule(self._step))
-        self._fit_recalibration_to_the_run(trainer)
         self._calibrator.begin()
         self._apply_bounds()  # restored from a checkpoint, or mode="off"
         if self.calibration_dataloader is not None and not self._calibrator.calibrated:
@@ -500,13 +501,8 @@ class DLACCallback(Callback):
                 f"DLACCallback state version {version!r} is not {_STATE_VERSION}: the checkpoint was written by an"
                 " incompatible lightning-dlac. Resume without it (the callback calibrates again) or use that version."
             )
-        saved, current = state_dict["schedule"], self.schedule.as_dict()
-        if saved != current or state_dict["mode"] != self.mode:
-            rank_zero_warn(
-                f"DLACCallback: the checkpoint was written with mode={state_dict['mode']!r}, schedule {saved}; this run"
-                f" uses mode={self.mode!r}, schedule {current}. Continuing at iteration {state_dict['step']} with the"
-                " checkpoint's table bounds and this run's schedule."
-            )
+        # Compared with this run's schedule once training starts, where its defaults are resolved.
+        self._restored_schedule = (state_dict["mode"], state_dict["schedule"], int(state_dict["step"]))
         self._step = int(state_dict["step"])
         self._calibration_s = float(state_dict.get("calibration_s", 0.0))
         self._probed_s = float(state_dict.get("probed_s", 0.0))

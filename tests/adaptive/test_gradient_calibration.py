@@ -142,8 +142,7 @@ def test_default_start_early_stage_and_recalibration_follow_the_run(steps: float
     from lightning_dlac import DLACCallback
 
     dlac = DLACCallback()
-    dlac._fit_defaults_to_the_run(_trainer(steps, accumulate))  # setup()
-    dlac._fit_recalibration_to_the_run(_trainer(steps, accumulate))  # on_train_start, before:
+    dlac._fit_defaults_to_the_run(_trainer(steps, accumulate))  # on_train_start, before:
     dlac.calibrator.begin()
     assert dlac.schedule.T == T
     assert dlac.settings.start == start
@@ -158,20 +157,17 @@ def test_only_the_noise_mode_recalibrates_by_default_and_a_given_period_is_kept(
     for dlac, every in ((DLACCallback(mode="gradient"), 0), (DLACCallback(mode="homogenization"), 0),
                         (DLACCallback(recalibrate_every=0), 0), (DLACCallback(recalibrate_every=300), 300)):
         dlac._fit_defaults_to_the_run(_trainer(10_000))
-        dlac._fit_recalibration_to_the_run(_trainer(10_000))
         assert dlac.settings.recalibrate_every == every, dlac.mode
 
 
 def test_default_recalibration_follows_the_run_when_start_and_T_are_given_without_max_steps() -> None:
-    """Every example config gives calibration_start and T and a run length in epochs: set-up reads max_steps only
-    (the loader is not set up yet), and the period is resolved once training starts, from the epochs."""
+    """Every example config gives calibration_start and T and a run length in epochs: the period still follows the
+    run's length (read as training starts, from the epochs)."""
     from lightning_dlac import DLACCallback
 
     trainer = SimpleNamespace(max_steps=-1, **vars(_trainer(3000)))
     dlac = DLACCallback(calibration_start=100, T=200)
     dlac._fit_defaults_to_the_run(trainer)
-    assert dlac.settings.recalibrate_every == 0  # not yet known
-    dlac._fit_recalibration_to_the_run(trainer)
     dlac.calibrator.begin()
     assert (dlac.settings.start, dlac.schedule.T, dlac.settings.recalibrate_every) == (100, 200, 600)
 
@@ -257,8 +253,8 @@ def test_the_loss_scale_is_read_from_the_trainers_grad_scaler() -> None:
 
 @pytest.mark.parametrize(("start", "batches", "run", "warns"), [(10, 2, 6, True), (5, 2, 6, True), (4, 2, 6, False),
                                                                  (None, 8, 8, True), (None, 8, 200, False)])
-def test_a_calibration_past_the_runs_known_end_is_said_at_set_up(start: int | None, batches: int, run: int,
-                                                                 warns: bool) -> None:
+def test_a_calibration_past_the_runs_known_end_is_said_as_training_starts(start: int | None, batches: int,
+                                                                          run: int, warns: bool) -> None:
     import warnings
 
     from lightning_dlac import DLACCallback
@@ -271,12 +267,12 @@ def test_a_calibration_past_the_runs_known_end_is_said_at_set_up(start: int | No
     assert bool(said) == warns, said
     if warns:
         assert f"but the run takes {run}" in said[0] and "calibration_start" in said[0]
-    # With T and calibration_start both set, nothing needs the run's length: only max_steps is read, which does not
-    # set the training loader up before the run does (a resumed run must not see it happen earlier).
+    # With T and calibration_start both set the run's length is read all the same (as training starts, when the
+    # fit loop has set the loader up), and a given start past it is said.
     fixed = DLACCallback(calibration_start=start or 0, calibration_batches=batches, T=5)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        fixed._fit_defaults_to_the_run(SimpleNamespace(max_steps=run, accumulate_grad_batches=1))
+        fixed._fit_defaults_to_the_run(_trainer(run))
     assert bool([w for w in caught if "never calibrate" in str(w.message)]) == (warns and start is not None)
     with warnings.catch_warnings(record=True) as caught:  # mode="off" calibrates nothing: nothing to say
         warnings.simplefilter("always")

@@ -199,6 +199,9 @@ CASES: dict[str, dict[str, Any]] = {
     # DLAC both directions, exchanges overlapped; DLACCallback calibrates on batches 3-5 (with a sensitivity probe
     # on the first: extra unpipelined forwards between pipelined steps) and decays the bounds; validation mid-epoch.
     "dlac": dict(strategy=dict(backward_compression="dlac", overlap=True), callback=True, epochs=2),
+    # DLACCallback() with every default: it reads the run's length (from max_epochs) as training starts, after the
+    # strategy has wrapped the loader (read in setup(), it set the loader up unwrapped: PipelineError).
+    "dlac_default": dict(strategy=dict(), callback="default", epochs=2),
     # An optimizer that evaluates its closure twice per step: the second forward of each batch runs unpipelined.
     "closure_twice": dict(strategy=dict(), callback=False, epochs=1, optimizer=_lbfgs),
 }
@@ -213,7 +216,10 @@ def _fit(world_size: int, case: str, pipeline: str | None) -> dict[str, Any]:
     hooks, losses, logger = _hooks_recorder(), loss_recorder(), memory_logger()
     callbacks: list[pl.Callback] = [losses, hooks]
     dlac = None
-    if spec["callback"]:
+    if spec["callback"] == "default":
+        dlac = DLACCallback(report=False)
+        callbacks.insert(0, dlac)
+    elif spec["callback"]:
         dlac = DLACCallback(calibration_start=3, calibration_batches=3, sensitivity_batches=1, schedule="linear",
                             c=2.0, T=12, log_every_n_steps=4, report=False)
         callbacks.insert(0, dlac)

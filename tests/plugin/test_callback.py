@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import csv
+import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import lightning.pytorch as pl
 import pytest
@@ -256,8 +258,16 @@ def test_state_round_trips_and_a_foreign_state_is_refused() -> None:
     assert restored.step == 17 and restored.calibrated and restored.table_bounds == {"t_a": 0.01, "t_b": 0.05}
     assert restored.table_stats["t_a"].homogenization_index == pytest.approx(0.6)
 
+    # The schedules are compared as training starts, where the run's defaults are resolved: the same one is quiet.
+    run = SimpleNamespace(estimated_stepping_batches=1000, accumulate_grad_batches=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        restored._fit_defaults_to_the_run(run)
+    assert restored.state_dict() == state  # nothing restored was rescheduled
+    mismatched = DLACCallback(schedule="step", T=50)
+    mismatched.load_state_dict(state)
     with pytest.warns(UserWarning, match="Continuing at iteration 17"):
-        DLACCallback(schedule="step", T=50).load_state_dict(state)
+        mismatched._fit_defaults_to_the_run(run)
     with pytest.raises(ValueError, match="state version 99"):
         DLACCallback().load_state_dict({**state, "version": 99})
     assert DLACCallback(mode="off").calibrated  # nothing to calibrate: bounds stay the strategy's eps
