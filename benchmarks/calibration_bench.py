@@ -100,10 +100,11 @@ every launch's figures (``results``).
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -526,8 +527,13 @@ def judge_default_by_ablation(by_seed: list[dict[str, dict[str, Any]]],
     return {"flagged": [sorted(f) for f in flags], "ablation": against(by_ablation), "planted": against(planted),
             "auroc_vs_all_tight": statistics.fmean(runs["default"]["val_auroc"] - runs["all_tight"]["val_auroc"]
                                                    for runs in by_seed),
-            "bytes_vs_all_tight": statistics.fmean(runs["default"]["sent_bytes"] / runs["all_tight"]["sent_bytes"]
-                                                   for runs in by_seed)}
+            "bytes_vs_all_tight": _mean_or_none(bytes_per_step_ratio(runs["default"], runs["all_tight"])
+                                                for runs in by_seed)}
+
+
+def _mean_or_none(values: Iterable[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.fmean(present) if present else None
 
 
 def main_ablation(args: argparse.Namespace, metadata: dict[str, Any]) -> None:
@@ -737,10 +743,18 @@ def drift_check(runs: list[dict[str, Any]], eps: float = LOOSE) -> dict[str, Any
     return {"eps": eps, "worlds": [r["world"] for r in runs], "calibrations": points}
 
 
+def bytes_per_step_ratio(r: dict[str, Any], reference: dict[str, Any]) -> float | None:
+    """``r``'s forward bytes per training batch over ``reference``'s: per batch, because settled arms (``--settle``)
+    stop after different numbers of batches, and their totals would count the length as well as the bounds."""
+    if not reference["sent_bytes"] or not r["steps"] or not reference["steps"]:
+        return None
+    return (r["sent_bytes"] / r["steps"]) / (reference["sent_bytes"] / reference["steps"])
+
+
 def judge_world(runs: dict[str, dict[str, Any]], variant: str) -> dict[str, Any]:
     """One world's figures of a calibrated ``variant`` under one training seed: its AUROC against all-tight and
-    all-loose, its bytes against all-tight's, and its flagged tables (bound below LOOSE) against the planted
-    sensitive ones."""
+    all-loose, its bytes per batch against all-tight's, and its flagged tables (bound below LOOSE) against the
+    planted sensitive ones."""
     r, tight, loose = runs[variant], runs["all_tight"], runs["all_loose"]
     bounds = r.get("table_bounds") or {}
     flagged = {t for t, eps in bounds.items() if eps < LOOSE}
@@ -748,7 +762,7 @@ def judge_world(runs: dict[str, dict[str, Any]], variant: str) -> dict[str, Any]
     return {"auroc_vs_all_tight": r["val_auroc"] - tight["val_auroc"],
             "auroc_vs_all_loose": r["val_auroc"] - loose["val_auroc"],
             "auroc_vs_uncompressed": r["val_auroc"] - runs["uncompressed"]["val_auroc"],
-            "bytes_vs_all_tight": r["sent_bytes"] / tight["sent_bytes"] if tight["sent_bytes"] else None,
+            "bytes_vs_all_tight": bytes_per_step_ratio(r, tight),
             "flagged": sorted(flagged), "true_positives": len(flagged & sensitive), "flagged_count": len(flagged),
             "sensitive_count": len(sensitive), "calibrated": bool(bounds)}
 
@@ -945,6 +959,65 @@ def spot_check_baselines(cfg: dict[str, Any], reused: dict[int, dict[int, dict[s
     return {w: seeds for w, seeds in reused.items() if w not in dropped}
 
 
+def judge_world_entry(world: int, by_seed: list[dict[str, dict[str, Any]]], variants: Sequence[str],
+                      cfg: dict[str, Any], verbose: bool = False) -> dict[str, Any]:
+    """A world's entry of ``per_world``: its noise floor (and, under ``--settle``, the floor read at the fixed
+    protocol's length and where each arm stopped), each calibrated variant's judgement and the baselines' gaps."""
+    from calibration_data import draw_world
+
+    floor = noise_floor(by_seed)
+    if verbose:
+        print(f"  noise floor: {floor['floor']} (paired sd {floor['paired_sd']}, {floor['train_seeds']} seeds)",
+              flush=True)
+    settled = {}
+    if cfg.get("settle"):
+        fixed = noise_floor(at_step(by_seed, cfg["fixed_steps"]))
+        settled = {"noise_floor_at_fixed_steps": fixed,
+                   "unsettled": [f"{r['variant']}:{r['train_seed']}" for rs in by_seed for r in rs.values()
+                                 if not r["settled"]],
+                   "stopped_at": {v: [rs[v]["steps"] for rs in by_seed] for v in variants}}
+        if verbose:
+            print(f"  at {cfg['fixed_steps']} steps the floor was {fixed['floor']}; stopped at {settled['stopped_at']},"
+                  f" unsettled {settled['unsettled']}", flush=True)
+    return {"world": world, "spec": draw_world(world).summary(), "noise_floor": floor, **settled,
+            **{v: judge_world_seeds(by_seed, v, floor["floor"]) for v in variants if v not in BASELINES},
+            "all_loose_vs_all_tight": statistics.fmean(
+                r["all_loose"]["val_auroc"] - r["all_tight"]["val_auroc"] for r in by_seed),
+            "all_tight_vs_uncompressed": statistics.fmean(
+                r["all_tight"]["val_auroc"] - r["uncompressed"]["val_auroc"] for r in by_seed)}
+
+
+def worlds_summaries(per_world: list[dict[str, Any]], judged: Sequence[str]) -> dict[str, Any]:
+    """The summary sections of a worlds results file: ``summary`` (the default's) and ``summary_<variant>``."""
+    summaries = {v: summarize_worlds(per_world, v) for v in judged}
+    extra = {"summary": summaries["default"]} if "default" in summaries else {}
+    extra.update({f"summary_{v}": s for v, s in summaries.items() if v != "default"})
+    return extra
+
+
+def rejudge(path: Path, metadata: dict[str, Any]) -> dict[str, Any]:
+    """A ``--worlds`` results file judged again, from the runs it holds, by this code's judgement (``--rejudge``):
+    every world's entry and the summaries are recomputed, the runs and the metadata of the run that made them are
+    kept, and ``rejudged`` records when and by which commit. Returns the new file's content."""
+    data = load_results(path)
+    cfg = data["config"]
+    if "per_world" not in data:
+        raise SystemExit(f"--rejudge {path}: not a --worlds results file (it has no per_world)")
+    variants = cfg["variants"]
+    by_world: dict[int, dict[int, dict[str, dict[str, Any]]]] = {}
+    for r in data["results"]:
+        by_world.setdefault(r["world"], {}).setdefault(r.get("train_seed", 0), {})[r["variant"]] = r
+    per_world = [judge_world_entry(w["world"], [runs for _, runs in sorted(by_world[w["world"]].items())], variants,
+                                   cfg) for w in data["per_world"]]
+    judged = [v for v in variants if v not in BASELINES]
+    data = {k: v for k, v in data.items() if k not in ("per_world", "summary") and not k.startswith("summary_")}
+    data.update(worlds_summaries(per_world, judged), per_world=per_world)
+    data["rejudged"] = [*data.get("rejudged", []), {"commit": metadata.get("git_commit"),
+                                                     "git_dirty": metadata.get("git_dirty"),
+                                                     "date": metadata.get("date")}]
+    return data
+
+
 def main_worlds(args: argparse.Namespace, metadata: dict[str, Any]) -> None:
     from calibration_data import DEV_WORLDS, EVAL_WORLDS, QUICK_EVAL_WORLDS, draw_world
 
@@ -998,33 +1071,14 @@ def main_worlds(args: argparse.Namespace, metadata: dict[str, Any]) -> None:
         print(f"world {seed}: {draw_world(seed).summary()}", flush=True)
         by_seed = run_arms(cfg, seed, variants, range(cfg["train_seeds"]), args.timeout, given=reused.get(seed))
         runs += [r for by_variant in by_seed for r in by_variant.values()]
-        floor = noise_floor(by_seed)
-        print(f"  noise floor: {floor['floor']} (paired sd {floor['paired_sd']}, {floor['train_seeds']} seeds)",
-              flush=True)
-        settled = {}
-        if cfg.get("settle"):
-            fixed = noise_floor(at_step(by_seed, cfg["fixed_steps"]))
-            settled = {"noise_floor_at_fixed_steps": fixed,
-                       "unsettled": [f"{r['variant']}:{r['train_seed']}" for rs in by_seed for r in rs.values()
-                                     if not r["settled"]],
-                       "stopped_at": {v: [rs[v]["steps"] for rs in by_seed] for v in variants}}
-            print(f"  at {cfg['fixed_steps']} steps the floor was {fixed['floor']}; stopped at {settled['stopped_at']},"
-                  f" unsettled {settled['unsettled']}", flush=True)
-        per_world.append({"world": seed, "spec": draw_world(seed).summary(), "noise_floor": floor, **settled,
-                          **{v: judge_world_seeds(by_seed, v, floor["floor"]) for v in judged},
-                          "all_loose_vs_all_tight": statistics.fmean(
-                              r["all_loose"]["val_auroc"] - r["all_tight"]["val_auroc"] for r in by_seed),
-                          "all_tight_vs_uncompressed": statistics.fmean(
-                              r["all_tight"]["val_auroc"] - r["uncompressed"]["val_auroc"] for r in by_seed)})
+        per_world.append(judge_world_entry(seed, by_seed, variants, cfg, verbose=True))
         # After every world, the worlds done so far: a long run stopped early keeps them (the file says which were
         # planned), and its summary is over those worlds only.
-        summaries = {v: summarize_worlds(per_world, v) for v in judged}
-        extra = {"summary": summaries["default"]} if "default" in summaries else {}
-        extra.update({f"summary_{v}": s for v, s in summaries.items() if v != "default"})
         done = [w["world"] for w in per_world]
         write_results(args.json_out, metadata, dict(cfg, seeds=done, **({"seeds_planned": list(seeds)}
                                                                           if done != list(seeds) else {})),
-                      runs, **extra, per_world=per_world)
+                      runs, **worlds_summaries(per_world, judged), per_world=per_world)
+    summaries = {v: summarize_worlds(per_world, v) for v in judged}
     for v, summary in summaries.items():
         print(f"\n{v}: {summary}")
     floors = [w["noise_floor"]["floor"] for w in per_world]
@@ -1086,6 +1140,9 @@ def main() -> None:
     parser.add_argument("--val-every", type=int, default=None,
                         help="with --curves: training batches between validations (default a tenth of the run); with"
                         " --settle, SETTLE_EVERY's stand-in (smoke runs)")
+    parser.add_argument("--rejudge", type=Path, default=None, metavar="FILE",
+                        help="judge the runs of a --worlds results file again with this code's judgement and"
+                        " rewrite FILE (its runs and their metadata kept; 'rejudged' says when)")
     parser.add_argument("--json-out", type=Path, default=REPO / "benchmarks/results/calibration_bench.json")
     args = parser.parse_args()
     if args.settle and args.worlds is None and args.ablate is None:
@@ -1102,6 +1159,11 @@ def main() -> None:
     if args.baselines_from is not None and args.baselines_from.resolve() == args.json_out.resolve():
         parser.error("--baselines-from FILE must not be --json-out: the run would overwrite the baselines it reads")
     metadata = start_run("benchmarks/calibration_bench.py", vars(args))
+    if args.rejudge is not None:
+        data = rejudge(args.rejudge, metadata)
+        args.rejudge.write_text(json.dumps(data, indent=1, default=str) + "\n")
+        print(f"rejudged {args.rejudge}: {data.get('summary')}")
+        return
     if args.ablate is not None:
         main_ablation(args, metadata)
         return

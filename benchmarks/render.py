@@ -90,6 +90,9 @@ def source_line(name: str, data: dict[str, Any], where: str = "benchmarks/result
         resumed += (f" Its baseline arms (uncompressed, all-tight, all-loose) of worlds {reused.get('worlds')} are"
                     f" those of `{Path(reused.get('path', '?')).name}` (`--baselines-from`; commit"
                     f" {_short(reused.get('git_commit'))}, {reused.get('date')}), reused, not rerun.")
+    resumed += "".join(f" Judged again from its runs (`--rejudge`) by commit {_short(part.get('commit'))}"
+                       f"{' (with local changes)' if part.get('git_dirty') else ''}, {part.get('date')}."
+                       for part in data.get("rejudged", []))
     return (f"From `{where}/{name}`: commit {_short(m.get('git_commit'))}{dirty}, {m.get('date')},"
             f" {m.get('cores')} cores ({m.get('cpu', '?')}){load}{depth}; torch {versions.get('torch', '?')},"
             f" torchrec {versions.get('torchrec', '?')}, lightning {versions.get('lightning', '?')}. Command:"

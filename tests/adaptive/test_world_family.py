@@ -341,3 +341,38 @@ def test_the_family_frontier_judges_each_world_as_the_criteo_frontier_and_counts
     assert s["default_fwd_bytes_vs_fewest_qcomm_median"] == pytest.approx((80 / 150 + 80 / 100) / 2)
     assert set(fw.ARMS.values()) >= {"uncompressed", "constant 0.002", "constant 0.005", "constant 0.01",
                                      "constant 0.03", "constant 0.05", "DLAC default", "qcomm MX4/MX4"}
+
+
+def test_bytes_are_judged_per_batch_and_a_file_is_judged_again_from_its_runs(tmp_path: Path) -> None:
+    """Settled arms stop after different numbers of batches: bytes compare per batch, not as totals. --rejudge
+    recomputes a worlds file's judgement from its runs (here: a file judged by totals) and says so."""
+    import json
+
+    import calibration_bench as bench
+
+    roles = {"t_f0": "sensitive", "t_f1": "irrelevant"}
+
+    def run(variant: str, seed: int, auroc: float, steps: int, per_step: int, **extra) -> dict:
+        return {"variant": variant, "world": 1000, "train_seed": seed, "val_auroc": auroc, "steps": steps,
+                "sent_bytes": steps * per_step, "roles": roles, **extra}
+
+    # The default sends 70 bytes a batch against all-tight's 100, but stopped after half as many batches.
+    runs = [r for seed in (0, 1) for r in (
+        run("uncompressed", seed, 0.90, 4000, 0), run("all_tight", seed, 0.90 + seed * 1e-4, 4000, 100),
+        run("all_loose", seed, 0.89, 4000, 50),
+        run("default", seed, 0.8995, 2000, 70, table_bounds={"t_f0": 0.01, "t_f1": 0.05}))]
+    by_seed = [{r["variant"]: r for r in runs if r["train_seed"] == seed} for seed in (0, 1)]
+    assert bench.judge_world(by_seed[0], "default")["bytes_vs_all_tight"] == pytest.approx(0.7)
+    cfg = {"worlds": "eval", "seeds": [1000], "variants": [*bench.BASELINES, "default"], "steps": 4000}
+    entry = bench.judge_world_entry(1000, by_seed, cfg["variants"], cfg)
+    stale = json.loads(json.dumps(entry))
+    stale["default"]["bytes_vs_all_tight"] = 0.35  # what totals said
+    path = tmp_path / "worlds.json"
+    path.write_text(json.dumps({"metadata": {"git_commit": "abc", "date": "then"}, "config": cfg, "results": runs,
+                                "per_world": [stale], "summary": bench.summarize_worlds([stale], "default")}))
+    data = bench.rejudge(path, {"git_commit": "def", "git_dirty": False, "date": "now"})
+    assert data["per_world"][0]["default"]["bytes_vs_all_tight"] == pytest.approx(0.7)
+    assert data["summary"]["bytes_vs_all_tight"] == pytest.approx(0.7) and data["summary"]["recall"] == 1.0
+    assert json.loads(json.dumps(data["per_world"][0])) == json.loads(json.dumps(entry))  # the rest unchanged
+    assert data["metadata"] == {"git_commit": "abc", "date": "then"} and data["results"] == runs
+    assert data["rejudged"] == [{"commit": "def", "git_dirty": False, "date": "now"}]
