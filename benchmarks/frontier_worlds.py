@@ -27,6 +27,7 @@ file this script wrote under the same options, world by world.
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 from pathlib import Path
 from typing import Any
@@ -84,8 +85,7 @@ def run_arm(cfg: dict[str, Any], world: int, arm: str, train_seed: int, timeout:
 def summarize(per_world: list[dict[str, Any]]) -> dict[str, Any]:
     """Over worlds: the share where each target holds, per qcomm point the worlds where a DLAC point dominates it,
     and the default's median AUROC difference from uncompressed and bytes against the fewest-bytes qcomm point."""
-    met = {t: [next(x["met"] for x in w["frontier"]["targets"] if x["target"] == t) for w in per_world]
-           for t in TARGETS}
+    met = {t: [x["met"] for w in per_world for x in w["frontier"]["targets"] if x["target"] == t] for t in TARGETS}
     dominated: dict[str, list[int]] = {}
     for w in per_world:
         for pair in w["frontier"]["pairs"]:
@@ -138,7 +138,7 @@ def main() -> None:
     per_world, rows = resumed_worlds(args.json_out, cfg, metadata) if args.resume else ([], [])
     failed: dict[str, dict[str, Any]] = {}  # arm -> its first launch's error (TorchRec cannot run it here)
     for f in (per_world[-1].get("failed", []) if per_world else []):
-        failed[f["arm"]] = dict(f)
+        failed[f["arm"]] = copy.deepcopy(f)
     for world in worlds:
         if world in {w["world"] for w in per_world}:
             continue
@@ -152,7 +152,9 @@ def main() -> None:
                 try:
                     row = run_arm(cfg, world, arm, train_seed, args.timeout)
                 except Exception as e:  # noqa: BLE001 - a qcomm codec TorchRec cannot run on this platform
-                    if not arm.startswith(QCOMM_PREFIX):
+                    # Only a codec's first launch may fail for good (FP8 on CPU): an arm that has run before
+                    # failed for another reason (a timeout, a lost rank), which is this run's error.
+                    if not arm.startswith(QCOMM_PREFIX) or any(r["arm"] == arm for r in (*rows, *here)):
                         raise
                     failed[arm] = {"arm": arm, "variant": ARMS[arm], "world": world, "seed": train_seed,
                                    "error": f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300]}"}
@@ -165,7 +167,7 @@ def main() -> None:
         rows += here
         (judged,) = frontier(here)
         per_world.append({"world": world, "spec": draw_world(world).summary(), "frontier": judged,
-                          "failed": list(failed.values())})
+                          "failed": copy.deepcopy(list(failed.values()))})
         print("\n".join(frontier_lines([judged], [])), flush=True)
         done = [w["world"] for w in per_world]
         write_results(args.json_out, metadata, dict(cfg, seeds=done, **({"seeds_planned": list(worlds)}

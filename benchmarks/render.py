@@ -1792,7 +1792,8 @@ def frontier_worlds(results: Results, name: str = FAMILY_FRONTIER_FILE) -> list[
     lines += ["", f"Over {summary['worlds']} worlds: every qcomm point dominated within noise in"
               f" {_plain(summary[TARGETS[0]], '.0%')} of them, the default on or near the frontier in"
               f" {_plain(summary[TARGETS[1]], '.0%')}; each qcomm point dominated: {dominated}. The default's median"
-              f" AUROC difference from uncompressed {summary['default_delta_median']:+.4f}, its median forward bytes"
+              f" AUROC difference from uncompressed {_plain(summary['default_delta_median'], '+.4f')}, its median"
+              " forward bytes"
               f" {_x(summary['default_fwd_bytes_vs_fewest_qcomm_median'])} those of the fewest-bytes qcomm point."]
     for e in data.get("failed", []):
         lines += ["", f"{e['variant']}: TorchRec could not run it here (world {e['world']}, seed {e['seed']}; not"

@@ -55,9 +55,9 @@ def test_the_world_judgement_and_summary_follow_the_issues_interface() -> None:
     import calibration_bench as bench
 
     roles = {"t_f0": "sensitive", "t_f1": "robust", "t_f2": "irrelevant"}
-    runs = {"uncompressed": {"val_auroc": 0.80}, "all_tight": {"val_auroc": 0.80, "sent_bytes": 100},
-            "all_loose": {"val_auroc": 0.79, "sent_bytes": 60},
-            "default": {"val_auroc": 0.7995, "sent_bytes": 70, "roles": roles,
+    runs = {"uncompressed": {"val_auroc": 0.80}, "all_tight": {"val_auroc": 0.80, "sent_bytes": 100, "steps": 10},
+            "all_loose": {"val_auroc": 0.79, "sent_bytes": 60, "steps": 10},
+            "default": {"val_auroc": 0.7995, "sent_bytes": 70, "steps": 10, "roles": roles,
                         "table_bounds": {"t_f0": 0.01, "t_f1": 0.03, "t_f2": 0.05}}}
     w = bench.judge_world(runs, "default")
     assert w["true_positives"] == 1 and w["flagged_count"] == 2 and w["sensitive_count"] == 1
@@ -98,9 +98,9 @@ def test_a_training_seed_redraws_the_training_batches_and_keeps_the_validation_o
 
 def _seed_runs(tight: float, deltas: dict[str, float], roles: dict[str, str]) -> dict[str, dict]:
     """One training seed's runs of a world: all-tight's AUROC, every other arm's as a difference to it."""
-    runs = {"all_tight": {"val_auroc": tight, "sent_bytes": 100}}
+    runs = {"all_tight": {"val_auroc": tight, "sent_bytes": 100, "steps": 10}}
     for v, d in deltas.items():
-        runs[v] = {"val_auroc": tight + d, "sent_bytes": 50 if v == "all_loose" else 70, "roles": roles,
+        runs[v] = {"val_auroc": tight + d, "sent_bytes": 50 if v == "all_loose" else 70, "steps": 10, "roles": roles,
                    "table_bounds": {"t_f0": 0.01, "t_f1": 0.05}}
     return runs
 
@@ -182,10 +182,12 @@ def test_the_default_beside_an_ablation_is_judged_against_both_yardsticks() -> N
 
     def seed(default_bounds: dict, default_auroc: float) -> dict:
         sent = {"all_tight": 100, "default": 70}
-        return {"all_tight": {"val_auroc": 0.80, "sent_bytes": sent["all_tight"]}, "all_loose": {"val_auroc": 0.79},
+        return {"all_tight": {"val_auroc": 0.80, "sent_bytes": sent["all_tight"], "steps": 10},
+                "all_loose": {"val_auroc": 0.79},
                 "loose:t_f0": {"val_auroc": 0.797}, "loose:t_f1": {"val_auroc": 0.7998},
                 "loose:t_f2": {"val_auroc": 0.8001},
-                "default": {"val_auroc": default_auroc, "sent_bytes": sent["default"], "table_bounds": default_bounds}}
+                "default": {"val_auroc": default_auroc, "sent_bytes": sent["default"], "steps": 10,
+                            "table_bounds": default_bounds}}
 
     # Ablation: t_f0 sensitive only. Planted: t_f1 sensitive only. Seed 0 flags t_f0 and t_f1, seed 1 t_f0.
     by_seed = [seed({"t_f0": 0.01, "t_f1": 0.02, "t_f2": 0.05}, 0.7995), seed({"t_f0": 0.005, "t_f1": 0.05}, 0.8003)]
