@@ -104,7 +104,7 @@ import json
 import math
 import statistics
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -461,11 +461,11 @@ def _run_world(rank: int, world_size: int, variant: str, cfg: dict[str, Any]) ->
 
 
 def run_arms(cfg: dict[str, Any], world: int, variants: Sequence[str], train_seeds: Sequence[int],
-             timeout: float, given: dict[int, dict[str, dict[str, Any]]] | None = None
-             ) -> list[dict[str, dict[str, Any]]]:
+             timeout: float, given: dict[int, dict[str, dict[str, Any]]] | None = None,
+             after_each: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, dict[str, Any]]]:
     """Every arm (``variants``) of one world under each of ``train_seeds``, paired: per training seed, the result of
-    each arm by its name, printed as it comes. Arms in ``given[train_seed]`` (runs of an earlier file, see
-    :func:`reused_baselines`) are taken from there instead of run."""
+    each arm by its name, printed as it comes (and handed to ``after_each``). Arms in ``given[train_seed]`` (runs of
+    an earlier file, see :func:`reused_baselines`) are taken from there instead of run."""
     by_seed = []
     for train_seed in train_seeds:
         by_variant = dict((given or {}).get(train_seed, {}))
@@ -476,6 +476,8 @@ def run_arms(cfg: dict[str, Any], world: int, variants: Sequence[str], train_see
             by_variant[variant] = r
             print(f"  seed {train_seed} {variant}: val AUROC {r['val_auroc']:.4f},"
                   f" {r['sent_bytes'] / max(r['steps'], 1):.0f} bytes/step, {r['seconds']:.0f} s", flush=True)
+            if after_each is not None:
+                after_each(r)
         by_seed.append(by_variant)
     return by_seed
 
@@ -556,7 +558,29 @@ def main_ablation(args: argparse.Namespace, metadata: dict[str, Any]) -> None:
         cfg.update(settle=True, steps=args.steps or SETTLE_MAX, val_every=args.val_every or SETTLE_EVERY,
                    settle_delta=SETTLE_DELTA)
     print(f"world {args.ablate}: {world.summary()}", flush=True)
-    by_seed = run_arms(cfg, args.ablate, cfg["variants"], range(cfg["train_seeds"]), args.timeout)
+    # A settled ablation is tens of launches: every one is written as it ends (the file says it is incomplete), and
+    # --resume runs only the arms such a file lacks.
+    done: list[dict[str, Any]] = []
+    if args.resume and args.json_out.exists():
+        old = load_results(args.json_out)
+        if old["config"] != json.loads(json.dumps(cfg, default=str)):
+            raise SystemExit(f"--resume: {args.json_out} was written under another configuration; rerun with the"
+                             " same options or choose another --json-out")
+        done = list(old["results"])
+        metadata["resumed_from"] = [*old["metadata"].pop("resumed_from", []),
+                                    {k: old["metadata"].get(k) for k in ("command", "git_commit", "date", "finished",
+                                                                         "wall_s", "cpu")}]
+        print(f"resuming: {len(done)} arm(s) already in {args.json_out}", flush=True)
+    given: dict[int, dict[str, dict[str, Any]]] = {}
+    for r in done:
+        given.setdefault(r["train_seed"], {})[r["variant"]] = r
+
+    def written(r: dict[str, Any]) -> None:
+        done.append(r)
+        write_results(args.json_out, metadata, cfg, done, incomplete=True, spec=world.summary())
+
+    by_seed = run_arms(cfg, args.ablate, cfg["variants"], range(cfg["train_seeds"]), args.timeout, given=given,
+                       after_each=written)
     runs = [r for by_variant in by_seed for r in by_variant.values()]
     ablation = judge_ablation(by_seed, runs[0]["roles"])
     for t in ablation["tables"]:
@@ -1130,7 +1154,7 @@ def main() -> None:
                         " rule), at most --steps batches (default SETTLE_MAX)")
     parser.add_argument("--resume", action="store_true",
                         help="with --worlds: keep the worlds an earlier run of the same options wrote to --json-out"
-                        " and run only the rest")
+                        " and run only the rest; with --ablate, the arms")
     parser.add_argument("--baselines-from", type=Path, default=None, metavar="FILE",
                         help="with --worlds: take the baseline arms (uncompressed, all-tight, all-loose) of every"
                         " world FILE holds from it, run under the same protocol, and run only the other variants")
@@ -1151,8 +1175,9 @@ def main() -> None:
         parser.error("--curves runs the worlds it names: leave out --worlds")
     if args.val_every is not None and args.curves is None and not args.settle:
         parser.error("--val-every applies to --curves and --settle runs only")
-    if args.resume and (args.worlds is None or args.fit or args.drift):
-        parser.error("--resume continues a --worlds run (not --fit or --drift): give --worlds dev or --worlds eval")
+    if args.resume and ((args.worlds is None and args.ablate is None) or args.fit or args.drift):
+        parser.error("--resume continues a --worlds run (not --fit or --drift) or an --ablate run: give --worlds"
+                     " or --ablate")
     if args.baselines_from is not None and (args.worlds is None or args.fit or args.drift):
         parser.error("--baselines-from judges variants of a --worlds run (not --fit or --drift): give --worlds dev"
                      " or eval")

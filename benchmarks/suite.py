@@ -217,7 +217,8 @@ STEPS: tuple[Step, ...] = (
         "full": ["--ablate", "20", "--train-seeds", "2"],
     }),
     Step("calibration_ablation_eval.json", "benchmarks/calibration_bench.py", {  # the same, on an evaluation world
-        "full": ["--ablate", "1000", "--train-seeds", "2", "--settle"],  # world 1000 parts by chance at 1000 steps
+        # Settled (world 1000 parts by chance at 1000 steps); about 28 launches, resumed arm by arm.
+        "full": ["--ablate", "1000", "--train-seeds", "2", "--settle", "--resume"],
     }),
     Step("calibration_worlds.json", "benchmarks/calibration_bench.py", {
         "full": ["--worlds", "eval", "--count", "20"],

@@ -378,3 +378,45 @@ def test_bytes_are_judged_per_batch_and_a_file_is_judged_again_from_its_runs(tmp
     assert json.loads(json.dumps(data["per_world"][0])) == json.loads(json.dumps(entry))  # the rest unchanged
     assert data["metadata"] == {"git_commit": "abc", "date": "then"} and data["results"] == runs
     assert data["rejudged"] == [{"commit": "def", "git_dirty": False, "date": "now"}]
+
+
+def test_an_ablation_writes_every_arm_as_it_ends_and_resume_runs_only_the_rest(tmp_path: Path,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A settled ablation is tens of launches: each is written as it ends, and --resume launches only the arms the
+    file lacks, then judges all of them."""
+    import argparse
+    import json
+
+    import calibration_bench as bench
+    from calibration_data import draw_world
+
+    tables = [f"t_f{i}" for i in range(len(draw_world(30).tables))]
+    launched: list[tuple[str, int]] = []
+
+    def fake_run_ranks(fn, n, variant, cfg, timeout):  # noqa: ANN001, ANN202
+        if len(launched) == 5 and not cfg.get("_resumed"):
+            raise RuntimeError("the machine went away")
+        launched.append((variant, cfg["train_seed"]))
+        return [{"variant": variant, "world": 30, "train_seed": cfg["train_seed"], "val_auroc": 0.8, "steps": 10,
+                 "sent_bytes": 100, "seconds": 1.0, "roles": dict.fromkeys(tables, "irrelevant"),
+                 "table_bounds": dict.fromkeys(tables, 0.05)}]
+
+    monkeypatch.setattr(bench, "run_ranks", fake_run_ranks)
+    out = tmp_path / "ablation.json"
+    args = argparse.Namespace(ablate=30, steps=10, val_batches=8, lr=None, train_seeds=2, settle=False,
+                              val_every=None, timeout=10.0, resume=False, json_out=out)
+    with pytest.raises(RuntimeError, match="went away"):
+        bench.main_ablation(args, {"git_commit": "abc", "date": "2026-12-05T00:00:00+00:00"})
+    partial = json.loads(out.read_text())
+    assert partial["incomplete"] and len(partial["results"]) == 5 and "ablation" not in partial
+    first = list(launched)
+    launched.clear()
+    monkeypatch.setattr(bench, "run_ranks", lambda fn, n, variant, cfg, timeout: fake_run_ranks(
+        fn, n, variant, dict(cfg, _resumed=True), timeout))
+    bench.main_ablation(argparse.Namespace(**{**vars(args), "resume": True}),
+                        {"git_commit": "def", "date": "2026-12-05T01:00:00+00:00"})
+    done = json.loads(out.read_text())
+    arms = 2 * (3 + len(tables))  # all-tight, all-loose, the default and every table, under both seeds
+    assert len(first) + len(launched) == arms and not set(first) & set(launched)
+    assert len(done["results"]) == arms and "incomplete" not in done and done["ablation"]["tables"]
+    assert done["metadata"]["resumed_from"][0]["git_commit"] == "abc"
