@@ -1631,6 +1631,10 @@ def calibration_ablation(results: Results, name: str = "calibration_ablation.jso
     from calibration_bench import LOOSE
 
     data = results.get(name)
+    if "ablation" not in data:  # written arm by arm, and stopped before its last arm
+        return [source_line(name, data, results.shown), "",
+                f"*The run is incomplete ({len(data['results'])} arms so far): `--resume` finishes it. Nothing here"
+                " is judged until then.*"]
     cfg, ab = data.get("config", {}), data["ablation"]
     spec = data.get("spec", {})
     world = cfg["seeds"][0]
