@@ -416,10 +416,15 @@ def calibration_trace(results: Results) -> list[str]:
 def readme_calibration(results: Results) -> list[str]:
     name = "calibration_bench.json"
     data = results.get(name)
+    from calibration_bench import default_rule
+
     d, seeds = data["default"], len(data["per_seed"])
-    text = (f"With no arguments, `DLACCallback()` finds the tables a loose bound hurts: on a benchmark where every"
-            f" table has the same size and id distribution and only the label's dependence differs"
-            f" (`benchmarks/calibration_bench.py`, {seeds} seed(s)), it kept the sensitive tables tight or base with"
+    then, now = default_described(data), default_rule()
+    who = "`DLACCallback()`" if then == now else \
+        f"`DLACCallback()` as it was when this ran ({then}; it is now the {now}, docs/adaptive.md)"
+    text = (f"On a benchmark where every table has the same size and id distribution and only the label's dependence"
+            f" differs (`benchmarks/calibration_bench.py`, {seeds} seed(s)), {who} kept the sensitive tables tight"
+            f" or base with"
             f" precision {d['precision']:.2f} and recall {d['recall']:.2f}, put {d['robust_loose_share']:.0%} of the"
             f" others loose, and ended {d['auroc_delta']:+.4f} AUROC from the uncompressed run (all tables loose:"
             f" {data['all_loose']['auroc_delta']:+.4f}) at {d['bytes_vs_all_tight']:.2f}x the bytes of all tables"
