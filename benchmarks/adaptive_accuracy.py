@@ -192,7 +192,7 @@ def _strategy(variant: str, cfg: dict[str, Any]):
         return DLACStrategy(compress=False, **common), None
     qcomm = qcomm_variant(variant)
     if qcomm is not None:
-        return DLACStrategy(compress=False, **common), _install_qcomm(qcomm)
+        return DLACStrategy(compress=False, **common), install_qcomm(qcomm)
     eps = constant_bound(variant) or 0.01
     if variant == "DLAC both directions":
         return DLACStrategy(compress=True, eps=eps, backward_compression="dlac", backward_eps=cfg["backward_eps"],
@@ -201,7 +201,7 @@ def _strategy(variant: str, cfg: dict[str, Any]):
     return DLACStrategy(compress=True, eps=eps, **common, **backward), None
 
 
-def _install_qcomm(qcomm: Any):
+def install_qcomm(qcomm: Any):
     """Make every EmbeddingBagCollectionSharder built in this process carry the TorchRec codecs of ``qcomm`` (an
     e2e_bandwidth ``Variant``; DLACStrategy has no qcomm option: with compress=False its sharder is TorchRec's own).
     The registry and its byte-counting wrappers are benchmarks/e2e_bandwidth.py's."""
@@ -232,7 +232,7 @@ def _run(rank: int, world_size: int, dataset: str, variant: str, cfg: dict[str, 
     strategy, qcomm_codecs = _strategy(variant, cfg)
     compress = strategy.compress
     dims = {c.name: c.embedding_dim for c in model.embedding_bag_collection.embedding_bag_configs()}
-    meter = _TrafficMeter(qcomm_codecs, None if compress or qcomm_codecs else dims)
+    meter = TrafficMeter(qcomm_codecs, None if compress or qcomm_codecs else dims)
     callbacks: list = [meter]
     dlac = _callback(variant, steps, cfg) if compress else None
     if dlac is not None:
@@ -256,7 +256,7 @@ def _run(rank: int, world_size: int, dataset: str, variant: str, cfg: dict[str, 
     return out
 
 
-class _TrafficMeter(pl.Callback):
+class TrafficMeter(pl.Callback):
     """All-to-all bytes of the training batches only (not validation), forward and backward, counted as DLAC's
     counters count them: traffic to other ranks (the block a rank keeps for itself is a local copy). From the
     strategy's counters; for the qcomm baseline from the counting wrappers of TorchRec's codecs, which see the whole

@@ -391,7 +391,7 @@ def training_seed(world: int, train_seed: int) -> int:
     return world if train_seed == 0 else stream_seed(world, 3, train_seed) % (1 << 31)
 
 
-def _run_world(rank: int, world_size: int, variant: str, cfg: dict[str, Any]) -> dict[str, Any]:
+def run_world(rank: int, world_size: int, variant: str, cfg: dict[str, Any]) -> dict[str, Any]:
     from calibration_data import WorldDataModule, draw_world
     from lightning_dlac.examples.dlrm import DLRMModule
 
@@ -423,10 +423,10 @@ def _run_world(rank: int, world_size: int, variant: str, cfg: dict[str, Any]) ->
         ([] if ablated is None else [_LooseOne(ablated)])
     traffic = None
     if cfg.get("traffic"):  # both directions, in adaptive_accuracy's accounting, for the frontier against qcomm
-        from adaptive_accuracy import _TrafficMeter
+        from adaptive_accuracy import TrafficMeter
 
         dims = {c.name: c.embedding_dim for c in model.embedding_bag_collection.embedding_bag_configs()}
-        traffic = _TrafficMeter(qcomm, dims if variant == "uncompressed" else None)
+        traffic = TrafficMeter(qcomm, dims if variant == "uncompressed" else None)
         callbacks.append(traffic)
     settle = None
     if cfg.get("settle"):
@@ -472,7 +472,7 @@ def run_arms(cfg: dict[str, Any], world: int, variants: Sequence[str], train_see
         for variant in variants:
             if variant in by_variant:
                 continue
-            r = run_ranks(_run_world, 2, variant, dict(cfg, world=world, train_seed=train_seed), timeout=timeout)[0]
+            r = run_ranks(run_world, 2, variant, dict(cfg, world=world, train_seed=train_seed), timeout=timeout)[0]
             by_variant[variant] = r
             print(f"  seed {train_seed} {variant}: val AUROC {r['val_auroc']:.4f},"
                   f" {r['sent_bytes'] / max(r['steps'], 1):.0f} bytes/step, {r['seconds']:.0f} s", flush=True)
@@ -607,13 +607,13 @@ def _qcomm_codecs(variant: str) -> Any:
     their byte-counting wrappers (forward, backward); None for any other arm."""
     if not variant.startswith(QCOMM_PREFIX):
         return None
-    from adaptive_accuracy import _install_qcomm, qcomm_variant
+    from adaptive_accuracy import install_qcomm, qcomm_variant
 
     label = "qcomm " + variant.removeprefix(QCOMM_PREFIX)
     qcomm = qcomm_variant(label)
     if qcomm is None:
         raise ValueError(f"{variant}: {label!r} is not a qcomm variant of benchmarks/e2e_bandwidth.py")
-    return _install_qcomm(qcomm)
+    return install_qcomm(qcomm)
 
 
 def main_perturb(args: argparse.Namespace, metadata: dict[str, Any]) -> None:
@@ -970,7 +970,7 @@ def spot_check_baselines(cfg: dict[str, Any], reused: dict[int, dict[int, dict[s
         if world is None:
             continue
         old = reused[world][0]["uncompressed"]
-        new = run_ranks(_run_world, 2, "uncompressed", dict(cfg, world=world, train_seed=0), timeout=timeout)[0]
+        new = run_ranks(run_world, 2, "uncompressed", dict(cfg, world=world, train_seed=0), timeout=timeout)[0]
         same = (new["val_auroc"], new["steps"]) == (old["val_auroc"], old["steps"])
         checks.append({"world": world, "variant": "uncompressed", "train_seed": 0, "same": same,
                        "earlier": [old["val_auroc"], old["steps"]], "here": [new["val_auroc"], new["steps"]]})
@@ -1069,7 +1069,7 @@ def main_worlds(args: argparse.Namespace, metadata: dict[str, Any]) -> None:
         variant = "noise_absolute" if args.fit else "default"
         runs = []
         for seed in seeds:
-            runs.append(run_ranks(_run_world, 2, variant, dict(cfg, world=seed, variants=[variant], train_seed=0),
+            runs.append(run_ranks(run_world, 2, variant, dict(cfg, world=seed, variants=[variant], train_seed=0),
                                   timeout=args.timeout)[0])
             print(f"world {seed}: {runs[-1]['seconds']:.0f} s, calibrations at"
                   f" {[p['batch'] for p in runs[-1]['calibrations']]}", flush=True)

@@ -41,9 +41,9 @@ from calibration_bench import (
     SETTLE_EVERY,
     SETTLE_MAX,
     WORLD_FULL,
-    _run_world,
     default_rule,
     resumed_worlds,
+    run_world,
     training_seed,
 )
 from common import REPO, run_ranks, start_run, write_results
@@ -69,7 +69,7 @@ TARGETS = ("every qcomm point dominated within noise by a DLAC point", "the defa
 def run_arm(cfg: dict[str, Any], world: int, arm: str, train_seed: int, timeout: float) -> dict[str, Any]:
     """One arm of one world under one training seed: a 2-rank launch, bytes summed over the ranks (each counts what
     it sends), as a row of adaptive_accuracy's frontier()."""
-    ranks = run_ranks(_run_world, 2, arm, dict(cfg, world=world, train_seed=train_seed, traffic=True),
+    ranks = run_ranks(run_world, 2, arm, dict(cfg, world=world, train_seed=train_seed, traffic=True),
                       timeout=timeout)
     r0 = ranks[0]
     row = {"dataset": f"world {world}", "world": world, "variant": ARMS[arm], "arm": arm, "seed": train_seed,

@@ -225,10 +225,10 @@ def test_a_settling_arm_stops_at_the_first_validation_that_gains_too_little() ->
 
     cfg = dict(world=data.DEV_WORLDS[30], train_seed=0, steps=60, val_batches=4, lr=0.015, val_every=10,
                settle=True, settle_delta=1.0)
-    r = run_ranks(bench._run_world, 2, "all_tight", cfg, timeout=300)[0]
+    r = run_ranks(bench.run_world, 2, "all_tight", cfg, timeout=300)[0]
     assert r["settled"] and r["steps"] == 20 and [s for s, _ in r["curve"]] == [10, 20]
     assert r["val_auroc"] == r["curve"][-1][1]
-    capped = run_ranks(bench._run_world, 2, "all_tight", dict(cfg, steps=20, settle_delta=0.0), timeout=300)[0]
+    capped = run_ranks(bench.run_world, 2, "all_tight", dict(cfg, steps=20, settle_delta=0.0), timeout=300)[0]
     assert r["curve"][0] == capped["curve"][0]  # validating along the way leaves the run as it was
 
 
