@@ -519,7 +519,7 @@ def judge_default_by_ablation(by_seed: list[dict[str, dict[str, Any]]],
     precision pool over the seeds, as on the family."""
     by_ablation = {t["table"] for t in tables if t["sensitive_by_ablation"]}
     planted = {t["table"] for t in tables if t["role"] == "sensitive"}
-    flags = [{t for t, eps in (runs["default"].get("table_bounds") or {}).items() if eps < LOOSE} for runs in by_seed]
+    flags = [flagged_tables(runs["default"]) for runs in by_seed]
 
     def against(sensitive: set[str]) -> dict[str, Any]:
         hits = sum(len(f & sensitive) for f in flags)
@@ -567,9 +567,7 @@ def main_ablation(args: argparse.Namespace, metadata: dict[str, Any]) -> None:
             raise SystemExit(f"--resume: {args.json_out} was written under another configuration; rerun with the"
                              " same options or choose another --json-out")
         done = list(old["results"])
-        metadata["resumed_from"] = [*old["metadata"].pop("resumed_from", []),
-                                    {k: old["metadata"].get(k) for k in ("command", "git_commit", "date", "finished",
-                                                                         "wall_s", "cpu")}]
+        _record_resumed(metadata, old["metadata"])
         print(f"resuming: {len(done)} arm(s) already in {args.json_out}", flush=True)
     given: dict[int, dict[str, dict[str, Any]]] = {}
     for r in done:
@@ -775,20 +773,24 @@ def bytes_per_step_ratio(r: dict[str, Any], reference: dict[str, Any]) -> float 
     return (r["sent_bytes"] / r["steps"]) / (reference["sent_bytes"] / reference["steps"])
 
 
+def flagged_tables(run: dict[str, Any]) -> set[str]:
+    """The tables a calibrated run flagged: those whose bound ended below LOOSE."""
+    return {t for t, eps in (run.get("table_bounds") or {}).items() if eps < LOOSE}
+
+
 def judge_world(runs: dict[str, dict[str, Any]], variant: str) -> dict[str, Any]:
     """One world's figures of a calibrated ``variant`` under one training seed: its AUROC against all-tight and
     all-loose, its bytes per batch against all-tight's, and its flagged tables (bound below LOOSE) against the
     planted sensitive ones."""
     r, tight, loose = runs[variant], runs["all_tight"], runs["all_loose"]
-    bounds = r.get("table_bounds") or {}
-    flagged = {t for t, eps in bounds.items() if eps < LOOSE}
+    flagged = flagged_tables(r)
     sensitive = {t for t, role in r["roles"].items() if role == "sensitive"}
     return {"auroc_vs_all_tight": r["val_auroc"] - tight["val_auroc"],
             "auroc_vs_all_loose": r["val_auroc"] - loose["val_auroc"],
             "auroc_vs_uncompressed": r["val_auroc"] - runs["uncompressed"]["val_auroc"],
             "bytes_vs_all_tight": bytes_per_step_ratio(r, tight),
             "flagged": sorted(flagged), "true_positives": len(flagged & sensitive), "flagged_count": len(flagged),
-            "sensitive_count": len(sensitive), "calibrated": bool(bounds)}
+            "sensitive_count": len(sensitive), "calibrated": bool(r.get("table_bounds"))}
 
 
 # The noise floor of a world (issue 33's "within noise"): every arm of a world runs under the same training seeds,
@@ -836,8 +838,7 @@ def judge_world_seeds(by_seed: list[dict[str, dict[str, Any]]], variant: str,
     per_seed = [judge_world(runs, variant) for runs in by_seed]
     out = {k: statistics.fmean(r[k] for r in per_seed)
            for k in ("auroc_vs_all_tight", "auroc_vs_all_loose", "auroc_vs_uncompressed")}
-    ratios = [r["bytes_vs_all_tight"] for r in per_seed if r["bytes_vs_all_tight"] is not None]
-    out.update({"bytes_vs_all_tight": statistics.fmean(ratios) if ratios else None,
+    out.update({"bytes_vs_all_tight": _mean_or_none(r["bytes_vs_all_tight"] for r in per_seed),
                 "flagged": sorted({t for r in per_seed for t in r["flagged"]}),
                 **{k: sum(r[k] for r in per_seed) for k in ("true_positives", "flagged_count", "sensitive_count")},
                 "calibrated": all(r["calibrated"] for r in per_seed),
@@ -875,6 +876,14 @@ def summarize_worlds(per_world: list[dict[str, Any]], variant: str) -> dict[str,
     return out
 
 
+def _record_resumed(metadata: dict[str, Any], earlier: dict[str, Any], **part: Any) -> None:
+    """Record under ``metadata["resumed_from"]`` the parts an earlier file's run (``earlier``: its metadata) was
+    made of, then that run itself (its command, commit, dates, processor and ``part``)."""
+    metadata["resumed_from"] = [*earlier.get("resumed_from", []),
+                                {k: earlier.get(k) for k in ("command", "git_commit", "date", "finished", "wall_s",
+                                                             "cpu")} | part]
+
+
 def resumed_worlds(path: Path, cfg: dict[str, Any],
                    metadata: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The worlds (and their arms' runs) that an earlier run of the same protocol wrote to ``path``, for ``--resume``:
@@ -893,10 +902,7 @@ def resumed_worlds(path: Path, cfg: dict[str, Any],
     foreign = sorted({w["world"] for w in per_world} - set(cfg["seeds"]))
     if foreign:
         raise SystemExit(f"--resume: {path} holds worlds {foreign} this run does not plan; widen --first/--count")
-    earlier = old["metadata"].pop("resumed_from", [])
-    metadata["resumed_from"] = earlier + [{k: old["metadata"].get(k) for k in ("command", "git_commit", "date",
-                                                                                "finished", "wall_s", "cpu")}
-                                          | {"worlds": [w["world"] for w in per_world]}]
+    _record_resumed(metadata, old["metadata"], worlds=[w["world"] for w in per_world])
     print(f"resuming: {len(per_world)} world(s) already in {path}: {[w['world'] for w in per_world]}", flush=True)
     return per_world, list(old["results"])
 

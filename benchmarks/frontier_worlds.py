@@ -32,7 +32,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from adaptive_accuracy import FRONTIER_DEFINITIONS, frontier, frontier_lines
+from adaptive_accuracy import FRONTIER_DEFINITIONS, FRONTIER_TARGETS, frontier, frontier_lines
 from calibration_bench import (
     CONSTANT_PREFIX,
     FLOOR_Z,
@@ -63,7 +63,6 @@ ARMS = {
     QCOMM_PREFIX + "FP8/FP8": "qcomm FP8/FP8",
     QCOMM_PREFIX + "MX4/MX4": "qcomm MX4/MX4",
 }
-TARGETS = ("every qcomm point dominated within noise by a DLAC point", "the default on or near the frontier")
 
 
 def run_arm(cfg: dict[str, Any], world: int, arm: str, train_seed: int, timeout: float) -> dict[str, Any]:
@@ -85,7 +84,8 @@ def run_arm(cfg: dict[str, Any], world: int, arm: str, train_seed: int, timeout:
 def summarize(per_world: list[dict[str, Any]]) -> dict[str, Any]:
     """Over worlds: the share where each target holds, per qcomm point the worlds where a DLAC point dominates it,
     and the default's median AUROC difference from uncompressed and bytes against the fewest-bytes qcomm point."""
-    met = {t: [x["met"] for w in per_world for x in w["frontier"]["targets"] if x["target"] == t] for t in TARGETS}
+    met = {t: [x["met"] for w in per_world for x in w["frontier"]["targets"] if x["target"] == t]
+           for t in FRONTIER_TARGETS}
     dominated: dict[str, list[int]] = {}
     for w in per_world:
         for pair in w["frontier"]["pairs"]:

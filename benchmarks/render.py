@@ -848,8 +848,7 @@ def _readme_family_row(results: Results, used: list[str]) -> list[str]:
     loose = sum(w["all_loose_vs_all_tight"] >= -WORLD_NOISE for w in per_world)
     judged, verdicts = d["worlds"] >= 20, []
     for key, label, threshold, at_least in WORLD_TARGETS:
-        v = d[key]
-        met = v is not None and (v >= threshold if at_least else v <= threshold)
+        met = _world_target_met(d[key], threshold, at_least)
         verdicts.append(f"{label}: **{'met' if met else 'not met'}**" if judged else
                         f"{label}: {'holds' if met else '**fails**'} so far")
     counted = "" if judged else f" ({d['worlds']} of the 20 worlds the issue judges on)"
@@ -1429,6 +1428,11 @@ WORLD_TARGETS = (  # issue 33's targets on the evaluation worlds: (key, name, th
 )
 
 
+def _world_target_met(value: float | None, threshold: float, at_least: bool) -> bool:
+    """Whether a summary figure of the worlds meets its target of WORLD_TARGETS."""
+    return value is not None and (value >= threshold if at_least else value <= threshold)
+
+
 def _world_labels() -> dict[str, str]:
     """The calibrated variants of a worlds run, in table order, and their labels (as calibration_bench runs them)."""
     from calibration_bench import PREVIOUS_NOISE_BUDGET
@@ -1511,7 +1515,7 @@ def calibration_worlds(results: Results, name: str = "calibration_worlds_quick.j
               ""]
     for key, label, threshold, at_least in WORLD_TARGETS:
         v = d[key]
-        met = v is not None and (v >= threshold if at_least else v <= threshold)
+        met = _world_target_met(v, threshold, at_least)
         shown = "-" if v is None else (f"{v:.0%}" if key.startswith("default_") else f"{v:.2f}")
         judged = "met" if met else "**not met**"
         lines.append(f"- {label}: {judged} on these worlds ({shown})" + ("" if d["worlds"] >= 20 else
@@ -1633,7 +1637,7 @@ BLOCKS["calibration_worlds_full"] = Block(("calibration_worlds.json",),
 def calibration_ablation(results: Results, name: str = "calibration_ablation.json") -> list[str]:
     """The per-table ablation of one world (issue 33 item 2): what a loose bound on each table alone costs against
     all-tight, the planted roles against it, and the default's flags against both where it ran beside the arms."""
-    from calibration_bench import LOOSE
+    from calibration_bench import flagged_tables
 
     data = results.get(name)
     if "ablation" not in data:  # written arm by arm, and stopped before its last arm
@@ -1643,16 +1647,15 @@ def calibration_ablation(results: Results, name: str = "calibration_ablation.jso
     cfg, ab = data.get("config", {}), data["ablation"]
     spec = data.get("spec", {})
     world = cfg["seeds"][0]
+    lines = [source_line(name, data, results.shown)]
     if "default" in ab:  # the default ran in the ablation's own runs
         flags = [r for r in data["results"] if r["variant"] == "default"]
         flagged_by = f"flagged by the default ({cfg.get('default_rule')}), seeds"
-        lines = [source_line(name, data, results.shown)]
     else:  # how often the noise mode flagged each table in the development comparison, if it ran there
         dev = results.get("calibration_worlds_dev.json")
         noise = "default" if dev is not None and default_mode_of(dev) == "noise" else "noise"
         flags = [r for r in (dev or {}).get("results", []) if r["world"] == world and r["variant"] == noise]
         flagged_by = "flagged by the noise mode (development comparison, seeds)"
-        lines = [source_line(name, data, results.shown)]
         if flags:
             lines.append(source_line("calibration_worlds_dev.json", dev, results.shown))
     split = "Development" if cfg.get("worlds", "dev") == "dev" else "Evaluation"
@@ -1667,7 +1670,7 @@ def calibration_ablation(results: Results, name: str = "calibration_ablation.jso
              " beyond the floor |" + (f" {flagged_by} |" if flags else ""),
              "|---|---|---:|---|---|---|" + ("---|" if flags else "")]
     for t in sorted(ab["tables"], key=lambda t: -t["cost"]):
-        flagged = sum((r.get("table_bounds") or {}).get(t["table"], LOOSE) < LOOSE for r in flags)
+        flagged = sum(t["table"] in flagged_tables(r) for r in flags)
         lines.append(f"| {t['table']} | {t['role']} | {t['cost']:+.4f} |"
                      f" {', '.join(f'{-d:+.4f}' for d in t['per_seed'])} |"
                      f" {'yes' if t['sensitive_by_ablation'] else 'no'} |"
@@ -1769,7 +1772,7 @@ def frontier_worlds(results: Results, name: str = FAMILY_FRONTIER_FILE) -> list[
     """The same frontier on worlds of the family (benchmarks/frontier_worlds.py): per world the default's point,
     the qcomm point with the fewest forward bytes, the qcomm points no DLAC point dominates and the two targets;
     then how many worlds meet each, and the codecs TorchRec could not run."""
-    from frontier_worlds import TARGETS
+    from adaptive_accuracy import FRONTIER_TARGETS as TARGETS
 
     data = results.get(name)
     cfg, summary = data.get("config", {}), data["summary"]
