@@ -76,8 +76,12 @@ budgets would flag at each calibration (:func:`drift_check`), the development ev
 development worlds and fits its budget (:func:`fit_noise_budget`, the p90 rule); the fitted value is
 PREVIOUS_NOISE_BUDGET.
 
-``--ablate WORLD`` (development worlds only) runs every table of one world loose alone against all-tight, the
-issue's definition of a sensitive table, and checks the planted roles against it (:func:`judge_ablation`).
+``--ablate WORLD`` runs every table of one world loose alone against all-tight, the issue's definition of a
+sensitive table, with the default beside it, and checks the planted roles and the default's flags against it
+(:func:`judge_ablation`); an evaluation world only to judge. With ``--settle`` every arm trains until it settles;
+each arm is written as it ends and ``--resume`` runs only the arms the file lacks.
+``--rejudge FILE`` judges a ``--worlds`` file again from the runs it holds (:func:`rejudge`), e.g. after a change to
+the judgement (bytes per batch: settled arms stop after different numbers of batches).
 ``--perturb WORLD:SEED`` runs one training seed of one world with every table at all-tight's bound and one percent
 either side of it (PERTURB_EPS): how far the trajectory alone moves the AUROC, what the worlds' floors are made of.
 
