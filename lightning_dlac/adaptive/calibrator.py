@@ -8,6 +8,7 @@ plain loop) tells it where training is and hands it what it needs:
 =====================  ===========================================================================================
 driver calls           the calibrator
 =====================  ===========================================================================================
+``end_at(batches)``    (optional) the run's length: a recalibration that could not take effect before it is skipped
 ``begin()``            schedules the first measurement (or, restored from a checkpoint, goes on with the saved one)
 ``measuring(step)``    says whether this training batch is measured
 ``observe``            (the exchange's chunk observer) adds one chunk to the statistics
@@ -187,6 +188,7 @@ class Calibrator:
         self._calibrated = settings.mode == "off"
         self._calibrated_at: int | None = 0 if self._calibrated else None  # first batch with calibrated bounds
         self._measure_from = settings.start  # training batch from which the next calibration measures
+        self._end: int | None = None  # the run's length in training batches, where the driver knows it
         self._calibrations: list[dict[str, Any]] = []  # when each calibration took effect, and its classes
         self._table_bounds: dict[str, float] = {}
         self._classes: dict[str, TableClass] = {}
@@ -287,16 +289,32 @@ class Calibrator:
 
     # ------------------------------------------------------------------ the protocol
 
+    def end_at(self, batches: int | None) -> None:
+        """The run takes ``batches`` training batches (``None``: unknown). A recalibration that could not complete
+        before the end is not scheduled: its bounds would apply to no batch. The first calibration is always
+        scheduled (the driver says when it cannot complete: the run never calibrates)."""
+        self._end = None if batches is None else check_count(batches, "batches", 0)
+
+    def _takes_effect(self, measure_from: int) -> bool:
+        """Whether a measurement from training batch ``measure_from`` completes before the run ends."""
+        return self._end is None or measure_from + self.settings.batches < self._end
+
     def begin(self) -> None:
         """Training starts (fresh, or restored from a checkpoint): schedule the next measurement, if any. A
-        measurement restored from a checkpoint goes on where it stopped."""
-        if self._stats is not None:
+        measurement restored from a checkpoint goes on where it stopped; a recalibration not yet begun is
+        scheduled again, against this run's end (see :meth:`end_at`)."""
+        if self._stats is not None and not (self._calibrated and self._seen == 0):
             return
         if not self._calibrated:
             self._new_measurement()
         elif self.settings.recalibrate_every:
             after = (self._calibrated_at or 0) + self.settings.recalibrate_every
             self._measure_from = max(self._measure_from, after)
+            self._schedule_recalibration()
+
+    def _schedule_recalibration(self) -> None:
+        self._stats = None
+        if self._takes_effect(self._measure_from):
             self._new_measurement()
 
     def reschedule(self, start: int) -> None:
@@ -407,7 +425,7 @@ class Calibrator:
         self._stats = None
         if s.recalibrate_every:
             self._measure_from = first_batch + s.recalibrate_every
-            self._new_measurement()
+            self._schedule_recalibration()
         return result
 
     def _new_measurement(self) -> None:

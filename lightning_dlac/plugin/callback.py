@@ -262,10 +262,12 @@ class DLACCallback(Callback):
         if self._default_recalibration:
             every = max(1, round(batches * RECALIBRATE_SHARE)) if batches is not None else 2 * PAPER_T
             self._calibrator.settings = self.settings = replace(self.settings, recalibrate_every=every)
+        self._calibrator.end_at(batches)  # a recalibration whose bounds would apply to no batch is skipped
         if self.mode != "off" and self.calibration_dataloader is None:
             warn_if_past_the_end(self.settings.start, self.calibration_batches, batches)
         if self._restored_schedule is not None:
             mode, saved, step = self._restored_schedule
+            self._restored_schedule = None  # read once: a later fit() on this callback goes on from its own state
             current = self.schedule.as_dict()
             if saved != current or mode != self.mode:
                 rank_zero_warn(

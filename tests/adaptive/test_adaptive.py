@@ -373,6 +373,40 @@ def test_calibrator_recalibrates_on_schedule_and_state_round_trips() -> None:
     assert [c["at"] for c in restored.calibrations] == [2, 13]
 
 
+def test_calibrator_skips_a_recalibration_whose_bounds_would_apply_to_no_batch() -> None:
+    settings = CalibrationSettings(mode="homogenization", batches=2, sensitivity_batches=0, recalibrate_every=4)
+
+    def calibrate(cal: Calibrator, first_batch: int) -> None:
+        for _ in range(2):
+            cal.observe("diverse", _two_tables()["diverse"])
+            cal.batch_measured()
+        cal.finish(first_batch, ["diverse"])
+
+    ends = {}
+    for end in (8, 9, None):
+        cal = Calibrator(settings)
+        cal.end_at(end)
+        cal.begin()
+        assert cal.measuring(0)  # the first calibration is always scheduled
+        calibrate(cal, 2)
+        ends[end] = cal.next_measurement
+    # Measuring batches 6-7 would give bounds from batch 8: within a run of 9 batches, after one of 8.
+    assert ends == {8: None, 9: 6, None: 6}
+    # A run resumed with more batches to go schedules it again; one resumed with fewer drops it.
+    cal = Calibrator(settings)
+    cal.end_at(8)
+    cal.begin()
+    calibrate(cal, 2)
+    cal.end_at(20)
+    cal.begin()
+    assert not cal.measuring(5) and cal.measuring(6)
+    cal.end_at(7)
+    cal.begin()
+    assert cal.next_measurement is None and not cal.measuring(6)
+    with pytest.raises(ValueError, match="batches=-1 must be a whole number >= 0"):
+        cal.end_at(-1)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [

@@ -283,7 +283,9 @@ def _resume(rank: int, world_size: int, ckpt_dir: str, strategy: dict[str, Any] 
     def run(pipeline: str | None, epochs: int, checkpoint: bool, ckpt_path: str | None) -> tuple[list, DLACCallback]:
         torch.manual_seed(0)
         recorder = loss_recorder()
-        dlac = DLACCallback(calibration_start=2, calibration_batches=2, recalibrate_every=4, sensitivity_batches=0,
+        # Calibrated from batches 4, 9, 14 and 19: none is due between the first run's end (10) and the resume, where
+        # the run that ended would have skipped it (its bounds would apply to no batch of that run).
+        dlac = DLACCallback(calibration_start=2, calibration_batches=2, recalibrate_every=3, sensitivity_batches=0,
                             schedule="linear", T=15, log_every_n_steps=5, report=False)
         callbacks: list = [recorder, dlac]
         if checkpoint:
@@ -313,6 +315,7 @@ def test_resumed_pipelined_run_continues_the_uninterrupted_run_exactly(tmp_path:
         assert result["resumed"] == result["uninterrupted"][10:]
         assert result["steps"] == (20, 20) and result["bounds"][0] == result["bounds"][1]
         assert result["calibrations"][0] == result["calibrations"][1]
+        assert [c["at"] for c in result["calibrations"][0]] == [4, 9, 14, 19]
 
 
 # --------------------------------------------------------------------------------------------- refused, with reasons
