@@ -202,6 +202,17 @@ def trainer(world_size: int, strategy: Any = None, **kwargs: Any) -> Any:
     return pl.Trainer(**defaults)
 
 
+def run_length(batches: float, accumulate: int = 1, done: int = 0) -> Any:
+    """What DLACCallback reads of a Trainer about the run's length, without one: ``batches`` optimizer steps
+    (``estimated_stepping_batches``) of ``accumulate`` batches each, ``done`` training batches already run (a
+    resumed run's)."""
+    from types import SimpleNamespace
+
+    progress = SimpleNamespace(total=SimpleNamespace(completed=done))
+    return SimpleNamespace(estimated_stepping_batches=batches, accumulate_grad_batches=accumulate,
+                           fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=progress)))
+
+
 def load_global_weights(module: torch.nn.Module, global_state: dict[str, torch.Tensor]) -> None:
     """Copy an unsharded state dict into a sharded module: each rank fills the shards it owns. Every entry of the
     module's state dict must be in ``global_state``."""

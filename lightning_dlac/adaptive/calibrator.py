@@ -289,8 +289,13 @@ class Calibrator:
 
     # ------------------------------------------------------------------ the protocol
 
+    @property
+    def end(self) -> int | None:
+        """The training batch at which the run ends, as the driver gave it (:meth:`end_at`; ``None``: unknown)."""
+        return self._end
+
     def end_at(self, batches: int | None) -> None:
-        """The run takes ``batches`` training batches (``None``: unknown). A recalibration that could not complete
+        """The run ends at training batch ``batches`` (``None``: unknown). A recalibration that could not complete
         before the end is not scheduled: its bounds would apply to no batch. The first calibration is always
         scheduled (the driver says when it cannot complete: the run never calibrates)."""
         self._end = None if batches is None else check_count(batches, "batches", 0)
@@ -299,17 +304,17 @@ class Calibrator:
         """Whether a measurement from training batch ``measure_from`` completes before the run ends."""
         return self._end is None or measure_from + self.settings.batches < self._end
 
-    def begin(self) -> None:
-        """Training starts (fresh, or restored from a checkpoint): schedule the next measurement, if any. A
-        measurement restored from a checkpoint goes on where it stopped; a recalibration not yet begun is
-        scheduled again, against this run's end (see :meth:`end_at`)."""
+    def begin(self, step: int = 0) -> None:
+        """Training starts at training batch ``step`` (fresh, or restored from a checkpoint): schedule the next
+        measurement, if any. A measurement restored from a checkpoint goes on where it stopped; a recalibration not
+        yet begun is scheduled again, from ``step`` at the earliest, against this run's end (:meth:`end_at`)."""
         if self._stats is not None and not (self._calibrated and self._seen == 0):
             return
         if not self._calibrated:
             self._new_measurement()
         elif self.settings.recalibrate_every:
             after = (self._calibrated_at or 0) + self.settings.recalibrate_every
-            self._measure_from = max(self._measure_from, after)
+            self._measure_from = max(self._measure_from, after, step)  # one already due measures from here
             self._schedule_recalibration()
 
     def _schedule_recalibration(self) -> None:

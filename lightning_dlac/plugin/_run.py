@@ -28,6 +28,11 @@ def run_training_batches(trainer: pl.Trainer) -> int | None:
     return int(steps) * max(1, int(trainer.accumulate_grad_batches))
 
 
+def batches_run(trainer: pl.Trainer) -> int:
+    """Training batches this Trainer has completed: 0 as a run starts, the checkpoint's count as it resumes."""
+    return int(trainer.fit_loop.epoch_loop.batch_progress.total.completed)
+
+
 def loss_scale(trainer: pl.Trainer) -> float:
     """The factor the loss of the coming backward pass is multiplied by: the GradScaler's current scale under
     ``precision="16-mixed"`` (the gradients the exchange carries back are that many times the loss's), else 1. The

@@ -30,6 +30,7 @@ from lightning_dlac.plugin._forward import loss_of, loss_or_none, side_forward
 from lightning_dlac.plugin._run import (  # noqa: F401 - run_training_batches: importable from here too
     DEFAULT_RUN_SHARE,
     PAPER_T,
+    batches_run,
     loss_scale,
     run_training_batches,
     warn_if_past_the_end,
@@ -262,7 +263,9 @@ class DLACCallback(Callback):
         if self._default_recalibration:
             every = max(1, round(batches * RECALIBRATE_SHARE)) if batches is not None else 2 * PAPER_T
             self._calibrator.settings = self.settings = replace(self.settings, recalibrate_every=every)
-        self._calibrator.end_at(batches)  # a recalibration whose bounds would apply to no batch is skipped
+        # A recalibration whose bounds would apply to no batch is skipped. The end is in the callback's batches,
+        # which go on across fit() calls (a checkpoint restores both counts; a second fit() counts its own from 0).
+        self._calibrator.end_at(None if batches is None else self._step + max(0, batches - batches_run(trainer)))
         if self.mode != "off" and self.calibration_dataloader is None:
             warn_if_past_the_end(self.settings.start, self.calibration_batches, batches)
         if self._restored_schedule is not None:
@@ -287,7 +290,7 @@ class DLACCallback(Callback):
             return
         self._fit_defaults_to_the_run(trainer)
         self._strategy.error_bounds.set_multiplier(self.schedule(self._step))
-        self._calibrator.begin()
+        self._calibrator.begin(self._step)
         self._apply_bounds()  # restored from a checkpoint, or mode="off"
         if self.calibration_dataloader is not None and not self._calibrator.calibrated:
             self._calibrate_before_training(trainer, pl_module)

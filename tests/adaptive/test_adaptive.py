@@ -403,6 +403,12 @@ def test_calibrator_skips_a_recalibration_whose_bounds_would_apply_to_no_batch()
     cal.end_at(7)
     cal.begin()
     assert cal.next_measurement is None and not cal.measuring(6)
+    # Resumed at batch 7, past the due batch 6: it measures from 7, so within a run of 9 its bounds (from 9) are
+    # too late; within one of 10 they are not.
+    for end, due in ((9, None), (10, 7)):
+        cal.end_at(end)
+        cal.begin(7)
+        assert cal.next_measurement == due and cal.end == end
     with pytest.raises(ValueError, match="batches=-1 must be a whole number >= 0"):
         cal.end_at(-1)
 

@@ -12,7 +12,7 @@ import torch
 from lightning_dlac.adaptive import CalibrationStats, gradient_table_bounds
 from lightning_dlac.codec import decode, encode
 from lightning_dlac.testing import run_ranks
-from tests.conftest import native_expected
+from tests.conftest import native_expected, run_length
 
 NATIVE = "native" if native_expected() else "auto"
 
@@ -129,7 +129,7 @@ def test_exchange_reports_each_tables_gradient_energy_weighted_by_its_chunks_ran
 
 
 def _trainer(steps: float, accumulate: int = 1) -> SimpleNamespace:
-    return SimpleNamespace(estimated_stepping_batches=steps, accumulate_grad_batches=accumulate)
+    return run_length(steps, accumulate)
 
 
 @pytest.mark.parametrize(

@@ -46,6 +46,7 @@ def _run(rank: int, world_size: int, ckpt_dir: str, phase: str, case: str) -> di
     t.fit(model, datamodule=small_data(train_batches=10), ckpt_path=ckpt_path)
     return {"losses": recorder.losses, "multipliers": bounds.multipliers, "effective": bounds.effective,
             "table_bounds": dlac.table_bounds, "step": dlac.step, "calibrations": dlac.state_dict()["calibrations"],
+            "end": dlac.calibrator.end,
             "stats": {k: v.as_dict() for k, v in dlac.table_stats.items()}}
 
 
@@ -90,6 +91,7 @@ def test_resumed_run_continues_exactly(tmp_path: Path, case: str) -> None:
         assert r["losses"] == u["losses"][10:]
         # The callback continued its schedule and its calibrations at iteration 10, not from scratch.
         assert r["step"] == u["step"] == 20
+        assert r["end"] == u["end"] == 20  # the resumed Trainer counted the checkpoint's 10 batches as run
         assert r["calibrations"] == u["calibrations"]
         assert r["stats"] == u["stats"]  # the last calibration measured the same batches
         assert r["table_bounds"] == u["table_bounds"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import warnings
 from pathlib import Path
-from types import SimpleNamespace
 
 import lightning.pytorch as pl
 import pytest
@@ -15,7 +14,16 @@ from lightning_dlac import DLACCallback, DLACStrategy
 from lightning_dlac.adaptive import DecaySchedule
 from lightning_dlac.plugin._forward import loss_of, random_state_kept
 from lightning_dlac.testing import run_ranks
-from tests.conftest import TABLES, bounds_recorder, load_global_weights, memory_logger, small_data, small_dlrm, trainer
+from tests.conftest import (
+    TABLES,
+    bounds_recorder,
+    load_global_weights,
+    memory_logger,
+    run_length,
+    small_data,
+    small_dlrm,
+    trainer,
+)
 
 
 def _read_csv(path: Path) -> list[dict[str, str]]:
@@ -260,7 +268,7 @@ def test_state_round_trips_and_a_foreign_state_is_refused() -> None:
     assert restored.table_stats["t_a"].homogenization_index == pytest.approx(0.6)
 
     # The schedules are compared as training starts, where the run's defaults are resolved: the same one is quiet.
-    run = SimpleNamespace(estimated_stepping_batches=1000, accumulate_grad_batches=1)
+    run = run_length(1000, done=17)  # resumed at the checkpoint's batch
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         restored._fit_defaults_to_the_run(run)
@@ -269,9 +277,11 @@ def test_state_round_trips_and_a_foreign_state_is_refused() -> None:
     mismatched.load_state_dict(state)
     with pytest.warns(UserWarning, match="Continuing at iteration 17"):
         mismatched._fit_defaults_to_the_run(run)
+    assert mismatched.calibrator.end == 1000
     with warnings.catch_warnings():  # read once: a later fit() with this callback goes on from its own state
         warnings.simplefilter("error")
-        mismatched._fit_defaults_to_the_run(run)
+        mismatched._fit_defaults_to_the_run(run_length(1000))
+    assert mismatched.calibrator.end == 1017  # a new Trainer's 1000 batches, after the callback's 17
     with pytest.raises(ValueError, match="state version 99"):
         DLACCallback().load_state_dict({**state, "version": 99})
     assert DLACCallback(mode="off").calibrated  # nothing to calibrate: bounds stay the strategy's eps
