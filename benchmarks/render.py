@@ -1801,7 +1801,8 @@ def frontier_worlds(results: Results, name: str = FAMILY_FRONTIER_FILE) -> list[
                      f" {', '.join(met[TARGETS[0]]['not_dominated']) or 'none'} |"
                      f" {'yes' if met[TARGETS[0]]['met'] else 'no'} | {standing} |")
     dominated = ", ".join(f"{q} in {d['worlds']} of {d['of']}" for q, d in summary["qcomm_dominated"].items())
-    lines += ["", f"Over {summary['worlds']} worlds: every qcomm point dominated within noise in"
+    worlds = f"{summary['worlds']} world{'s' if summary['worlds'] != 1 else ''}"
+    lines += ["", f"Over {worlds}: every qcomm point dominated within noise in"
               f" {_plain(summary[TARGETS[0]], '.0%')} of them, the default on or near the frontier in"
               f" {_plain(summary[TARGETS[1]], '.0%')}; each qcomm point dominated: {dominated}. The default's median"
               f" AUROC difference from uncompressed {_plain(summary['default_delta_median'], '+.4f')}, its median"
