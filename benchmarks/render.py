@@ -807,6 +807,7 @@ def readme_headline(results: Results) -> list[str]:
                 + f" {judged} (within noise; see the section) | `adaptive_frontier_criteo.json` |")
             used.append("adaptive_frontier_criteo.json")
     lines += _readme_family_row(results, used)
+    lines += _readme_family_frontier_row(results, used)
     name = "adaptive_accuracy_criteo_1epoch.json"
     if results.get(name) is not None:
         acc_rows = [r for r in adaptive_accuracy.load_rows([results.directory / name])[0] if r["dataset"] == "criteo"]
@@ -859,6 +860,32 @@ def _readme_family_row(results: Results, used: list[str]) -> list[str]:
             f" {d['recall']:.2f}, precision {d['precision']:.2f}, {d['bytes_vs_all_tight']:.2f}x the bytes |"
             f" every table at 0.05: within 0.001 on {loose} of {len(per_world)} |"
             f" {'; '.join(verdicts)}{counted} | `{name}` |"]
+
+
+def _readme_family_frontier_row(results: Results, used: list[str]) -> list[str]:
+    """The README row of the accuracy-bytes frontier on the family's evaluation worlds (issue 33 item 3), against
+    the fewest-bytes qcomm point of the same worlds; "so far" until the worlds `make bench` plans are in."""
+    from adaptive_accuracy import FRONTIER_TARGETS
+    from suite import STEPS
+
+    data = results.get(FAMILY_FRONTIER_FILE)
+    if data is None or not data.get("per_world"):
+        return []
+    (step,) = [s for s in STEPS if s.output == FAMILY_FRONTIER_FILE]
+    full = step.args["full"]
+    planned = int(full[full.index("--count") + 1])
+    d = data["summary"]
+    complete = d["worlds"] >= planned
+    verdicts = [f"{target}: {_plain(d[target], '.0%')} of worlds" + ("" if complete else " so far")
+                for target in FRONTIER_TARGETS]
+    counted = "" if complete else f" ({d['worlds']} of the {planned} worlds `make bench` runs)"
+    used.append(FAMILY_FRONTIER_FILE)
+    return [f"| [Accuracy-bytes frontier against TorchRec's codecs on the family's evaluation worlds, settled]"
+            f"(docs/adaptive.md#the-same-frontier-on-the-family-of-worlds) | `DLACCallback()`: median"
+            f" {_plain(d['default_delta_median'], '+.4f')} AUROC at"
+            f" {_x(d['default_fwd_bytes_vs_fewest_qcomm_median'])} the forward bytes of the fewest-bytes qcomm point |"
+            f" TorchRec's FP16, INT8, MX4 on the same worlds and seeds | {'; '.join(verdicts)}{counted} |"
+            f" `{FAMILY_FRONTIER_FILE}` |"]
 
 
 def _dlrm_v2_reading(both: dict[str, Any]) -> str:
