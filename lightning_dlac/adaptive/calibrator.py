@@ -296,7 +296,7 @@ class Calibrator:
 
     def end_at(self, batches: int | None) -> None:
         """The run ends at training batch ``batches`` (``None``: unknown). A recalibration that could not complete
-        before the end is not scheduled: its bounds would apply to no batch. The first calibration is always
+        before the end is not scheduled: its bounds would apply to no training batch. The first calibration is always
         scheduled (the driver says when it cannot complete: the run never calibrates)."""
         self._end = None if batches is None else check_count(batches, "batches", 0)
 
