@@ -1661,10 +1661,13 @@ BLOCKS["calibration_worlds_full"] = Block(("calibration_worlds.json",),
                                           lambda results: calibration_worlds(results, "calibration_worlds.json"))
 
 
+CAPPED = "†"  # a settled arm that reached the cap (SETTLE_MAX) without settling
+
+
 def calibration_ablation(results: Results, name: str = "calibration_ablation.json") -> list[str]:
     """The per-table ablation of one world (issue 33 item 2): what a loose bound on each table alone costs against
     all-tight, the planted roles against it, and the default's flags against both where it ran beside the arms."""
-    from calibration_bench import flagged_tables
+    from calibration_bench import ABLATE_PREFIX, flagged_tables
 
     data = results.get(name)
     if "ablation" not in data:  # written arm by arm, and stopped before its last arm
@@ -1696,13 +1699,25 @@ def calibration_ablation(results: Results, name: str = "calibration_ablation.jso
              "| table | planted role | AUROC cost of it alone loose | per seed | >= 0.001 (sensitive) |"
              " beyond the floor |" + (f" {flagged_by} |" if flags else ""),
              "|---|---|---:|---|---|---|" + ("---|" if flags else "")]
+    # Under --settle, a seed's cost is marked where its arm reached the cap without settling: on a world whose runs
+    # climb from a plateau, such an arm may not have finished the climb, and its cost is then the plateau's.
+    seeds = sorted({r["train_seed"] for r in data["results"]})
+    capped = {(r["variant"], r["train_seed"]) for r in data["results"] if cfg.get("settle") and not r.get("settled")}
+
+    def per_seed(t: dict[str, Any]) -> str:
+        return ", ".join(f"{-d:+.4f}{CAPPED if (ABLATE_PREFIX + t['table'], seed) in capped else ''}"
+                         for d, seed in zip(t["per_seed"], seeds))
+
     for t in sorted(ab["tables"], key=lambda t: -t["cost"]):
         flagged = sum(t["table"] in flagged_tables(r) for r in flags)
-        lines.append(f"| {t['table']} | {t['role']} | {t['cost']:+.4f} |"
-                     f" {', '.join(f'{-d:+.4f}' for d in t['per_seed'])} |"
+        lines.append(f"| {t['table']} | {t['role']} | {t['cost']:+.4f} | {per_seed(t)} |"
                      f" {'yes' if t['sensitive_by_ablation'] else 'no'} |"
                      f" {'-' if t['beyond_floor'] is None else ('yes' if t['beyond_floor'] else 'no')} |"
                      + (f" {flagged} of {len(flags)} |" if flags else ""))
+    if any((ABLATE_PREFIX + t["table"], seed) in capped for t in ab["tables"] for seed in seeds):
+        tight = [str(x) for x in seeds if ("all_tight", x) in capped]
+        lines += ["", f"{CAPPED}: the arm reached the cap without settling."
+                  + (f" All-tight did so under seed(s) {', '.join(tight)}." if tight else "")]
     planted = sum(t["role"] == "sensitive" for t in ab["tables"])
     found = sum(t["sensitive_by_ablation"] for t in ab["tables"])
     lines += ["", f"Planted sensitive: {planted} tables; sensitive by the ablation: {found}; where they disagree:"

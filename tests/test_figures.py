@@ -408,3 +408,25 @@ def test_the_perturbation_block_reads_the_spread_of_the_constant_bounds(tmp_path
     assert "| 0.0101 | 0.8570 | -0.0989 |" in lines
     assert lines[-1] == "A one-percent change of the bound moves this run's AUROC by up to 0.0861 (86x the 0.001 the" \
         " issue judges)."
+
+
+def test_a_settled_ablation_marks_the_seeds_whose_arm_reached_the_cap(tmp_path: Path) -> None:
+    import json
+
+    name = "calibration_ablation_eval.json"
+    data = json.loads((BENCHMARKS / "results" / name).read_text())
+    assert data["config"]["settle"]
+    for r in data["results"]:  # every arm settled but one ablation arm under the second seed
+        r["settled"] = not (r["variant"] == "loose:t_f3" and r["train_seed"] == 1)
+    (tmp_path / name).write_text(json.dumps(data))
+    lines = render.calibration_ablation(render.Results(tmp_path), name)
+    marked = [line for line in lines if render.CAPPED in line]
+    row = [line for line in marked if line.startswith("| t_f3 |")]
+    assert len(row) == 1 and row[0].split(" | ")[3].count(render.CAPPED) == 1
+    assert row[0].split(" | ")[3].split(", ")[1].endswith(render.CAPPED)  # the second seed's cost
+    assert [line for line in marked if not line.startswith("| ")] == [f"{render.CAPPED}: the arm reached the cap"
+                                                                        " without settling."]
+    for r in data["results"]:
+        r["settled"] = True
+    (tmp_path / name).write_text(json.dumps(data))
+    assert render.CAPPED not in "\n".join(render.calibration_ablation(render.Results(tmp_path), name))
