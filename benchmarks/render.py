@@ -884,7 +884,8 @@ def _readme_family_frontier_row(results: Results, used: list[str]) -> list[str]:
             f"(docs/adaptive.md#the-same-frontier-on-the-family-of-worlds) | `DLACCallback()`: median"
             f" {_plain(d['default_delta_median'], '+.4f')} AUROC at"
             f" {_x(d['default_fwd_bytes_vs_fewest_qcomm_median'])} the forward bytes of the fewest-bytes qcomm point |"
-            f" TorchRec's FP16, INT8, MX4 on the same worlds and seeds | {'; '.join(verdicts)}{counted} |"
+            f" TorchRec's {', '.join(q.removeprefix('qcomm ') for q in d['qcomm_dominated'])} on the same worlds and"
+            f" seeds | {'; '.join(verdicts)}{counted} |"
             f" `{FAMILY_FRONTIER_FILE}` |"]
 
 

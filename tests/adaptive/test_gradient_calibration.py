@@ -128,10 +128,6 @@ def test_exchange_reports_each_tables_gradient_energy_weighted_by_its_chunks_ran
             assert energy == pytest.approx(result["expected"][table], rel=1e-5)
 
 
-def _trainer(steps: float, accumulate: int = 1) -> SimpleNamespace:
-    return run_length(steps, accumulate)
-
-
 @pytest.mark.parametrize(
     ("steps", "accumulate", "start", "T", "every"),
     [(200, 1, 20, 20, 40), (50_000, 1, 5000, 1000, 10_000), (100, 4, 40, 40, 80),
@@ -142,7 +138,7 @@ def test_default_start_early_stage_and_recalibration_follow_the_run(steps: float
     from lightning_dlac import DLACCallback
 
     dlac = DLACCallback()
-    dlac._fit_defaults_to_the_run(_trainer(steps, accumulate))  # on_train_start, before:
+    dlac._fit_defaults_to_the_run(run_length(steps, accumulate))  # on_train_start, before:
     dlac.calibrator.begin()
     assert dlac.schedule.T == T
     assert dlac.settings.start == start
@@ -156,7 +152,7 @@ def test_only_the_noise_mode_recalibrates_by_default_and_a_given_period_is_kept(
 
     for dlac, every in ((DLACCallback(mode="gradient"), 0), (DLACCallback(mode="homogenization"), 0),
                         (DLACCallback(recalibrate_every=0), 0), (DLACCallback(recalibrate_every=300), 300)):
-        dlac._fit_defaults_to_the_run(_trainer(10_000))
+        dlac._fit_defaults_to_the_run(run_length(10_000))
         assert dlac.settings.recalibrate_every == every, dlac.mode
 
 
@@ -165,7 +161,7 @@ def test_default_recalibration_follows_the_run_when_start_and_T_are_given_withou
     run's length (read as training starts, from the epochs)."""
     from lightning_dlac import DLACCallback
 
-    trainer = SimpleNamespace(max_steps=-1, **vars(_trainer(3000)))
+    trainer = SimpleNamespace(max_steps=-1, **vars(run_length(3000)))
     dlac = DLACCallback(calibration_start=100, T=200)
     dlac._fit_defaults_to_the_run(trainer)
     dlac.calibrator.begin()
@@ -176,7 +172,7 @@ def test_given_start_and_T_are_kept_and_probes_run_only_where_they_choose() -> N
     from lightning_dlac import DLACCallback
 
     dlac = DLACCallback(calibration_start=7, T=30)
-    dlac._fit_defaults_to_the_run(_trainer(10_000))
+    dlac._fit_defaults_to_the_run(run_length(10_000))
     assert (dlac.settings.start, dlac.schedule.T) == (7, 30)
     assert DLACCallback().settings.mode == "noise" and DLACCallback().sensitivity_batches == 0
     assert DLACCallback(mode="sensitivity").sensitivity_batches == 1
@@ -188,12 +184,12 @@ def test_an_unknown_run_length_is_said_with_what_to_set(caplog: pytest.LogCaptur
     from lightning_dlac import DLACCallback
 
     with caplog.at_level(logging.INFO):
-        DLACCallback(T=50)._fit_defaults_to_the_run(_trainer(float("inf")))
+        DLACCallback(T=50)._fit_defaults_to_the_run(run_length(float("inf")))
     assert "cannot tell the run's length" in caplog.text
     assert "so calibration_start defaults to the paper's 1000 batches" in caplog.text
     caplog.clear()
     with caplog.at_level(logging.INFO):
-        DLACCallback()._fit_defaults_to_the_run(_trainer(2000))
+        DLACCallback()._fit_defaults_to_the_run(run_length(2000))
     assert "cannot tell" not in caplog.text
 
 
@@ -262,7 +258,7 @@ def test_a_calibration_past_the_runs_known_end_is_said_as_training_starts(start:
     dlac = DLACCallback(calibration_start=start, calibration_batches=batches)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        dlac._fit_defaults_to_the_run(_trainer(run))
+        dlac._fit_defaults_to_the_run(run_length(run))
     said = [str(w.message) for w in caught if "never calibrate" in str(w.message)]
     assert bool(said) == warns, said
     if warns:
@@ -272,11 +268,11 @@ def test_a_calibration_past_the_runs_known_end_is_said_as_training_starts(start:
     fixed = DLACCallback(calibration_start=start or 0, calibration_batches=batches, T=5)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        fixed._fit_defaults_to_the_run(_trainer(run))
+        fixed._fit_defaults_to_the_run(run_length(run))
     assert bool([w for w in caught if "never calibrate" in str(w.message)]) == (warns and start is not None)
     with warnings.catch_warnings(record=True) as caught:  # mode="off" calibrates nothing: nothing to say
         warnings.simplefilter("always")
-        DLACCallback(mode="off", calibration_start=start)._fit_defaults_to_the_run(_trainer(run))
+        DLACCallback(mode="off", calibration_start=start)._fit_defaults_to_the_run(run_length(run))
     assert not [w for w in caught if "never calibrate" in str(w.message)]
 
 
