@@ -17,15 +17,25 @@ DEFAULT_RUN_SHARE = 0.1  # the default calibration_start and T, as a share of th
 
 
 def run_training_batches(trainer: pl.Trainer) -> int | None:
-    """Training batches the run will take (optimizer steps x gradient accumulation), or ``None`` if the Trainer
-    cannot tell (no ``max_steps`` and an epoch of unknown length, or no limit)."""
+    """Training batches the run will take, or ``None`` if the Trainer cannot tell (no ``max_steps`` and an epoch of
+    unknown length, or no limit).
+
+    Lightning counts the run in optimizer steps (``estimated_stepping_batches``), and under gradient accumulation
+    an epoch's last step takes the batches left over (``ceil(batches / accumulate)`` steps an epoch): steps times
+    ``accumulate_grad_batches`` would count batches an epoch never has. Where the epoch's length is known, whole
+    epochs count their batches and the last one's steps ``accumulate_grad_batches`` batches each."""
     try:
-        steps = trainer.estimated_stepping_batches
+        steps = trainer.estimated_stepping_batches  # sets the training loader up if it must
     except Exception:  # noqa: BLE001 - e.g. a dataloader without __len__: the length is unknown, nothing more
         return None
     if not isinstance(steps, (int, float)) or not math.isfinite(steps) or steps <= 0:
         return None
-    return int(steps) * max(1, int(trainer.accumulate_grad_batches))
+    accumulate = max(1, int(trainer.accumulate_grad_batches))
+    epoch = getattr(trainer, "num_training_batches", math.inf)
+    if not isinstance(epoch, (int, float)) or not math.isfinite(epoch) or epoch <= 0:
+        return int(steps) * accumulate  # max_steps over a loader of unknown length: every step takes a full count
+    epochs, steps_left = divmod(int(steps), math.ceil(epoch / accumulate))
+    return epochs * int(epoch) + steps_left * accumulate
 
 
 def batches_run(trainer: pl.Trainer) -> int:

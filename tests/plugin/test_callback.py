@@ -482,3 +482,34 @@ def test_the_noise_mode_chooses_among_its_finer_candidates_in_a_run() -> None:
     shares = {row["table"]: row["noise_share"] for row in dlac.calibration_report()}
     loosest = sum(share["0.05"] for share in shares.values())
     assert sum(shares[n][str(e)] for n, e in dlac.table_bounds.items()) <= dlac.settings.noise_fraction * loosest
+
+
+@pytest.mark.parametrize(
+    ("batches", "accumulate", "max_epochs", "max_steps"),
+    [(10, 1, 3, -1), (10, 4, 3, -1), (10, 4, 5, 7), (9, 3, -1, 5), (10, 4, None, 4)],
+)
+def test_run_length_counts_the_batches_lightning_runs(batches: int, accumulate: int, max_epochs: int | None,
+                                                      max_steps: int) -> None:
+    """The run's length in training batches, read as training starts, is the count of batches the Trainer then runs:
+    under gradient accumulation an epoch's last optimizer step takes the batches left over, so steps times
+    ``accumulate_grad_batches`` would over-count (10 batches an epoch in steps of 4 is 3 steps, not 12 batches)."""
+    from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset
+
+    from lightning_dlac.plugin._run import run_training_batches
+
+    class Count(pl.Callback):
+        def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+            self.expected, self.ran = run_training_batches(trainer), 0
+
+        def on_train_batch_end(self, *args: object) -> None:
+            self.ran += 1
+
+    class Model(BoringModel):
+        def train_dataloader(self) -> torch.utils.data.DataLoader:
+            return torch.utils.data.DataLoader(RandomDataset(32, batches * 2), batch_size=2)
+
+    count = Count()
+    pl.Trainer(max_epochs=max_epochs, max_steps=max_steps, accumulate_grad_batches=accumulate, callbacks=[count],
+               limit_val_batches=0, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+               enable_model_summary=False).fit(Model())
+    assert count.expected == count.ran
