@@ -41,7 +41,7 @@ _SPLITTING_SHARDING_TYPES = frozenset(SHARDING_TYPES) - {"table_wise", "data_par
 
 
 class NoEmbeddingTablesError(TypeError):
-    """The model has no TorchRec ``EmbeddingBagCollection`` to shard."""
+    """The model has no TorchRec ``EmbeddingBagCollection`` or ``EmbeddingCollection`` to shard."""
 
 
 class EmbeddingOptimizer(str, Enum):
@@ -55,6 +55,7 @@ class EmbeddingOptimizer(str, Enum):
         return self.value
 
     def to_fbgemm(self) -> Any:
+        """The FBGEMM ``EmbOptimType`` this optimizer maps to."""
         from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
         return {
