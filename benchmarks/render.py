@@ -1843,6 +1843,7 @@ def frontier_worlds(results: Results, name: str = FAMILY_FRONTIER_FILE) -> list[
                      f" {point(qcomm[0]) if qcomm else '-'} ({qcomm[0]['variant'] if qcomm else 'none ran'}) |"
                      f" {', '.join(met[TARGETS[0]]['not_dominated']) or 'none'} |"
                      f" {'yes' if met[TARGETS[0]]['met'] else 'no'} | {standing} |")
+    lines += _undominated_lines(data["per_world"])
     dominated = ", ".join(f"{q} in {d['worlds']} of {d['of']}" for q, d in summary["qcomm_dominated"].items())
     worlds = f"{summary['worlds']} world{'s' if summary['worlds'] != 1 else ''}"
     lines += ["", f"Over {worlds}: every qcomm point dominated within noise in"
@@ -1855,6 +1856,30 @@ def frontier_worlds(results: Results, name: str = FAMILY_FRONTIER_FILE) -> list[
         lines += ["", f"{e['variant']}: TorchRec could not run it here (world {e['world']}, seed {e['seed']}; not"
                   f" launched again): `{e['error']}`"]
     return lines
+
+
+def _undominated_lines(per_world: list[dict[str, Any]]) -> list[str]:
+    """For each qcomm point no DLAC point dominates, by how much it is missed: the DLAC point with no more forward
+    bytes that comes closest (the largest paired AUROC difference plus its noise), its bytes, difference and noise."""
+    lines = []
+    for w in per_world:
+        points = {p["variant"]: p for p in w["frontier"]["points"]}
+        for pair in w["frontier"]["pairs"]:
+            if pair["dominated_by"]:
+                continue
+            q = points[pair["qcomm"]]
+            head = (f"- world {w['world']}, {pair['qcomm']} ({q['delta_mean']:+.5f} AUROC from uncompressed,"
+                    f" {q['fwd_bytes_per_step'] / 1024:.1f} KiB/step): not dominated;")
+            fewer = [c for c in pair["candidates"] if c["no_more_fwd_bytes"] and c["seeds"]]
+            if not fewer:
+                lines.append(f"{head} no DLAC point sends as few forward bytes.")
+                continue
+            c = max(fewer, key=lambda c: c["auroc_diff"] + c["noise"])
+            d = points[c["dlac"]]
+            lines.append(f"{head} the closest DLAC point with no more bytes, {c['dlac']} ({d['delta_mean']:+.5f},"
+                         f" {d['fwd_bytes_per_step'] / 1024:.1f} KiB/step), is {c['auroc_diff']:+.5f} AUROC from it"
+                         f" over {c['seeds']} paired seeds, beyond the noise {c['noise']:.5f}.")
+    return ["", *lines] if lines else []
 
 
 BLOCKS["frontier_worlds"] = Block((FAMILY_FRONTIER_FILE,), frontier_worlds)

@@ -430,3 +430,23 @@ def test_a_settled_ablation_marks_the_seeds_whose_arm_reached_the_cap(tmp_path: 
         r["settled"] = True
     (tmp_path / name).write_text(json.dumps(data))
     assert render.CAPPED not in "\n".join(render.calibration_ablation(render.Results(tmp_path), name))
+
+
+def test_the_family_frontier_says_by_how_much_an_undominated_qcomm_point_is_missed() -> None:
+    import json
+
+    per_world = json.loads((BENCHMARKS / "results" / render.FAMILY_FRONTIER_FILE).read_text())["per_world"]
+    world = next(w for w in per_world if w["frontier"]["targets"][0]["not_dominated"])
+    (missed,) = [p for p in world["frontier"]["pairs"] if not p["dominated_by"]]
+    fewer = [c for c in missed["candidates"] if c["no_more_fwd_bytes"]]
+    closest = max(fewer, key=lambda c: c["auroc_diff"] + c["noise"])
+    (line,) = render._undominated_lines([world])[1:]
+    assert line.startswith(f"- world {world['world']}, {missed['qcomm']} (") and "not dominated" in line
+    assert f"{closest['dlac']} (" in line and f"{closest['auroc_diff']:+.5f} AUROC from it" in line
+    assert f"beyond the noise {closest['noise']:.5f}." in line
+    for c in missed["candidates"]:  # no DLAC point as cheap: said so, not left out
+        c["no_more_fwd_bytes"] = False
+    assert render._undominated_lines([world])[1:] == [line.split(" not dominated;")[0]
+                                                      + " not dominated; no DLAC point sends as few forward bytes."]
+    missed["dominated_by"] = [closest["dlac"]]
+    assert render._undominated_lines([world]) == []
