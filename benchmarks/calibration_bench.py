@@ -888,17 +888,20 @@ def _record_resumed(metadata: dict[str, Any], earlier: dict[str, Any], **part: A
                                                              "cpu")} | part]
 
 
-def resumed_worlds(path: Path, cfg: dict[str, Any],
-                   metadata: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def resumed_worlds(path: Path, cfg: dict[str, Any], metadata: dict[str, Any],
+                   may_grow: tuple[str, ...] = ()) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The worlds (and their arms' runs) that an earlier run of the same protocol wrote to ``path``, for ``--resume``:
     a run of many hours continues where it stopped instead of starting again. The earlier file must hold the same
     configuration but for its worlds, and only worlds this run plans; ``metadata`` records each earlier part's
-    command, commit and dates under ``resumed_from``."""
+    command, commit and dates under ``resumed_from``. A count named in ``may_grow`` (``train_seeds``) may be larger
+    in this run than in the file: the caller runs what the file lacks (never smaller: runs would be dropped)."""
     if not path.exists():
         return [], []
     old = load_results(path)
     keys = set(cfg) | set(old["config"])
-    differ = sorted(k for k in keys - {"seeds", "seeds_planned"} if old["config"].get(k) != cfg.get(k))
+    grown = {k for k in may_grow if isinstance(old["config"].get(k), int) and isinstance(cfg.get(k), int)
+             and old["config"][k] <= cfg[k]}
+    differ = sorted(k for k in keys - {"seeds", "seeds_planned", *grown} if old["config"].get(k) != cfg.get(k))
     if differ:
         raise SystemExit(f"--resume: {path} was written under another configuration ({', '.join(differ)} differ);"
                          " rerun with the same options or choose another --json-out")

@@ -21,7 +21,8 @@ trajectory decides (evaluation world 1000: calibration_curves.json, docs/adaptiv
 is caught before or after its climb by chance, the noise of a comparison is of the order of the climb, and "within
 noise" would admit every point. A world costs about 20 settled launches: tens of minutes to an hour on 2 cores.
 ``--count`` evaluation worlds from ``--first``; they only judge: nothing here is fitted. ``--resume`` continues a
-file this script wrote under the same options, world by world.
+file this script wrote under the same options, world by world; with a larger ``--train-seeds`` it runs only the
+launches the file lacks (each arm under each new seed) and judges every world again over all its seeds.
 """
 
 from __future__ import annotations
@@ -120,7 +121,8 @@ def main() -> None:
     parser.add_argument("--val-batches", type=int, default=128, help="validation batches over both ranks")
     parser.add_argument("--arms", default=None, help=f"comma-separated subset of {list(ARMS)}")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds a 2-rank launch may take")
-    parser.add_argument("--resume", action="store_true", help="continue --json-out, world by world")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue --json-out: the worlds, and the seeds of a larger --train-seeds, it lacks")
     parser.add_argument("--json-out", type=Path, default=REPO / "benchmarks/results/frontier_worlds.json")
     args = parser.parse_args()
     metadata = start_run("benchmarks/frontier_worlds.py", vars(args))
@@ -135,39 +137,46 @@ def main() -> None:
                lr=WORLD_FULL["lr"], train_seeds=args.train_seeds, settle=True, val_every=args.val_every,
                settle_delta=SETTLE_DELTA, arms=[a for a in ARMS if a in arms], floor_z=FLOOR_Z,
                default_rule=default_rule())
-    per_world, rows = resumed_worlds(args.json_out, cfg, metadata) if args.resume else ([], [])
+    per_world, rows = (resumed_worlds(args.json_out, cfg, metadata, may_grow=("train_seeds",)) if args.resume
+                       else ([], []))
     failed: dict[str, dict[str, Any]] = {}  # arm -> its first launch's error (TorchRec cannot run it here)
     for f in (per_world[-1].get("failed", []) if per_world else []):
         failed[f["arm"]] = copy.deepcopy(f)
     for world in worlds:
-        if world in {w["world"] for w in per_world}:
+        ran = {(r["arm"], r["seed"]) for r in rows if r["world"] == world}
+        planned = [(s, a) for s in range(cfg["train_seeds"]) for a in cfg["arms"] if (a, s) not in ran]
+        if world in {w["world"] for w in per_world} and not any(a not in failed for _, a in planned):
             continue
         print(f"world {world}: {draw_world(world).summary()}", flush=True)
+        if ran:
+            print(f"  {len(ran)} launches of it in the file; running seeds"
+                  f" {sorted({s for s, _ in planned})} of {cfg['train_seeds']}", flush=True)
         here = []
-        for train_seed in range(cfg["train_seeds"]):
-            for arm in cfg["arms"]:
-                if arm in failed:
-                    failed[arm].setdefault("not_launched", []).append([world, train_seed])
-                    continue
-                try:
-                    row = run_arm(cfg, world, arm, train_seed, args.timeout)
-                except Exception as e:  # noqa: BLE001 - a qcomm codec TorchRec cannot run on this platform
-                    # Only a codec's first launch may fail for good (FP8 on CPU): an arm that has run before
-                    # failed for another reason (a timeout, a lost rank), which is this run's error.
-                    if not arm.startswith(QCOMM_PREFIX) or any(r["arm"] == arm for r in (*rows, *here)):
-                        raise
-                    failed[arm] = {"arm": arm, "variant": ARMS[arm], "world": world, "seed": train_seed,
-                                   "error": f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300]}"}
-                    print(f"  seed {train_seed} {arm}: FAILED {failed[arm]['error']}", flush=True)
-                    continue
-                here.append(row)
-                print(f"  seed {train_seed} {arm}: val AUROC {row['val_auroc']:.4f},"
-                      f" {row['fwd_sent_bytes'] / max(row['steps'], 1):.0f} forward bytes/step,"
-                      f" {row['seconds']:.0f} s", flush=True)
+        for train_seed, arm in planned:
+            if arm in failed:
+                failed[arm].setdefault("not_launched", []).append([world, train_seed])
+                continue
+            try:
+                row = run_arm(cfg, world, arm, train_seed, args.timeout)
+            except Exception as e:  # noqa: BLE001 - a qcomm codec TorchRec cannot run on this platform
+                # Only a codec's first launch may fail for good (FP8 on CPU): an arm that has run before
+                # failed for another reason (a timeout, a lost rank), which is this run's error.
+                if not arm.startswith(QCOMM_PREFIX) or any(r["arm"] == arm for r in (*rows, *here)):
+                    raise
+                failed[arm] = {"arm": arm, "variant": ARMS[arm], "world": world, "seed": train_seed,
+                               "error": f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300]}"}
+                print(f"  seed {train_seed} {arm}: FAILED {failed[arm]['error']}", flush=True)
+                continue
+            here.append(row)
+            print(f"  seed {train_seed} {arm}: val AUROC {row['val_auroc']:.4f},"
+                  f" {row['fwd_sent_bytes'] / max(row['steps'], 1):.0f} forward bytes/step,"
+                  f" {row['seconds']:.0f} s", flush=True)
         rows += here
-        (judged,) = frontier(here)
+        (judged,) = frontier([r for r in rows if r["world"] == world])  # with the launches the file held
+        per_world = [w for w in per_world if w["world"] != world]
         per_world.append({"world": world, "spec": draw_world(world).summary(), "frontier": judged,
                           "failed": copy.deepcopy(list(failed.values()))})
+        per_world.sort(key=lambda w: worlds.index(w["world"]))
         print("\n".join(frontier_lines([judged], [])), flush=True)
         done = [w["world"] for w in per_world]
         write_results(args.json_out, metadata, dict(cfg, seeds=done, **({"seeds_planned": list(worlds)}

@@ -420,3 +420,52 @@ def test_an_ablation_writes_every_arm_as_it_ends_and_resume_runs_only_the_rest(t
     assert len(first) + len(launched) == arms and not set(first) & set(launched)
     assert len(done["results"]) == arms and "incomplete" not in done and done["ablation"]["tables"]
     assert done["metadata"]["resumed_from"][0]["git_commit"] == "abc"
+
+
+def test_the_family_frontier_grows_its_seeds_running_only_the_launches_its_file_lacks(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """frontier_worlds.py --resume with a larger --train-seeds keeps every launch the file holds, runs each arm under
+    the new seeds only, and judges every world again over all its seeds; a smaller count is refused (runs would be
+    dropped), and a file already holding every planned launch runs nothing."""
+    import frontier_worlds as fw
+
+    launched: list[tuple[int, str, int]] = []
+
+    def run_arm(cfg: dict, world: int, arm: str, train_seed: int, timeout: float) -> dict:
+        launched.append((world, arm, train_seed))
+        auroc = {"uncompressed": 0.9, "all_tight": 0.9, "qcomm:MX4/MX4": 0.898}[arm] + 0.001 * train_seed
+        per_step = {"uncompressed": 100, "all_tight": 20, "qcomm:MX4/MX4": 30}[arm]
+        return {"dataset": f"world {world}", "world": world, "variant": fw.ARMS[arm], "arm": arm, "seed": train_seed,
+                "val_auroc": auroc, "steps": 10, "seconds": 1.0, "fwd_sent_bytes": 10 * per_step,
+                "bwd_sent_bytes": 10 * per_step}
+
+    monkeypatch.setattr(fw, "run_arm", run_arm)
+    monkeypatch.setattr(fw, "start_run", lambda script, args: {"command": f"python {script}", "git_commit": "abc",
+                                                                     "date": "2026-12-05T19:00:00+00:00"})
+    out = tmp_path / "frontier.json"
+
+    def main(seeds: int) -> dict:
+        monkeypatch.setattr(sys, "argv", ["frontier_worlds.py", "--count", "2", "--train-seeds", str(seeds),
+                                          "--arms", "uncompressed,all_tight,qcomm:MX4/MX4", "--resume",
+                                          "--json-out", str(out)])
+        fw.main()
+        return __import__("json").loads(out.read_text())
+
+    first = main(1)
+    assert sorted(launched) == sorted((w, a, 0) for w in data.EVAL_WORLDS[:2]
+                                      for a in ("uncompressed", "all_tight", "qcomm:MX4/MX4"))
+    launched.clear()
+    grown = main(3)
+    assert sorted(launched) == sorted((w, a, s) for w in data.EVAL_WORLDS[:2]
+                                      for a in ("uncompressed", "all_tight", "qcomm:MX4/MX4") for s in (1, 2))
+    assert grown["results"][:len(first["results"])] == first["results"]  # the file's launches kept as they were
+    assert [w["world"] for w in grown["per_world"]] == list(data.EVAL_WORLDS[:2])
+    assert grown["config"]["train_seeds"] == 3
+    for w in grown["per_world"]:
+        (mx4,) = w["frontier"]["pairs"]
+        assert [c["seeds"] for c in mx4["candidates"]] == [3]  # judged over all three seeds
+    assert grown["metadata"]["resumed_from"][-1]["worlds"] == list(data.EVAL_WORLDS[:2])
+    launched.clear()
+    assert main(3)["results"] == grown["results"] and launched == []  # nothing left to run
+    with pytest.raises(SystemExit, match="train_seeds differ"):
+        main(2)
