@@ -901,7 +901,8 @@ def resumed_worlds(path: Path, cfg: dict[str, Any], metadata: dict[str, Any],
     keys = set(cfg) | set(old["config"])
     grown = {k for k in may_grow if isinstance(old["config"].get(k), int) and isinstance(cfg.get(k), int)
              and old["config"][k] <= cfg[k]}
-    differ = sorted(k for k in keys - {"seeds", "seeds_planned", *grown} if old["config"].get(k) != cfg.get(k))
+    differ = sorted(k for k in keys - {"seeds", "seeds_planned", "train_seeds_planned", *grown}
+                    if old["config"].get(k) != cfg.get(k))
     if differ:
         raise SystemExit(f"--resume: {path} was written under another configuration ({', '.join(differ)} differ);"
                          " rerun with the same options or choose another --json-out")
@@ -909,7 +910,8 @@ def resumed_worlds(path: Path, cfg: dict[str, Any], metadata: dict[str, Any],
     foreign = sorted({w["world"] for w in per_world} - set(cfg["seeds"]))
     if foreign:
         raise SystemExit(f"--resume: {path} holds worlds {foreign} this run does not plan; widen --first/--count")
-    _record_resumed(metadata, old["metadata"], worlds=[w["world"] for w in per_world])
+    _record_resumed(metadata, old["metadata"], worlds=[w["world"] for w in per_world],
+                    **{k: old["config"][k] for k in ("train_seeds", "train_seeds_planned") if k in old["config"]})
     print(f"resuming: {len(per_world)} world(s) already in {path}: {[w['world'] for w in per_world]}", flush=True)
     return per_world, list(old["results"])
 

@@ -47,7 +47,7 @@ from calibration_bench import (
     run_world,
     training_seed,
 )
-from common import REPO, run_ranks, start_run, write_results
+from common import REPO, load_results, run_ranks, start_run, write_results
 
 # The arms, and the names adaptive_accuracy's frontier() reads them by. all_tight and all_loose are the constant
 # bounds 0.01 and 0.05 (calibration_bench's names for them).
@@ -140,7 +140,7 @@ def main() -> None:
     per_world, rows = (resumed_worlds(args.json_out, cfg, metadata, may_grow=("train_seeds",)) if args.resume
                        else ([], []))
     failed: dict[str, dict[str, Any]] = {}  # arm -> its first launch's error (TorchRec cannot run it here)
-    for f in (per_world[-1].get("failed", []) if per_world else []):
+    for f in (load_results(args.json_out).get("failed", []) if per_world else []):
         failed[f["arm"]] = copy.deepcopy(f)
     for world in worlds:
         ran = {(r["arm"], r["seed"]) for r in rows if r["world"] == world}
@@ -154,7 +154,10 @@ def main() -> None:
         here = []
         for train_seed, arm in planned:
             if arm in failed:
-                failed[arm].setdefault("not_launched", []).append([world, train_seed])
+                skipped = failed[arm].setdefault("not_launched", [])
+                if [world, train_seed] not in skipped and (failed[arm]["world"], failed[arm]["seed"]) != (world,
+                                                                                                          train_seed):
+                    skipped.append([world, train_seed])
                 continue
             try:
                 row = run_arm(cfg, world, arm, train_seed, args.timeout)
@@ -179,8 +182,12 @@ def main() -> None:
         per_world.sort(key=lambda w: worlds.index(w["world"]))
         print("\n".join(frontier_lines([judged], [])), flush=True)
         done = [w["world"] for w in per_world]
+        # A run growing the seeds and stopped partway leaves worlds with fewer: the file says the fewest it holds.
+        fewest = min(len({r["seed"] for r in rows if r["world"] == w}) for w in done)
+        grown = {"train_seeds": fewest, "train_seeds_planned": cfg["train_seeds"]} if fewest < cfg["train_seeds"] \
+            else {}
         write_results(args.json_out, metadata, dict(cfg, seeds=done, **({"seeds_planned": list(worlds)}
-                                                                          if done != list(worlds) else {})),
+                                                                          if done != list(worlds) else {}), **grown),
                       rows, summary=summarize(per_world), per_world=per_world, failed=list(failed.values()),
                       definitions=FRONTIER_DEFINITIONS)
     print(f"\nsummary: {summarize(per_world)}")

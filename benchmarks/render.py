@@ -83,7 +83,11 @@ def source_line(name: str, data: dict[str, Any], where: str = "benchmarks/result
     versions = m.get("versions", {})
     dirty = " (with local changes)" if m.get("git_dirty") else ""
     resumed = "".join(f" It continues (`--resume`) the run of commit {_short(part.get('git_commit'))},"
-                      f" {part.get('date')}, that wrote worlds {part.get('worlds')} (command: `{part.get('command')}`)."
+                      f" {part.get('date')}, that wrote worlds {part.get('worlds')}"
+                      + (f" under {part['train_seeds']} training seeds" if "train_seeds" in part else "")
+                      + (f" (of {part['train_seeds_planned']} planned: stopped partway)"
+                         if "train_seeds_planned" in part else "")
+                      + f" (command: `{part.get('command')}`)."
                       for part in m.get("resumed_from", []))
     reused = m.get("baselines_from")
     if reused:
@@ -1821,8 +1825,11 @@ def frontier_worlds(results: Results, name: str = FAMILY_FRONTIER_FILE) -> list[
     cfg, summary = data.get("config", {}), data["summary"]
     lines = [source_line(name, data, results.shown), "",
              f"{cfg.get('worlds')} worlds {cfg.get('seeds')}, " + _settle_rule(cfg) + f", {cfg.get('train_seeds')}"
-             f" paired training seeds each; the default is `{cfg.get('default_rule')}`."
-             " Each world is judged as the Criteo sample above (same arms, same definitions); AUROC differences"
+             + (f" paired training seeds each; the default is `{cfg.get('default_rule')}`."
+                if "train_seeds_planned" not in cfg else
+                f" or more paired training seeds each ({cfg['train_seeds_planned']} planned: a run adding seeds"
+                f" stopped before every world had them); the default is `{cfg.get('default_rule')}`.")
+             + " Each world is judged as the Criteo sample above (same arms, same definitions); AUROC differences"
              " are from the uncompressed run of the same seed, bytes are forward bytes per step.", "",
              "| world | tables | default: AUROC, KiB/step | fewest-bytes qcomm point: AUROC, KiB/step | not dominated |"
              " every qcomm point dominated | default on or near the frontier |",

@@ -425,14 +425,24 @@ def test_an_ablation_writes_every_arm_as_it_ends_and_resume_runs_only_the_rest(t
 def test_the_family_frontier_grows_its_seeds_running_only_the_launches_its_file_lacks(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """frontier_worlds.py --resume with a larger --train-seeds keeps every launch the file holds, runs each arm under
-    the new seeds only, and judges every world again over all its seeds; a smaller count is refused (runs would be
+    the new seeds only, and judges every world again over all its seeds; a run stopped partway says so in its file;
+    a codec TorchRec cannot run is listed once per launch not made; a smaller count is refused (runs would be
     dropped), and a file already holding every planned launch runs nothing."""
+    import json
+
     import frontier_worlds as fw
 
+    arms = ("uncompressed", "all_tight", "qcomm:MX4/MX4", "qcomm:FP8/FP8")
+    worlds = list(data.EVAL_WORLDS[:2])
     launched: list[tuple[int, str, int]] = []
+    stop_at: list[tuple[int, int]] = []  # (world, seed) whose launch stops the run, as a lost rank would
 
     def run_arm(cfg: dict, world: int, arm: str, train_seed: int, timeout: float) -> dict:
+        if (world, train_seed) in stop_at:
+            raise RuntimeError("a rank was lost")
         launched.append((world, arm, train_seed))
+        if arm == "qcomm:FP8/FP8":
+            raise RuntimeError("Tensor 'input' must have 2 dimension(s)")
         auroc = {"uncompressed": 0.9, "all_tight": 0.9, "qcomm:MX4/MX4": 0.898}[arm] + 0.001 * train_seed
         per_step = {"uncompressed": 100, "all_tight": 20, "qcomm:MX4/MX4": 30}[arm]
         return {"dataset": f"world {world}", "world": world, "variant": fw.ARMS[arm], "arm": arm, "seed": train_seed,
@@ -446,25 +456,43 @@ def test_the_family_frontier_grows_its_seeds_running_only_the_launches_its_file_
 
     def main(seeds: int) -> dict:
         monkeypatch.setattr(sys, "argv", ["frontier_worlds.py", "--count", "2", "--train-seeds", str(seeds),
-                                          "--arms", "uncompressed,all_tight,qcomm:MX4/MX4", "--resume",
-                                          "--json-out", str(out)])
+                                          "--arms", ",".join(arms), "--resume", "--json-out", str(out)])
         fw.main()
-        return __import__("json").loads(out.read_text())
+        return json.loads(out.read_text())
+
+    def launches(seeds: tuple[int, ...]) -> list[tuple[int, str, int]]:
+        return sorted((w, a, s) for w in worlds for a in arms[:3] for s in seeds)
 
     first = main(1)
-    assert sorted(launched) == sorted((w, a, 0) for w in data.EVAL_WORLDS[:2]
-                                      for a in ("uncompressed", "all_tight", "qcomm:MX4/MX4"))
+    assert sorted(x for x in launched if "FP8" not in x[1]) == launches((0,))
+    assert [x for x in launched if "FP8" in x[1]] == [(worlds[0], "qcomm:FP8/FP8", 0)]  # launched once, never again
+    launched.clear()
+    stop_at.append((worlds[1], 1))  # the grown run stops in the second world
+    with pytest.raises(RuntimeError, match="lost"):
+        main(3)
+    stopped = json.loads(out.read_text())
+    assert stopped["config"]["train_seeds"] == 1 and stopped["config"]["train_seeds_planned"] == 3
+    import render
+
+    (tmp_path / "shown").mkdir()
+    (tmp_path / "shown" / render.FAMILY_FRONTIER_FILE).write_text(json.dumps(stopped))
+    text = "\n".join(render.frontier_worlds(render.Results(tmp_path / "shown")))
+    assert "1 or more paired training seeds each (3 planned: a run adding seeds stopped" in text
+    stop_at.clear()
     launched.clear()
     grown = main(3)
-    assert sorted(launched) == sorted((w, a, s) for w in data.EVAL_WORLDS[:2]
-                                      for a in ("uncompressed", "all_tight", "qcomm:MX4/MX4") for s in (1, 2))
+    assert sorted(launched) == sorted((worlds[1], a, s) for a in arms[:3] for s in (1, 2))  # only what it lacked
     assert grown["results"][:len(first["results"])] == first["results"]  # the file's launches kept as they were
-    assert [w["world"] for w in grown["per_world"]] == list(data.EVAL_WORLDS[:2])
-    assert grown["config"]["train_seeds"] == 3
+    assert [w["world"] for w in grown["per_world"]] == worlds
+    assert grown["config"]["train_seeds"] == 3 and "train_seeds_planned" not in grown["config"]
     for w in grown["per_world"]:
         (mx4,) = w["frontier"]["pairs"]
         assert [c["seeds"] for c in mx4["candidates"]] == [3]  # judged over all three seeds
-    assert grown["metadata"]["resumed_from"][-1]["worlds"] == list(data.EVAL_WORLDS[:2])
+    (fp8,) = grown["failed"]
+    skipped = [(w, s) for w in worlds for s in range(3) if (w, s) != (worlds[0], 0)]
+    assert sorted(map(tuple, fp8["not_launched"])) == skipped  # each launch not made, once
+    assert [(part["train_seeds"], part.get("train_seeds_planned")) for part in grown["metadata"]["resumed_from"]] \
+        == [(1, None), (1, 3)]  # the first run's seed, then the part that stopped on its way to three
     launched.clear()
     assert main(3)["results"] == grown["results"] and launched == []  # nothing left to run
     with pytest.raises(SystemExit, match="train_seeds differ"):
