@@ -155,8 +155,8 @@ def main() -> None:
         for train_seed, arm in planned:
             if arm in failed:
                 skipped = failed[arm].setdefault("not_launched", [])
-                if [world, train_seed] not in skipped and (failed[arm]["world"], failed[arm]["seed"]) != (world,
-                                                                                                          train_seed):
+                failing = [failed[arm]["world"], failed[arm]["seed"]]  # the launch that failed, not a skipped one
+                if [world, train_seed] not in (failing, *skipped):
                     skipped.append([world, train_seed])
                 continue
             try:

@@ -16,6 +16,11 @@ PAPER_T = 1000  # the paper's early stage, in iterations: the default T's cap, a
 DEFAULT_RUN_SHARE = 0.1  # the default calibration_start and T, as a share of the run's training batches
 
 
+def _known(count: Any) -> bool:
+    """Whether a count the Trainer reports is one: a positive finite number (not ``inf`` for "unknown")."""
+    return isinstance(count, (int, float)) and math.isfinite(count) and count > 0
+
+
 def run_training_batches(trainer: pl.Trainer) -> int | None:
     """Training batches the run will take, or ``None`` if the Trainer cannot tell (no ``max_steps`` and an epoch of
     unknown length, or no limit).
@@ -28,11 +33,11 @@ def run_training_batches(trainer: pl.Trainer) -> int | None:
         steps = trainer.estimated_stepping_batches  # sets the training loader up if it must
     except Exception:  # noqa: BLE001 - e.g. a dataloader without __len__: the length is unknown, nothing more
         return None
-    if not isinstance(steps, (int, float)) or not math.isfinite(steps) or steps <= 0:
+    if not _known(steps):
         return None
     accumulate = max(1, int(trainer.accumulate_grad_batches))
     epoch = getattr(trainer, "num_training_batches", math.inf)
-    if not isinstance(epoch, (int, float)) or not math.isfinite(epoch) or epoch <= 0:
+    if not _known(epoch):
         return int(steps) * accumulate  # max_steps over a loader of unknown length: every step takes a full count
     epochs, steps_left = divmod(int(steps), math.ceil(epoch / accumulate))
     return epochs * int(epoch) + steps_left * accumulate
