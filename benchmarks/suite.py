@@ -262,7 +262,7 @@ STEPS: tuple[Step, ...] = (
     Step("frontier_worlds.json", "benchmarks/frontier_worlds.py", {  # issue 33 item 3 on the family, settled arms
         "smoke": ["--count", "1", "--steps", "20", "--val-every", "10", "--val-batches", "8", "--arms",
                   "uncompressed,all_tight,default,qcomm:INT8/FP16"],
-        "full": ["--count", "3", "--resume"],
+        "full": ["--count", "3", "--train-seeds", "5", "--resume"],
     }),
     Step("data_bench.json", "benchmarks/data_bench.py", {
         "smoke": ["--rows", "20000", "--torchrec-rows", "2000", "--python-rows", "2000", "--loader-rows", "40000",
