@@ -150,7 +150,7 @@ def main() -> None:
         print(f"world {world}: {draw_world(world).summary()}", flush=True)
         if ran:
             print(f"  {len(ran)} launches of it in the file; running seeds"
-                  f" {sorted({s for s, _ in planned})} of {cfg['train_seeds']}", flush=True)
+                  f" {sorted({s for s, a in planned if a not in failed})} of {cfg['train_seeds']}", flush=True)
         here = []
         for train_seed, arm in planned:
             if arm in failed:
