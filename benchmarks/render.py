@@ -1831,9 +1831,9 @@ def frontier_worlds(results: Results, name: str = FAMILY_FRONTIER_FILE) -> list[
                 f" stopped before every world had them); the default is `{cfg.get('default_rule')}`.")
              + " Each world is judged as the Criteo sample above (same arms, same definitions); AUROC differences"
              " are from the uncompressed run of the same seed, bytes are forward bytes per step.", "",
-             "| world | tables | default: AUROC, KiB/step | fewest-bytes qcomm point: AUROC, KiB/step | not dominated |"
-             " every qcomm point dominated | default on or near the frontier |",
-             "|---|---:|---|---|---|---|---|"]
+             "| world | tables | paired seeds | default: AUROC, KiB/step | fewest-bytes qcomm point: AUROC, KiB/step |"
+             " not dominated | every qcomm point dominated | default on or near the frontier |",
+             "|---|---:|---:|---|---|---|---|---|"]
     for w in data["per_world"]:
         f = w["frontier"]
         points = {p["variant"]: p for p in f["points"]}
@@ -1846,7 +1846,8 @@ def frontier_worlds(results: Results, name: str = FAMILY_FRONTIER_FILE) -> list[
 
         near = met.get(TARGETS[1])
         standing = "-" if near is None else "on" if near["on_frontier"] else "near" if near["met"] else "no"
-        lines.append(f"| {w['world']} | {w['spec'].get('tables')} | {point(default)} |"
+        seeds = len(points["uncompressed"]["seeds"]) if "uncompressed" in points else "-"
+        lines.append(f"| {w['world']} | {w['spec'].get('tables')} | {seeds} | {point(default)} |"
                      f" {point(qcomm[0]) if qcomm else '-'} ({qcomm[0]['variant'] if qcomm else 'none ran'}) |"
                      f" {', '.join(met[TARGETS[0]]['not_dominated']) or 'none'} |"
                      f" {'yes' if met[TARGETS[0]]['met'] else 'no'} | {standing} |")

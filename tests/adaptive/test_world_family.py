@@ -478,6 +478,8 @@ def test_the_family_frontier_grows_its_seeds_running_only_the_launches_its_file_
     (tmp_path / "shown" / render.FAMILY_FRONTIER_FILE).write_text(json.dumps(stopped))
     text = "\n".join(render.frontier_worlds(render.Results(tmp_path / "shown")))
     assert "1 or more paired training seeds each (3 planned: a run adding seeds stopped" in text
+    rows = {line.split(" | ")[0]: line.split(" | ")[2] for line in text.splitlines() if line.startswith("| 10")}
+    assert rows == {f"| {worlds[0]}": "3", f"| {worlds[1]}": "1"}  # each world says how many seeds judged it
     stop_at.clear()
     launched.clear()
     grown = main(3)
