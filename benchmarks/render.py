@@ -868,7 +868,8 @@ def _readme_family_row(results: Results, used: list[str]) -> list[str]:
 
 def _readme_family_frontier_row(results: Results, used: list[str]) -> list[str]:
     """The README row of the accuracy-bytes frontier on the family's evaluation worlds (issue 33 item 3), against
-    the fewest-bytes qcomm point of the same worlds; "so far" until the worlds `make bench` plans are in."""
+    the fewest-bytes qcomm point of the same worlds; "so far" until the worlds `make bench` plans are in, each with
+    the paired seeds it plans."""
     from adaptive_accuracy import FRONTIER_TARGETS
     from suite import STEPS
 
@@ -878,11 +879,13 @@ def _readme_family_frontier_row(results: Results, used: list[str]) -> list[str]:
     (step,) = [s for s in STEPS if s.output == FAMILY_FRONTIER_FILE]
     full = step.args["full"]
     planned = int(full[full.index("--count") + 1])
-    d = data["summary"]
-    complete = d["worlds"] >= planned
-    verdicts = [f"{target}: {_plain(d[target], '.0%')} of worlds" + ("" if complete else " so far")
+    seeds_planned = int(full[full.index("--train-seeds") + 1]) if "--train-seeds" in full else 0
+    d, seeds = data["summary"], data.get("config", {}).get("train_seeds", 0)
+    short = [f"{d['worlds']} of the {planned} worlds"] if d["worlds"] < planned else []
+    short += [f"{seeds} or more of the {seeds_planned} paired seeds per world"] if seeds < seeds_planned else []
+    verdicts = [f"{target}: {_plain(d[target], '.0%')} of worlds" + (" so far" if short else "")
                 for target in FRONTIER_TARGETS]
-    counted = "" if complete else f" ({d['worlds']} of the {planned} worlds `make bench` runs)"
+    counted = f" ({' and '.join(short)} `make bench` runs)" if short else ""
     used.append(FAMILY_FRONTIER_FILE)
     return [f"| [Accuracy-bytes frontier against TorchRec's codecs on the family's evaluation worlds, settled]"
             f"(docs/adaptive.md#the-same-frontier-on-the-family-of-worlds) | `DLACCallback()`: median"

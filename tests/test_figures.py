@@ -454,3 +454,27 @@ def test_the_family_frontier_says_by_how_much_an_undominated_qcomm_point_is_miss
                                                       + " not dominated; no DLAC point sends as few forward bytes."]
     missed["dominated_by"] = [closest["dlac"]]
     assert render._undominated_lines([world]) == []
+
+
+def test_the_family_frontier_readme_row_says_so_far_until_every_world_has_its_planned_seeds(tmp_path) -> None:
+    import json
+
+    from suite import STEPS
+
+    (step,) = [s for s in STEPS if s.output == render.FAMILY_FRONTIER_FILE]
+    full = step.args["full"]
+    worlds, seeds = int(full[full.index("--count") + 1]), int(full[full.index("--train-seeds") + 1])
+    data = json.loads((BENCHMARKS / "results" / render.FAMILY_FRONTIER_FILE).read_text())
+
+    def row(n_worlds: int, n_seeds: int) -> str:
+        data["summary"]["worlds"], data["config"]["train_seeds"] = n_worlds, n_seeds
+        (tmp_path / render.FAMILY_FRONTIER_FILE).write_text(json.dumps(data))
+        (line,) = render._readme_family_frontier_row(render.Results(tmp_path), [])
+        return line
+
+    assert "so far" not in row(worlds, seeds)
+    assert row(worlds, seeds - 1).endswith(
+        f"of worlds so far ({seeds - 1} or more of the {seeds} paired seeds per world `make bench` runs) |"
+        f" `{render.FAMILY_FRONTIER_FILE}` |")
+    short = row(worlds - 1, 1)
+    assert f"so far ({worlds - 1} of the {worlds} worlds and 1 or more of the {seeds} paired seeds" in short
