@@ -877,9 +877,7 @@ def _readme_family_frontier_row(results: Results, used: list[str]) -> list[str]:
     if data is None or not data.get("per_world"):
         return []
     (step,) = [s for s in STEPS if s.output == FAMILY_FRONTIER_FILE]
-    full = step.args["full"]
-    planned = int(full[full.index("--count") + 1])
-    seeds_planned = int(full[full.index("--train-seeds") + 1]) if "--train-seeds" in full else 0
+    planned, seeds_planned = step.count("--count"), step.count("--train-seeds") or 0
     d, seeds = data["summary"], data.get("config", {}).get("train_seeds", 0)
     short = [f"{d['worlds']} of the {planned} worlds"] if d["worlds"] < planned else []
     short += [f"{seeds} or more of the {seeds_planned} paired seeds per world"] if seeds < seeds_planned else []

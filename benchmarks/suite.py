@@ -74,6 +74,11 @@ class Step:
     needs_criteo: bool = False
     timeout_s: dict[str, float] = field(default_factory=dict)
 
+    def count(self, flag: str, depth: str = "full") -> int | None:
+        """The number this step passes as ``flag`` at ``depth`` (``None`` where it leaves the script's default)."""
+        args = self.args[depth]
+        return int(args[args.index(flag) + 1]) if flag in args else None
+
 
 def _e2e(rates: str, variants: str, batch: int, steps: int, warmup: int, repeats: int, *extra: str) -> list[str]:
     return ["--rates", rates, "--variants", variants, "--batch-size", str(batch), "--steps", str(steps),

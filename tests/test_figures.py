@@ -462,8 +462,7 @@ def test_the_family_frontier_readme_row_says_so_far_until_every_world_has_its_pl
     from suite import STEPS
 
     (step,) = [s for s in STEPS if s.output == render.FAMILY_FRONTIER_FILE]
-    full = step.args["full"]
-    worlds, seeds = int(full[full.index("--count") + 1]), int(full[full.index("--train-seeds") + 1])
+    worlds, seeds = step.count("--count"), step.count("--train-seeds")
     data = json.loads((BENCHMARKS / "results" / render.FAMILY_FRONTIER_FILE).read_text())
 
     def row(n_worlds: int, n_seeds: int) -> str:
