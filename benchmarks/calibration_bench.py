@@ -888,6 +888,14 @@ def _record_resumed(metadata: dict[str, Any], earlier: dict[str, Any], **part: A
                                                              "cpu")} | part]
 
 
+def config_differs(old: dict[str, Any], cfg: dict[str, Any], may_grow: tuple[str, ...] = ()) -> list[str]:
+    """The options an earlier run's configuration ``old`` holds otherwise than this run's ``cfg``, for ``--resume``:
+    the worlds (``seeds``) may differ, and a count named in ``may_grow`` may be larger in this run (never smaller)."""
+    grown = {k for k in may_grow if isinstance(old.get(k), int) and isinstance(cfg.get(k), int) and old[k] <= cfg[k]}
+    return sorted(k for k in (set(cfg) | set(old)) - {"seeds", "seeds_planned", "train_seeds_planned", *grown}
+                  if old.get(k) != cfg.get(k))
+
+
 def resumed_worlds(path: Path, cfg: dict[str, Any], metadata: dict[str, Any],
                    may_grow: tuple[str, ...] = ()) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The worlds (and their arms' runs) that an earlier run of the same protocol wrote to ``path``, for ``--resume``:
@@ -898,11 +906,7 @@ def resumed_worlds(path: Path, cfg: dict[str, Any], metadata: dict[str, Any],
     if not path.exists():
         return [], []
     old = load_results(path)
-    keys = set(cfg) | set(old["config"])
-    grown = {k for k in may_grow if isinstance(old["config"].get(k), int) and isinstance(cfg.get(k), int)
-             and old["config"][k] <= cfg[k]}
-    differ = sorted(k for k in keys - {"seeds", "seeds_planned", "train_seeds_planned", *grown}
-                    if old["config"].get(k) != cfg.get(k))
+    differ = config_differs(old["config"], cfg, may_grow)
     if differ:
         raise SystemExit(f"--resume: {path} was written under another configuration ({', '.join(differ)} differ);"
                          " rerun with the same options or choose another --json-out")

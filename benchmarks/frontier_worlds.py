@@ -21,14 +21,17 @@ trajectory decides (evaluation world 1000: calibration_curves.json, docs/adaptiv
 is caught before or after its climb by chance, the noise of a comparison is of the order of the climb, and "within
 noise" would admit every point. A world costs about 20 settled launches: tens of minutes to an hour on 2 cores.
 ``--count`` evaluation worlds from ``--first``; they only judge: nothing here is fitted. ``--resume`` continues a
-file this script wrote under the same options, world by world; with a larger ``--train-seeds`` it runs only the
-launches the file lacks (each arm under each new seed) and judges every world again over all its seeds.
+file this script wrote under the same options; with a larger ``--train-seeds`` it runs only the launches the file
+lacks (each arm under each new seed) and judges every world again over all its seeds. The file is written as each
+world is judged; the launches of the world in progress are kept as each finishes in a log beside it
+(:class:`LaunchLog`), so a run stopped mid-world loses at most the launch it was making: ``--resume`` takes them.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import json
 import statistics
 from pathlib import Path
 from typing import Any
@@ -42,6 +45,7 @@ from calibration_bench import (
     SETTLE_EVERY,
     SETTLE_MAX,
     WORLD_FULL,
+    config_differs,
     default_rule,
     resumed_worlds,
     run_world,
@@ -64,6 +68,94 @@ ARMS = {
     QCOMM_PREFIX + "FP8/FP8": "qcomm FP8/FP8",
     QCOMM_PREFIX + "MX4/MX4": "qcomm MX4/MX4",
 }
+
+
+class LaunchLog:
+    """The launches a run has made but not yet written to its results file, one JSON line each as it finishes.
+
+    A world is judged, and the results file written, once all its launches are in; a world is twenty to fifty
+    settled launches, up to two hours on 2 cores, and a run stopped partway (a lost machine, a session's end) would
+    lose them. The log sits beside the results file (``frontier_worlds.launches.jsonl`` for ``frontier_worlds.json``):
+    each run that appends to it first writes a line naming itself (its command, commit, date, processor and
+    configuration), then one line per launch. The log is removed once every launch in it is in the results file;
+    ``--resume`` takes the launches of a log left behind (:meth:`kept`), a run without ``--resume`` discards it.
+    """
+
+    def __init__(self, results: Path, metadata: dict[str, Any], cfg: dict[str, Any]) -> None:
+        self.path = results.with_name(results.stem + ".launches.jsonl")
+        self._part = {k: metadata.get(k) for k in ("command", "git_commit", "date", "cpu")} | {"config": cfg}
+        self._worlds: set[int] = set()  # the worlds whose launches the log holds
+        self._started = False  # whether this run's own line is in the log
+
+    def append(self, row: dict[str, Any]) -> None:
+        """Keep one finished launch (a row of :func:`run_arm`)."""
+        with self.path.open("a") as f:
+            if not self._started:
+                f.write(json.dumps({"part": self._part}) + "\n")
+                self._started = True
+            f.write(json.dumps({"launch": row}) + "\n")
+        self._worlds.add(row["world"])
+
+    def written(self, worlds: list[int]) -> None:
+        """The results file now holds these worlds: remove the log if every launch in it is of one of them."""
+        if self._worlds <= set(worlds):
+            self.path.unlink(missing_ok=True)
+            self._worlds.clear()
+            self._started = False
+
+    def discard(self) -> None:
+        """A run starting afresh (no ``--resume``): an earlier run's log is not this run's."""
+        if self.path.exists():
+            n = sum('"launch"' in line for line in self.path.read_text().splitlines())
+            print(f"discarding {n} launches an earlier run left in {self.path} (--resume keeps them)", flush=True)
+            self.path.unlink()
+
+    def kept(self, rows: list[dict[str, Any]], metadata: dict[str, Any]) -> list[dict[str, Any]]:
+        """For ``--resume``: the launches of a log an earlier run left that ``rows`` (the results file's) lack, each
+        run that made them recorded under ``metadata["resumed_from"]`` with its launches and their worlds. Refused
+        with the reason when a run that made them had another configuration or planned other worlds, or ran on
+        another kind of processor: a launch repeats to the last digit on one kind only, and a seed's arms are paired
+        with its uncompressed launch."""
+        if not self.path.exists():
+            return []
+        parts: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
+        lines = self.path.read_text().splitlines()
+        for i, line in enumerate(lines):
+            try:
+                entry = json.loads(line)
+            except json.JSONDecodeError:
+                if i == len(lines) - 1:  # cut off as the run was stopped: that launch runs again
+                    print(f"{self.path}: its last line was cut off; that launch runs again", flush=True)
+                    break
+                raise SystemExit(f"--resume: line {i + 1} of {self.path} is not JSON; remove the file to run its"
+                                 " launches again") from None
+            if "part" in entry:
+                parts.append((entry["part"], []))
+            elif parts:
+                parts[-1][1].append(entry["launch"])
+        have = {(r["world"], r["arm"], r["seed"]) for r in rows}
+        kept: list[dict[str, Any]] = []
+        for part, logged in parts:
+            differ = config_differs(part["config"], self._part["config"], may_grow=("train_seeds",))
+            foreign = sorted({r["world"] for r in logged} - set(self._part["config"]["seeds"]))
+            why = (f"was made under another configuration ({', '.join(differ)} differ)" if differ
+                   else f"holds worlds {foreign} this run does not plan" if foreign
+                   else f"was made on {part.get('cpu')!r}, this run is on {self._part.get('cpu')!r}"
+                   if part.get("cpu") != self._part.get("cpu") else None)
+            if why:
+                raise SystemExit(f"--resume: the log {self.path} of launches not yet in the results file {why};"
+                                 " rerun with its options and on its machine, or remove the log to run them here")
+            new = [r for r in logged if (r["world"], r["arm"], r["seed"]) not in have]
+            have |= {(r["world"], r["arm"], r["seed"]) for r in new}
+            if new:
+                metadata.setdefault("resumed_from", []).append(
+                    {k: v for k, v in part.items() if k != "config"}
+                    | {"launches": len(new), "worlds": sorted({r["world"] for r in new})})
+                print(f"resuming: {len(new)} launch(es) of world(s) {sorted({r['world'] for r in new})} kept in"
+                      f" {self.path}", flush=True)
+            kept += new
+        self._worlds = {r["world"] for r in kept}
+        return kept
 
 
 def run_arm(cfg: dict[str, Any], world: int, arm: str, train_seed: int, timeout: float) -> dict[str, Any]:
@@ -139,13 +231,22 @@ def main() -> None:
                default_rule=default_rule())
     per_world, rows = (resumed_worlds(args.json_out, cfg, metadata, may_grow=("train_seeds",)) if args.resume
                        else ([], []))
+    log = LaunchLog(args.json_out, metadata, cfg)
+    unwritten: set[int] = set()  # worlds with launches the log kept that the results file lacks
+    if args.resume:
+        kept = log.kept(rows, metadata)
+        rows += kept
+        unwritten = {r["world"] for r in kept}
+    else:
+        log.discard()
     failed: dict[str, dict[str, Any]] = {}  # arm -> its first launch's error (TorchRec cannot run it here)
     for f in (load_results(args.json_out).get("failed", []) if per_world else []):
         failed[f["arm"]] = copy.deepcopy(f)
     for world in worlds:
         ran = {(r["arm"], r["seed"]) for r in rows if r["world"] == world}
         planned = [(s, a) for s in range(cfg["train_seeds"]) for a in cfg["arms"] if (a, s) not in ran]
-        if world in {w["world"] for w in per_world} and not any(a not in failed for _, a in planned):
+        if (world in {w["world"] for w in per_world} and world not in unwritten
+                and not any(a not in failed for _, a in planned)):
             continue
         print(f"world {world}: {draw_world(world).summary()}", flush=True)
         if ran:
@@ -171,6 +272,7 @@ def main() -> None:
                 print(f"  seed {train_seed} {arm}: FAILED {failed[arm]['error']}", flush=True)
                 continue
             here.append(row)
+            log.append(row)
             print(f"  seed {train_seed} {arm}: val AUROC {row['val_auroc']:.4f},"
                   f" {row['fwd_sent_bytes'] / max(row['steps'], 1):.0f} forward bytes/step,"
                   f" {row['seconds']:.0f} s", flush=True)
@@ -190,6 +292,7 @@ def main() -> None:
                                                                           if done != list(worlds) else {}), **grown),
                       rows, summary=summarize(per_world), per_world=per_world, failed=list(failed.values()),
                       definitions=FRONTIER_DEFINITIONS)
+        log.written(done)
     print(f"\nsummary: {summarize(per_world)}")
     print(f"\nwrote {args.json_out}")
 

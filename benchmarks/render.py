@@ -82,8 +82,11 @@ def source_line(name: str, data: dict[str, Any], where: str = "benchmarks/result
     depth = f", `make bench{'' if m.get('depth') == 'full' else '-' + m['depth']}`" if m.get("depth") else ""
     versions = m.get("versions", {})
     dirty = " (with local changes)" if m.get("git_dirty") else ""
-    resumed = "".join(f" It continues (`--resume`) the run of commit {_short(part.get('git_commit'))},"
-                      f" {part.get('date')}, that wrote worlds {part.get('worlds')}"
+    resumed = "".join((f" It keeps (`--resume`) the {part['launches']} launches of worlds {part.get('worlds')} that"
+                       f" the run of commit {_short(part.get('git_commit'))}, {part.get('date')}, made before it"
+                       f" stopped" if "launches" in part else
+                       f" It continues (`--resume`) the run of commit {_short(part.get('git_commit'))},"
+                       f" {part.get('date')}, that wrote worlds {part.get('worlds')}")
                       + (f" under {part['train_seeds']} training seeds" if "train_seeds" in part else "")
                       + (f" (of {part['train_seeds_planned']} planned: stopped partway)"
                          if "train_seeds_planned" in part else "")

@@ -499,3 +499,111 @@ def test_the_family_frontier_grows_its_seeds_running_only_the_launches_its_file_
     assert main(3)["results"] == grown["results"] and launched == []  # nothing left to run
     with pytest.raises(SystemExit, match="train_seeds differ"):
         main(2)
+
+
+def test_the_family_frontier_keeps_a_stopped_worlds_launches_as_each_finishes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """frontier_worlds.py writes its file once a world is judged; each launch is kept in a log beside it as it
+    finishes, so a run stopped mid-world resumes with only the launches it had not made (and records the stopped
+    run), a launch cut off mid-line runs again, a run stopped between its last launch and the write only writes;
+    a log from another configuration or another kind of processor is refused, and a run without --resume
+    discards it."""
+    import json
+
+    import frontier_worlds as fw
+    import render
+
+    arms = ("uncompressed", "all_tight", "qcomm:MX4/MX4")
+    world = data.EVAL_WORLDS[0]
+    launched: list[tuple[str, int]] = []
+    stop_at: list[tuple[str, int]] = []  # the launch that stops the run, as a lost rank would
+    cpu = ["Intel(R) Xeon(R) Processor"]
+
+    def run_arm(cfg: dict, world: int, arm: str, train_seed: int, timeout: float) -> dict:
+        if (arm, train_seed) in stop_at:
+            raise RuntimeError("a rank was lost")
+        launched.append((arm, train_seed))
+        auroc = {"uncompressed": 0.9, "all_tight": 0.9, "qcomm:MX4/MX4": 0.898}[arm] + 0.001 * train_seed
+        per_step = {"uncompressed": 100, "all_tight": 20, "qcomm:MX4/MX4": 30}[arm]
+        return {"dataset": f"world {world}", "world": world, "variant": fw.ARMS[arm], "arm": arm, "seed": train_seed,
+                "val_auroc": auroc, "steps": 10, "seconds": 1.0, "fwd_sent_bytes": 10 * per_step,
+                "bwd_sent_bytes": 10 * per_step}
+
+    monkeypatch.setattr(fw, "run_arm", run_arm)
+    monkeypatch.setattr(fw, "start_run", lambda script, args: {"command": f"python {script}", "git_commit": "abc",
+                                                                     "date": "2026-12-06T01:00:00+00:00",
+                                                                     "cpu": cpu[0]})
+    out = tmp_path / "frontier.json"
+    log = tmp_path / "frontier.launches.jsonl"
+
+    def main(*extra: str, resume: bool = True) -> None:
+        monkeypatch.setattr(sys, "argv", ["frontier_worlds.py", "--count", "1", "--train-seeds", "2", "--arms",
+                                          ",".join(arms), "--json-out", str(out), *(["--resume"] if resume else []),
+                                          *extra])
+        fw.main()
+
+    main(resume=False)  # the reference: one run that is never stopped
+    whole = json.loads(out.read_text())
+    assert not log.exists() and len(launched) == 6
+    out.unlink()
+    launched.clear()
+    stop_at.append(("all_tight", 1))  # after seed 0's three launches and seed 1's uncompressed
+    with pytest.raises(RuntimeError, match="lost"):
+        main()
+    assert not out.exists() and [json.loads(line).get("launch", {}).get("arm") for line in
+                                 log.read_text().splitlines()] == [None, *arms, "uncompressed"]
+    stop_at.clear()
+    launched.clear()
+    main()
+    assert launched == [("all_tight", 1), ("qcomm:MX4/MX4", 1)]  # only what the stopped run had not made
+    resumed = json.loads(out.read_text())
+    assert resumed["results"] == whole["results"] and resumed["per_world"] == whole["per_world"]
+    assert resumed["metadata"]["resumed_from"] == [
+        {"command": "python benchmarks/frontier_worlds.py", "git_commit": "abc", "date": "2026-12-06T01:00:00+00:00",
+         "cpu": cpu[0], "launches": 4, "worlds": [world]}]
+    assert not log.exists()  # every launch it held is in the file
+    (tmp_path / "shown").mkdir()
+    (tmp_path / "shown" / render.FAMILY_FRONTIER_FILE).write_text(json.dumps(resumed))
+    assert (f"It keeps (`--resume`) the 4 launches of worlds [{world}] that the run of commit abc,"
+            " 2026-12-06T01:00:00+00:00, made before it stopped") in render.frontier_worlds(
+                render.Results(tmp_path / "shown"))[0]
+
+    # Stopped as it wrote its last launch: that launch runs again, the others are kept.
+    out.unlink()
+    launched.clear()
+    stop_at.append(("qcomm:MX4/MX4", 1))
+    with pytest.raises(RuntimeError, match="lost"):
+        main()
+    log.write_text(log.read_text() + '{"launch": {"world": ')
+    stop_at.clear()
+    launched.clear()
+    main()
+    assert launched == [("qcomm:MX4/MX4", 1)] and "last line was cut off" in capsys.readouterr().out
+    assert json.loads(out.read_text())["results"] == whole["results"]
+
+    # Stopped after its last launch, before writing the file: the resumed run only judges and writes.
+    out.unlink()
+    launched.clear()
+    write = fw.write_results
+    monkeypatch.setattr(fw, "write_results", lambda *a, **k: (_ for _ in ()).throw(OSError("disk full")))
+    with pytest.raises(OSError, match="disk full"):
+        main()
+    monkeypatch.setattr(fw, "write_results", write)
+    launched.clear()
+    main()
+    assert launched == [] and json.loads(out.read_text())["results"] == whole["results"] and not log.exists()
+
+    # A log made under other options, or on another kind of processor, is refused; without --resume it is discarded.
+    stop_at.append(("all_tight", 0))
+    with pytest.raises(RuntimeError, match="lost"):
+        main(resume=False)
+    stop_at.clear()
+    with pytest.raises(SystemExit, match="steps differ"):
+        main("--steps", "7")
+    cpu[0] = "AMD EPYC 9654"
+    with pytest.raises(SystemExit, match="was made on 'Intel.*this run is on 'AMD EPYC 9654'"):
+        main()
+    launched.clear()
+    main(resume=False)
+    assert "discarding 1 launches an earlier run left" in capsys.readouterr().out and len(launched) == 6
+    assert not log.exists()
