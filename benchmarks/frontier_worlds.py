@@ -106,7 +106,7 @@ class LaunchLog:
     def discard(self) -> None:
         """A run starting afresh (no ``--resume``): an earlier run's log is not this run's."""
         if self.path.exists():
-            n = sum('"launch"' in line for line in self.path.read_text().splitlines())
+            n = sum(line.startswith('{"launch": ') for line in self.path.read_text().splitlines())
             print(f"discarding {n} launches an earlier run left in {self.path} (--resume keeps them)", flush=True)
             self.path.unlink()
 
