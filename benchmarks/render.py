@@ -1788,6 +1788,10 @@ BLOCKS["calibration_ablation"] = Block(("calibration_ablation.json",), calibrati
 ABLATION_EVAL_FILE = "calibration_ablation_eval.json"
 BLOCKS["calibration_ablation_eval"] = Block((ABLATION_EVAL_FILE,),
                                             lambda results: calibration_ablation(results, ABLATION_EVAL_FILE))
+# And on an evaluation world whose runs settle (1000's ablation measured its plateau): suite.py says why 1014.
+BLOCKS["calibration_ablation_eval_1014"] = Block(
+    ("calibration_ablation_eval_1014.json",),
+    lambda results: calibration_ablation(results, "calibration_ablation_eval_1014.json"))
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -225,6 +225,12 @@ STEPS: tuple[Step, ...] = (
         # Settled (world 1000 parts by chance at 1000 steps); about 28 launches, resumed arm by arm.
         "full": ["--ablate", "1000", "--train-seeds", "2", "--settle", "--resume"],
     }),
+    Step("calibration_ablation_eval_1014.json", "benchmarks/calibration_bench.py", {  # one whose runs settle
+        # World 1000's ablation measured its plateau, not its tables. Of the evaluation worlds whose every arm settled
+        # under both seeds in calibration_worlds_settled_relative.json with a floor under 0.0005, 1014 has the fewest
+        # tables (8): chosen by its noise and cost before its ablation ran. 22 launches, resumed arm by arm.
+        "full": ["--ablate", "1014", "--train-seeds", "2", "--settle", "--resume"],
+    }),
     Step("calibration_worlds.json", "benchmarks/calibration_bench.py", {
         "full": ["--worlds", "eval", "--count", "20"],
     }),
