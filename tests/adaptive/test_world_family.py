@@ -422,6 +422,18 @@ def test_an_ablation_writes_every_arm_as_it_ends_and_resume_runs_only_the_rest(t
     assert done["metadata"]["resumed_from"][0]["git_commit"] == "abc"
 
 
+def _frontier_launch(world: int, arm: str, train_seed: int) -> dict:
+    """A made-up launch of frontier_worlds.run_arm: MX4 below uncompressed and all-tight, each seed a little above
+    the last, every arm its own forward bytes."""
+    import frontier_worlds as fw
+
+    auroc = {"uncompressed": 0.9, "all_tight": 0.9, "qcomm:MX4/MX4": 0.898}[arm] + 0.001 * train_seed
+    per_step = {"uncompressed": 100, "all_tight": 20, "qcomm:MX4/MX4": 30}[arm]
+    return {"dataset": f"world {world}", "world": world, "variant": fw.ARMS[arm], "arm": arm, "seed": train_seed,
+            "val_auroc": auroc, "steps": 10, "seconds": 1.0, "fwd_sent_bytes": 10 * per_step,
+            "bwd_sent_bytes": 10 * per_step}
+
+
 def test_the_family_frontier_grows_its_seeds_running_only_the_launches_its_file_lacks(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """frontier_worlds.py --resume with a larger --train-seeds keeps every launch the file holds, runs each arm under
@@ -443,11 +455,7 @@ def test_the_family_frontier_grows_its_seeds_running_only_the_launches_its_file_
         launched.append((world, arm, train_seed))
         if arm == "qcomm:FP8/FP8":
             raise RuntimeError("Tensor 'input' must have 2 dimension(s)")
-        auroc = {"uncompressed": 0.9, "all_tight": 0.9, "qcomm:MX4/MX4": 0.898}[arm] + 0.001 * train_seed
-        per_step = {"uncompressed": 100, "all_tight": 20, "qcomm:MX4/MX4": 30}[arm]
-        return {"dataset": f"world {world}", "world": world, "variant": fw.ARMS[arm], "arm": arm, "seed": train_seed,
-                "val_auroc": auroc, "steps": 10, "seconds": 1.0, "fwd_sent_bytes": 10 * per_step,
-                "bwd_sent_bytes": 10 * per_step}
+        return _frontier_launch(world, arm, train_seed)
 
     monkeypatch.setattr(fw, "run_arm", run_arm)
     monkeypatch.setattr(fw, "start_run", lambda script, args: {"command": f"python {script}", "git_commit": "abc",
@@ -523,11 +531,7 @@ def test_the_family_frontier_keeps_a_stopped_worlds_launches_as_each_finishes(
         if (arm, train_seed) in stop_at:
             raise RuntimeError("a rank was lost")
         launched.append((arm, train_seed))
-        auroc = {"uncompressed": 0.9, "all_tight": 0.9, "qcomm:MX4/MX4": 0.898}[arm] + 0.001 * train_seed
-        per_step = {"uncompressed": 100, "all_tight": 20, "qcomm:MX4/MX4": 30}[arm]
-        return {"dataset": f"world {world}", "world": world, "variant": fw.ARMS[arm], "arm": arm, "seed": train_seed,
-                "val_auroc": auroc, "steps": 10, "seconds": 1.0, "fwd_sent_bytes": 10 * per_step,
-                "bwd_sent_bytes": 10 * per_step}
+        return _frontier_launch(world, arm, train_seed)
 
     monkeypatch.setattr(fw, "run_arm", run_arm)
     monkeypatch.setattr(fw, "start_run", lambda script, args: {"command": f"python {script}", "git_commit": "abc",
