@@ -169,8 +169,10 @@ def run_arm(cfg: dict[str, Any], world: int, arm: str, train_seed: int, timeout:
            "seconds": r0["seconds"], "settled": r0.get("settled"), "byte_accounting": "remote"}
     for key in ("fwd_raw_bytes", "fwd_sent_bytes", "bwd_raw_bytes", "bwd_sent_bytes"):
         row[key] = sum(r[key] for r in ranks)
-    if "table_bounds" in r0:
-        row["table_bounds"] = r0["table_bounds"]
+    # The validation curve: where an arm reaches the cap unsettled, it says whether the cap caught a climb.
+    for key in ("table_bounds", "curve"):
+        if key in r0:
+            row[key] = r0[key]
     return row
 
 

@@ -611,3 +611,22 @@ def test_the_family_frontier_keeps_a_stopped_worlds_launches_as_each_finishes(
     main(resume=False)
     assert "discarding 1 launches an earlier run left" in capsys.readouterr().out and len(launched) == 6
     assert not log.exists()
+
+
+def test_a_frontier_launch_keeps_what_reads_an_unsettled_arm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """frontier_worlds.run_arm: bytes summed over the ranks (each counts what it sends), rank 0's AUROC, and its
+    validation curve and bounds kept: an arm that reaches the cap unsettled is read from where the cap caught it."""
+    import frontier_worlds as fw
+
+    curve = [[500, 0.84], [1000, 0.85], [1500, 0.91]]
+
+    def run_ranks(fn, n: int, arm: str, cfg: dict, timeout: float) -> list[dict]:
+        assert n == 2 and cfg["world"] == 1002 and cfg["train_seed"] == 4 and cfg["traffic"]
+        return [{"val_auroc": 0.91, "steps": 1500, "seconds": 9.0, "settled": False, "curve": curve,
+                 "table_bounds": {"t_f0": 0.05}, "fwd_raw_bytes": 40, "fwd_sent_bytes": 10 * (rank + 1),
+                 "bwd_raw_bytes": 40, "bwd_sent_bytes": 20} for rank in range(n)]
+
+    monkeypatch.setattr(fw, "run_ranks", run_ranks)
+    row = fw.run_arm({"steps": 6000}, 1002, "default", 4, 60.0)
+    assert row["variant"] == "DLAC default" and row["fwd_sent_bytes"] == 30 and row["bwd_sent_bytes"] == 40
+    assert row["curve"] == curve and row["table_bounds"] == {"t_f0": 0.05} and row["settled"] is False
