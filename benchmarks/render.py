@@ -887,11 +887,10 @@ def _readme_family_frontier_row(results: Results, used: list[str]) -> list[str]:
     verdicts = [f"{target}: {_plain(d[target], '.0%')} of worlds" + (" so far" if short else "")
                 for target in FRONTIER_TARGETS]
     # "Near" is within the paired noise, which on a world whose arms do not settle is of the size of their swings.
-    standing = [x for w in data["per_world"] for x in w["frontier"]["targets"] if x["target"] == FRONTIER_TARGETS[1]]
-    near_only = [w["world"] for w in data["per_world"] for x in w["frontier"]["targets"]
-                 if x["target"] == FRONTIER_TARGETS[1] and x["met"] and not x["on_frontier"]]
+    standing = _default_standing(data["per_world"])
+    near_only = [world for world, x in standing if x["met"] and not x["on_frontier"]]
     if near_only:
-        verdicts[1] += (f", on it in {sum(x['on_frontier'] for x in standing)} and near it only within noise on"
+        verdicts[1] += (f", on it in {sum(x['on_frontier'] for _, x in standing)} and near it only within noise on"
                         f" world{'s' if len(near_only) > 1 else ''} {', '.join(map(str, near_only))}")
     counted = f" ({' and '.join(short)} `make bench` runs)" if short else ""
     used.append(FAMILY_FRONTIER_FILE)
@@ -1849,7 +1848,6 @@ def frontier_worlds(results: Results, name: str = FAMILY_FRONTIER_FILE) -> list[
              "| world | tables | paired seeds | arms settled | default: AUROC, KiB/step | fewest-bytes qcomm point:"
              " AUROC, KiB/step | not dominated | every qcomm point dominated | default on or near the frontier |",
              "|---|---:|---:|---:|---|---|---|---|---|"]
-    near_only = []
     for w in data["per_world"]:
         f = w["frontier"]
         points = {p["variant"]: p for p in f["points"]}
@@ -1862,8 +1860,6 @@ def frontier_worlds(results: Results, name: str = FAMILY_FRONTIER_FILE) -> list[
 
         near = met.get(TARGETS[1])
         standing = "-" if near is None else "on" if near["on_frontier"] else "near" if near["met"] else "no"
-        if standing == "near":
-            near_only.append((w["world"], near["beaten_by"]))
         seeds = len(points["uncompressed"]["seeds"]) if "uncompressed" in points else "-"
         # An arm that reached the cap unsettled is read wherever its AUROC was then: where few settle, the noise is
         # of the size of the runs' swings, and "within noise" admits more.
@@ -1874,10 +1870,12 @@ def frontier_worlds(results: Results, name: str = FAMILY_FRONTIER_FILE) -> list[
                      f" {', '.join(met[TARGETS[0]]['not_dominated']) or 'none'} |"
                      f" {'yes' if met[TARGETS[0]]['met'] else 'no'} | {standing} |")
     lines += _undominated_lines(data["per_world"])
-    for world, beaten_by in near_only:
-        lines += ["", f"World {world}: the default is off the frontier and counts as near it only within noise: "
-                  + "; ".join(f"{b['variant']} has no more forward bytes and {b['auroc_diff']:+.4f} AUROC over it"
-                              f" (noise {b['noise']:.4f}, {b['seeds']} paired seeds)" for b in beaten_by) + "."]
+    for world, near in _default_standing(data["per_world"]):
+        if near["met"] and not near["on_frontier"]:
+            lines += ["", f"World {world}: the default is off the frontier and counts as near it only within noise: "
+                      + "; ".join(f"{b['variant']} has no more forward bytes and {b['auroc_diff']:+.4f} AUROC over"
+                                  f" it (noise {b['noise']:.4f}, {b['seeds']} paired seeds)" for b in near["beaten_by"])
+                      + "."]
     dominated = ", ".join(f"{q} in {d['worlds']} of {d['of']}" for q, d in summary["qcomm_dominated"].items())
     worlds = f"{summary['worlds']} world{'s' if summary['worlds'] != 1 else ''}"
     lines += ["", f"Over {worlds}: every qcomm point dominated within noise in"
@@ -1890,6 +1888,13 @@ def frontier_worlds(results: Results, name: str = FAMILY_FRONTIER_FILE) -> list[
         lines += ["", f"{e['variant']}: TorchRec could not run it here (world {e['world']}, seed {e['seed']}; not"
                   f" launched again): `{e['error']}`"]
     return lines
+
+
+def _default_standing(per_world: list[dict[str, Any]]) -> list[tuple[int, dict[str, Any]]]:
+    """Each world's judgement of the second frontier target (the default on or near the frontier), with its world."""
+    from adaptive_accuracy import FRONTIER_TARGETS
+
+    return [(w["world"], x) for w in per_world for x in w["frontier"]["targets"] if x["target"] == FRONTIER_TARGETS[1]]
 
 
 def _undominated_lines(per_world: list[dict[str, Any]]) -> list[str]:
