@@ -61,7 +61,7 @@ cuda-check: $(CUDA_STAMP) $(CUDA_IMAGE_STAMP)
 # plus its test packages (requirements/cuda-check-rehearsal.txt), no TorchRec. Every stage runs what it can (compile
 # check, test collection, benchmark and sanitizer workloads on the emulated pipeline) into benchmarks/results/
 # gpu_session/, then the ways a real session must fail (a GPU torch cannot use, a parity fault, a sanitizer finding)
-# with stand-ins (tests/codec/test_gpu_session.py); docs/codec.md says what each stage does on the GPU.
+# with stand-ins (tests/benchmarks/test_gpu_session.py); docs/codec.md says what each stage does on the GPU.
 REHEARSAL_STAMP := $(CUDA_IMAGE_VENV)/.dlac-rehearsal-installed
 $(REHEARSAL_STAMP): $(CUDA_IMAGE_STAMP) requirements/cuda-check-rehearsal.txt
 	$(CUDA_IMAGE_VENV)/bin/python -m pip install --quiet -r requirements/cuda-check-rehearsal.txt
@@ -69,12 +69,11 @@ $(REHEARSAL_STAMP): $(CUDA_IMAGE_STAMP) requirements/cuda-check-rehearsal.txt
 
 gpu-rehearsal: $(REHEARSAL_STAMP)
 	PATH=$(abspath $(CUDA_IMAGE_VENV))/bin:$$PATH bash benchmarks/gpu_session.sh
-	PATH=$(abspath $(CUDA_IMAGE_VENV))/bin:$$PATH python -m pytest -q -p no:cacheprovider tests/codec/test_gpu_session.py
+	PATH=$(abspath $(CUDA_IMAGE_VENV))/bin:$$PATH python -m pytest -q -p no:cacheprovider tests/benchmarks/test_gpu_session.py
 
-# Every published figure from one command per depth (benchmarks/suite.py lists the steps; docs/benchmarks.md says
+# Every published figure from one command per depth (benchmarks/lib/plan.py lists the steps; docs/benchmarks.md says
 # what each depth runs and how long it takes). Each writes benchmarks/results/*.json (tracked) and re-renders the
-# figure blocks of README.md, docs/benchmarks.md, docs/strategy.md and docs/multinode.md from them
-# (benchmarks/render.py). Timings need a calm machine.
+# figure blocks of README.md and docs/ from them (python -m benchmarks.render). Timings need a calm machine.
 # bench-smoke proves the pipeline in minutes into a scratch directory (results and rendered copies), measuring nothing.
 BENCH_STAMP := $(VENV)/.dlac-bench-installed
 BENCH_SCRATCH ?= /tmp/dlac-bench-smoke
@@ -83,17 +82,17 @@ $(BENCH_STAMP): $(STAMP) benchmarks/requirements.txt
 	touch $@
 
 bench-smoke: $(BENCH_STAMP)
-	$(BIN)/python benchmarks/suite.py --depth smoke --results $(BENCH_SCRATCH) --render
+	$(BIN)/python -m benchmarks.suite --depth smoke --results $(BENCH_SCRATCH) --render
 
 bench-quick: $(BENCH_STAMP)
-	$(BIN)/python benchmarks/suite.py --depth quick --render
+	$(BIN)/python -m benchmarks.suite --depth quick --render
 
 bench: $(BENCH_STAMP)
-	$(BIN)/python benchmarks/suite.py --depth full --render
+	$(BIN)/python -m benchmarks.suite --depth full --render
 
-# Re-render the figure blocks from the committed results files (tests/test_figures.py checks they agree).
+# Re-render the figure blocks from the committed results files (tests/benchmarks/test_figures.py checks they agree).
 render: venv
-	$(BIN)/python benchmarks/render.py
+	$(BIN)/python -m benchmarks.render
 
 lint: venv
 	$(BIN)/python -m ruff check lightning_dlac examples tests benchmarks

@@ -17,13 +17,13 @@ failure and starting new workers (to the new processes' start), imports and argu
 + checkpoint load + Lightning's sanity validation, and the first step. The resumed run then replays the steps since
 the checkpoint (the work lost), which is also reported. The run is stopped once it is back at the killed step.
 
-    python benchmarks/checkpoint_bench.py                 # make bench runs it (benchmarks/suite.py)
-    python benchmarks/render.py                           # the figures of docs/benchmarks.md and docs/multinode.md
+    python -m benchmarks.checkpoint_bench                 # make bench runs it (python -m benchmarks.suite)
+    python -m benchmarks.render                           # the figures of docs/benchmarks.md and docs/multinode.md
 
-Writes benchmarks/results/checkpoint_bench.json (with the run's metadata, benchmarks/common.py); the blocks
-``render:checkpoint`` (docs/benchmarks.md) and ``render:multinode_restart`` (docs/multinode.md) are rendered from
-it by :func:`tables` and :func:`multinode_lines`. The checkpoints and runs (under ``--workdir``) are deleted at the
-end unless ``--keep``.
+Writes benchmarks/results/checkpoint_bench.json (with the run's metadata); the blocks ``render:checkpoint``
+(docs/benchmarks.md) and ``render:multinode_restart`` (docs/multinode.md) are rendered from it by
+benchmarks/lib/checkpoint.py's :func:`tables` and :func:`multinode_lines`. The checkpoints and runs (under
+``--workdir``) are deleted at the end unless ``--keep``.
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ import json
 import os
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -41,7 +40,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import REPO, span, start_run, write_results
+from benchmarks.lib.checkpoint import tables
+from benchmarks.lib.paths import REPO, RESULTS
+from benchmarks.lib.plan import outputs_help
+from benchmarks.lib.results import start_run, write_results
 
 ELASTIC = REPO / "examples" / "configs" / "dlrm_elastic.yaml"
 CLOCK = "DLAC_CLOCK "  # the prefix of StepClock's lines in the workers' output
@@ -109,12 +111,18 @@ def _save_load(spec: dict[str, Any]) -> None:
     trainer.fit(model, datamodule=data)
 
 
+def _with_repo(env: dict[str, str]) -> str:
+    """``PYTHONPATH`` with the repository first: the processes this script starts import ``benchmarks`` from a
+    working directory of their own."""
+    return os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+
+
 def _run_save_load(scale: int, verify: bool, repeats: int, workdir: Path, timeout: float) -> list[dict[str, Any]]:
     directory = Path(tempfile.mkdtemp(prefix=f"save_load_x{scale}_", dir=workdir))
     spec = dict(scale=scale, verify=verify, repeats=repeats, dir=str(directory), out=str(directory / "result"))
     env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
-    env["OMP_NUM_THREADS"] = "1"
-    done = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], env=env, cwd=directory,
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=_with_repo(env))
+    done = subprocess.run([sys.executable, "-m", __spec__.name, "--child", json.dumps(spec)], env=env, cwd=directory,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)  # fmt: skip
     if done.returncode != 0:
         raise RuntimeError(f"save/load run x{scale} (verify={verify}) failed:\n{done.stdout[-4000:]}")
@@ -176,7 +184,7 @@ def _restart_config(run: Path) -> tuple[Path, int]:
         if callback["class_path"].endswith("ModelCheckpoint"):
             callback["init_args"]["dirpath"] = str(run / "checkpoints")
             every = int(callback["init_args"]["every_n_train_steps"])
-    trainer["callbacks"].append({"class_path": "checkpoint_bench.StepClock"})
+    trainer["callbacks"].append({"class_path": f"{__spec__.name}.StepClock"})
     path = run / "config.yaml"
     path.write_text(yaml.safe_dump(config))
     return path, every
@@ -188,7 +196,7 @@ def _run_restart(kill_step: int, kill_rank: int, workdir: Path, timeout: float) 
     if kill_step <= every:
         raise SystemExit(f"--kill-step {kill_step} must come after the first checkpoint (step {every}).")
     env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")]))
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=_with_repo(env))  # StepClock is imported from this module
     dlac = str(Path(sys.executable).with_name("dlac"))
     command = [str(Path(sys.executable).with_name("torchrun")), "--standalone", "--nproc-per-node=2",
                "--max-restarts=1", "--no-python", dlac, "fit", "--config", str(config), "--ckpt_path=last"]
@@ -237,121 +245,9 @@ def _run_restart(kill_step: int, kill_rank: int, workdir: Path, timeout: float) 
                 kill_to_killed_step_s=first("step", step=kill_step) - killed_at, **phases)  # fmt: skip
 
 
-# --------------------------------------------------------------------------------------------------- reporting
-
-
-def _per_scale(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One summary per table scale: the slowest rank's median save and load with checksums (the default) and
-    without, the slowest rank's CRC32 of its own files, the sizes."""
-    def slowest(ranks: list[dict[str, Any]], key: str) -> float:
-        return max(statistics.median(r[key]) for r in ranks)
-
-    rows = {(row["scale"], row.get("verify", True)): row["ranks"] for row in results if row["kind"] == "save_load"}
-    out = []
-    for (scale, verify), ranks in rows.items():
-        if not verify:
-            continue
-        plain = rows.get((scale, False))
-        out.append(dict(scale=scale, table_rows=ranks[0]["table_rows"], total_bytes=ranks[0]["total_bytes"],
-                        shard_bytes=max(r["rank_shard_bytes"] for r in ranks),
-                        save_s=slowest(ranks, "save_s"), load_s=slowest(ranks, "load_s"),
-                        save_plain_s=slowest(plain, "save_s") if plain else None,
-                        load_plain_s=slowest(plain, "load_s") if plain else None,
-                        checksum_s=max(r.get("checksum_s", float("nan")) for r in ranks),
-                        checksum_bytes=max(r.get("checksum_bytes", 0) for r in ranks),
-                        repeats=len(ranks[0]["save_s"])))  # fmt: skip
-    return out
-
-
-def _restarts(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [r for r in results if r["kind"] == "restart"]
-
-
-def _checksum(s: dict[str, Any]) -> str:
-    """The slowest rank's CRC32 of its own files: time, size, rate."""
-    mib = s["checksum_bytes"] / 2**20
-    return f"{s['checksum_s']:.2f} s ({mib:.0f} MiB, {mib / s['checksum_s']:,.0f} MiB/s)"
-
-
-def _name(scale: int) -> str:
-    return "demo (dlrm_synthetic.yaml)" if scale == 1 else f"demo, tables x{scale}"
-
-
-def tables(results: list[dict[str, Any]]) -> list[str]:
-    """The markdown tables of a results file's rows (docs/benchmarks.md's ``render:checkpoint`` block)."""
-    lines = ["| model | table rows | checkpoint | largest rank's shards | save per rank (median) | load per rank"
-             " (median) | the same with `verify_checkpoints=False`: save / load | CRC32 of a rank's own files |",
-             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    for s in _per_scale(results):
-        plain = (f"{s['save_plain_s']:.2f} s / {s['load_plain_s']:.2f} s" if s["save_plain_s"] is not None
-                 else "not measured")  # fmt: skip
-        lines.append(f"| {_name(s['scale'])} | {s['table_rows']:,} | {s['total_bytes'] / 2**20:.0f} MiB |"
-                     f" {s['shard_bytes'] / 2**20:.0f} MiB | {s['save_s']:.2f} s | {s['load_s']:.2f} s | {plain} |"
-                     f" {_checksum(s)} |")
-    restarts = _restarts(results)
-    if restarts:
-        lines += ["", "| run | killed after step | resumed from | kill to first resumed step | of which: respawn |"
-                  " imports + CLI | rendezvous | shard + restore + sanity | first step | back at the killed step |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
-        for i, r in enumerate(restarts):
-            lines.append(f"| {i + 1} | {r['kill_step']} | {r['resumed_from']} | {r['kill_to_first_step_s']:.1f} s |"
-                         f" {r['detect_and_respawn_s']:.1f} s | {r['imports_and_cli_s']:.1f} s |"
-                         f" {r['rendezvous_s']:.1f} s | {r['shard_restore_sanity_s']:.1f} s |"
-                         f" {r['first_step_s']:.1f} s | {r['kill_to_killed_step_s']:.1f} s |")  # fmt: skip
-    return lines
-
-
-def multinode_lines(results: list[dict[str, Any]]) -> list[str]:
-    """What a failure costs, for docs/multinode.md's ``render:multinode_restart`` block: save and load per rank by
-    model, the restart's phases run by run, and the sentence that sums them up."""
-    scales = _per_scale(results)
-    restarts = _restarts(results)
-    head = " | ".join(f"{_name(s['scale'])}: {s['total_bytes'] / 2**20:.0f} MiB checkpoint" for s in scales)
-    lines = [f"| what | {head} |", "|---|" + "---|" * len(scales),
-             f"| save, per rank (`trainer.save_checkpoint`: shards, checksums, `meta.pt`, fsync, checks, switch;"
-             f" median of {scales[0]['repeats']}, the slower rank) | "
-             + " | ".join(f"{s['save_s']:.2f} s" for s in scales) + " |",
-             "| load, per rank (checks + checksums + shards + fused optimizer state; page cache warm) | "
-             + " | ".join(f"{s['load_s']:.2f} s" for s in scales) + " |",
-             "| the same without checksums (`verify_checkpoints=False`): save / load | "
-             + " | ".join(f"{s['save_plain_s']:.2f} s / {s['load_plain_s']:.2f} s" if s["save_plain_s"] is not None
-                          else "not measured" for s in scales) + " |",
-             "| CRC32 of one rank's own files (what each rank adds to a save) | "
-             + " | ".join(_checksum(s) for s in scales) + " |"]  # fmt: skip
-    measured = [s for s in scales if s["save_plain_s"] is not None]
-    if measured:
-        lines += ["", "The checksums (`verify_checkpoints=True`, the default) add "
-                  + ", ".join(f"{s['save_s'] - s['save_plain_s']:.2f} s to a save and"
-                              f" {s['load_s'] - s['load_plain_s']:.2f} s to a load per rank for the"
-                              f" {s['total_bytes'] / 2**20:.0f} MiB checkpoint" for s in measured)
-                  + " (differences of medians on this machine; the CRC32 alone runs at "
-                  + " and ".join(f"{s['checksum_bytes'] / 2**20 / s['checksum_s']:,.0f} MiB/s" for s in measured)
-                  + " from the page cache)."]  # fmt: skip
-    if not restarts:
-        return lines + ["", "(This run measured no restart: `--restarts 0`.)"]
-    first = restarts[0]
-    runs = " | ".join(f"run {i + 1}" for i in range(len(restarts)))
-    lines += ["", f"| restart of the demo (`dlrm_elastic.yaml`), one of 2 workers killed after step"
-              f" {first['kill_step']} | {runs} |", "|---|" + "---|" * len(restarts)]
-    for label, key in (
-            (f"from the kill to the first resumed step ({first['resumed_from'] + 1})", "kill_to_first_step_s"),
-            ("of which: torchrun notices and starts new workers", "detect_and_respawn_s"),
-            ("imports and argument parsing", "imports_and_cli_s"), ("rendezvous", "rendezvous_s"),
-            ("sharding, checkpoint load, sanity validation", "shard_restore_sanity_s"),
-            ("the first step", "first_step_s"),
-            (f"from the kill until the run is back at step {first['kill_step']}"
-             f" ({first['kill_step'] - first['resumed_from']} steps replayed)", "kill_to_killed_step_s")):
-        lines.append(f"| {label} | " + " | ".join(f"{r[key]:.1f} s" for r in restarts) + " |")
-    total = [r["kill_to_first_step_s"] for r in restarts]
-    imports = [r["imports_and_cli_s"] for r in restarts]
-    lines += ["", f"So a failure costs the restart (here {span(total, '.0f')} s, of which {span(imports, '.0f')} s"
-              " are the new processes' Python imports and argument parsing) plus the steps since the last checkpoint,"
-              " trained again on the same batches; nothing else is lost."]
-    return lines
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, epilog=outputs_help(__spec__.name),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--scales", default="1,10", help="table-size multipliers of the demo model to save and load")
     parser.add_argument("--repeats", type=int, default=3, help="saves and loads per model")
@@ -363,13 +259,13 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()))
     parser.add_argument("--keep", action="store_true", help="keep the checkpoints and run directories")
     parser.add_argument("--timeout", type=float, default=900.0)
-    parser.add_argument("--json-out", type=Path, default=REPO / "benchmarks/results/checkpoint_bench.json")
+    parser.add_argument("--json-out", type=Path, default=RESULTS / "checkpoint_bench.json")
     args = parser.parse_args()
     if args.child:
         _save_load(json.loads(args.child))
         return
 
-    metadata = start_run("benchmarks/checkpoint_bench.py", vars(args))
+    metadata = start_run(__spec__.name, vars(args))
     workdir = Path(tempfile.mkdtemp(prefix="dlac_checkpoint_bench_", dir=args.workdir))
     try:
         save_load = {(int(s), verify): _run_save_load(int(s), verify, args.repeats, workdir, args.timeout)

@@ -8,10 +8,10 @@ payload; target 1.5 GB/s one-thread encode and decode); (c) ``dlrm_v2`` / ``dlrm
 embeddings (26 tables x dim 128) of 2,048 synthetic samples from MLPerf's DLRM v2 (DLRM_DCN, MLPerf pooling factors)
 after a short training. Every error-bounded method gets the same absolute bound per table chunk, ``abs_eb =
 float32(eps) * (max - min)``. Prints a table, checks the DESIGN.md targets, writes JSON and optionally the "##
-Codec" block of docs/benchmarks.md (through benchmarks/render.py).
+Codec" block of docs/benchmarks.md (through ``python -m benchmarks.render``).
 
-    python benchmarks/codec_bench.py                       # full run (~2-4 min on 2 cores)
-    python benchmarks/codec_bench.py --quick               # smoke run, small sizes
+    python -m benchmarks.codec_bench                       # full run (~2-4 min on 2 cores)
+    python -m benchmarks.codec_bench --quick               # smoke run, small sizes
 
 Optional extras (benchmark only, not project dependencies; a method whose package is missing is skipped with a
 note): ``pip install pysz zfpy`` (SZ3 and ZFP). fbgemm-gpu (INT8 row-wise) and torchrec come with the project.
@@ -29,139 +29,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from common import CRITEO_SAMPLE, REPO, judge, start_run, write_results
 
+from benchmarks.lib.codec import check_targets, format_targets, format_text
+from benchmarks.lib.paths import CRITEO_SAMPLE, RESULTS
+from benchmarks.lib.payloads import criteo_payload, dlrm_v2_payloads, zipf_payload
+from benchmarks.lib.plan import outputs_help
+from benchmarks.lib.results import start_run, write_results
 from lightning_dlac.codec import decode_grid, encode_grid, inspect_grid, max_error, native_available
-
-TARGETS = {"entropy_fraction": 0.9, "enc_gbps_1t": 1.0, "dec_gbps_1t": 1.5}
-GRADIENT_TARGETS = {"enc_gbps_1t": 1.5, "dec_gbps_1t": 1.5}  # issue 15: the backward exchange's payload
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Payloads: (name, x [rows, cols] float32, col_splits with one column block per table chunk)
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def zipf_payload(rows: int, dim: int, vocab: int = 2000, alpha: float = 1.1, seed: int = 0) -> torch.Tensor:
-    """Rows looked up from a ``vocab``-row table with Zipf(``alpha``) id frequencies (as tests/codec/conftest.py)."""
-    g = torch.Generator().manual_seed(seed)
-    table = torch.randn(vocab, dim, generator=g) * 0.05
-    p = 1.0 / torch.arange(1, vocab + 1, dtype=torch.float64) ** alpha
-    return table[torch.multinomial(p, rows, replacement=True, generator=g)].contiguous()
-
-
-def train_criteo_dlrm(path: Path, capture_rows: int, epochs: int, max_rows: int,
-                      max_samples: int | None = None) -> tuple[Any, Any, str]:
-    """Train the example DLRM (dim 64) unsharded on the rows before the last ``capture_rows`` of ``path`` (the
-    module's own Adagrad over every parameter, tables included). Returns the model, the data module (its validation
-    split is the last ``capture_rows`` rows, in batches of 256) and a description of the training."""
-    from lightning_dlac.examples.dlrm import DLRMModule
-    from lightning_dlac.examples.tsv import CriteoTSVDataModule
-
-    n = sum(1 for _ in path.open())
-    n = n if max_samples is None else min(n, max_samples)
-    if n <= capture_rows:
-        raise ValueError(f"{path} has {n} rows, not more than the {capture_rows} to capture")
-    dm = CriteoTSVDataModule(str(path), max_rows=max_rows, batch_size=256,
-                             max_samples=n, val_fraction=capture_rows / n, seed=0)
-    dm.setup("fit")
-    model = DLRMModule(num_embeddings_per_feature=dm.num_embeddings_per_feature, embedding_dim=64, seed=0)
-    opt = model.configure_optimizers()
-    start, losses = time.perf_counter(), []
-    model.train()
-    for _ in range(epochs):
-        for batch in dm.train_dataloader():
-            opt.zero_grad()
-            loss = model.loss_fn(model(batch), batch.labels.float())
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
-    train_rows = n - int(round(capture_rows / n * n))
-    desc = (
-        f"DLRM (26 tables <= {max_rows} rows, dim 64) trained {epochs} epoch(s) on rows 0..{train_rows - 1} "
-        f"({len(losses)} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}, {time.perf_counter() - start:.0f} s)"
-    )
-    return model, dm, desc
-
-
-def criteo_payload(
-    path: Path, capture_rows: int, epochs: int, max_rows: int, max_samples: int | None = None
-) -> tuple[torch.Tensor, torch.Tensor, list[int], str, str]:
-    """The example DLRM trained by :func:`train_criteo_dlrm`: the pooled embeddings of the last ``capture_rows``
-    rows of ``path`` as ``[capture_rows, 26 * dim]`` with one column block per table, the loss gradients w.r.t. them
-    (same shape: the payload of the backward exchange), the column splits, and a one-line description of each."""
-    model, dm, trained = train_criteo_dlrm(path, capture_rows, epochs, max_rows, max_samples)
-    ebc = model.model.sparse_arch.embedding_bag_collection
-    m = model.model
-    parts, grads = [], []
-    for batch in dm.val_dataloader():
-        with torch.no_grad():
-            d = ebc(batch.sparse_features).to_dict()
-        pooled = torch.cat([d[k] for k in d], dim=1)
-        parts.append(pooled)
-        # The gradient the backward all-to-all sends: d(batch-mean BCE loss)/d(pooled embeddings) of this batch, as
-        # TorchRec's DLRM computes it (the sparse arch's [B, tables, dim] output feeds the interaction).
-        emb = pooled.view(pooled.shape[0], -1, 64).detach().requires_grad_(True)
-        logits = m.over_arch(m.inter_arch(dense_features=m.dense_arch(batch.dense_features), sparse_features=emb))
-        model.loss_fn(logits.squeeze(-1), batch.labels.float()).backward()
-        grads.append(emb.grad.reshape(pooled.shape[0], -1))
-    x = torch.cat(parts).contiguous()
-    grad = torch.cat(grads).contiguous()
-    dim = 64
-    desc = f"{trained}; pooled embeddings of the next {x.shape[0]} rows"
-    gdesc = (f"gradients of the same model's batch-mean BCE loss w.r.t. those pooled embeddings (batches of 256, "
-             f"as the backward all-to-all sends them; mean {float(grad.mean()):.1e}, std {float(grad.std()):.1e}, "
-             f"max |g| {float(grad.abs().max()):.1e})")
-    return x, grad, list(range(0, x.shape[1] + 1, dim)), desc, gdesc
-
-
-def dlrm_v2_payloads(capture_rows: int, steps: int, batch_size: int, max_rows: int) -> list[tuple]:
-    """MLPerf DLRM v2: train the example ``DLRM_DCN`` (dim 128, 3 cross layers of rank 512, MLPerf's MLPs) unsharded
-    on synthetic multi-hot data with MLPerf's pooling factors (bags per id, as MLPerf materialises them), then
-    capture the sum-pooled embeddings of ``capture_rows`` fresh samples: ``dlrm_v2`` (bags per id, the training
-    distribution) and ``dlrm_v2_iid`` (every id of a bag its own Zipf draw: bags repeat far less, the pessimistic
-    case). Returns ``(name, x [rows, 26 * 128], col_splits, description)`` tuples."""
-    from lightning_dlac.examples.dlrm import DLRMModule
-    from lightning_dlac.examples.synthetic import SyntheticCriteoDataModule
-
-    from lightning_dlac.criteo import MLPERF_MULTI_HOT_SIZES
-
-    def data(distribution: str, batch: int) -> SyntheticCriteoDataModule:
-        dm = SyntheticCriteoDataModule(max_rows=max_rows, batch_size=batch, num_train_batches=steps,
-                                       num_val_batches=1, multi_hot_sizes=list(MLPERF_MULTI_HOT_SIZES),
-                                       multi_hot_distribution=distribution, seed=0)
-        dm.setup("fit")
-        return dm
-
-    train = data("per_id", batch_size)
-    # Adagrad at 0.002 over every parameter, tables included: at 0.01 the DCN diverges (loss 0.7 -> 190 in 4 steps).
-    model = DLRMModule(num_embeddings_per_feature=train.num_embeddings_per_feature, embedding_dim=128,
-                       dense_arch_layer_sizes=[512, 256, 128], over_arch_layer_sizes=[1024, 1024, 512, 256, 1],
-                       interaction="dcn", dcn_num_layers=3, dcn_low_rank_dim=512, learning_rate=0.002, seed=0)
-    opt = model.configure_optimizers()
-    start, losses = time.perf_counter(), []
-    model.train()
-    for batch in train.train_dataloader():
-        opt.zero_grad()
-        loss = model.loss_fn(model(batch), batch.labels.float())
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    elapsed = time.perf_counter() - start
-    ebc = model.embedding_bag_collection
-    out = []
-    for name, distribution in (("dlrm_v2", "per_id"), ("dlrm_v2_iid", "independent")):
-        batch = next(iter(data(distribution, capture_rows).val_dataloader()))
-        with torch.no_grad():
-            d = ebc(batch.sparse_features).to_dict()
-        x = torch.cat([d[k] for k in d], dim=1).contiguous()
-        desc = (f"DLRM_DCN (MLPerf DLRM v2: 26 tables <= {max_rows} rows, dim 128, DCN 3 x rank 512) trained"
-                f" {steps} steps of {batch_size} synthetic multi-hot samples (MLPerf pooling factors, bags per id;"
-                f" loss {losses[0]:.3f} -> {losses[-1]:.3f}, {elapsed:.0f} s); sum-pooled embeddings of"
-                f" {x.shape[0]} fresh samples, bags {'per id' if distribution == 'per_id' else 'of independent ids'}")
-        out.append((name, x, list(range(0, x.shape[1] + 1, 128)), desc))
-    return out
-
 
 # ----------------------------------------------------------------------------------------------------------------
 # Timing and helpers
@@ -399,113 +273,9 @@ def entropy_figures(ctx: Ctx, eps: float) -> list[dict]:
     ]
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Report
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def _f(v: float | None, fmt: str) -> str:
-    return "-" if v is None else format(v, fmt)
-
-
-COLUMNS = (
-    "payload", "method", "eps", "ratio", "err/eb", "err/range", "enc 1t", "dec 1t", "enc all", "dec all", "modes",
-)
-
-
-def _cells(r: dict) -> list[str]:
-    modes = " ".join(f"{k}:{v}" for k, v in r.get("modes", {}).items())
-    return [r["payload"], r["method"], _f(r["eps"], "g"), _f(r.get("ratio"), ".2f"),
-            _f(r.get("max_err_over_eb"), ".3f"),
-            _f(r.get("max_err_over_range"), ".2e"), _f(r.get("enc_gbps_1t"), ".3f"), _f(r.get("dec_gbps_1t"), ".3f"),
-            _f(r.get("enc_gbps_all"), ".3f"), _f(r.get("dec_gbps_all"), ".3f"), modes]
-
-
-def format_text(rows: list[dict]) -> str:
-    table = [list(COLUMNS)] + [_cells(r) for r in rows]
-    widths = [max(len(t[i]) for t in table) for i in range(len(COLUMNS))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(t, widths)).rstrip() for t in table)
-
-
-def format_markdown(rows: list[dict]) -> str:
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(_cells(r)) + " |" for r in rows]
-    return "\n".join(lines)
-
-
-def check_targets(rows: list[dict], impl: str) -> list[dict]:
-    """DESIGN.md targets per payload and eps, judged by the rule (benchmarks/common.py): DLAC >= 90% of
-    dedup+entropy, never below SZ3, bound held (deterministic figures: one "repeat"); one-thread speed (1.5 GB/s
-    encode and decode on the gradient payload, issue 15), the median call and at least two thirds of the calls."""
-    out = []
-    by = {(r["payload"], r["method"], r["eps"]): r for r in rows}
-    dlac = f"DLAC ({impl})"
-    for (payload, method, eps), r in by.items():
-        if method != dlac:
-            continue
-        ent = by.get((payload, "dedup + order-0 entropy", eps))
-        sz3 = by.get((payload, "SZ3 (pysz, ABS)", eps))
-        checks = [judge("bound held (err/eb <= 1)", r["max_err_over_eb"], [r["max_err_over_eb"]], 1.0, at_least=False)]
-        if ent:
-            frac = r["ratio"] / ent["ratio"]
-            checks.append(judge(f"ratio / dedup+entropy >= {TARGETS['entropy_fraction']:.0%}", frac, [frac],
-                                TARGETS["entropy_fraction"]))
-        if sz3:
-            checks.append(judge("ratio / SZ3 >= 1", r["ratio"] / sz3["ratio"], [r["ratio"] / sz3["ratio"]], 1.0))
-        int8 = by.get((payload, "fbgemm INT8 row-wise", None))
-        if int8 and payload.startswith("dlrm_v2") and eps == 0.03:  # issue 14's target for multi-hot DLRM v2
-            vs = r["ratio"] / int8["ratio"]
-            checks.append(judge("ratio / fbgemm INT8 row-wise >= 2.5", vs, [vs], 2.5))
-        if "enc_gbps_1t" in r:
-            t = GRADIENT_TARGETS if payload == "gradient" else TARGETS
-            for key, what in (("enc_gbps_1t", "compress"), ("dec_gbps_1t", "decompress")):
-                checks.append(judge(f"{what} 1 thread >= {t[key]} GB/s", r[key], r.get(f"{key}_calls", [r[key]]),
-                                    t[key]))
-        for c in checks:
-            out.append(dict(payload=payload, eps=eps, value=c["pooled"], **c))
-    return out
-
-
-def format_targets(targets: list[dict], markdown: bool) -> str:
-    if markdown:
-        lines = ["| payload | eps | target | value | repeats (calls) meeting it | met |", "|---|---|---|---|---|---|"]
-        lines += [f"| {t['payload']} | {t['eps']} | {t['target']} | {t['value']:.3f} |"
-                  f" {t.get('repeats_meeting', '-')} of {t.get('repeats', '-')} | {'yes' if t['met'] else '**no**'} |"
-                  for t in targets]
-        return "\n".join(lines)
-    return "\n".join(f"  {'MET   ' if t['met'] else 'MISSED'} {t['payload']:<8} eps {t['eps']!s:<5} {t['target']:<40} "
-                     f"{t['value']:.3f}" for t in targets)
-
-
-def markdown(data: dict) -> list[str]:
-    """The generated lines of docs/benchmarks.md's codec block from a results file (``data``)."""
-    forced = data.get("forced_mode_ratios") or []
-    lines = [f"- `{n}`: {p['description']} ({p['shape'][0]}x{p['shape'][1]} float32, {p['chunks']} chunk(s))"
-             for n, p in data["payloads"].items()]
-    lines += [
-        "",
-        "ratio = raw float32 bytes / compressed bytes summed over the table chunks; err/eb = max |x - x_hat| over "
-        "the per-chunk bound `float32(eps) * (max - min)` (<= 1 means the bound held); err/range = max error over "
-        "the chunk's range; GB/s = raw float32 bytes per second (median call), 1 thread and all threads; DLAC "
-        "encodes all chunks with one `encode_grid` call. Entropy rows are information-theoretic figures (no "
-        "headers, no coder).",
-        "",
-        *format_markdown(data["results"]).splitlines(),
-    ]
-    if forced:
-        lines += ["", "DLAC ratio if one lossless mode were forced on every chunk (the API cannot force a mode; sizes "
-                  "from the reference encoder's rules, no timing):", "",
-                  "| payload | eps | PACK | HUFF | DEDUP |", "|---|---|---|---|---|"]
-        lines += [f"| {f['payload']} | {f['eps']} | {_f(f['PACK_ratio'], '.2f')} | {_f(f['HUFF_ratio'], '.2f')} |"
-                  f" {_f(f['DEDUP_ratio'], '.2f')} |" for f in forced]
-    lines += ["", "Targets (DESIGN.md; speed by the rule over the timed calls):", "",
-              *format_targets(data["targets"], markdown=True).splitlines(), ""]
-    lines += [f"- {n}" for n in data.get("notes", [])]
-    return lines
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, epilog=outputs_help(__spec__.name),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--eps", nargs="+", type=float, default=[0.01, 0.03, 0.05])
     parser.add_argument("--impl", choices=["auto", "native", "ref"], default="auto",
                         help="DLAC implementation; auto = native if it builds, else the reference")
@@ -514,7 +284,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5, help="at least this many timed calls per measurement")
     parser.add_argument("--min-seconds", type=float, default=0.3, help="and at least this long per measurement")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="the 'all threads' setting")
-    parser.add_argument("--json-out", type=Path, default=REPO / "benchmarks" / "results" / "codec_bench.json")
+    parser.add_argument("--json-out", type=Path, default=RESULTS / "codec_bench.json")
     parser.add_argument("--quick", action="store_true", help="smoke run: small payloads, 1 epoch, short timings")
     parser.add_argument("--dlrm-v2-steps", type=int, default=32,
                         help="training steps of the DLRM v2 (DCN, multi-hot) model before capturing its payloads")
@@ -522,7 +292,7 @@ def main() -> None:
                         help="also TorchRec's qcomm codecs of these precisions (fbgemm's FP8 and MX4 kernels)")
     parser.add_argument("--no-dlrm-v2", action="store_true", help="skip the dlrm_v2 / dlrm_v2_iid payloads")
     args = parser.parse_args()
-    metadata = start_run("benchmarks/codec_bench.py", vars(args))
+    metadata = start_run(__spec__.name, vars(args))
     if args.quick:
         args.repeat, args.min_seconds, args.epochs = 2, 0.02, 1
 
@@ -594,7 +364,7 @@ def main() -> None:
         print("\nDLAC ratio if one lossless mode were forced on every chunk (sizes by the reference's rules):")
         for f in forced:
             print(f"  {f['payload']:<8} eps {f['eps']:<5} " + "  ".join(
-                f"{k[:-6]} {_f(v, '.2f')}" for k, v in f.items() if k.endswith("_ratio")))
+                f"{k[:-6]} {'-' if v is None else format(v, '.2f')}" for k, v in f.items() if k.endswith("_ratio")))
     print("\nDESIGN.md targets:")
     print(format_targets(targets, markdown=False))
     for n in notes:
@@ -605,7 +375,7 @@ def main() -> None:
                                   for n, x, cs, d in payloads})
     write_results(args.json_out, metadata, vars(args), results, forced_mode_ratios=forced, targets=targets,
                   **extra)
-    print(f"wrote {args.json_out} (benchmarks/render.py puts it into docs/benchmarks.md and README.md)")
+    print(f"wrote {args.json_out} (python -m benchmarks.render puts it into docs/benchmarks.md and README.md)")
 
 
 if __name__ == "__main__":

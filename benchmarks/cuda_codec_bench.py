@@ -9,7 +9,7 @@ sends):
     multihot  MLPerf DLRM v2 sized bags (1-100 ids) over that model's trained rows, sum-pooled
     gradient  the backward all-to-all's payload: d(loss) / d(pooled embeddings) of that model
 
-(the last three from benchmarks/gpu_payloads.py and its shipped file, so --batch <= 4096 for them)
+(the last three from benchmarks/lib/gpu_payloads.py and its shipped file, so --batch <= 4096 for them)
 
 Timed with CUDA events (median of --repeat calls after two warm-ups), GB/s of float32 input (encode) or output
 (decode):
@@ -47,8 +47,8 @@ Without a GPU, --emulate runs the same payloads, parity checks and synchronizati
 pipeline compiled for the host (tests/codec/emulated_grid.cpp) and times it with the wall clock: a rehearsal of this
 script, not a measurement of the GPU (benchmarks/gpu_session.sh does so where no GPU is found).
 
-    python benchmarks/cuda_codec_bench.py [--batch 4096] [--eps 0.01 0.05] [--payloads zipf criteo multihot gradient]
-                                          [--json-out FILE] [--markdown-out FILE] [--emulate]
+    python -m benchmarks.cuda_codec_bench [--batch 4096] [--eps 0.01 0.05] [--payloads zipf criteo multihot gradient]
+                                          [--json-out FILE] [--emulate]
 """
 
 from __future__ import annotations
@@ -66,13 +66,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from common import REPO, start_run
 
-TABLES, DIM, DESTS = 26, 64, 8
-PAYLOADS = ("zipf", "criteo", "multihot", "gradient")
-COLUMNS = ["payload", "codec", "ratio", "encode GB/s", "decode GB/s", "enc x memcpy", "dec x memcpy", "err/range",
-           "op enc", "op dec", "parity", "syncs e/d"]
-WIDTHS = [9, 30, 7, 12, 12, 13, 13, 10, 8, 8, 22, 9]
+from benchmarks.lib.cuda_codec import DESTS, DIM, PAYLOADS, TABLES, Table, max_error_over_range, payload
+from benchmarks.lib.paths import REPO, RESULTS
+from benchmarks.lib.plan import outputs_help
+from benchmarks.lib.results import start_run
+
 MX4 = "mx4 (fbgemm triton)"
 # TorchRec's MX4 qcomm (fbgemm_gpu.quantize_comm: QuantizationContext's defaults passed to quantize_utils.fp32_to_mx4):
 # groups of 32 values sharing an exponent, e2m1 elements, the shared exponent rounded to even (RoundingMode.even).
@@ -139,20 +138,6 @@ class Backend:
         return count_synchronizations(fn)
 
 
-def payload(name: str, batch: int, seed: int = 0) -> tuple[torch.Tensor, str]:
-    """Payload ``name`` on the host, [8 * batch, 26 * 64] float32, and a line saying what it is."""
-    if name == "zipf":
-        from codec_bench import zipf_payload
-
-        rows = DESTS * batch
-        x = torch.cat([zipf_payload(rows, DIM, seed=seed + t) for t in range(TABLES)], dim=1)
-        return x, "Zipf(1.1) lookups from 26 random 2000-row tables"
-    import gpu_payloads
-
-    data = gpu_payloads.load()
-    return gpu_payloads.build(name, data, batch, DESTS, seed), f"{name}: {data['description']}"
-
-
 def int8_rowwise_encode(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Row-wise INT8 as fbgemm's Fused8BitRowwise: per row a float32 scale and bias, codes round((x - min) / scale)."""
     lo, hi = torch.aminmax(x, dim=1, keepdim=True)
@@ -163,16 +148,6 @@ def int8_rowwise_encode(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def int8_rowwise_decode(q: torch.Tensor, scale_bias: torch.Tensor) -> torch.Tensor:
     return q.float() * scale_bias[:, :1] + scale_bias[:, 1:]
-
-
-def max_error_over_range(x: torch.Tensor, y: torch.Tensor) -> float:
-    """The largest ``|x - y|`` of each chunk (one destination's rows x one table's columns) over that chunk's range
-    (max - min), the largest over the chunks (a constant chunk counts its error over the smallest float32)."""
-    shape = (DESTS, x.size(0) // DESTS, TABLES, DIM)
-    xs = x.reshape(shape)
-    err = (xs - y.reshape(shape)).abs().amax(dim=(1, 3))
-    span = (xs.amax(dim=(1, 3)) - xs.amin(dim=(1, 3))).clamp_min(torch.finfo(torch.float32).tiny)
-    return float((err / span).max())
 
 
 def fbgemm_triton_dir() -> tuple[Path | None, str]:
@@ -220,63 +195,6 @@ def load_mx4_kernels(package: str = "_fbgemm_triton") -> tuple[types.ModuleType 
         return importlib.import_module(f"{package}.quantize"), said
     except Exception as e:  # noqa: BLE001  a broken copy or an incompatible Triton: a reason, not a crash
         return None, f"loading {said}/quantize.py failed ({type(e).__name__}: {str(e)[:200]})"
-
-
-class Table:
-    """Rows printed and flushed as they come, and the JSON rewritten after each; codecs that could not run are
-    printed and listed as ``not_measured`` (payload, codec, reason)."""
-
-    def __init__(self, json_out: Path, metadata: dict[str, Any], config: dict[str, Any]) -> None:
-        self.rows: list[dict[str, Any]] = []
-        self.not_measured: list[dict[str, str]] = []
-        self.json_out, self.metadata, self.config = json_out, metadata, config
-        self.memcpy_gbps: dict[str, float] = {}
-        print("  ".join(c.ljust(w) for c, w in zip(COLUMNS, WIDTHS)), flush=True)
-
-    def add(self, row: dict[str, Any]) -> None:
-        if row["codec"] == "memcpy":
-            self.memcpy_gbps[row["payload"]] = row["encode_gbps"]
-        base = self.memcpy_gbps.get(row["payload"])
-        for key in ("encode", "decode"):
-            gbps = row.get(f"{key}_gbps")
-            row[f"{key}_x_memcpy"] = gbps / base if gbps and base else None
-        self.rows.append(row)
-        print("  ".join(c.ljust(w) for c, w in zip(self.cells(row), WIDTHS)), flush=True)
-        self.write()
-
-    def skip(self, payload: str, codec: str, reason: str) -> None:
-        """``codec`` could not be measured on ``payload``: say why, and record it."""
-        self.not_measured.append({"payload": payload, "codec": codec, "reason": reason})
-        print(f"{payload}: {codec} not measured ({reason})", flush=True)
-        self.write()
-
-    def write(self) -> None:
-        from common import write_results
-
-        write_results(self.json_out, dict(self.metadata), self.config, self.rows, not_measured=self.not_measured)
-
-    @staticmethod
-    def not_measured_lines(entries: list[dict[str, str]]) -> list[str]:
-        """One line per codec that was not measured, its payloads and the reason (the same on every payload, as a
-        rule, so said once)."""
-        grouped: dict[tuple[str, str], list[str]] = {}
-        for e in entries:
-            grouped.setdefault((e["codec"], e["reason"]), []).append(e["payload"])
-        return [f"- {codec} not measured on {', '.join(payloads)}: {reason}"
-                for (codec, reason), payloads in grouped.items()]
-
-    @staticmethod
-    def cells(row: dict[str, Any]) -> list[str]:
-        def num(v: float | None, fmt: str) -> str:
-            return "-" if v is None else format(v, fmt)
-
-        syncs = row.get("syncs")
-        return [row["payload"], row["codec"], num(row.get("ratio"), ".1f") + ("x" if row.get("ratio") else ""),
-                num(row.get("encode_gbps"), ".1f"), num(row.get("decode_gbps"), ".1f"),
-                num(row.get("encode_x_memcpy"), ".3f"), num(row.get("decode_x_memcpy"), ".3f"),
-                num(row.get("max_err_range"), ".2e"), num(row.get("op_encode_gbps"), ".1f"),
-                num(row.get("op_decode_gbps"), ".1f"),
-                row.get("parity", "-"), "-" if syncs is None else f"{syncs[0]}/{syncs[1]}"]
 
 
 def baselines(table: Table, be: Backend, name: str, x: torch.Tensor, args: argparse.Namespace) -> None:
@@ -407,7 +325,8 @@ def run(args: argparse.Namespace, be: Backend, table: Table) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, epilog=outputs_help(__spec__.name),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch", type=int, default=4096, help="rows per destination (at most 4096 for the "
                         "criteo, multihot and gradient payloads: the samples in the shipped file)")
     parser.add_argument("--eps", nargs="+", type=float, default=[0.01, 0.05])
@@ -418,11 +337,10 @@ def main() -> int:
     parser.add_argument("--quick-baselines", action="store_true", help="memcpy only, no FP16 / INT8 rows")
     parser.add_argument("--emulate", action="store_true",
                         help="no GPU: run the CUDA pipeline compiled for the host (a rehearsal, wall-clock times)")
-    parser.add_argument("--json-out", type=Path, default=REPO / "benchmarks" / "results" / "cuda_codec_bench.json")
-    parser.add_argument("--markdown-out", type=Path, default=None, help="update the '## Codec on GPU' section")
+    parser.add_argument("--json-out", type=Path, default=RESULTS / "cuda_codec_bench.json")
     parser.add_argument("--inject-parity-fault", action="store_true", help=argparse.SUPPRESS)  # rehearsal only
     args = parser.parse_args()
-    metadata = start_run("benchmarks/cuda_codec_bench.py", vars(args))
+    metadata = start_run(__spec__.name, vars(args))
     if not args.emulate and not torch.cuda.is_available():
         print(f"cuda_codec_bench: no device (torch {torch.__version__}, CUDA build {torch.version.cuda}, "
               "torch.cuda.is_available() is False): nothing measured (--emulate rehearses it on the host)", flush=True)
@@ -433,7 +351,6 @@ def main() -> int:
     device = be.name()
     print(f"{device}: payloads {' '.join(args.payloads)}, {TABLES} tables x {DESTS} destinations x {args.batch} rows,"
           f" dim {DIM}, eps {args.eps}; torch {torch.__version__}", flush=True)
-    command = metadata["command"]
     table = Table(args.json_out, metadata, {"device": device, "batch": args.batch, "eps": args.eps,
                                             "payloads": args.payloads, "emulated": args.emulate})
     status = 0
@@ -448,17 +365,6 @@ def main() -> int:
         print(f"cuda_codec_bench: {len(wrong)} row(s) disagree with the CPU kernels or raised: {'; '.join(wrong)}",
               flush=True)
         status = 1
-    if args.markdown_out is not None and table.rows and not args.emulate:
-        from common import write_generated_block
-
-        head = "| " + " | ".join(COLUMNS) + " |"
-        lines = [f"{device}, {TABLES} tables x {DESTS} destinations x {args.batch} rows (dim {DIM}), `{command}`:",
-                 "", head, "|" + "---|" * len(COLUMNS)] + \
-                ["| " + " | ".join(Table.cells(r)) + " |" for r in table.rows]
-        if table.not_measured:
-            lines += ["", *Table.not_measured_lines(table.not_measured)]
-        write_generated_block(args.markdown_out, "## Codec on GPU", "<!-- cuda_codec_bench:begin -->",
-                              "<!-- cuda_codec_bench:end -->", lines)
     return status
 
 

@@ -1,6 +1,6 @@
-"""Where DLAC's CUDA kernels spend their time: one encode and one decode of a cuda_codec_bench payload (criteo, eps
-0.01, the bench's op columns: torch.ops.dlac with relative bounds, decode with host sizes), after warm-ups.
-benchmarks/cuda_profile.sh runs it twice:
+"""Where DLAC's CUDA kernels spend their time: one encode and one decode of a GPU codec benchmark payload (criteo, eps
+0.01, benchmarks.cuda_codec_bench's op columns: torch.ops.dlac with relative bounds, decode with host sizes), after
+warm-ups. benchmarks/cuda_profile.sh runs it twice:
 
     --mode timeline   torch.profiler (CUPTI, no replay): every GPU activity of the two calls in launch order, with
                       its start, duration and the GPU idle time before it, named after the DLAC launch that queued it
@@ -14,7 +14,7 @@ benchmarks/cuda_profile.sh runs it twice:
 
 Exit status 2 without a CUDA device (nothing profiled), 1 when the kernels do not build or load.
 
-    python benchmarks/cuda_profile.py --mode timeline --out DIR [--payload criteo] [--eps 0.01] [--batch 4096]
+    python -m benchmarks.cuda_profile --mode timeline --out DIR [--payload criteo] [--eps 0.01] [--batch 4096]
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchmarks.lib.cuda_codec import DESTS, DIM, TABLES, payload
+from benchmarks.lib.plan import outputs_help
 
 PHASES = ("profile: encode", "profile: decode")
 SERIAL_ENV = "DLAC_CUDA_SERIAL_THREADS"
@@ -42,17 +43,16 @@ RUNTIME_CATS = ("cuda_runtime", "cuda_driver")
 
 
 def workload(name: str, batch: int, eps: float) -> tuple[Callable[[], Any], Callable[[], Any], str]:
-    """Encode and decode calls on the payload as cuda_codec_bench's op columns make them, and a line saying what."""
-    import cuda_codec_bench as ccb
-
+    """Encode and decode calls on the payload as the GPU codec benchmark's op columns make them, and a line saying
+    what."""
     from lightning_dlac.codec import _loader
     from lightning_dlac.codec.api import device_kernels
 
-    x_cpu, what = ccb.payload(name, batch)
+    x_cpu, what = payload(name, batch)
     x = x_cpu.cuda()
-    rs = list(range(0, x.size(0) + 1, x.size(0) // ccb.DESTS))
-    cs = list(range(0, ccb.TABLES * ccb.DIM + 1, ccb.DIM))
-    bounds = torch.full((ccb.TABLES,), eps)
+    rs = list(range(0, x.size(0) + 1, x.size(0) // DESTS))
+    cs = list(range(0, TABLES * DIM + 1, DIM))
+    bounds = torch.full((TABLES,), eps)
     _loader.load_native()
     if not device_kernels("cuda"):
         raise _loader.NativeUnavailable("the native library has no CUDA kernels")
@@ -66,7 +66,7 @@ def workload(name: str, batch: int, eps: float) -> tuple[Callable[[], Any], Call
 
 
 def event_ms(fn: Callable[[], Any], repeat: int = 5) -> float:
-    """Median milliseconds of fn() between CUDA events (as cuda_codec_bench times it)."""
+    """Median milliseconds of fn() between CUDA events (as benchmarks.cuda_codec_bench times it)."""
     times = []
     for _ in range(repeat):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -164,7 +164,8 @@ def key_averages_table(prof: Any) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, epilog=outputs_help(__spec__.name),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mode", choices=("timeline", "ncu"), required=True)
     parser.add_argument("--out", type=Path, default=Path("."))
     parser.add_argument("--payload", default="criteo")

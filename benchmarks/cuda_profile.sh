@@ -6,7 +6,7 @@
 # Builds cuda_ext/ with its CUDA kernels as benchmarks/gpu_session.sh does (benchmarks/gpu_env.sh: sm_90, CUDA_HOME
 # from nvcc, the image's python3 as it is), then profiles one encode and one decode of cuda_codec_bench's criteo
 # payload at eps 0.01 (26 tables x 8 destinations x 4096 rows, dim 64; torch.ops.dlac as the bench's op columns call
-# it) after two warm-ups (benchmarks/cuda_profile.py), twice:
+# it) after two warm-ups (python -m benchmarks.cuda_profile), twice:
 #   1 timeline      torch.profiler, no replay: every kernel, copy and memset in launch order, named after the DLAC
 #                   launch (cuda_ext/dlac_grid_launch.h's KernelScope) or aten op that queued it, its start, duration
 #                   and the GPU idle time before it; GPU time per name; wall time against GPU busy time
@@ -96,7 +96,7 @@ say "build: exit $rc after $(($(date +%s) - t0)) s"
 limit=$(($(left) < 60 ? $(left) : 60))
 say "== timeline (timeout ${limit} s)"
 t0=$(date +%s)
-timeout --kill-after=5 "$limit" "$PY" benchmarks/cuda_profile.py --mode timeline --out "$OUT" "${PAYLOAD_ARGS[@]}" \
+timeout --kill-after=5 "$limit" "$PY" -m benchmarks.cuda_profile --mode timeline --out "$OUT" "${PAYLOAD_ARGS[@]}" \
   >"$OUT/timeline_run.txt" 2>&1
 rc=$?
 [ -f "$OUT/timeline.txt" ] && mv "$OUT/timeline.txt" "$OUT/1_timeline.txt"
@@ -124,7 +124,7 @@ else
       --replay-mode kernel --launch-count 120 "${NVTX[@]}" \
       --section SpeedOfLight --section LaunchStats --section Occupancy --section MemoryWorkloadAnalysis \
       --section SchedulerStats --section WarpStateStats -o "$REP" -f \
-      "$PY" benchmarks/cuda_profile.py --mode ncu "${PAYLOAD_ARGS[@]}" >"$OUT/ncu_run.txt" 2>&1
+      "$PY" -m benchmarks.cuda_profile --mode ncu "${PAYLOAD_ARGS[@]}" >"$OUT/ncu_run.txt" 2>&1
     rc=$?
     say "ncu: exit $rc after $(($(date +%s) - t0)) s"
     grep -v '^==PROF==' "$OUT/ncu_run.txt" | tail -n 15 >>"$LOG"

@@ -17,7 +17,7 @@ demo model's training step is timed on the same batch size for the ratio (forwar
 dense optimizer step of DLRMModule with dlrm_criteo_binary.yaml's sizes, one thread; the embedding tables frozen,
 so this is a lower bound on a real step and the ratio is conservative).
 
-    python benchmarks/data_bench.py      # then benchmarks/render.py puts the tables into docs/benchmarks.md
+    python -m benchmarks.data_bench      # then python -m benchmarks.render puts the tables into docs/benchmarks.md
 
 The generated files are deleted at the end (``--keep`` keeps them).
 """
@@ -37,7 +37,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import CRITEO_SAMPLE, REPO, start_run, write_results
+
+from benchmarks.lib.data import fmt_rate, tables
+from benchmarks.lib.paths import CRITEO_SAMPLE, REPO, RESULTS
+from benchmarks.lib.plan import outputs_help
+from benchmarks.lib.results import start_run, write_results
 
 ROW_BYTES = 13 * 4 + 26 * 8 + 4  # dense float32 + sparse int64 + label int32
 
@@ -143,8 +147,8 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
 
 def _run_child(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
     env = dict(os.environ, OMP_NUM_THREADS="1" if spec["kind"] in ("loader", "train_step") else "2")
-    proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=REPO)  # fmt: skip
+    proc = subprocess.run([sys.executable, "-m", __spec__.name, "--child", json.dumps(spec)], capture_output=True,
+                          text=True, timeout=timeout, env=env, cwd=REPO)  # fmt: skip
     if proc.returncode != 0:
         raise RuntimeError(f"{spec['kind']} child failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -202,37 +206,9 @@ def _write_binary(directory: Path, stem: str, rows: int, seed: int) -> None:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def _fmt_rate(x: float) -> str:
-    return f"{x / 1e6:.2f}M" if x >= 1e6 else f"{x / 1e3:.0f}k"
-
-
-def _tables(pre: list[dict[str, Any]], loader: list[dict[str, Any]], step: dict[str, Any] | None) -> list[str]:
-    out = ["| converter | rows | seconds (median; all runs) | rows/s | vs TorchRec | peak RSS (MiB) |",
-           "|---|---|---|---|---|---|"]
-    for r in pre:
-        runs = ", ".join(f"{t:.2f}" for t in r["all_seconds"])
-        out.append(f"| {r['name']} | {r['rows']:,} | {r['seconds']:.2f} ({runs}) | {_fmt_rate(r['rate'])} |"
-                   f" {r['vs_torchrec']:.1f}x | {r['maxrss_mib']:.0f} |")  # fmt: skip
-    if loader:
-        out += ["", "| reads | rank | open (s) | batches | batches/s | rows/s | share of arrays (MiB) | RSS after (MiB)"
-                " | growth while reading: anonymous / file pages (MiB) | loader vs train step |",
-                "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
-        for r in loader:
-            a, b = r["rss_after"], r["rss_before"]
-            ratio = f"{r['batches_per_second'] * step['step_seconds']:.0f}x" if step else "-"
-            out.append(f"| {'mmap' if r['mmap_mode'] else 'pread'} | {r['rank']} | {r['open_seconds']:.3f} |"
-                       f" {r['batches']:,} | {r['batches_per_second']:.0f} |"
-                       f" {_fmt_rate(r['batches_per_second'] * r['batch_size'])} | {r['share_mib']:.0f} |"
-                       f" {a['VmRSS']:.0f} | {a['RssAnon'] - b['RssAnon']:+.0f} / {a['RssFile'] - b['RssFile']:+.0f} |"
-                       f" {ratio} |")  # fmt: skip
-    if step:
-        out += ["", f"Demo model training step (batch {step['batch_size']}, one thread, dense part only):"
-                f" {step['step_seconds'] * 1e3:.1f} ms median of {step['steps']}."]  # fmt: skip
-    return out
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, epilog=outputs_help(__spec__.name),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--rows", type=int, default=4_000_000, help="TSV rows for our converter")
     parser.add_argument("--torchrec-rows", type=int, default=200_000, help="TSV rows for TorchRec's converter")
@@ -245,12 +221,12 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/dlac_data_bench"))
     parser.add_argument("--keep", action="store_true", help="keep the generated files")
     parser.add_argument("--timeout", type=float, default=1800.0)
-    parser.add_argument("--json-out", type=Path, default=REPO / "benchmarks/results/data_bench.json")
+    parser.add_argument("--json-out", type=Path, default=RESULTS / "data_bench.json")
     args = parser.parse_args()
     if args.child:
         print(json.dumps(_child(json.loads(args.child))))
         return
-    metadata = start_run("benchmarks/data_bench.py", vars(args))
+    metadata = start_run(__spec__.name, vars(args))
     if args.loader_rows < 4 and not args.skip_loader:
         parser.error("--loader-rows must be at least 4 (four days)")
 
@@ -291,7 +267,7 @@ def main() -> None:
             r.update(name=name, rate=r["rows"] / r["seconds"], all_seconds=[t["seconds"] for t in tries],
                      maxrss_mib=max(t["maxrss_mib"] for t in tries))  # fmt: skip
             pre.append(r)
-            print(f"  {name}: {r['rows']:,} rows in {r['seconds']:.2f} s ({_fmt_rate(r['rate'])} rows/s; all runs"
+            print(f"  {name}: {r['rows']:,} rows in {r['seconds']:.2f} s ({fmt_rate(r['rate'])} rows/s; all runs"
                   f" {', '.join(f'{t:.2f}' for t in r['all_seconds'])} s), peak RSS {r['maxrss_mib']:.0f} MiB",
                   flush=True)  # fmt: skip
         for r in pre:
@@ -344,7 +320,7 @@ def main() -> None:
             shutil.rmtree(work, ignore_errors=True)
     load_after = os.getloadavg()
 
-    table = _tables(pre, loader, step)
+    table = tables([*pre, *loader, *([step] if step else [])])
     print()
     print("\n".join(table))
     cfg = dict(rows=args.rows, torchrec_rows=args.torchrec_rows, python_rows=args.python_rows, source=source_name,
@@ -353,14 +329,6 @@ def main() -> None:
     write_results(args.json_out, metadata, cfg, [*pre, *loader, *([step] if step else [])])
     print(f"\nload average (1/5/15 min) before {load_before}, after {load_after}")
     print(f"wrote {args.json_out}")
-
-
-def tables(results: list[dict[str, Any]]) -> list[str]:
-    """The markdown tables of a results file's rows (conversions, loader reads, the train step)."""
-    pre = [r for r in results if "vs_torchrec" in r]
-    loader = [r for r in results if "mmap_mode" in r]
-    step = next((r for r in results if "step_seconds" in r), None)
-    return _tables(pre, loader, step)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ codecs, and how close it comes to its like-for-like ceiling; prints a table and 
 
 Run as root on Linux (needs ``ip netns``, veth and ``tc``), from the repository root:
 
-    python benchmarks/e2e_topology.py --rates 1gbit,10gbit --batch-size 4096 --steps 6 --warmup 2 --repeats 4
+    python -m benchmarks.e2e_topology --rates 1gbit,10gbit --batch-size 4096 --steps 6 --warmup 2 --repeats 4
 
 The network. Two network namespaces (``dlac<pid>a`` / ``dlac<pid>b``, unique per run, deleted when the run ends,
 however it ends) are the two nodes, joined by a veth pair: ``10.78.0.1/24`` on node A's end, ``10.78.0.2/24`` on node
@@ -28,8 +28,8 @@ two loopbacks carried 26 MiB, the veths 47 MiB, where the all-to-all's shares we
 38 MiB to the other node's: the same-node pairs went over ``lo``; over the veth they would have left ``lo`` nearly
 idle and put 57 MiB or more on the veths.
 
-The step loop is e2e_bandwidth.py's (``train_rank``: TorchRec's DLRM, 26 tables of dim 64, table-wise sharding,
-fused Adagrad, one-hot Zipf ids), on the variants (``VARIANTS`` of e2e_bandwidth.py):
+The step loop is the end-to-end benchmarks' (benchmarks/lib/e2e.py's ``train_rank``: TorchRec's DLRM, 26 tables of
+dim 64, table-wise sharding, fused Adagrad, one-hot Zipf ids), on its variants (``VARIANTS``):
 
 - ``fp32``: TorchRec, uncompressed; ``qcomm_int8_fp16``: TorchRec's fastest qcomm codec in e2e_qcomm_race.json;
 - ``dlac_dlac_all``: DLAC both directions, to every peer (``compress_peers="all"``);
@@ -37,21 +37,22 @@ fused Adagrad, one-hot Zipf ids), on the variants (``VARIANTS`` of e2e_bandwidth
   (``compress_peers="other_nodes"``, what ``"auto"`` picks on two GPU nodes; on gloo it compresses for every peer);
 - ``ceiling_dlac_dlac_other_nodes``: its like-for-like ceiling: the null codec (lightning_dlac/comm/null_codec.py)
   sending the bytes of the ``dlac_dlac_other_nodes`` launch of its repeat, launched right after it, no encode or
-  decode; a launch faster than its ceiling by more than 5% is a benchmark error (e2e_bandwidth.ceiling_checks).
+  decode; a launch faster than its ceiling by more than 5% is a benchmark error (``ceiling_checks``).
 
 Each variant is launched ``--repeats`` times (4 by default) in ABBA order, its steps pooled (median step, the slowest
 rank per step); ratios are the pooled medians' with the per-repeat ratios of the launches of the same repeat. Each
 rank records the payload bytes it sent to the peers of each link class (forward + backward): for DLAC from its
 ``CommStats`` (``same_node_sent_bytes``, ``other_nodes_sent_bytes``), for FP32 and qcomm each peer's equal share of
-what the rank sent. The targets (``TARGETS``, judged by the rule of benchmarks/common.py): at 1 Gbit/s between the
+what the rank sent. The targets (``TARGETS``, judged by the rule of benchmarks/lib/rule.py): at 1 Gbit/s between the
 nodes, DLAC to other nodes only >= 1.1x DLAC to every peer, and ahead of every qcomm variant that ran.
 
 ``dlac estimate`` against these launches (issue 37 item 3): each rate starts with a probe launch (``probe_rank``:
 a node's two ranks exchanging one peer's share over their loopback, the share to the other node alone, a whole
 float32 all-to-all and a one-float message round, recorded under ``probes``), each DLAC launch records the
 ``dlac_run.json`` summary ``DLACCallback`` would write (``run_summary``), and the run ends with
-topology_estimate.py's check of each policy's predicted step against its launches (``estimate_check``; its
-docstring says where each input comes from).
+benchmarks/lib/estimate_check.py's check of each policy's predicted step against its launches (``estimate_check``; its
+docstring says where each input comes from). ``--recheck FILE`` prints that check of a results file again, by
+today's model.
 """
 
 from __future__ import annotations
@@ -71,9 +72,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import topology_estimate
-from common import REPO, judge, start_run, write_results
-from e2e_bandwidth import (
+from benchmarks.lib import estimate_check
+from benchmarks.lib.e2e import (
     VARIANTS,
     ceiling_checks,
     ceilings_after_sources,
@@ -83,7 +83,12 @@ from e2e_bandwidth import (
     speedups,
     spread,
     summarize,
+    train_rank,
 )
+from benchmarks.lib.paths import REPO, RESULTS
+from benchmarks.lib.plan import outputs_help
+from benchmarks.lib.results import load_results, start_run, write_results
+from benchmarks.lib.rule import judge
 
 NODES, RANKS_PER_NODE = 2, 2
 WORLD_SIZE = NODES * RANKS_PER_NODE
@@ -97,7 +102,7 @@ TARGETS = (
     ("1gbit", "DLAC to other nodes only >= 1.1x DLAC to every peer", "dlac_dlac_other_nodes", "dlac_dlac_all", 1.1),
 )
 TARGET_RATE = "1gbit"
-PROBE = "probe"  # the set-up launch that measures the links for topology_estimate.py (not a variant)
+PROBE = "probe"  # the set-up launch that measures the links for benchmarks/lib/estimate_check.py (not a variant)
 PROBE_REPEATS = 5
 
 
@@ -166,7 +171,7 @@ def rank_env(topo: Topology, rank: int, port: int) -> dict[str, str]:
 
 def rank_command(topo: Topology, rank: int, spec: Path, out: Path) -> list[str]:
     """The command line of rank ``rank``: this script's rank entry point inside its node's namespace."""
-    return ["ip", "netns", "exec", topo.namespace(topo.node_of(rank)), sys.executable, str(Path(__file__).resolve()),
+    return ["ip", "netns", "exec", topo.namespace(topo.node_of(rank)), sys.executable, "-m", "benchmarks.e2e_topology",
             "--_rank-spec", str(spec), "--_rank-out", str(out)]
 
 
@@ -192,11 +197,10 @@ def link_counters(topo: Topology) -> dict[str, int]:
 
 
 def _rank_main(spec_path: Path, out: Path) -> None:
-    """A rank process: rank and world from the environment, e2e_bandwidth's step loop, its result to ``out``."""
+    """A rank process: rank and world from the environment, the end-to-end step loop, its result to ``out``."""
     import torch
 
     torch.set_num_threads(1)
-    from e2e_bandwidth import train_rank
 
     spec = json.loads(spec_path.read_text())
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -212,11 +216,11 @@ def _rank_main(spec_path: Path, out: Path) -> None:
 
 
 def probe_rank(rank: int, world: int, share_bytes: int, repeats: int) -> dict[str, Any]:
-    """A rank of the set-up probe (topology_estimate.py's link inputs): seconds per repeat, after one untimed round,
-    of a one-float all-to-all of all ranks (``tiny_s``), the two ranks of each node exchanging ``share_bytes`` with
-    each other, both nodes at once (``same_node_s``: loopback), every rank sending ``share_bytes`` to each rank of the
-    other node only (``other_nodes_s``: the veth) and a whole float32 all-to-all (``all_peers_s``), each started
-    after a barrier."""
+    """A rank of the set-up probe (the link inputs of benchmarks/lib/estimate_check.py): seconds per repeat, after one
+    untimed round, of a one-float all-to-all of all ranks (``tiny_s``), the two ranks of each node exchanging
+    ``share_bytes`` with each other, both nodes at once (``same_node_s``: loopback), every rank sending ``share_bytes``
+    to each rank of the other node only (``other_nodes_s``: the veth) and a whole float32 all-to-all (``all_peers_s``),
+    each started after a barrier."""
     import torch
     import torch.distributed as dist
 
@@ -377,12 +381,12 @@ def run_rate(topo: Topology, rate: str, variants: list[str], cfg: dict[str, Any]
     source); the rows, the probe and the next free port."""
     _run(rate_commands(topo, rate), check=rate != "unthrottled")
     # The links as the model sees them, measured before the first variant: one peer's float32 share of a step.
-    share = cfg["batch_size"] * sum(topology_estimate.DIMS) * 4 // WORLD_SIZE
+    share = cfg["batch_size"] * sum(estimate_check.DIMS) * 4 // WORLD_SIZE
     load = os.getloadavg()[0]
     probe_ranks = launch(topo, PROBE, dict(share_bytes=share, probe_repeats=PROBE_REPEATS), port, cfg["timeout"])
     port += 1
     probe = dict(share_bytes=share, repeats=PROBE_REPEATS, loadavg_1m=load, per_rank=probe_ranks)
-    fig = topology_estimate.probe_figures(probe, NODES, RANKS_PER_NODE)
+    fig = estimate_check.probe_figures(probe, NODES, RANKS_PER_NODE)
     print(f"  [{rate}] probe: within a node {fig['intra_gbit']:.2f} Gbit/s per rank, to the other node"
           f" {fig['inter_gbit_measured']:.3f} Gbit/s per node, {fig['latency_us']:.0f} us per message", flush=True)
     launches: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
@@ -400,7 +404,7 @@ def run_rate(topo: Topology, rate: str, variants: list[str], cfg: dict[str, Any]
             launches[name].append(dict(repeat=rep, position=position, loadavg_1m=load, median_ms=median,
                                        link_bytes={k: after[k] - before[k] for k in after}, per_rank=per_rank))
             if VARIANTS[name].kind == "dlac":  # what DLACCallback would write as dlac_run.json (dlac estimate's input)
-                launches[name][-1]["run_summary"] = topology_estimate.run_summary(per_rank)
+                launches[name][-1]["run_summary"] = estimate_check.run_summary(per_rank)
             print(f"  [{rate}] {name} (repeat {rep + 1}/{cfg['repeats']}): {median:.0f} ms/step"
                   f" ({time.perf_counter() - t0:.0f} s)", flush=True)
     rows = []
@@ -418,13 +422,14 @@ def run_rate(topo: Topology, rate: str, variants: list[str], cfg: dict[str, Any]
                       for x in launches[name]],
         )
         if VARIANTS[name].kind == "dlac":
-            row["run_summary"] = topology_estimate.run_summary(pooled)
+            row["run_summary"] = estimate_check.run_summary(pooled)
         rows.append(row)
     return rows, probe, port
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, epilog=outputs_help(__spec__.name),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rates", default="1gbit,10gbit",
                         help="comma-separated tc rates between the nodes (e.g. 1gbit, 500mbit) or 'unthrottled'")
     parser.add_argument("--steps", type=int, default=6, help="timed steps per launch")
@@ -434,17 +439,26 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=4096, help="samples per rank per step")
     parser.add_argument("--max-rows", type=int, default=10_000, help="cap on every table's rows")
     parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
-                        help=f"comma-separated subset of e2e_bandwidth's variants (default {DEFAULT_VARIANTS})")
+                        help=f"comma-separated subset of the end-to-end variants (default {DEFAULT_VARIANTS})")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds a launch may take")
-    parser.add_argument("--json-out", type=Path, default=REPO / "benchmarks/results/e2e_topology.json")
+    parser.add_argument("--json-out", type=Path, default=RESULTS / "e2e_topology.json")
+    parser.add_argument("--recheck", type=Path, default=None, metavar="FILE",
+                        help="run nothing: print dlac estimate's check of the launches of results file FILE again")
     parser.add_argument("--_rank-spec", type=Path, default=None, help=argparse.SUPPRESS)  # a rank process
     parser.add_argument("--_rank-out", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args._rank_spec is not None:
         _rank_main(args._rank_spec, args._rank_out)
         return
+    if args.recheck is not None:
+        data = load_results(args.recheck)
+        if not data.get("probes"):
+            sys.exit(f"{args.recheck} has no set-up probe (written before issue 37 item 3): run this benchmark again.")
+        checked = estimate_check.check(data["results"], data["probes"], data["config"])
+        print("\n".join(estimate_check.lines(checked)))
+        return
 
-    metadata = start_run("benchmarks/e2e_topology.py", vars(args))
+    metadata = start_run(__spec__.name, vars(args))
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown:
@@ -452,7 +466,7 @@ def main() -> None:
     for name in variants:
         v = VARIANTS[name]
         if v.pipeline is not None or v.classes or v.auto_fallback:
-            parser.error(f"{name}: e2e_topology runs the plain step with fixed bounds only")
+            parser.error(f"{name}: benchmarks.e2e_topology runs the plain step with fixed bounds only")
         if v.ceiling_of is not None and v.ceiling_of not in variants:
             parser.error(f"{name} sends the bytes of the latest {v.ceiling_of} launch: add {v.ceiling_of}")
     if args.steps < 1 or args.warmup < 0 or args.batch_size < 1 or args.repeats < 1:
@@ -462,7 +476,8 @@ def main() -> None:
         if r != "unthrottled" and not re.fullmatch(r"\d+(\.\d+)?([kmg]?bit|[kmg]?bps)", r):
             parser.error(f"rate {r!r} is not a tc rate like '1gbit' or '500mbit' (or 'unthrottled')")
     if sys.platform != "linux" or os.geteuid() != 0 or not (shutil.which("ip") and shutil.which("tc")):
-        sys.exit("e2e_topology.py emulates two nodes with `ip netns`, a veth pair and `tc`: run it as root on Linux.")
+        sys.exit("benchmarks.e2e_topology emulates two nodes with `ip netns`, a veth pair and `tc`: run it as root on"
+                 " Linux.")
 
     from lightning_dlac.codec import native_available
 
@@ -505,10 +520,10 @@ def main() -> None:
               f" per repeat {reps}{noisy}")
     for e in errors:
         print(f"BENCHMARK ERROR {e['message']}")
-    estimate_check = topology_estimate.check(rows, probes, cfg)
-    print("\n".join(topology_estimate.lines(estimate_check)))
+    checked = estimate_check.check(rows, probes, cfg)
+    print("\n".join(estimate_check.lines(checked)))
     write_results(args.json_out, metadata, cfg, rows, targets=targets, errors=errors, probes=probes,
-                  estimate_check=estimate_check)
+                  estimate_check=checked)
     print(f"\nwrote {args.json_out}")
 
 

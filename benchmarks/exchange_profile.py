@@ -46,8 +46,8 @@ a ``torch.profiler`` pass over that many more steps adds the self CPU time of th
 ``aten::copy_``, ``aten::_to_copy``, ...) and allocations (``aten::empty*``, ``aten::zeros``) per direction; its
 figures include the profiler's own overhead (they ran well above the timed phases here) and are off by default.
 
-    python benchmarks/exchange_profile.py                  # ~1-2 min on 2 cores
-    python benchmarks/exchange_profile.py --steps 4 --json-out /tmp/p.json   # a smoke run
+    python -m benchmarks.exchange_profile                  # ~1-2 min on 2 cores
+    python -m benchmarks.exchange_profile --steps 4 --json-out /tmp/p.json   # a smoke run
 
 Prints the table and writes benchmarks/results/exchange_profile.json (metadata as every results file).
 """
@@ -65,7 +65,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from common import REPO, run_ranks, start_run, write_results
+
+from benchmarks.lib.launch import run_ranks
+from benchmarks.lib.paths import RESULTS
+from benchmarks.lib.plan import outputs_help
+from benchmarks.lib.results import start_run, write_results
 
 TABLES, DIM = 26, 64
 # The wrapped public functions of lightning_dlac.comm.exchange: attribute -> phase. Calls nest (start_forward runs
@@ -504,7 +508,8 @@ def table(summary: dict[str, dict[str, Any]]) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, epilog=outputs_help(__spec__.name),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch-size", type=int, default=4096, help="samples per rank")
     parser.add_argument("--max-rows", type=int, default=10_000, help="cap on every table's rows (as e2e_bandwidth)")
     parser.add_argument("--backward", default="bf16,dlac", help="backward encodings to profile, comma-separated")
@@ -515,9 +520,9 @@ def main() -> None:
     parser.add_argument("--profiler-steps", type=int, default=0, help="steps under torch.profiler (0: none)")
     parser.add_argument("--label", default=None,
                         help="what exchange code ran, kept in the config (e.g. an older package on PYTHONPATH)")
-    parser.add_argument("--json-out", type=Path, default=REPO / "benchmarks" / "results" / "exchange_profile.json")
+    parser.add_argument("--json-out", type=Path, default=RESULTS / "exchange_profile.json")
     args = parser.parse_args()
-    metadata = start_run("benchmarks/exchange_profile.py", vars(args))
+    metadata = start_run(__spec__.name, vars(args))
     cfg = dict(batch_size=args.batch_size, max_rows=args.max_rows, backward=args.backward.split(","), eps=args.eps,
                steps=args.steps, warmup=args.warmup, kernel_repeat=args.kernel_repeat,
                profiler_steps=args.profiler_steps, world_size=2, threads_per_rank=1, tables=TABLES, dim=DIM,

@@ -1,9 +1,10 @@
 """The accuracy-bytes frontier against TorchRec's codecs on the family of worlds (issue 33 item 3).
 
-benchmarks/adaptive_accuracy.py draws the frontier on the Criteo sample; this script draws it on each world of
-:mod:`calibration_data`'s family, with the same arms and the same judgement (adaptive_accuracy's :func:`frontier` and
-FRONTIER_DEFINITIONS), under the protocol the family's default is judged by (calibration_bench.py ``--settle``:
-every arm trains until its validation AUROC settles, at most SETTLE_MAX batches; paired training seeds):
+``python -m benchmarks.adaptive_accuracy`` draws the frontier on the Criteo sample; this script draws it on each
+world of the family (benchmarks/lib/calibration_data.py), with the same arms and the same judgement
+(benchmarks/lib/frontier.py's :func:`frontier` and FRONTIER_DEFINITIONS), under the protocol the family's default is
+judged by (``python -m benchmarks.calibration_bench --settle``: every arm trains until its validation AUROC settles,
+at most SETTLE_MAX batches; paired training seeds):
 
 - ``uncompressed``, the reference every AUROC difference is taken against;
 - DLAC at constant bounds 0.002 / 0.005 / 0.01 / 0.03 / 0.05 for the whole run, and the default ``DLACCallback()``;
@@ -14,7 +15,7 @@ Per world: every arm's point (AUROC difference from the uncompressed run of the 
 per step, summed over both ranks, remote traffic only), every qcomm point's dominating DLAC points, and whether the
 default is on or near the frontier. The summary counts the worlds where each target holds::
 
-    python benchmarks/frontier_worlds.py --count 3 --json-out benchmarks/results/frontier_worlds.json
+    python -m benchmarks.frontier_worlds --count 3 --json-out benchmarks/results/frontier_worlds.json
 
 Why settled runs, not a fixed length: on some worlds the runs sit on a plateau and leave it at a step the
 trajectory decides (evaluation world 1000: calibration_curves.json, docs/adaptive.md), so at a fixed length an arm
@@ -36,25 +37,28 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from adaptive_accuracy import FRONTIER_DEFINITIONS, FRONTIER_TARGETS, frontier, frontier_lines
-from calibration_bench import (
+from benchmarks.lib.calibration_arms import (
     CONSTANT_PREFIX,
-    FLOOR_Z,
     QCOMM_PREFIX,
     SETTLE_DELTA,
     SETTLE_EVERY,
     SETTLE_MAX,
     WORLD_FULL,
-    config_differs,
     default_rule,
-    resumed_worlds,
     run_world,
     training_seed,
 )
-from common import REPO, load_results, run_ranks, start_run, write_results
+from benchmarks.lib.calibration_data import EVAL_WORLDS, draw_world
+from benchmarks.lib.calibration_judgement import FLOOR_Z
+from benchmarks.lib.calibration_resume import config_differs, resumed_worlds
+from benchmarks.lib.frontier import FRONTIER_DEFINITIONS, FRONTIER_TARGETS, frontier, frontier_lines
+from benchmarks.lib.launch import run_ranks
+from benchmarks.lib.paths import RESULTS
+from benchmarks.lib.plan import outputs_help
+from benchmarks.lib.results import load_results, start_run, write_results
 
-# The arms, and the names adaptive_accuracy's frontier() reads them by. all_tight and all_loose are the constant
-# bounds 0.01 and 0.05 (calibration_bench's names for them).
+# The arms, and the names frontier() reads them by. all_tight and all_loose are the constant bounds 0.01 and 0.05
+# (the calibration benchmark's names for them).
 ARMS = {
     "uncompressed": "uncompressed",
     CONSTANT_PREFIX + "0.002": "constant 0.002",
@@ -160,7 +164,7 @@ class LaunchLog:
 
 def run_arm(cfg: dict[str, Any], world: int, arm: str, train_seed: int, timeout: float) -> dict[str, Any]:
     """One arm of one world under one training seed: a 2-rank launch, bytes summed over the ranks (each counts what
-    it sends), as a row of adaptive_accuracy's frontier()."""
+    it sends), as a row of frontier()."""
     ranks = run_ranks(run_world, 2, arm, dict(cfg, world=world, train_seed=train_seed, traffic=True),
                       timeout=timeout)
     r0 = ranks[0]
@@ -204,7 +208,8 @@ def summarize(per_world: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, epilog=outputs_help(__spec__.name),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--first", type=int, default=0, help="the first evaluation world (an index into the split)")
     parser.add_argument("--count", type=int, default=3, help="how many evaluation worlds")
     parser.add_argument("--train-seeds", type=int, default=2, help="paired training seeds per world")
@@ -217,11 +222,9 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds a 2-rank launch may take")
     parser.add_argument("--resume", action="store_true",
                         help="continue --json-out: the worlds, and the seeds of a larger --train-seeds, it lacks")
-    parser.add_argument("--json-out", type=Path, default=REPO / "benchmarks/results/frontier_worlds.json")
+    parser.add_argument("--json-out", type=Path, default=RESULTS / "frontier_worlds.json")
     args = parser.parse_args()
-    metadata = start_run("benchmarks/frontier_worlds.py", vars(args))
-
-    from calibration_data import EVAL_WORLDS, draw_world
+    metadata = start_run(__spec__.name, vars(args))
 
     arms = [a.strip() for a in args.arms.split(",")] if args.arms else list(ARMS)
     if set(arms) - set(ARMS) or "uncompressed" not in arms:

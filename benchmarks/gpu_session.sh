@@ -13,7 +13,7 @@
 #                                       same sources compile-checked (tests/codec/cuda_compile_check.py)
 #   3 CUDA tests     3_tests.txt        pytest -v -m cuda tests/codec, each test named as it starts, 60 s per test
 #                                       (a hang is stopped and named), durations at the end
-#   4 benchmark      4_bench.txt/.json  benchmarks/cuda_codec_bench.py on the zipf, criteo, multihot and gradient
+#   4 benchmark      4_bench.txt/.json  python -m benchmarks.cuda_codec_bench on the zipf, criteo, multihot and gradient
 #                                       payloads, rows flushed and saved as measured; its MX4 rows run fbgemm's
 #                                       Triton kernels where they were carried (see DLAC_FBGEMM_TRITON below)
 #   5 memcheck       5_memcheck.txt     compute-sanitizer memcheck with the caching allocator off
@@ -195,12 +195,12 @@ tests() {
 bench() {
   if [ "$GPU" = 1 ]; then
     # shellcheck disable=SC2086  # DLAC_SESSION_BENCH_ARGS is a list of words
-    "$PY" benchmarks/cuda_codec_bench.py --repeat 10 --json-out "$OUT/4_bench.json" ${DLAC_SESSION_BENCH_ARGS:-}
+    "$PY" -m benchmarks.cuda_codec_bench --repeat 10 --json-out "$OUT/4_bench.json" ${DLAC_SESSION_BENCH_ARGS:-}
   else
     echo "no device: the benchmark's payloads, parity checks and synchronization counts on the CUDA pipeline"
     echo "emulated on the host, small batch, wall clock (a rehearsal: no GPU figure)"
     # shellcheck disable=SC2086
-    "$PY" benchmarks/cuda_codec_bench.py --emulate --batch 16 --repeat 1 --eps 0.01 0.05 --no-host-copies \
+    "$PY" -m benchmarks.cuda_codec_bench --emulate --batch 16 --repeat 1 --eps 0.01 0.05 --no-host-copies \
       --quick-baselines --json-out "$OUT/4_bench.json" ${DLAC_SESSION_BENCH_ARGS:-} && return 10
   fi
 }

@@ -1,8 +1,7 @@
 """The step-time model of lightning_dlac.commands.estimate, validated on this machine's throttled runs and projected
-to GPU
-clusters; prints the tables and writes JSON.
+to GPU clusters; prints the tables and writes JSON.
 
-    python benchmarks/scaling_model.py benchmarks/results/e2e_throttled.json [e2e_world3.json e2e_world4.json]
+    python -m benchmarks.scaling_model benchmarks/results/e2e_throttled.json [e2e_world3.json e2e_world4.json]
 
 Validation, per results file and world size (2, 3, 4 ranks; they share one loopback, so the link is ``shared``):
 the inputs come from the launches at the file's fastest rate (unthrottled, else 10 Gbit/s), the predictions are
@@ -31,11 +30,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import REPO, load_results, start_run, write_results
-
-from lightning_dlac.commands.estimate import (  # noqa: E402
-    METHOD_LABELS,
-    METHODS,
+from benchmarks.lib.paths import RESULTS
+from benchmarks.lib.plan import outputs_help
+from benchmarks.lib.results import load_results, start_run, write_results
+from benchmarks.lib.scaling import DIMS, projection_table, validation_table
+from lightning_dlac.commands.estimate import (
     Codec,
     Link,
     Workload,
@@ -43,7 +42,6 @@ from lightning_dlac.commands.estimate import (  # noqa: E402
     predict_all,
 )
 
-DIMS = (64,) * 26  # the e2e benchmark's DLRM
 # e2e variant -> modelled method
 VARIANT_METHOD = {"fp32": "fp32", "qcomm_int8_fp16": "int8_fp16", "dlac_bf16": "dlac_bf16", "dlac_dlac": "dlac_dlac"}
 RATE_GBIT = {"1gbit": 1.0, "10gbit": 10.0}  # and "unthrottled": --loopback-gbit
@@ -180,30 +178,10 @@ def project(args: argparse.Namespace, ratios: tuple[float, float], params: int) 
     return out
 
 
-def _validation_table(rows: list[dict[str, Any]]) -> list[str]:
-    lines = ["| ranks | rate (calibrated on) | method | measured ms (launch medians) | predicted ms | error |",
-             "|---:|---|---|---:|---:|---:|"]
-    for r in rows:
-        meds = r["launch_medians_ms"]
-        spread = f" ({min(meds):.0f}-{max(meds):.0f})" if len(meds) > 1 else ""
-        lines.append(f"| {r['world']} | {r['rate']} ({r['calibrated_on']}) | {METHOD_LABELS[r['method']]} |"
-                     f" {r['measured_ms']:.0f}{spread} | {r['predicted_ms']:.0f} | {100 * r['error']:+.0f}% |")
-    return lines
-
-
-def _projection_table(rows: list[dict[str, Any]]) -> list[str]:
-    lines = ["| link | GPU codec GB/s | GPUs | FP32 ms | " + " | ".join(
-        f"{METHOD_LABELS[m]} speedup" for m in METHODS[1:]) + " |", "|---|---:|---:|---:|" + "---:|" * 3]
-    for r in rows:
-        cells = [f"{r['fp32_ms'] / r[f'{m}_ms']:.2f}x" for m in METHODS[1:]]
-        lines.append(f"| {r['link']} | {r['codec_gb_s']:g} | {r['world']} | {r['fp32_ms']:.1f} | " + " | ".join(cells)
-                     + " |")
-    return lines
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("results", type=Path, nargs="+", help="e2e_bandwidth.py JSON results")
+    parser = argparse.ArgumentParser(description=__doc__, epilog=outputs_help(__spec__.name),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("results", type=Path, nargs="+", help="results files of python -m benchmarks.e2e_bandwidth")
     parser.add_argument("--batch", type=int, default=4096,
                         help="samples per rank of the projection (and of runs whose file does not say)")
     parser.add_argument("--loopback-gbit", type=float, default=16.0, help="unthrottled loopback rate here, Gbit/s")
@@ -216,12 +194,13 @@ def main() -> None:
     parser.add_argument("--gpu-allreduce-hidden", type=float, default=0.0, help="share of the all-reduce hidden")
     parser.add_argument("--eth-latency-us", type=float, default=5.0, help="per-message cost, 100 Gbit/s Ethernet")
     parser.add_argument("--ib-latency-us", type=float, default=2.0, help="per-message cost, 400 Gbit/s InfiniBand")
-    parser.add_argument("--json-out", type=Path, default=REPO / "benchmarks/results/scaling_model.json")
+    parser.add_argument("--json-out", type=Path, default=RESULTS / "scaling_model.json")
     args = parser.parse_args()
-    metadata = start_run("benchmarks/scaling_model.py", vars(args))
+    metadata = start_run(__spec__.name, vars(args))
     missing = [p for p in args.results if not p.is_file()]
     if missing:
-        parser.error(f"no such results file(s): {[str(p) for p in missing]}; run benchmarks/e2e_bandwidth.py first")
+        parser.error(f"no such results file(s): {[str(p) for p in missing]}; run python -m benchmarks.e2e_bandwidth"
+                     " first")
     try:
         args.gpu_codec_gbps = [float(v) for v in args.gpu_codec_gbps.split(",") if v.strip()]
     except ValueError:
@@ -232,7 +211,7 @@ def main() -> None:
     cast = cast_gb_s(args.batch)
     print(f"dense parameters {params}; TorchRec INT8/FP16 cast here {cast:.2f} GB/s (one thread)")
     checked = validate(rows, args, cast, params)
-    print("\n".join(_validation_table(checked)))
+    print("\n".join(validation_table(checked)))
     errors = [abs(r["error"]) for r in checked]
     if errors:
         print(f"|error|: median {100 * statistics.median(errors):.0f}%, max {100 * max(errors):.0f}%"
@@ -243,7 +222,7 @@ def main() -> None:
     print()
     print(f"projection: ratios {ratios[0]:.1f}x forward / {ratios[1]:.1f}x gradients (measured here, 2 ranks),"
           f" compute {args.gpu_compute_ms:g} ms per step (assumed)")
-    print("\n".join(_projection_table(projected)))
+    print("\n".join(projection_table(projected)))
     config = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
     write_results(args.json_out, metadata, config | {"results": [str(p) for p in args.results]},
                   {"validation": checked, "projection": projected, "cast_gb_s": cast, "dense_params": params})

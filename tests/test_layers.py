@@ -147,19 +147,6 @@ def test_the_library_never_imports_the_examples_or_the_tests() -> None:
     assert not wrong, "\n".join(wrong)
 
 
-def test_benchmarks_import_neither_tests_nor_private_names_of_other_scripts() -> None:
-    scripts = {p.stem for p in (REPO / "benchmarks").glob("*.py")}
-    wrong = []
-    for path in sorted((REPO / "benchmarks").glob("*.py")):
-        for line, name in _imports(path):
-            head, _, tail = name.partition(".")
-            if head == "tests":
-                wrong.append(f"{path.name}:{line}: imports {name}")
-            elif head in scripts and head != path.stem and tail.startswith("_"):
-                wrong.append(f"{path.name}:{line}: imports {name}, a private name of another script")
-    assert not wrong, "\n".join(wrong)
-
-
 def test_the_architecture_page_names_every_layer() -> None:
     text = (REPO / "docs" / "strategy.md").read_text()
     section = text[text.index("## Architecture"):]

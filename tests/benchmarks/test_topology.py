@@ -1,22 +1,17 @@
-"""The two-node benchmark's pure parts (benchmarks/e2e_topology.py, issue 37 item 2), in-process: the command lines
-that build and throttle the emulated network, each rank's namespace and torchrun environment, the launch order, the
-bytes per link class and the targets judged by the rule. The namespaces themselves need root and run in the
+"""The two-node benchmark's pure parts (``python -m benchmarks.e2e_topology``, issue 37 item 2), in-process: the command
+lines that build and throttle the emulated network, each rank's namespace and torchrun environment, the launch order,
+the bytes per link class and the targets judged by the rule. The namespaces themselves need root and run in the
 benchmark, not here."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-if str(BENCHMARKS) not in sys.path:
-    sys.path.insert(0, str(BENCHMARKS))
-
-import e2e_topology as topo  # noqa: E402 - benchmarks/ is not a package
-import topology_estimate as te  # noqa: E402
-from e2e_bandwidth import VARIANTS, ceilings_after_sources, launch_order  # noqa: E402
+import benchmarks.e2e_topology as topo
+from benchmarks.lib import estimate_check as te
+from benchmarks.lib.e2e import VARIANTS, ceilings_after_sources, launch_order
 
 
 def test_the_network_is_two_namespaces_joined_by_a_veth_pair_throttled_on_both_ends() -> None:
@@ -91,7 +86,7 @@ def test_fp32_bytes_split_by_link_class_as_each_peers_equal_share() -> None:
     assert dlac[0] == dict(rank=0, node=0, source="CommStats", same_node=500, other_nodes=50)
 
 
-# dlac estimate against the launches (issue 37 item 3): benchmarks/topology_estimate.py
+# dlac estimate against the launches (issue 37 item 3): benchmarks/lib/estimate_check.py
 
 SHARE = 2048 * 26 * 64 * 4 // 4  # one peer's float32 share of a step at batch 2048 on 4 ranks
 

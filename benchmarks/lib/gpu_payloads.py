@@ -2,7 +2,8 @@
 GPU machine has neither TorchRec nor the Criteo sample).
 
 ``benchmarks/payloads/criteo_dlrm.npz`` (about 6 MB) holds what the example DLRM (26 tables, dim 64), trained on the
-shipped Criteo sample as ``benchmarks/codec_bench.py`` trains it, computes for the 4096 rows it did not train on:
+shipped Criteo sample as the codec benchmark trains it (benchmarks/lib/payloads.py), computes for the 4096 rows it did
+not train on:
 
 - ``rows_<t>`` float32 [n_t, 64] and ``index`` uint16 [4096, 26]: the distinct pooled embeddings of table ``t`` and
   each sample's row of each table (the pooled embeddings, factored: a one-hot table's pooled rows repeat);
@@ -12,7 +13,7 @@ shipped Criteo sample as ``benchmarks/codec_bench.py`` trains it, computes for t
 - ``grad_check`` float32 [16, 26 * 64]: the first 16 rows of TorchRec's own gradient, which :func:`gradients` must
   reproduce; ``multi_hot_sizes`` int64 [26]: MLPerf DLRM v2's pooling factors; ``description``: how it was made.
 
-It is written by ``python benchmarks/gpu_payloads.py --write`` (needs TorchRec and
+It is written by ``python -m benchmarks.capture_payloads --write`` (needs TorchRec and
 ``../shared/data/criteo_kaggle_head10k.tsv``; about 5 minutes on 2 cores).
 
 Payloads: float32 ``[destinations * rows, 26 * 64]``, row block ``d`` for destination ``d`` and one column block per
@@ -28,15 +29,14 @@ table, as the forward all-to-all cuts them. Each destination's rows are its own 
 
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
 
 import numpy as np
 import torch
-from common import CRITEO_SAMPLE, HERE
 
-PAYLOAD_FILE = HERE / "payloads" / "criteo_dlrm.npz"
+from benchmarks.lib.paths import PAYLOADS as PAYLOADS_DIR
+
+PAYLOAD_FILE = PAYLOADS_DIR / "criteo_dlrm.npz"
 TABLES, DIM, SAMPLES, GRAD_BATCH = 26, 64, 4096, 256
 PAYLOADS = ("criteo", "multihot", "gradient")
 
@@ -44,7 +44,7 @@ PAYLOADS = ("criteo", "multihot", "gradient")
 def load(path: Path = PAYLOAD_FILE) -> dict[str, np.ndarray]:
     """The shipped arrays, checked for the shapes this module relies on."""
     if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing: write it with `python benchmarks/gpu_payloads.py --write` "
+        raise FileNotFoundError(f"{path} is missing: write it with `python -m benchmarks.capture_payloads --write` "
                                 "(needs TorchRec and the Criteo sample)")
     with np.load(path) as f:
         data = {k: f[k] for k in f.files}
@@ -157,85 +157,3 @@ def build(name: str, data: dict[str, np.ndarray], rows: int, destinations: int, 
     if name not in makers:
         raise ValueError(f"unknown payload {name!r}: choose from {', '.join(PAYLOADS)}")
     return makers[name](data, rows, destinations, seed)
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Writing the file (needs TorchRec: run it where the project's CPU environment is installed)
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def write(path: Path, criteo_tsv: Path, epochs: int) -> None:
-    """Train the example DLRM on ``criteo_tsv`` and save what the payloads are made of (module docstring)."""
-    from codec_bench import train_criteo_dlrm
-
-    from lightning_dlac.criteo import MLPERF_MULTI_HOT_SIZES
-
-    torch.manual_seed(0)
-    model, dm, trained = train_criteo_dlrm(criteo_tsv, SAMPLES, epochs, 10_000)
-    m = model.model
-    ebc = m.sparse_arch.embedding_bag_collection
-    parts, dense, labels, grads = [], [], [], []
-    for batch in dm.val_dataloader():
-        with torch.no_grad():
-            d = ebc(batch.sparse_features).to_dict()
-        x = torch.cat([d[k] for k in d], dim=1)
-        emb = x.view(x.shape[0], TABLES, DIM).detach().requires_grad_(True)
-        logits = m.over_arch(m.inter_arch(dense_features=m.dense_arch(batch.dense_features), sparse_features=emb))
-        model.loss_fn(logits.squeeze(-1), batch.labels.float()).backward()
-        parts.append(x)
-        dense.append(batch.dense_features)
-        labels.append(batch.labels.float())
-        grads.append(emb.grad.reshape(x.shape[0], -1))
-    x, want = torch.cat(parts), torch.cat(grads)
-    if x.shape != (SAMPLES, TABLES * DIM):
-        raise RuntimeError(f"captured {tuple(x.shape)}, expected ({SAMPLES}, {TABLES * DIM})")
-    out: dict[str, np.ndarray] = {"dense": torch.cat(dense).numpy().astype(np.float32),
-                                  "labels": torch.cat(labels).numpy().astype(np.float32),
-                                  "multi_hot_sizes": np.asarray(MLPERF_MULTI_HOT_SIZES, dtype=np.int64)}
-    index = np.empty((SAMPLES, TABLES), dtype=np.uint16)
-    for t in range(TABLES):
-        rows, inverse = np.unique(x[:, t * DIM : (t + 1) * DIM].numpy(), axis=0, return_inverse=True)
-        out[f"rows_{t}"] = rows.astype(np.float32)
-        index[:, t] = inverse.reshape(-1)
-    out["index"] = index
-    for prefix, arch in (("dense", m.dense_arch), ("over", m.over_arch)):
-        linears = [mod for mod in arch.modules() if isinstance(mod, torch.nn.Linear)]
-        for k, lin in enumerate(linears):
-            out[f"{prefix}_{k}_weight"] = lin.weight.detach().numpy().astype(np.float32)
-            out[f"{prefix}_{k}_bias"] = lin.bias.detach().numpy().astype(np.float32)
-    out["grad_check"] = want[:16].numpy().astype(np.float32)
-    # The file must give back TorchRec's pooled embeddings exactly and its gradients (the same float operations).
-    if not torch.equal(pooled(out), x):
-        raise RuntimeError("the factored pooled embeddings do not give back the captured ones")
-    got = gradients(out)
-    err = float((got - want).abs().max() / want.abs().max())
-    if err > 1e-5:
-        raise RuntimeError(f"the plain-torch DLRM's gradients differ from TorchRec's by {err:.2e} of the largest")
-    distinct = sum(out[f"rows_{t}"].shape[0] for t in range(TABLES))
-    out["description"] = np.asarray(
-        f"{trained}; the next {SAMPLES} rows of {criteo_tsv.name}: {distinct} distinct pooled rows over {TABLES}"
-        f" tables; plain-torch gradients within {err:.1e} of TorchRec's (relative to the largest)")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    np.savez_compressed(path, **out)
-    print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB): {out['description']}")
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--write", action="store_true", help="train the DLRM and (re)write the payload file")
-    parser.add_argument("--criteo", type=Path, default=CRITEO_SAMPLE, help="the Criteo Kaggle TSV sample")
-    parser.add_argument("--epochs", type=int, default=3, help="training epochs (as codec_bench.py)")
-    parser.add_argument("--out", type=Path, default=PAYLOAD_FILE)
-    args = parser.parse_args()
-    if args.write:
-        write(args.out, args.criteo, args.epochs)
-    data = load(args.out)
-    print(str(data["description"]))
-    for name in PAYLOADS:
-        x = build(name, data, 512, 2)
-        print(f"{name}: {tuple(x.shape)} float32, mean {float(x.mean()):.2e}, std {float(x.std()):.2e}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,45 +1,49 @@
-"""Every figure block of README.md, docs/benchmarks.md and docs/multinode.md agrees with the results file it is
-rendered from (benchmarks/render.py), so a stale figure cannot land; and the rule that says whether a target is met, the
+"""Every figure block of README.md and docs/ agrees with the results file it is rendered from (``python -m
+benchmarks.render``), so a stale figure cannot land; and the rule that says whether a target is met, the
 like-for-like ceiling's check and the byte accounting of the accuracy benchmark do what the docs say."""
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-BENCHMARKS = REPO / "benchmarks"
-if str(BENCHMARKS) not in sys.path:
-    sys.path.insert(0, str(BENCHMARKS))
+from benchmarks.lib import e2e
+from benchmarks.lib.accuracy import normalize_bytes, over_seeds
+from benchmarks.lib.frontier import frontier, frontier_lines
+from benchmarks.lib.paths import REPO, RESULTS
+from benchmarks.lib.pipeline import alternate_problem
+from benchmarks.lib.plan import ELSEWHERE, STEPS, depth_writing, steps_at
+from benchmarks.lib.results import write_results
+from benchmarks.lib.rule import RULE, judge
+from benchmarks.render.blocks import BLOCKS, blocks_in, render_block, render_text
+from benchmarks.render.calibration import CAPPED, calibration_ablation, calibration_perturb, calibration_worlds
+from benchmarks.render.codec import dlrm_v2_reading
+from benchmarks.render.core import DOCS, Results
+from benchmarks.render.e2e import overlap_default
+from benchmarks.render.frontier import FAMILY_FRONTIER_FILE, _undominated_lines, default_standing, frontier_worlds
+from benchmarks.render.readme import _readme_family_frontier_row
+from benchmarks.render.strategy import pipeline_model
 
-import render  # noqa: E402 - benchmarks/ is not a package
-from common import RULE, judge  # noqa: E402
-from suite import STEPS, depth_writing, steps_at  # noqa: E402
 
-
-@pytest.fixture(scope="module")
-def committed() -> render.Results:
-    return render.Results(BENCHMARKS / "results")
-
-
-@pytest.mark.parametrize("doc", render.DOCS)
-def test_every_rendered_block_matches_its_results_file(doc: str, committed: render.Results) -> None:
+@pytest.mark.parametrize("doc", DOCS)
+def test_every_rendered_block_matches_its_results_file(doc: str, committed: Results) -> None:
     text = (REPO / doc).read_text()
-    blocks = render.blocks_in(text)
+    blocks = blocks_in(text)
     assert blocks, f"{doc} has no rendered block"
     for name, body in blocks.items():
-        assert body == render.render_block(name, committed), (
-            f"{doc}: block {name!r} differs from what benchmarks/results/ gives; run `python benchmarks/render.py`"
+        assert body == render_block(name, committed), (
+            f"{doc}: block {name!r} differs from what benchmarks/results/ gives; run `python -m benchmarks.render`"
             " (or `make render`) and commit the result with the results files"
         )
 
 
 def test_every_block_has_a_renderer_and_every_renderer_a_block() -> None:
-    used = [name for doc in render.DOCS for name in render.blocks_in((REPO / doc).read_text())]
-    assert sorted(set(used)) == sorted(render.BLOCKS) and len(used) == len(set(used))
+    used = [name for doc in DOCS for name in blocks_in((REPO / doc).read_text())]
+    assert sorted(set(used)) == sorted(BLOCKS) and len(used) == len(set(used))
 
 
 def test_the_rule_is_stated_at_the_top_of_docs_benchmarks() -> None:
@@ -47,11 +51,14 @@ def test_the_rule_is_stated_at_the_top_of_docs_benchmarks() -> None:
     assert RULE in head
 
 
-def test_every_results_file_a_block_reads_is_made_by_a_suite_depth() -> None:
-    for name, block in render.BLOCKS.items():
+def test_every_results_file_a_block_reads_is_made_by_a_suite_depth_or_a_gpu_session() -> None:
+    on_gpu = {Path(path).name: module for module, made in ELSEWHERE.items() for path, how in made
+              if "gpu_session.sh" in how}
+    session = (REPO / "benchmarks/gpu_session.sh").read_text()
+    for name, block in BLOCKS.items():
         for f in (*block.files, *block.optional):
-            if f in render.GPU_RESULTS:  # made on a lent GPU: benchmarks/gpu_session.sh runs the script that writes it
-                assert f.replace(".json", ".py") in (REPO / "benchmarks/gpu_session.sh").read_text()
+            if f in on_gpu:  # made on a lent GPU: benchmarks/gpu_session.sh runs the script that writes it
+                assert f"-m {on_gpu[f]} " in session, f"block {name}: gpu_session.sh does not run {on_gpu[f]}"
                 continue
             assert depth_writing(f) in ("quick", "full"), f"block {name}: no `make bench*` depth writes {f}"
     quick = {s.output for s in steps_at("quick")}
@@ -59,19 +66,19 @@ def test_every_results_file_a_block_reads_is_made_by_a_suite_depth() -> None:
     assert {s.output for s in STEPS} == {s.output for s in steps_at("full")}  # the full depth makes every file
 
 
-def test_a_stale_figure_is_caught(committed: render.Results) -> None:
+def test_a_stale_figure_is_caught(committed: Results) -> None:
     text = (REPO / "docs/benchmarks.md").read_text()
-    name, body = next(iter(render.blocks_in(text).items()))
+    name, body = next(iter(blocks_in(text).items()))
     tampered = text.replace(body, body.replace("\n", " 1.23x\n", 1), 1)
-    assert render.blocks_in(tampered)[name] != render.blocks_in(render.render_text(tampered, committed))[name]
+    assert blocks_in(tampered)[name] != blocks_in(render_text(tampered, committed))[name]
 
 
 def test_missing_results_are_awaited_not_presented(tmp_path: Path) -> None:
-    empty = render.Results(tmp_path)
-    body = render.render_block("readme_headline", empty)
+    empty = Results(tmp_path)
+    body = render_block("readme_headline", empty)
     assert body.startswith("*Awaiting `make bench-quick`") and "e2e_throttled.json" in body
     assert not re.search(r"\d", re.sub(r"`[^`]*`", "", body))  # no figure in it
-    assert "`make bench` (`benchmarks/results/adaptive_accuracy_dlrm_v2.json`)" in render.render_block(
+    assert "`make bench` (`benchmarks/results/adaptive_accuracy_dlrm_v2.json`)" in render_block(
         "dlrm_v2_summary", empty)
 
 
@@ -100,7 +107,6 @@ def _row(rate: str, variant: str, launch_ms: list[float]) -> dict:
 
 
 def test_a_dlac_launch_faster_than_its_ceiling_is_a_benchmark_error_not_a_result() -> None:
-    import e2e_bandwidth as e2e
 
     rows = [_row("1gbit", "fp32", [600, 610, 620]), _row("1gbit", "dlac_dlac", [300, 310, 250]),
             _row("1gbit", "ceiling_dlac_dlac", [280, 300, 290])]
@@ -115,7 +121,6 @@ def test_a_dlac_launch_faster_than_its_ceiling_is_a_benchmark_error_not_a_result
 
 
 def test_variants_alternate_abba_and_run_on_library_defaults() -> None:
-    import e2e_bandwidth as e2e
 
     names = ["fp32", "dlac_dlac", "ceiling_dlac_dlac"]
     assert [e2e.launch_order(names, r) for r in range(3)] == [names, names[::-1], names]
@@ -127,7 +132,6 @@ def test_variants_alternate_abba_and_run_on_library_defaults() -> None:
 
 
 def test_qcomm_bytes_of_old_results_files_are_converted_to_remote_traffic() -> None:
-    import adaptive_accuracy
 
     rows = [
         dict(dataset="d", seed=0, variant="uncompressed", steps=2, fwd_raw_bytes=0, fwd_sent_bytes=0, val_auroc=0.8),
@@ -136,13 +140,13 @@ def test_qcomm_bytes_of_old_results_files_are_converted_to_remote_traffic() -> N
         dict(dataset="d", seed=0, variant="qcomm INT8/FP16", steps=2, fwd_raw_bytes=2000, fwd_sent_bytes=640,
              bwd_raw_bytes=0, bwd_sent_bytes=0, val_auroc=0.8),
     ]
-    fixed = {r["variant"]: r for r in adaptive_accuracy.normalize_bytes(rows)}
+    fixed = {r["variant"]: r for r in normalize_bytes(rows)}
     assert (fixed["qcomm INT8/FP16"]["fwd_raw_bytes"], fixed["qcomm INT8/FP16"]["fwd_sent_bytes"]) == (1000, 320)
     assert fixed["uncompressed"]["fwd_sent_bytes"] == 1000  # the fp32 reference
-    summary = {s["variant"]: s for s in adaptive_accuracy._over_seeds(list(fixed.values()))}
+    summary = {s["variant"]: s for s in over_seeds(list(fixed.values()))}
     assert summary["constant 0.01"]["fwd_ratio_mean"] == pytest.approx(10.0)
     assert summary["qcomm INT8/FP16"]["vs_constant_mean"] == pytest.approx(3.2)
-    again = adaptive_accuracy.normalize_bytes(list(fixed.values()))  # converting twice changes nothing
+    again = normalize_bytes(list(fixed.values()))  # converting twice changes nothing
     assert [r["fwd_sent_bytes"] for r in again] == [r["fwd_sent_bytes"] for r in fixed.values()]
 
 
@@ -161,9 +165,8 @@ def _frontier_rows(default_fwd: float) -> list[dict]:
 
 
 def test_the_frontier_counts_a_qcomm_point_dominated_only_within_the_paired_noise() -> None:
-    import adaptive_accuracy
 
-    (f,) = adaptive_accuracy.frontier(_frontier_rows(default_fwd=100))
+    (f,) = frontier(_frontier_rows(default_fwd=100))
     pairs = {p["qcomm"]: p for p in f["pairs"]}
     # constant 0.002 against FP16: per-seed differences -0.0005, +0.0005, -0.001: mean -0.00033, 2 SE 0.00088
     (c,) = [c for c in pairs["qcomm FP16/FP16"]["candidates"] if c["dlac"] == "constant 0.002"]
@@ -174,20 +177,17 @@ def test_the_frontier_counts_a_qcomm_point_dominated_only_within_the_paired_nois
     every, default = f["targets"]
     assert not every["met"] and every["not_dominated"] == ["qcomm MX4/MX4"]
     assert default["met"] and default["on_frontier"]  # nothing sends fewer forward bytes than it
-    (f,) = adaptive_accuracy.frontier(_frontier_rows(default_fwd=200))  # now cheaper and better points exist
+    (f,) = frontier(_frontier_rows(default_fwd=200))  # now cheaper and better points exist
     beaten = {b["variant"] for b in f["targets"][1]["beaten_by"]}
     assert not f["targets"][1]["met"] and beaten == {"constant 0.002", "qcomm MX4/MX4"}
     failed = [dict(dataset="criteo", variant="qcomm FP8/FP8", seed=0, error="RuntimeError: no", seeds_not_launched=[1])]
-    text = "\n".join(adaptive_accuracy.frontier_lines([f], failed))
+    text = "\n".join(frontier_lines([f], failed))
     assert "qcomm FP8/FP8: TorchRec could not run it here (seed 0; not launched again for seeds 1): `RuntimeError" \
         in text
 
 
 def test_the_pipeline_block_sets_each_pipelined_variant_beside_its_twin_and_judges_the_target(
         tmp_path: Path) -> None:
-    import e2e_bandwidth as e2e
-    from common import write_results
-    from e2e_pipeline import alternate_problem
 
     def row(variant: str, launch_ms: list[float], input_dist_ms: float) -> dict:
         return dict(_row("1gbit", variant, launch_ms), label=e2e.VARIANTS[variant].label, input_dist_ms=input_dist_ms,
@@ -202,7 +202,7 @@ def test_the_pipeline_block_sets_each_pipelined_variant_beside_its_twin_and_judg
                     date="2026-01-01T00:00:00+00:00", cores=2, cpu="a CPU", loadavg_before=[1.0, 1.0, 1.0],
                     versions={"torch": "2"})
     write_results(tmp_path / "e2e_pipeline.json", metadata, cfg, rows, targets=[target], errors=[])
-    body = render.render_block("pipeline", render.Results(tmp_path))
+    body = render_block("pipeline", Results(tmp_path))
     # Unpipelined 1000 ms, pipelined 1000 ms (pooled medians); per repeat 1.25, 1.15, 0.90; input dist 2% of a step.
     assert "| 1gbit | DLAC both directions | 1000 | 1000 | 1.00x (0.90-1.25) | 20.0 -> 5.0 (2.0%) | 30.0 -> 30.0 |" \
         in body
@@ -210,24 +210,35 @@ def test_the_pipeline_block_sets_each_pipelined_variant_beside_its_twin_and_judg
     assert verdict in body
     assert body.rstrip().endswith("(Further figures awaiting `make bench-quick`"
                                   " (`benchmarks/results/e2e_pipeline_alternate.json`).)")
-    assert render.render_block("pipeline", render.Results(tmp_path / "none")).startswith(
+    assert render_block("pipeline", Results(tmp_path / "none")).startswith(
         "*Awaiting `make bench-quick` (`benchmarks/results/e2e_pipeline.json`")
     # The alternating variants need both kinds of block among the timed steps.
     assert alternate_problem(4, 16) is None and alternate_problem(0, 12) is None
     assert "hold only one kind" in alternate_problem(8, 4) and "hold only one kind" in alternate_problem(0, 8)
 
 
+def test_the_modelled_figures_of_docs_strategy_are_what_its_dlac_estimate_commands_print() -> None:
+    """docs/strategy.md quotes `dlac estimate`'s model of the pipeline (not measurements) in a block rendered by
+    running the commands it shows; the block states the cluster's gains at every size and the verdict for a machine
+    like this one."""
+    block = "\n".join(pipeline_model(Results(RESULTS)))
+    gains = re.findall(r"- (\d+) ranks: input dist ([\d.]+) ms .*?DLAC both directions ([\d.]+)x", block)
+    assert [w for w, *_ in gains] == ["8", "64", "512", "2"], block
+    cluster = [float(g) for _, _, g in gains[:3]]
+    assert 1.0 < cluster[0] < cluster[2]  # the pipeline pays more as the cluster grows
+    assert "cannot reach the 1.1x target" in block
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # A rendered conclusion follows the figures: rendered from made-up results on both sides of the claim
 
 
-def _results_with(tmp_path: Path, name: str, edit) -> render.Results:  # noqa: ANN001 - a function of the rows
-    import json
+def _results_with(tmp_path: Path, name: str, edit) -> Results:  # noqa: ANN001 - a function of the rows
 
-    data = json.loads((BENCHMARKS / "results" / name).read_text())
+    data = json.loads((RESULTS / name).read_text())
     edit(data["results"])
     (tmp_path / name).write_text(json.dumps(data))
-    return render.Results(tmp_path)
+    return Results(tmp_path)
 
 
 @pytest.mark.parametrize(("overlap_ms", "says"), [
@@ -243,7 +254,7 @@ def test_the_overlap_sentence_follows_the_figures(tmp_path: Path, overlap_ms: fl
                 r["median_step_ms"] = base["median_step_ms"] * overlap_ms
                 r["launch_median_ms"] = [m * overlap_ms for m in base["launch_median_ms"]]
 
-    text = "\n".join(render.overlap_default(_results_with(tmp_path, "e2e_pipeline.json", edit)))
+    text = "\n".join(overlap_default(_results_with(tmp_path, "e2e_pipeline.json", edit)))
     assert says in text, text
 
 
@@ -254,7 +265,7 @@ def test_the_overlap_sentence_follows_the_figures(tmp_path: Path, overlap_ms: fl
 ])
 def test_the_dlrm_v2_reading_follows_the_figures(a2a_ms: float, speedup: float, says: str) -> None:
     row = {"median_step_ms": 1600.0, "fwd_a2a_ms": a2a_ms / 2, "bwd_a2a_ms": a2a_ms / 2, "speedup_vs_fp32": speedup}
-    assert says in render._dlrm_v2_reading(row)
+    assert says in dlrm_v2_reading(row)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -312,8 +323,8 @@ DOC_FILES = ["README.md", *sorted(str(p.relative_to(REPO)) for p in (REPO / "doc
 
 @pytest.mark.parametrize("doc", DOC_FILES)
 def test_no_figure_outside_a_rendered_block(doc: str) -> None:
-    """Every measured figure of README.md and docs/ is rendered from a results file (benchmarks/render.py); what is
-    left outside the blocks is a constant on the commented list above."""
+    """Every measured figure of README.md and docs/ is rendered from a results file (``python -m benchmarks.render``);
+    what is left outside the blocks is a constant on the commented list above."""
     stray = [f"{doc}:{line}: {fig}" for line, fig in _figures(doc) if fig not in ALLOWED]
     assert not stray, "figures outside a rendered block (render them from a results file, or remove them):\n" + \
         "\n".join(stray)
@@ -332,45 +343,42 @@ def test_the_figure_scan_finds_a_hand_written_figure(tmp_path: Path, monkeypatch
 def test_every_results_file_carries_its_metadata_and_is_rendered() -> None:
     """No orphan results: a committed results file says where it comes from (commit, date, machine, command) and
     some rendered block reads it; a file nothing reads or that predates the metadata is regenerated or deleted."""
-    import json
 
-    read = {f for block in render.BLOCKS.values() for f in (*block.files, *block.optional)}
-    for path in sorted((BENCHMARKS / "results").glob("*.json")):
+    read = {f for block in BLOCKS.values() for f in (*block.files, *block.optional)}
+    for path in sorted(RESULTS.glob("*.json")):
         data = json.loads(path.read_text())
         metadata = data.get("metadata") if isinstance(data, dict) else None
         assert metadata and metadata.get("git_commit") and metadata.get("command"), \
             f"{path.name} has no metadata: regenerate it with its `make bench*` step or delete it"
-        assert path.name in read, f"{path.name} is read by no block of benchmarks/render.py: render it or delete it"
+        assert path.name in read, f"{path.name} is read by no rendered block (benchmarks/render/): render or delete it"
 
 
 def test_the_worlds_block_shows_each_worlds_noise_floor_when_the_file_has_one(tmp_path: Path) -> None:
-    import json
 
     name = "calibration_worlds_quick.json"
-    data = json.loads((BENCHMARKS / "results" / name).read_text())
+    data = json.loads((RESULTS / name).read_text())
     for k, w in enumerate(data["per_world"]):
         w["noise_floor"] = {"train_seeds": 5, "floor": 0.0005 * (k + 1)}
     (tmp_path / name).write_text(json.dumps(data))
-    lines = render.calibration_worlds(render.Results(tmp_path))
+    lines = calibration_worlds(Results(tmp_path))
     floor = [line for line in lines if line.startswith("Noise floor per world")]
     assert len(floor) == 1 and "5 paired training seeds" in floor[0]
     assert floor[0].endswith("1000 0.0005, 1001 0.0010, 1002 0.0015.")
     for w in data["per_world"]:  # a run from before paired training seeds: one seed per arm, no floor to show
         del w["noise_floor"]
     (tmp_path / name).write_text(json.dumps(data))
-    assert "Noise floor" not in "\n".join(render.calibration_worlds(render.Results(tmp_path)))
+    assert "Noise floor" not in "\n".join(calibration_worlds(Results(tmp_path)))
 
 
 def test_the_worlds_summary_judges_each_world_against_its_floor_when_the_run_has_one(tmp_path: Path) -> None:
     """The issue's two AUROC judgements are also shown with each world's margin widened to its floor: with a quick
     run's floors of several hundredths, 0.001 alone says nothing."""
-    import json
 
     name = "calibration_worlds_quick.json"
-    data = json.loads((BENCHMARKS / "results" / name).read_text())
+    data = json.loads((RESULTS / name).read_text())
     data["summary"].update(within_floor_of_all_tight=2 / 3, worse_than_all_loose_beyond_floor=1)
     (tmp_path / name).write_text(json.dumps(data))
-    lines = render.calibration_worlds(render.Results(tmp_path))
+    lines = calibration_worlds(Results(tmp_path))
     header = next(line for line in lines if line.startswith("| summary |"))
     assert "within the floor of all-tight" in header and "worse than all-loose beyond the floor" in header
     row = next(line for line in lines if line.startswith("| default"))
@@ -379,23 +387,21 @@ def test_the_worlds_summary_judges_each_world_against_its_floor_when_the_run_has
         for summary in (v for k, v in data.items() if k.startswith("summary")):
             summary.pop(key, None)
     (tmp_path / name).write_text(json.dumps(data))
-    header = next(line for line in render.calibration_worlds(render.Results(tmp_path)) if line.startswith("| summary"))
+    header = next(line for line in calibration_worlds(Results(tmp_path)) if line.startswith("| summary"))
     assert "floor" not in header
 
 
 def test_a_worlds_run_stopped_early_says_how_many_worlds_it_planned(tmp_path: Path) -> None:
-    import json
 
     name = "calibration_worlds_quick.json"
-    data = json.loads((BENCHMARKS / "results" / name).read_text())
+    data = json.loads((RESULTS / name).read_text())
     data["config"]["seeds_planned"] = [*data["config"]["seeds"], 1003, 1004]
     (tmp_path / name).write_text(json.dumps(data))
-    text = "\n".join(render.calibration_worlds(render.Results(tmp_path)))
+    text = "\n".join(calibration_worlds(Results(tmp_path)))
     assert "the run was stopped after 3 of the 5 worlds it planned" in text
 
 
 def test_the_perturbation_block_reads_the_spread_of_the_constant_bounds(tmp_path: Path) -> None:
-    import json
 
     constants = [{"eps": 0.0099, "val_auroc": 0.9431}, {"eps": 0.01, "val_auroc": 0.9426},
                  {"eps": 0.0101, "val_auroc": 0.857}]
@@ -404,38 +410,36 @@ def test_the_perturbation_block_reads_the_spread_of_the_constant_bounds(tmp_path
             "perturb": {"world": 1000, "train_seed": 1, "uncompressed": 0.9559, "constants": constants,
                         "spread": 0.9431 - 0.857}}
     (tmp_path / "calibration_perturb.json").write_text(json.dumps(data))
-    lines = render.calibration_perturb(render.Results(tmp_path))
+    lines = calibration_perturb(Results(tmp_path))
     assert "| 0.0101 | 0.8570 | -0.0989 |" in lines
     assert lines[-1] == "A one-percent change of the bound moves this run's AUROC by up to 0.0861 (86x the 0.001 the" \
         " issue judges)."
 
 
 def test_a_settled_ablation_marks_the_seeds_whose_arm_reached_the_cap(tmp_path: Path) -> None:
-    import json
 
     name = "calibration_ablation_eval.json"
-    data = json.loads((BENCHMARKS / "results" / name).read_text())
+    data = json.loads((RESULTS / name).read_text())
     assert data["config"]["settle"]
     for r in data["results"]:  # every arm settled but one ablation arm under the second seed
         r["settled"] = not (r["variant"] == "loose:t_f3" and r["train_seed"] == 1)
     (tmp_path / name).write_text(json.dumps(data))
-    lines = render.calibration_ablation(render.Results(tmp_path), name)
-    marked = [line for line in lines if render.CAPPED in line]
+    lines = calibration_ablation(Results(tmp_path), name)
+    marked = [line for line in lines if CAPPED in line]
     row = [line for line in marked if line.startswith("| t_f3 |")]
-    assert len(row) == 1 and row[0].split(" | ")[3].count(render.CAPPED) == 1
-    assert row[0].split(" | ")[3].split(", ")[1].endswith(render.CAPPED)  # the second seed's cost
-    assert [line for line in marked if not line.startswith("| ")] == [f"{render.CAPPED}: the arm reached the cap"
+    assert len(row) == 1 and row[0].split(" | ")[3].count(CAPPED) == 1
+    assert row[0].split(" | ")[3].split(", ")[1].endswith(CAPPED)  # the second seed's cost
+    assert [line for line in marked if not line.startswith("| ")] == [f"{CAPPED}: the arm reached the cap"
                                                                         " without settling."]
     for r in data["results"]:
         r["settled"] = True
     (tmp_path / name).write_text(json.dumps(data))
-    assert render.CAPPED not in "\n".join(render.calibration_ablation(render.Results(tmp_path), name))
+    assert CAPPED not in "\n".join(calibration_ablation(Results(tmp_path), name))
 
 
 def test_the_family_frontier_says_by_how_much_an_undominated_qcomm_point_is_missed() -> None:
-    import json
 
-    per_world = json.loads((BENCHMARKS / "results" / render.FAMILY_FRONTIER_FILE).read_text())["per_world"]
+    per_world = json.loads((RESULTS / FAMILY_FRONTIER_FILE).read_text())["per_world"]
     # A world of the committed file, with one qcomm point that has cheaper DLAC points made undominated whatever
     # the run found: the lines are read from the pair, so the test does not hang on a result.
     world, missed = next((w, p) for w in per_world for p in w["frontier"]["pairs"]
@@ -444,44 +448,42 @@ def test_the_family_frontier_says_by_how_much_an_undominated_qcomm_point_is_miss
         p["dominated_by"] = [] if p is missed else p["dominated_by"] or ["a DLAC point"]
     fewer = [c for c in missed["candidates"] if c["no_more_fwd_bytes"] and c["seeds"]]
     closest = max(fewer, key=lambda c: c["auroc_diff"] + c["noise"])
-    (line,) = render._undominated_lines([world])[1:]
+    (line,) = _undominated_lines([world])[1:]
     assert line.startswith(f"- world {world['world']}, {missed['qcomm']} (") and "not dominated" in line
     assert f"{closest['dlac']} (" in line and f"{closest['auroc_diff']:+.5f} AUROC from it" in line
     assert f"beyond the noise {closest['noise']:.5f}." in line
     for c in missed["candidates"]:  # no DLAC point as cheap: said so, not left out
         c["no_more_fwd_bytes"] = False
-    assert render._undominated_lines([world])[1:] == [line.split(" not dominated;")[0]
+    assert _undominated_lines([world])[1:] == [line.split(" not dominated;")[0]
                                                       + " not dominated; no DLAC point sends as few forward bytes."]
     missed["dominated_by"] = [closest["dlac"]]
-    assert render._undominated_lines([world]) == []
+    assert _undominated_lines([world]) == []
 
 
 def _default_on_the_frontier(per_world: list) -> None:
     """Judge the default on the frontier in each of these worlds of a frontier file."""
-    for _, x in render._default_standing(per_world):
+    for _, x in default_standing(per_world):
         x.update(on_frontier=True, met=True)
 
 
 def test_the_family_frontier_readme_row_says_so_far_until_every_world_has_its_planned_seeds(tmp_path) -> None:
-    import json
 
-    from suite import STEPS
 
-    (step,) = [s for s in STEPS if s.output == render.FAMILY_FRONTIER_FILE]
+    (step,) = [s for s in STEPS if s.output == FAMILY_FRONTIER_FILE]
     worlds, seeds = step.count("--count"), step.count("--train-seeds")
-    data = json.loads((BENCHMARKS / "results" / render.FAMILY_FRONTIER_FILE).read_text())
+    data = json.loads((RESULTS / FAMILY_FRONTIER_FILE).read_text())
     _default_on_the_frontier(data["per_world"])  # whatever the run found (next test: near)
 
     def row(n_worlds: int, n_seeds: int) -> str:
         data["summary"]["worlds"], data["config"]["train_seeds"] = n_worlds, n_seeds
-        (tmp_path / render.FAMILY_FRONTIER_FILE).write_text(json.dumps(data))
-        (line,) = render._readme_family_frontier_row(render.Results(tmp_path), [])
+        (tmp_path / FAMILY_FRONTIER_FILE).write_text(json.dumps(data))
+        (line,) = _readme_family_frontier_row(Results(tmp_path), [])
         return line
 
     assert "so far" not in row(worlds, seeds)
     assert row(worlds, seeds - 1).endswith(
         f"of worlds so far ({seeds - 1} or more of the {seeds} paired seeds per world `make bench` runs) |"
-        f" `{render.FAMILY_FRONTIER_FILE}` |")
+        f" `{FAMILY_FRONTIER_FILE}` |")
     short = row(worlds - 1, 1)
     assert f"so far ({worlds - 1} of the {worlds} worlds and 1 or more of the {seeds} paired seeds" in short
 
@@ -490,9 +492,8 @@ def test_the_family_frontier_says_where_the_default_is_near_the_frontier_only_wi
     """"Near" is within the paired noise, which on a world whose arms reach the cap unsettled is of the size of
     their swings: the block counts each world's settled arms and names the points that beat a near default, and the
     README row says in how many worlds the default is on the frontier and where it is only near."""
-    import json
 
-    data = json.loads((BENCHMARKS / "results" / render.FAMILY_FRONTIER_FILE).read_text())
+    data = json.loads((RESULTS / FAMILY_FRONTIER_FILE).read_text())
     first, *others = data["per_world"]
     _default_on_the_frontier(others)
     (near,) = [x for x in first["frontier"]["targets"] if "on_frontier" in x]
@@ -501,13 +502,13 @@ def test_the_family_frontier_says_where_the_default_is_near_the_frontier_only_wi
     runs = [r for r in data["results"] if r["world"] == first["world"]]
     for i, r in enumerate(runs):
         r["settled"] = i % 2 == 0
-    (tmp_path / render.FAMILY_FRONTIER_FILE).write_text(json.dumps(data))
-    text = "\n".join(render.frontier_worlds(render.Results(tmp_path)))
+    (tmp_path / FAMILY_FRONTIER_FILE).write_text(json.dumps(data))
+    text = "\n".join(frontier_worlds(Results(tmp_path)))
     (line,) = [x for x in text.splitlines() if x.startswith(f"| {first['world']} |")]
     assert line.split(" | ")[3] == f"{(len(runs) + 1) // 2} of {len(runs)}" and line.endswith("| near |")
     assert (f"World {first['world']}: the default is off the frontier and counts as near it only within noise:"
             " constant 0.05 has no more forward bytes and +0.0097 AUROC over it (noise 0.0244, 5 paired"
             " seeds).") in text
-    (row,) = render._readme_family_frontier_row(render.Results(tmp_path), [])
+    (row,) = _readme_family_frontier_row(Results(tmp_path), [])
     assert (f"the default on or near the frontier: 100% of worlds, on it in {len(others)} and near it only within"
             f" noise on world {first['world']} |") in row

@@ -1,12 +1,11 @@
 """The pipelined variants of the end-to-end benchmark, and the phase timers that explain them.
 
-``e2e_bandwidth.py``'s plain loop calls :class:`Stepper` for its training step: unpipelined (``model(dense, sparse)``
-on the sharded ``DLRM``, as always) or, for a variant with ``pipeline="sparse_dist"``, through
-:class:`~lightning_dlac.engine.pipeline.SparseDistPipeline` (the sharded ``DLRMModule``, whose ``forward(batch)``
-TorchRec
-traces), exactly as ``DLACStrategy(pipeline="sparse_dist")`` drives it under Lightning; ``pipeline="alternate"``
-trains blocks of steps both ways in turn within one launch. The pipeline needs the module that reads the batch, so
-:func:`module_to_shard` picks what ``shard_model`` wraps.
+The end-to-end benchmarks' plain loop (:func:`benchmarks.lib.e2e.train_rank`) calls :class:`Stepper` for its training
+step: unpipelined (``model(dense, sparse)`` on the sharded ``DLRM``, as always) or, for a variant with
+``pipeline="sparse_dist"``, through :class:`~lightning_dlac.engine.pipeline.SparseDistPipeline` (the sharded
+``DLRMModule``, whose ``forward(batch)`` TorchRec traces), exactly as ``DLACStrategy(pipeline="sparse_dist")`` drives it
+under Lightning; ``pipeline="alternate"`` trains blocks of steps both ways in turn within one launch. The pipeline needs
+the module that reads the batch, so :func:`module_to_shard` picks what ``shard_model`` wraps.
 
 Phase timers (:class:`PhaseTimers`, per rank, seconds summed over steps; the loop takes differences) split a step:
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from benchmarks.lib.paths import REPO
 
 FAKE_NVIDIA_SMI = """#!/usr/bin/env bash
 [ "$1" = -L ] && { echo "GPU 0: NVIDIA H200 (UUID: GPU-00000000-0000-0000-0000-000000000000)"; exit 0; }

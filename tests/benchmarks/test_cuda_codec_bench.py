@@ -1,6 +1,7 @@
-"""benchmarks/cuda_codec_bench.py's MX4 baseline, without a GPU: where it finds fbgemm's Triton kernels (an installed
-fbgemm_gpu located without importing it, or $DLAC_FBGEMM_TRITON), how it loads them as a standalone package, and the
-reason it gives where it cannot (the GPU image has no fbgemm; its row must say so, not vanish)."""
+"""The GPU codec benchmark's MX4 baseline (``python -m benchmarks.cuda_codec_bench``), without a GPU: where it finds
+fbgemm's Triton kernels (an installed fbgemm_gpu located without importing it, or $DLAC_FBGEMM_TRITON), how it loads
+them as a standalone package, and the reason it gives where it cannot (the GPU image has no fbgemm; its row must say so,
+not vanish)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "benchmarks"))
-import cuda_codec_bench as bench  # noqa: E402 - benchmarks/ is not a package
+import benchmarks.cuda_codec_bench as bench
+from benchmarks.lib.cuda_codec import DESTS, DIM, TABLES, Table, max_error_over_range
 
 
 def test_an_installed_fbgemm_gpu_is_found_without_importing_it(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -73,24 +73,24 @@ def test_the_kernels_load_as_a_standalone_package_whose_relative_import_resolves
 
 
 def test_the_error_column_is_the_worst_chunk_over_its_own_range() -> None:
-    x = torch.zeros(bench.DESTS * 2, bench.TABLES * bench.DIM)
-    x[:2, : bench.DIM] = torch.tensor([0.0, 4.0]).repeat(bench.DIM // 2)  # destination 0, table 0: range 4
+    x = torch.zeros(DESTS * 2, TABLES * DIM)
+    x[:2, : DIM] = torch.tensor([0.0, 4.0]).repeat(DIM // 2)  # destination 0, table 0: range 4
     y = x.clone()
     y[0, 1] += 1.0  # an error of 1 in that chunk: 1 / 4
-    assert bench.max_error_over_range(x, y) == pytest.approx(0.25)
-    assert bench.max_error_over_range(x, x) == 0.0
+    assert max_error_over_range(x, y) == pytest.approx(0.25)
+    assert max_error_over_range(x, x) == 0.0
 
 
 def test_codecs_not_measured_are_printed_and_kept_in_the_json(tmp_path: Path,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
-    metadata = {"command": "python benchmarks/cuda_codec_bench.py", "date": "2026-12-04T18:00:00+00:00"}
-    table = bench.Table(tmp_path / "bench.json", metadata, {"device": "cpu"})
+    metadata = {"command": "python -m benchmarks.cuda_codec_bench", "date": "2026-12-04T18:00:00+00:00"}
+    table = Table(tmp_path / "bench.json", metadata, {"device": "cpu"})
     table.skip("zipf", bench.MX4, "no GPU")
     table.skip("criteo", bench.MX4, "no GPU")
     assert "zipf: mx4 (fbgemm triton) not measured (no GPU)" in capsys.readouterr().out
     saved = json.loads((tmp_path / "bench.json").read_text())
     assert saved["not_measured"][1] == {"payload": "criteo", "codec": bench.MX4, "reason": "no GPU"}
-    assert bench.Table.not_measured_lines(saved["not_measured"]) == [
+    assert Table.not_measured_lines(saved["not_measured"]) == [
         "- mx4 (fbgemm triton) not measured on zipf, criteo: no GPU"]
 
 
@@ -106,9 +106,9 @@ def test_an_mx4_row_is_measured_through_the_loaded_kernels(tmp_path: Path, monke
     be = bench.Backend(emulate=True, repeat=1)
     be.emulate = False  # past the --emulate refusal; seconds() would use CUDA events, so time with the wall clock
     monkeypatch.setattr(be, "seconds", lambda fn, repeat=None: (fn(), 1e-3)[1])
-    metadata = {"command": "python benchmarks/cuda_codec_bench.py", "date": "2026-12-04T18:00:00+00:00"}
-    table = bench.Table(tmp_path / "bench.json", metadata, {"device": "cpu"})
-    x = torch.randn(bench.DESTS * 2, bench.TABLES * bench.DIM)
+    metadata = {"command": "python -m benchmarks.cuda_codec_bench", "date": "2026-12-04T18:00:00+00:00"}
+    table = Table(tmp_path / "bench.json", metadata, {"device": "cpu"})
+    x = torch.randn(DESTS * 2, TABLES * DIM)
     bench.bench_mx4(table, be, "zipf", x)
     (row,) = table.rows
     assert row["codec"] == bench.MX4 and row["ratio"] == pytest.approx(128 / 17)  # 4.25 bits a value

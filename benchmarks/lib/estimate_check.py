@@ -1,7 +1,5 @@
-"""Does ``dlac estimate`` predict the emulated two-node runs? (issue 37 item 3). ``benchmarks/e2e_topology.py`` calls
-:func:`check` at the end of a run; run on its own, this script reads a results file and prints the check again:
-
-    python benchmarks/topology_estimate.py benchmarks/results/e2e_topology.json
+"""Does ``dlac estimate`` predict the emulated two-node runs? (issue 37 item 3). ``python -m benchmarks.e2e_topology``
+calls :func:`check` at the end of a run, and with ``--recheck FILE`` prints the check of a results file again.
 
 The inputs are the ones a user would give ``dlac estimate --nodes 2 --ranks-per-node 2 --intra-gbit X --inter-gbit Y
 --from-run dlac_run.json --backward-ratio R --latency-us A``, each measured apart from the launches it is judged
@@ -30,7 +28,7 @@ The prediction for each policy (``none``, ``all``, ``other_nodes``) is compared 
 that runs it (:data:`CHECKED`: ``fp32``, ``dlac_dlac_all``, ``dlac_dlac_other_nodes``): pooled (the inputs from every
 ``SOURCE`` launch together, against the variant's pooled median step) and per repeat (the inputs from that repeat's
 ``SOURCE`` launch, against that repeat's launch median). The target, per variant, judged by the rule of
-benchmarks/common.py: ``|predicted / measured - 1| <= 0.15``. The ``all`` row is the least independent check: its
+benchmarks/lib/rule.py: ``|predicted / measured - 1| <= 0.15``. The ``all`` row is the least independent check: its
 compute and codec rates are its own launch's, so only its wire terms are predicted. Each record also sets the
 prediction's terms beside what the launches measured of them (compute, forward codec, forward exchange, backward),
 so a miss can be traced to a term; nothing here is fitted to the launches it judges.
@@ -38,21 +36,13 @@ so a miss can be traced to a term; nothing here is fitted to the launches it jud
 
 from __future__ import annotations
 
-import argparse
-import json
 import re
 import statistics
-import sys
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
-from common import REPO, judge, span
-
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from lightning_dlac.commands.estimate import (  # noqa: E402
+from benchmarks.lib.rule import judge, span
+from lightning_dlac.commands.estimate import (
     Codec,
     Topology,
     Workload,
@@ -68,7 +58,7 @@ SOURCE = "dlac_dlac_all"  # the launch whose dlac_run.json summary feeds the mod
 CHECKED = {"none": "fp32", "all": "dlac_dlac_all", "other_nodes": "dlac_dlac_other_nodes"}
 TOLERANCE = 0.15
 TARGET = "estimate within 15% of measured"
-DIMS = (64,) * 26  # e2e_bandwidth's DLRM: 26 tables of dim 64
+DIMS = (64,) * 26  # the end-to-end DLRM (benchmarks/lib/e2e.py): 26 tables of dim 64
 
 
 def tc_rate_gbit(rate: str) -> float | None:
@@ -83,8 +73,8 @@ def tc_rate_gbit(rate: str) -> float | None:
 
 def run_summary(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
     """The ``summary`` of ``dlac_run.json`` (``CompressionMonitor.summary``) for a launch's (or pooled launches')
-    per-rank records of e2e_bandwidth's ``_train_rank``: counters and seconds summed over ranks, times per step and
-    rank, gradient bytes included."""
+    per-rank records of :func:`benchmarks.lib.e2e.train_rank`: counters and seconds summed over ranks, times per step
+    and rank, gradient bytes included."""
     world, batches = len(per_rank), len(per_rank[0]["times"])
 
     def total(key: str) -> float:
@@ -285,17 +275,3 @@ def table(checks: list[dict[str, Any]], terms: bool = True) -> list[str]:
                                                                   "forward_wire_ms", "backward_ms", "step_ms")]
         out.append(f"| {c['rate']} | {c['label']} | " + " | ".join(cells) + " |")
     return out
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("results", type=Path, nargs="?", default=REPO / "benchmarks/results/e2e_topology.json")
-    args = parser.parse_args()
-    data = json.loads(args.results.read_text())
-    if not data.get("probes"):
-        sys.exit(f"{args.results} has no set-up probe (written before issue 37 item 3): run e2e_topology.py again.")
-    print("\n".join(lines(check(data["results"], data["probes"], data["config"]))))
-
-
-if __name__ == "__main__":
-    main()

@@ -1,7 +1,7 @@
-"""What benchmarks/e2e_bandwidth.py compares DLAC's exchange with on TorchRec's own path, besides its float32:
-TorchRec's qcomm codecs (wrapped to count their bytes) and a zero-cost codec that sends 1/8 of the elements (the
-ceiling of a fixed 8x compression there). DLAC's own ceiling runs inside DLAC's exchange: the null codec,
-lightning_dlac/comm/null_codec.py."""
+"""What the benchmarks compare DLAC's exchange with on TorchRec's own path, besides its float32: TorchRec's qcomm
+codecs (wrapped to count their bytes; :func:`install_qcomm` gives them to every sharder a Lightning run builds) and a
+zero-cost codec that sends 1/8 of the elements (the ceiling of a fixed 8x compression there). DLAC's own ceiling runs
+inside DLAC's exchange: the null codec, lightning_dlac/comm/null_codec.py."""
 
 from __future__ import annotations
 
@@ -96,8 +96,8 @@ def codec_precision(codec: CountingCodec | None) -> str | None:
 
 
 def codecs_registry(variant: Any) -> tuple[dict[str, Any] | None, CountingCodec | None, CountingCodec | None]:
-    """The qcomm_codecs_registry for the sharder of an e2e_bandwidth ``Variant`` (its ``kind``, ``forward`` and
-    ``backward``), and the counting wrappers of the pooled all-to-all codecs."""
+    """The qcomm_codecs_registry for the sharder of an end-to-end ``Variant`` (benchmarks/lib/e2e.py: its ``kind``,
+    ``forward`` and ``backward``), and the counting wrappers of the pooled all-to-all codecs."""
     from torchrec.distributed.fbgemm_qcomm_codec import CommType, QCommsConfig, get_qcomm_codecs_registry
     from torchrec.distributed.types import CommOp, NoOpQuantizedCommCodec, QuantizedCommCodecs
 
@@ -117,3 +117,25 @@ def codecs_registry(variant: Any) -> tuple[dict[str, Any] | None, CountingCodec 
     fwd, bwd = CountingCodec(registry[key].forward), CountingCodec(registry[key].backward)
     registry[key] = QuantizedCommCodecs(forward=fwd, backward=bwd)
     return registry, fwd, bwd
+
+
+def install_qcomm(variant: Any) -> tuple[CountingCodec, CountingCodec]:
+    """Make every ``EmbeddingBagCollectionSharder`` built in this process carry TorchRec's codecs of ``variant`` (an
+    end-to-end ``Variant`` of kind ``qcomm``; ``DLACStrategy`` has no qcomm option: with ``compress=False`` its
+    sharder is TorchRec's own).
+
+    Returns:
+        The byte-counting wrappers of the forward and backward codecs.
+    """
+    import torchrec.distributed.embeddingbag as ebc
+
+    registry, fwd, bwd = codecs_registry(variant)
+    base = ebc.EmbeddingBagCollectionSharder
+
+    class QCommSharder(base):  # noqa: D101 - a one-argument default
+        def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+            kwargs.setdefault("qcomm_codecs_registry", registry)
+            super().__init__(*args, **kwargs)
+
+    ebc.EmbeddingBagCollectionSharder = QCommSharder
+    return fwd, bwd
