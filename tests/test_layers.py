@@ -20,6 +20,7 @@ PACKAGE = REPO / "lightning_dlac"
 LEVELS = {
     "native": 0,
     "testing": 0,
+    "checks": 0,
     "codec": 1,
     "criteo": 1,
     "adaptive": 2,
