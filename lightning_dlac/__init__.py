@@ -1,17 +1,20 @@
 """lightning-dlac: error-bounded, dual-level adaptive compression of TorchRec's embedding all-to-all for Lightning.
 
-The package is layered, one layer per folder; a layer imports only the layers below it (tests/test_layers.py checks
-it, docs/strategy.md draws it):
+The package is layered, one layer per folder; a layer imports only layers on lower levels, never a sibling on its
+own (tests/test_layers.py checks it against the imports, docs/strategy.md draws it):
 
-| layer | folder | needs |
-|---|---|---|
-| commands | ``commands/``: the ``dlac`` CLI, ``dlac estimate``, ``dlac preprocess``, ``dlac report`` | |
-| plugin | ``plugin/``: ``DLACStrategy``, ``DLACCallback``, metrics, the report | Lightning |
-| engine | ``engine/``: sharding, checkpoints, the train pipeline, elastic restarts | TorchRec |
-| comm | ``comm/``: the compressed all-to-all | TorchRec |
-| adaptive | ``adaptive/``: error-bound policy and the bound types | torch |
-| codec, criteo | ``codec/``: the codec; ``criteo/``: the Criteo format | torch / NumPy |
-| native, testing | ``native/``: the JIT build helper; ``testing/``: multi-process launcher | |
+| level | folder | job | needs |
+|---|---|---|---|
+| 5 | ``commands/`` | the ``dlac`` CLI, ``dlac estimate``, ``dlac preprocess``, ``dlac report`` | Lightning |
+| 4 | ``plugin/`` | ``DLACStrategy``, ``DLACCallback``, metrics, the report: joins comm and engine | Lightning |
+| 3 | ``comm/`` | the compressed all-to-all | TorchRec |
+| 2 | ``adaptive/`` | error-bound policy and the bound types | torch |
+| 1 | ``codec/`` | the codec | torch |
+| 1 | ``criteo/`` | the Criteo format | NumPy |
+| 1 | ``engine/`` | sharding, checkpoints, the train pipeline, elastic restarts | TorchRec |
+| 0 | ``native/`` | the JIT build helper | |
+| 0 | ``testing/`` | multi-process launcher | torch |
+| 0 | ``checks/`` | the option checkers every layer shares | |
 
 Importing the package registers ``Trainer(strategy="dlac")`` (:mod:`lightning_dlac.plugin.registration`) and imports
 neither Lightning nor TorchRec: the exports below load on first use (PEP 562), so ``import lightning_dlac.codec``

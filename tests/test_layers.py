@@ -1,7 +1,9 @@
 """The package's layers, as docs/strategy.md ("Architecture") draws them, are enforced here from the code's imports.
 
 Every import in the package counts, at module level or inside a function (a lazy import is still a dependency),
-``TYPE_CHECKING`` blocks included (an annotation that names an upper layer is knowledge of it).
+``TYPE_CHECKING`` blocks included (an annotation that names an upper layer is knowledge of it). The map is the
+code's: each layer's level is one above the highest layer it imports, and the page's table of levels and imports,
+and the package docstring's table, are checked against the imports, so none of them can drift from the code.
 """
 
 from __future__ import annotations
@@ -16,17 +18,19 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "lightning_dlac"
 # Bottom (0) to top. A module may import its own folder and any folder on a lower level; never a sibling on its
-# own level (codec and criteo know nothing of each other) and never upwards.
+# own level (codec, criteo and engine know nothing of each other) and never upwards. A layer's level is one above
+# the highest layer it imports (test_each_level_is_one_above_the_highest_layer_imported).
 LEVELS = {
     "native": 0,
     "testing": 0,
+    "checks": 0,
     "codec": 1,
     "criteo": 1,
+    "engine": 1,
     "adaptive": 2,
     "comm": 3,
-    "engine": 4,
-    "plugin": 5,
-    "commands": 6,
+    "plugin": 4,
+    "commands": 5,
 }
 LIGHTNING_LAYERS = {"plugin", "commands"}  # the only ones that may import Lightning
 TORCHREC_LAYERS = {"comm", "engine", "plugin", "commands"}  # the only ones that may import TorchRec or FBGEMM
@@ -147,9 +151,64 @@ def test_the_library_never_imports_the_examples_or_the_tests() -> None:
     assert not wrong, "\n".join(wrong)
 
 
-def test_the_architecture_page_names_every_layer() -> None:
+def _layer_imports() -> dict[str, set[str]]:
+    """The other layers each layer imports, from every import of its modules."""
+    found: dict[str, set[str]] = {layer: set() for layer in LEVELS}
+    for path in _modules():
+        layer = _layer(path)
+        if layer is None:
+            continue
+        for _, name in _imports(path):
+            target = _package_layer(name)
+            if target and target != layer:
+                found[layer].add(target)
+    return found
+
+
+def test_each_level_is_one_above_the_highest_layer_imported() -> None:
+    """A layer drawn higher than its imports make it is a map of a plan, not of the code (engine/ once sat above
+    comm/ while it imported nothing of the package)."""
+    wrong = []
+    for layer, targets in _layer_imports().items():
+        level = 1 + max((LEVELS[t] for t in targets), default=-1)
+        if LEVELS[layer] != level:
+            wrong.append(f"{layer}/ is drawn at level {LEVELS[layer]} but imports {sorted(targets) or 'nothing'}:"
+                         f" its level is {level}")
+    assert not wrong, "\n".join(wrong) + "\n(change LEVELS here and the levels in docs/strategy.md's Architecture)"
+
+
+def _architecture() -> str:
     text = (REPO / "docs" / "strategy.md").read_text()
     section = text[text.index("## Architecture"):]
-    section = section[: section.index("\n## ", 1)] if "\n## " in section[1:] else section
+    return section[: section.index("\n## ", 1)] if "\n## " in section[1:] else section
+
+
+def test_the_architecture_page_names_every_layer() -> None:
+    section = _architecture()
     missing = [layer for layer in LEVELS if not re.search(rf"\b{layer}/", section)]
     assert not missing, f"docs/strategy.md's Architecture section does not name {missing}"
+
+
+def test_the_architecture_table_is_the_codes_levels_imports_and_needs() -> None:
+    rows = re.findall(r"^\| (\d+) \| `(\w+)/` \| (.*?) \| (.*?) \|$", _architecture(), flags=re.M)
+    drawn = {layer: (int(level), set(re.findall(r"`(\w+)/`", imports)), needs) for level, layer, imports, needs in rows}
+    assert set(drawn) == set(LEVELS), f"the table's rows: {sorted(drawn)}; the layers: {sorted(LEVELS)}"
+    actual = _layer_imports()
+    wrong = []
+    for layer, (level, imports, needs) in drawn.items():
+        if level != LEVELS[layer]:
+            wrong.append(f"{layer}/: level {level} in the table, {LEVELS[layer]} in LEVELS")
+        if imports != actual[layer]:
+            wrong.append(f"{layer}/: the table says it imports {sorted(imports) or 'nothing'}, the code"
+                         f" {sorted(actual[layer]) or 'nothing'}")
+        if ("Lightning" in needs) != (layer in LIGHTNING_LAYERS) or ("TorchRec" in needs) != (layer in TORCHREC_LAYERS):
+            wrong.append(f"{layer}/: needs {needs!r}; Lightning is for {sorted(LIGHTNING_LAYERS)}, TorchRec for"
+                         f" {sorted(TORCHREC_LAYERS)}")
+    assert not wrong, "docs/strategy.md's Architecture table is not the code:\n" + "\n".join(wrong)
+
+
+def test_the_package_docstring_draws_the_same_levels() -> None:
+    import lightning_dlac
+
+    rows = re.findall(r"^\| (\d+) \| ``(\w+)/``", lightning_dlac.__doc__ or "", flags=re.M)
+    assert {layer: int(level) for level, layer in rows} == LEVELS, "lightning_dlac/__init__.py's table of layers"

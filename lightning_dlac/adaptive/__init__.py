@@ -17,7 +17,6 @@ from lightning_dlac.adaptive.bounds import (
     ErrorBounds,
     ProbeBounds,
     TableClass,
-    check_count,
     check_relative_bound,
 )
 from lightning_dlac.adaptive.calibration import (
@@ -41,6 +40,7 @@ from lightning_dlac.adaptive.policy import (
     sensitivity_table_bounds,
 )
 from lightning_dlac.adaptive.schedule import DecaySchedule, ScheduleKind
+from lightning_dlac.checks import check_count  # public here since before lightning_dlac.checks existed
 
 __all__ = [
     "BoundSource",

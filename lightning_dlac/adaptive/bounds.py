@@ -21,9 +21,12 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
+
+# Moved to the checkers' home; still importable from here, where plugin/callback.py takes it.
+from lightning_dlac.checks import check_count
 
 __all__ = [
     "BoundSource",
@@ -47,13 +50,6 @@ def check_relative_bound(value: float, option: str) -> float:
             " value range; the paper uses 0.01 to 0.05)."
         )
     return float(value)
-
-
-def check_count(value: Any, option: str, minimum: int) -> int:
-    """Return ``value`` if it is a whole number >= ``minimum``; otherwise raise naming ``option``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{option}={value!r} must be a whole number >= {minimum}.")
-    return value
 
 
 class BoundSource(Protocol):

@@ -35,14 +35,7 @@ from typing import Any
 
 import torch
 
-from lightning_dlac.adaptive.bounds import (
-    Calibration,
-    ClassBounds,
-    ProbeBounds,
-    TableClass,
-    check_count,
-    check_relative_bound,
-)
+from lightning_dlac.adaptive.bounds import Calibration, ClassBounds, ProbeBounds, TableClass, check_relative_bound
 from lightning_dlac.adaptive.calibration import CalibrationStats, TableStats
 from lightning_dlac.adaptive.policy import (
     INDEX_KINDS,
@@ -57,6 +50,7 @@ from lightning_dlac.adaptive.policy import (
     sensitivity_classes,
     sensitivity_table_bounds,
 )
+from lightning_dlac.checks import check_count
 
 # The default gradient_tolerance: see docs/adaptive.md for the evidence it was chosen on.
 GRADIENT_TOLERANCE = 0.15

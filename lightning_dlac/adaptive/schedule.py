@@ -22,6 +22,8 @@ import math
 from dataclasses import dataclass
 from enum import Enum
 
+from lightning_dlac.checks import parse_enum
+
 
 class ScheduleKind(str, Enum):
     """Shape of the decay of m(t) from ``c`` to 1."""
@@ -52,11 +54,7 @@ class DecaySchedule:
     stages: int = 10
 
     def __post_init__(self) -> None:
-        try:
-            object.__setattr__(self, "kind", ScheduleKind(self.kind))
-        except ValueError:
-            accepted = ", ".join(repr(k.value) for k in ScheduleKind)
-            raise ValueError(f"schedule={self.kind!r} is not supported; choose one of {accepted}.") from None
+        object.__setattr__(self, "kind", parse_enum(ScheduleKind, self.kind, "schedule"))
         if isinstance(self.c, bool) or not isinstance(self.c, (int, float)) or not math.isfinite(self.c):
             raise ValueError(f"c={self.c!r} must be a finite number >= 1.")
         if self.c < 1:

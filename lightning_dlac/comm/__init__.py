@@ -2,6 +2,20 @@
 
 Its per-table bounds come from the layer below, :class:`lightning_dlac.adaptive.ErrorBounds`.
 
+| module | job |
+|---|---|
+| ``exchange`` | the pure wire functions both exchanges are built from (encode, size exchange, payload, decode) |
+| ``pooled`` | the pooled layout on them: the start / finish functions of the pooled exchange, both directions |
+| ``all_to_all`` | :class:`CompressedPooledEmbeddingsAllToAll`, the module around ``pooled`` |
+| ``sequence`` | ``CompressedSequenceEmbeddingsAllToAll``: the sequence layout and its module |
+| ``base`` | what both derive from: ``TableLayout``, ``RecordedExchange`` |
+| ``recorder`` | the ``Recorder``: statistics, timing, the record switch, the observer, error sampling |
+| ``pieces`` | a pooled exchange sent in pieces; ``buffers``: result tensors whose memory is reused |
+| ``peers`` | which peers a rank compresses for (``compress_peers``) |
+| ``group``, ``inject`` | the :class:`ExchangeGroup`; installing the exchanges into a sharded model |
+| ``config``, ``stats``, ``timing`` | the settings, the counters that only grow, the phase timers |
+| ``fallback``, ``collectives``, ``null_codec`` | the uncompressed fallback, the collectives, a stand-in codec |
+
 Exports resolve lazily (PEP 562): ``lightning_dlac.comm.CommStats`` and the settings import without torchrec; the
 exchange itself needs it.
 """

@@ -1,10 +1,12 @@
 """Compressed drop-in for TorchRec's ``PooledEmbeddingsAllToAll``.
 
-The layering follows TorchRec's: pure exchange functions (``exchange.py``, like ``comm_ops``), an autograd Function
-joining the two directions, and a thin module. The module wraps the pure exchange with what a training run needs
-around it: the :class:`~lightning_dlac.comm.recorder.Recorder` it shares with the sequence exchange (statistics,
-phase timing, the record switch, the observer, non-finite counts, error sampling) and, its own, the uncompressed
-fallback of ``compress="auto"`` (:class:`~lightning_dlac.comm.fallback.UncompressedFallback`).
+The layering follows TorchRec's: pure exchange functions (the wire functions of ``exchange.py``, like ``comm_ops``,
+and the pooled layout's start / finish functions on them, ``pooled.py``), an autograd Function joining the two
+directions, and a thin module. The module wraps the pure exchange with what a training run needs around it: what it
+shares with the sequence exchange (:class:`~lightning_dlac.comm.base.RecordedExchange` and its
+:class:`~lightning_dlac.comm.recorder.Recorder`: statistics, phase timing, the record switch, the observer,
+non-finite counts, error sampling) and, its own, the uncompressed fallback of ``compress="auto"``
+(:class:`~lightning_dlac.comm.fallback.UncompressedFallback`).
 
 The exchange is split as TorchRec's ``All2All_Pooled_Req`` / ``All2All_Pooled_Wait`` pair: :meth:`forward` encodes,
 exchanges the sizes and launches the payload all-to-all (``async_op=True``), and returns a pending awaitable whose
@@ -27,14 +29,16 @@ from torchrec.distributed.dist_data import PooledEmbeddingsAwaitable
 from torchrec.distributed.types import Awaitable
 
 from lightning_dlac.adaptive.bounds import BoundSource
-from lightning_dlac.comm import exchange
+from lightning_dlac.comm import pooled
+from lightning_dlac.comm.base import Ready, RecordedExchange
+from lightning_dlac.comm.buffers import ResultBuffers
 from lightning_dlac.comm.collectives import all_reduce
 from lightning_dlac.comm.config import BackwardCompression, CompressionConfig
-from lightning_dlac.comm.exchange import BackwardInFlight, Impl, Layout, ResultBuffers, offsets
+from lightning_dlac.comm.exchange import Impl, InFlight, offsets
 from lightning_dlac.comm.fallback import FallbackCall, UncompressedFallback
 from lightning_dlac.comm.peers import PeerPlan
 from lightning_dlac.comm.pieces import Piece, in_turn, merge_piece_sizes, piece_count, split_layout
-from lightning_dlac.comm.recorder import Ready, RecordedExchange
+from lightning_dlac.comm.pooled import BackwardInFlight, Layout
 from lightning_dlac.comm.timing import PhaseTimer
 
 
@@ -182,7 +186,7 @@ class CompressedPooledEmbeddingsAllToAll(RecordedExchange):
         if self._uncompressed(call):
             label = "dlac exchange (uncompressed)"
             with timer.phase("exchange_s", label):
-                flight = exchange.start_forward_uncompressed(x, batch_size_per_rank, layout, self._pg)
+                flight = pooled.start_forward_uncompressed(x, batch_size_per_rank, layout, self._pg)
             fallback = call.fallback is not None and call.fallback.uncompressed
             if call.on_record:
                 rec.count_forward(tables, table_raw, table_raw, sum(table_raw), uncompressed=fallback,
@@ -192,30 +196,30 @@ class CompressedPooledEmbeddingsAllToAll(RecordedExchange):
 
             def finish() -> torch.Tensor:
                 with timer.phase("exchange_s", label):
-                    return exchange.finish_forward_uncompressed(flight, batch_size_per_rank, layout)
+                    return pooled.finish_forward_uncompressed(flight, batch_size_per_rank, layout)
         else:
             own = x[row_splits[layout.rank] : row_splits[layout.rank + 1]]
             pieces = self._pieces()
             out: torch.Tensor | None = None
 
-            def launch(piece: Piece) -> tuple[exchange.Encoded, exchange.InFlight, torch.Tensor]:
+            def launch(piece: Piece) -> tuple[pooled.Encoded, InFlight, torch.Tensor]:
                 nonlocal out
                 with timer.phase("encode_s", "dlac encode"):
-                    encoded = exchange.encode_for_others(x[:, piece.local_cols], row_splits, piece.layout,
+                    encoded = pooled.encode_for_others(x[:, piece.local_cols], row_splits, piece.layout,
                                                          eps[piece.local_tables], self.forward_impl)
                 with timer.phase("exchange_s", "dlac exchange"):
-                    flight, recv_sizes = exchange.start_forward(encoded, piece.layout, own.size(0), self._pg)
+                    flight, recv_sizes = pooled.start_forward(encoded, piece.layout, own.size(0), self._pg)
                     if out is None:
                         # The exact block this rank kept goes into the output while the bytes travel (exchange
                         # time: it overlaps the transfer).
-                        out = exchange.start_output(own, layout, self._forward_buffers)
+                        out = pooled.start_output(own, layout, self._forward_buffers)
                 return encoded, flight, recv_sizes
 
-            def decode(piece: Piece, flight: exchange.InFlight, recv_sizes: torch.Tensor) -> torch.Tensor:
+            def decode(piece: Piece, flight: InFlight, recv_sizes: torch.Tensor) -> torch.Tensor:
                 with timer.phase("exchange_s", "dlac exchange"):
                     received = flight.wait()
                 with timer.phase("decode_s", "dlac decode"):
-                    return exchange.decode_from_others(received, recv_sizes, own, piece.layout, self.forward_impl,
+                    return pooled.decode_from_others(received, recv_sizes, own, piece.layout, self.forward_impl,
                                                        out=out, cols=piece.out_cols)
 
             # One piece unless the exchange is sent in pieces (then synchronous): every piece but the last is
@@ -277,11 +281,11 @@ class CompressedPooledEmbeddingsAllToAll(RecordedExchange):
             if len(pieces) > 1:
                 call.backward, call.grad = self._backward_in_pieces(grad, call.batch_size_per_rank, pieces)
             elif mode is BackwardCompression.DLAC:
-                call.backward = exchange.start_backward_dlac(grad, call.batch_size_per_rank, self.layout,
+                call.backward = pooled.start_backward_dlac(grad, call.batch_size_per_rank, self.layout,
                                                              self._config.backward_eps, self.backward_impl, self._pg,
                                                              self._backward_buffers)
             else:
-                call.backward = exchange.start_backward_cast(grad, call.batch_size_per_rank, self.layout,
+                call.backward = pooled.start_backward_cast(grad, call.batch_size_per_rank, self.layout,
                                                              mode.wire_dtype, self._pg, self._cast_scratch,
                                                              self._cast_sends, self._backward_buffers)
         if call.on_record:
@@ -306,12 +310,12 @@ class CompressedPooledEmbeddingsAllToAll(RecordedExchange):
         layout, me = self.layout, self.layout.rank
         owners = offsets(layout.dim_sums)
         own = grad[:, owners[me] : owners[me + 1]]
-        out = exchange.start_gradient(own, batch_size_per_rank, me, self._backward_buffers)
+        out = pooled.start_gradient(own, batch_size_per_rank, me, self._backward_buffers)
 
         def finish(piece: Piece, pending: BackwardInFlight) -> None:
-            exchange.finish_backward(pending, batch_size_per_rank, piece.layout, self.backward_impl)
+            pooled.finish_backward(pending, batch_size_per_rank, piece.layout, self.backward_impl)
 
-        launched = in_turn(pieces, lambda piece: exchange.start_backward_dlac(
+        launched = in_turn(pieces, lambda piece: pooled.start_backward_dlac(
             grad, batch_size_per_rank, piece.layout, self._config.backward_eps, self.backward_impl, self._pg,
             cols=piece.out_cols, out=out[:, piece.local_cols]), finish)
         finish(pieces[-1], launched[-1])
@@ -350,7 +354,7 @@ class CompressedPooledEmbeddingsAllToAll(RecordedExchange):
         assert call.backward is not None, "a gradient exchange is waited on before it was launched"
         mode = self._backward_mode(call)
         with call.timer.phase("backward_s", f"dlac backward ({mode})"):
-            out = exchange.finish_backward(call.backward, call.batch_size_per_rank, self.layout, self.backward_impl,
+            out = pooled.finish_backward(call.backward, call.batch_size_per_rank, self.layout, self.backward_impl,
                                            self._backward_buffers)
         call.backward = None
         return self._divided(out)

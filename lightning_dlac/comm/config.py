@@ -7,7 +7,8 @@ from enum import Enum
 
 import torch
 
-from lightning_dlac.adaptive.bounds import check_count, check_relative_bound
+from lightning_dlac.adaptive.bounds import check_relative_bound
+from lightning_dlac.checks import check_count, parse_enum
 from lightning_dlac.comm.peers import PeerPolicy, check_policy
 
 
@@ -75,11 +76,7 @@ class CompressionConfig:
 
     def __post_init__(self) -> None:
         self.backward_eps = check_relative_bound(self.backward_eps, "backward_eps")
-        try:
-            self.backward = BackwardCompression(self.backward)
-        except ValueError:
-            accepted = ", ".join(repr(b.value) for b in BackwardCompression)
-            raise ValueError(f"backward={self.backward!r} is not supported; choose one of {accepted}.") from None
+        self.backward = parse_enum(BackwardCompression, self.backward, "backward")
         if self.error_every < 0:
             raise ValueError(f"error_every={self.error_every} must be >= 0 (0 disables the measurement).")
         self.fallback_check_every = check_count(self.fallback_check_every, "fallback_check_every", 1)

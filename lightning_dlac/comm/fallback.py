@@ -29,7 +29,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-from lightning_dlac.adaptive.bounds import check_count
+from lightning_dlac.checks import check_count
 
 
 class FallbackCall(NamedTuple):

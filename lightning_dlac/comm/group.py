@@ -14,7 +14,7 @@ from lightning_dlac.comm.sequence import CompressedSequenceEmbeddingsAllToAll
 from lightning_dlac.comm.stats import CommStats
 
 # What the group holds: the pooled and the sequence exchanges, which share the interface the group uses
-# (RecordedExchange: tables, observer, off_the_record, stats, and their Recorder).
+# (comm/base.py's RecordedExchange: tables, observer, off_the_record, stats, and their Recorder).
 Exchange = CompressedPooledEmbeddingsAllToAll | CompressedSequenceEmbeddingsAllToAll
 
 

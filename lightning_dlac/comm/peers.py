@@ -31,11 +31,17 @@ import os
 import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch.distributed as dist
+if TYPE_CHECKING:
+    import torch.distributed as dist
 
 PeerPolicy = str | Callable[[int, int], bool]
-POLICIES = ("auto", "all", "other_nodes")
+SAME_NODE, OTHER_NODES = "same_node", "other_nodes"  # the link classes between two ranks (PeerPlan.link)
+# The named rules, and the link classes whose payloads each compresses. This is the one list of policies: "auto"
+# picks one of these per job, and `dlac estimate` models each of them (beside no compression at all).
+RULES = {"all": (SAME_NODE, OTHER_NODES), "other_nodes": (OTHER_NODES,)}
+POLICIES = ("auto", *RULES)  # the names compress_peers accepts
 NODE_VARIABLES = ("GROUP_RANK", "NODE_RANK", "SLURM_NODEID")  # read in this order; the host name where none is set
 
 
@@ -44,20 +50,20 @@ def check_policy(policy: PeerPolicy) -> PeerPolicy:
     error otherwise."""
     if callable(policy) or policy in POLICIES:
         return policy
+    names = ", ".join(map(repr, POLICIES))
     if isinstance(policy, str) and "." in policy:
         module, _, name = policy.rpartition(".")
         try:
             fn = getattr(importlib.import_module(module), name)
         except (ImportError, AttributeError) as err:
             raise ValueError(f"compress_peers={policy!r}: cannot import {name!r} from {module!r} ({err}). Give"
-                             " 'all', 'other_nodes', 'auto' or the import path of a function (src, dst) -> bool.")\
-                from None
+                             f" {names} or the import path of a function (src, dst) -> bool.") from None
         if not callable(fn):
             raise ValueError(f"compress_peers={policy!r} names a {type(fn).__name__}, not a function (src, dst) ->"
                              " bool.")
         return fn
-    raise ValueError(f"compress_peers={policy!r} is not supported; choose 'auto', 'all', 'other_nodes', a function"
-                     " (src, dst) -> bool or its import path.")
+    raise ValueError(f"compress_peers={policy!r} is not supported; choose {names}, a function (src, dst) -> bool or"
+                     " its import path.")
 
 
 def node_key(environ: dict[str, str] | None = None) -> str:
@@ -76,8 +82,16 @@ def number_nodes(keys: Sequence[str]) -> tuple[int, ...]:
     return tuple(index.setdefault(k, len(index)) for k in keys)
 
 
+def link_class(nodes: Sequence[int], a: int, b: int) -> str:
+    """The link class between ranks ``a`` and ``b`` on ``nodes`` (the node of each rank): :data:`SAME_NODE` or
+    :data:`OTHER_NODES`."""
+    return SAME_NODE if nodes[a] == nodes[b] else OTHER_NODES
+
+
 def backend_of(pg: dist.ProcessGroup) -> str | None:
     """The backend of ``pg`` (``"nccl"``, ``"gloo"``), ``None`` without an initialized default group."""
+    import torch.distributed as dist  # not at the top: `dlac estimate` reads this module's policies without torch
+
     if not (dist.is_available() and dist.is_initialized()):
         return None
     try:
@@ -90,6 +104,8 @@ def discover_nodes(pg: dist.ProcessGroup, node: int | str | None = None) -> tupl
     """The node of every rank of ``pg`` (by group rank): each rank's ``node`` where given (a launcher's node rank,
     as Lightning's cluster environment reports it), its :func:`node_key` otherwise; every rank must call it. Without
     an initialized default group (a stand-in process group), one node."""
+    import torch.distributed as dist
+
     world = pg.size()
     if world == 1 or not (dist.is_available() and dist.is_initialized()):
         return (0,) * world
@@ -129,14 +145,13 @@ class PeerPlan:
         nodes = tuple(nodes)
         if policy == "auto":
             policy = "other_nodes" if len(set(nodes)) > 1 and backend == "nccl" else "all"
-        if policy == "all":
+        if isinstance(policy, str):
+            links = RULES[policy]
+
             def rule(s: int, d: int) -> bool:
-                return True
-        elif policy == "other_nodes":
-            def rule(s: int, d: int) -> bool:
-                return nodes[s] != nodes[d]
+                return link_class(nodes, s, d) in links
         else:
-            rule = policy  # type: ignore[assignment]
+            rule = policy
         world = len(nodes)
         matrix = []
         for s in range(world):
@@ -169,7 +184,7 @@ class PeerPlan:
 
     def link(self, a: int, b: int) -> str:
         """The link class between ranks ``a`` and ``b``: ``"same_node"`` or ``"other_nodes"``."""
-        return "same_node" if self.nodes[a] == self.nodes[b] else "other_nodes"
+        return link_class(self.nodes, a, b)
 
     def describe(self, rank: int) -> str:
         """One line for logs: what ``rank`` compresses for whom."""

@@ -9,7 +9,7 @@ transfer and decode).
 A piece is a contiguous group of every rank's tables (column blocks): rank ``r``'s tables are cut into ``K`` groups
 of about equal width, and piece ``k`` is every rank's group ``k``. Each chunk (one table's rows for one peer) is in
 exactly one piece and is encoded exactly as in the whole exchange, so the pieces' result is the whole exchange's,
-bit for bit; each piece is a :class:`~lightning_dlac.comm.exchange.Layout` of its own (its own size exchange and
+bit for bit; each piece is a :class:`~lightning_dlac.comm.pooled.Layout` of its own (its own size exchange and
 payload all-to-all), whose columns the whole layout's result places with :attr:`Piece.cols`.
 
 Sending in pieces is opt-in (``CompressionConfig(pieces=K)``; default 1, the exchange whole). It pays only where
@@ -29,7 +29,8 @@ from typing import NamedTuple, TypeVar
 
 import torch
 
-from lightning_dlac.comm.exchange import Layout, offsets
+from lightning_dlac.comm.exchange import offsets
+from lightning_dlac.comm.pooled import Layout
 
 
 class Piece(NamedTuple):

@@ -3,8 +3,8 @@
 :class:`Recorder` holds one exchange module's statistics (:class:`~lightning_dlac.comm.CommStats`, counters that
 only grow), its phase timer (:class:`~lightning_dlac.comm.timing.PhaseTimer`, right on a GPU), the record switch
 (:meth:`Recorder.off_the_record`: exchanges that measure rather than train), the chunk observer that calibration
-measures through, the non-finite chunk counts and the error sampling. :class:`RecordedExchange` is the part of the
-two modules that the :class:`~lightning_dlac.comm.ExchangeGroup` talks to.
+measures through, the non-finite chunk counts and the error sampling. The module both exchanges are, which holds
+their recorder, is :class:`~lightning_dlac.comm.base.RecordedExchange`.
 
 A call's recording follows one order in both modules: at launch, the observer sees every chunk (outside any timed
 phase: what it computes is not exchange time); encode and size exchange are timed; while the payload is on its way,
@@ -21,18 +21,15 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
-import torch.distributed as dist
-from torch import nn
-from torchrec.distributed.types import Awaitable
 
 from lightning_dlac.adaptive.bounds import BoundSource
 from lightning_dlac.codec import decode_grid
 from lightning_dlac.codec.format import HEADER_SIZE
 from lightning_dlac.comm.config import CompressionConfig
 from lightning_dlac.comm.exchange import Grid
-from lightning_dlac.comm.peers import PeerPlan, backend_of, discover_nodes
 from lightning_dlac.comm.stats import CommStats
 from lightning_dlac.comm.timing import PhaseTimer
 
@@ -258,77 +255,10 @@ class Recorder:
             observed[name] = max(observed.get(name, 0.0), w)
 
 
-class Ready(Awaitable[torch.Tensor]):
-    """An awaitable whose tensor is already there (an exchange that finished when it was called)."""
+def __getattr__(name: str) -> Any:
+    # Ready and RecordedExchange moved to comm/base.py, which imports this module: loaded on first use, not here.
+    if name in ("Ready", "RecordedExchange"):
+        from lightning_dlac.comm import base
 
-    def __init__(self, tensor: torch.Tensor) -> None:
-        super().__init__()
-        self._tensor = tensor
-
-    def _wait_impl(self) -> torch.Tensor:
-        return self._tensor
-
-
-class RecordedExchange(nn.Module):
-    """What the pooled and the sequence exchange modules share: a process group, a table layout and a
-    :class:`Recorder`, and the interface :class:`~lightning_dlac.comm.ExchangeGroup` drives them through.
-
-    Args:
-        pg: Process group of the exchange.
-        tables_per_rank: Table name of each chunk column (pooled: column block; sequence: feature), per rank.
-        config: Compression settings.
-        bounds: Per-table bounds, read at every call.
-        peers: Which payloads are compressed; ``None``: the plan of ``config.compress_peers`` on the nodes every
-            rank reads from its launcher (:func:`~lightning_dlac.comm.peers.discover_nodes`, a collective: every
-            rank builds its exchanges together).
-    """
-
-    def __init__(self, pg: dist.ProcessGroup, tables_per_rank: Sequence[Sequence[str]], config: CompressionConfig,
-                 bounds: BoundSource, peers: PeerPlan | None = None) -> None:
-        super().__init__()
-        if len(tables_per_rank) != pg.size():
-            raise ValueError(f"tables_per_rank needs one entry per rank ({pg.size()}), got {len(tables_per_rank)}.")
-        self._pg = pg
-        self._config = config
-        self._tables_per_rank = tuple(tuple(t) for t in tables_per_rank)
-        self.peers = peers if peers is not None else PeerPlan.from_policy(config.compress_peers, discover_nodes(pg),
-                                                                          backend_of(pg))
-        if self.peers.world != pg.size():
-            raise ValueError(f"a peer plan of {self.peers.world} ranks for a process group of {pg.size()}.")
-        self.recorder = Recorder(config, bounds)
-
-    def count_links(self, send_bytes: Sequence[int], compressed_to: Sequence[bool]) -> None:
-        """Count a payload's bytes to each destination by link class (same node / other nodes), and those sent as
-        they are (not compressed) apart."""
-        rank = dist.get_rank(self._pg)
-        self.recorder.count_links({d: (self.peers.link(rank, d), n, not compressed_to[d])
-                                   for d, n in enumerate(send_bytes) if d != rank})
-
-    @property
-    def local_tables(self) -> list[str]:
-        """Tables whose embeddings this rank sends (one entry per local column block or feature)."""
-        return list(self._tables_per_rank[dist.get_rank(self._pg)])
-
-    @property
-    def tables_per_rank(self) -> list[list[str]]:
-        """Table names per rank (every rank's tables, not only this one's)."""
-        return [list(t) for t in self._tables_per_rank]
-
-    @property
-    def stats(self) -> CommStats:
-        """A snapshot of this exchange's counters since it was installed (they only grow)."""
-        return self.recorder.stats()
-
-    @property
-    def observer(self) -> Observer | None:
-        """See :attr:`Recorder.observer`."""
-        return self.recorder.observer
-
-    @observer.setter
-    def observer(self, observer: Observer | None) -> None:
-        self.recorder.observer = observer
-
-    def off_the_record(self, bounds: BoundSource) -> contextlib.AbstractContextManager[None]:
-        """Within the block, forward exchanges read ``bounds``, are not observed and count in no statistics:
-        exchanges that measure something (a calibration probe) rather than train."""
-        return self.recorder.off_the_record(bounds)
+        return getattr(base, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -46,16 +46,16 @@ from torchrec.distributed.types import Awaitable
 from lightning_dlac.adaptive.bounds import BoundSource
 from lightning_dlac.codec import CodecError
 from lightning_dlac.comm import exchange
+from lightning_dlac.comm.base import Ready, RecordedExchange, TableLayout
 from lightning_dlac.comm.config import BackwardCompression, CompressionConfig
-from lightning_dlac.comm.exchange import CompressedExchangeError, Grid, TableLayout, offsets, rank_sums
+from lightning_dlac.comm.exchange import CompressedExchangeError, Grid, offsets, rank_sums
 from lightning_dlac.comm.peers import PeerPlan, runs
-from lightning_dlac.comm.recorder import Ready, RecordedExchange
 from lightning_dlac.comm.timing import PhaseTimer
 
 
 @dataclass(frozen=True)
 class SequenceLayout(TableLayout):
-    """The sequence-embedding exchange of one call: a :class:`~lightning_dlac.comm.exchange.TableLayout` whose chunk
+    """The sequence-embedding exchange of one call: a :class:`~lightning_dlac.comm.base.TableLayout` whose chunk
     columns are features, and the rows of each chunk.
 
     Args:

@@ -9,10 +9,10 @@
 | ``convert`` | TSV to TorchRec's binary layout, streamed and in parallel |
 | ``multi_hot`` | MLPerf DLRM v2's multi-hot bags and their ``.npz`` files |
 | ``binary`` | reading the binary layouts back: header checks and member offsets |
-| ``command`` | ``dlac preprocess criteo`` |
 
 Importing it needs only NumPy (torch is imported where a function needs it), so ``dlac preprocess --help`` is
-instant. The DataModules that train on these files live in ``lightning_dlac.examples`` (``tsv``, ``binary``).
+instant (the command is :mod:`lightning_dlac.commands.preprocess`). The DataModules that train on these files live
+in ``lightning_dlac.examples`` (``tsv``, ``binary``).
 """
 
 from lightning_dlac.criteo.binary import (

@@ -9,8 +9,10 @@
 | ``pipeline`` | :class:`SparseDistPipeline`: TorchRec's sparse-dist train pipeline, one step at a time |
 | ``elastic`` | process-group rendezvous that survives torchrun's restarts |
 
-It imports the communication layer (:mod:`lightning_dlac.comm`) and below, never Lightning. Exports resolve lazily
-(PEP 562): ``from lightning_dlac.engine import save_sharded`` does not import TorchRec.
+It imports nothing of the package but the shared checkers (:mod:`lightning_dlac.checks`), and never Lightning: it
+knows nothing of the codec, the bound policy or the compressed all-to-all (:mod:`lightning_dlac.comm`, which it
+neither imports nor is imported by; ``DLACStrategy`` joins the two). Exports resolve lazily (PEP 562): ``from
+lightning_dlac.engine import save_sharded`` does not import TorchRec.
 """
 
 from __future__ import annotations

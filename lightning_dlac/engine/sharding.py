@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from lightning_dlac.checks import parse_enum  # plugin/strategy.py still imports it from here
 from lightning_dlac.engine.ids import install_id_checks
 
 if TYPE_CHECKING:
@@ -68,15 +69,6 @@ class EmbeddingOptimizer(str, Enum):
         """Optimizer state of one table: Adagrad keeps one float per element, row-wise Adagrad one per row."""
         return {EmbeddingOptimizer.SGD: 0, EmbeddingOptimizer.ADAGRAD: rows * dim * 4,
                 EmbeddingOptimizer.ROWWISE_ADAGRAD: rows * 4}[self]
-
-
-def parse_enum(enum_cls: type[Enum], value: Any, option: str) -> Any:
-    """``enum_cls(value)``, or an error naming ``option`` and the accepted values."""
-    try:
-        return enum_cls(value)
-    except ValueError:
-        accepted = ", ".join(repr(m.value) for m in enum_cls)  # type: ignore[attr-defined]
-        raise ValueError(f"{option}={value!r} is not supported; choose one of {accepted}.") from None
 
 
 def _sharding_types(types: Sequence[str] | str, option: str) -> list[str]:

@@ -17,6 +17,7 @@ from lightning_dlac.commands.estimate import (
     ALL_METHODS,
     METHODS,
     POLICIES,
+    POLICY_LABELS,
     Codec,
     Link,
     RunRates,
@@ -32,6 +33,7 @@ from lightning_dlac.commands.estimate import (
     predict_policies,
     predict_policy,
     rates_from_run,
+    read_json,
     table,
     wait_from_run,
 )
@@ -244,6 +246,30 @@ def test_one_rank_per_node_makes_all_and_other_nodes_one_policy_and_the_single_l
     one_node = predict_policies(WORKLOAD, CODEC, Topology(1, 4, 100.0, 1.0))
     assert replace(one_node["other_nodes"], method="none") == one_node["none"]
     assert one_node["none"].parts["forward_other_nodes_ms"] == 0.0
+
+
+def test_the_policies_modelled_are_compress_peers_rules_and_none() -> None:
+    from lightning_dlac.comm.peers import POLICIES as PEER_POLICIES
+    from lightning_dlac.comm.peers import RULES
+
+    assert POLICIES == ("none", *RULES) and PEER_POLICIES == ("auto", *RULES)
+    assert set(POLICY_LABELS) == set(POLICIES)
+    with pytest.raises(ValueError, match="'auto' is not a rule of its own: it picks one of the others per job"):
+        predict_policy("auto", WORKLOAD, CODEC, TOPOLOGY)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_each_policy_encodes_the_shares_of_the_peers_its_peer_plan_compresses(policy: str) -> None:
+    """The model and the exchange read one rule per policy: the codec time it models is the encode and decode of
+    one share for every peer that PeerPlan.from_policy compresses for (3 nodes x 2 ranks, seen from rank 0)."""
+    from lightning_dlac.comm.peers import PeerPlan
+
+    topology = Topology(nodes=3, ranks_per_node=2, intra_gbit_s=8.0, inter_gbit_s=1.0)
+    compressed = 0 if policy == "none" else sum(PeerPlan.from_policy(policy, (0, 0, 1, 1, 2, 2)).to(0))
+    share = WORKLOAD.batch_per_rank * WORKLOAD.total_dim * 4 / topology.world
+    codec_ms = compressed * share * (1 / 1e9 + 1 / 2e9) * 1e3  # CODEC's forward rates: 1 GB/s in, 2 GB/s out
+    assert predict_policy(policy, WORKLOAD, CODEC, topology).parts["forward_codec_ms"] == pytest.approx(codec_ms)
+    assert compressed == {"none": 0, "all": 5, "other_nodes": 4}[policy]
 
 
 def test_policy_table_names_the_fastest() -> None:
@@ -460,6 +486,64 @@ def test_a_bad_run_file_is_named_with_the_fix(tmp_path: Path, content: object, m
     with pytest.raises(ValueError, match="DLACCallback\\(report=True\\)") as info:
         rates_from_run(path)
     assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("write", "members", "message"),
+    [
+        (None, {}, "cannot read it (No such file or directory)"),
+        ("directory", {}, "cannot read it (Is a directory)"),
+        ("{not json", {}, "is not JSON (Expecting property name enclosed in double quotes"),
+        (b"\xff\xfe binary", {}, "is not JSON ("),
+        ("[1, 2]", {"summary": dict}, "has no 'summary' object"),
+        ('{"summary": []}', {"summary": dict}, "has no 'summary' object"),
+        ('{"results": {}}', {"results": list}, "has no 'results' list"),
+    ],
+)
+def test_the_json_reader_names_the_file_the_reason_and_the_fix(tmp_path: Path, write: str | bytes | None,
+                                                               members: dict[str, type], message: str) -> None:
+    path = tmp_path / "given.json"
+    if write == "directory":
+        path.mkdir()
+    elif isinstance(write, bytes):
+        path.write_bytes(write)
+    elif write is not None:
+        path.write_text(write)
+    where = f"--some-option {str(path)!r}"
+    with pytest.raises(ValueError) as err:
+        read_json(path, where, "give the file that X wrote", members)
+    assert str(err.value).startswith(where) and message in str(err.value)
+    assert str(err.value).endswith("; give the file that X wrote.")
+
+
+def test_the_json_reader_returns_the_object(tmp_path: Path) -> None:
+    (tmp_path / "run.json").write_text('{"summary": {"a": 1}, "other": 2}')
+    assert read_json(tmp_path / "run.json", "x", "y", {"summary": dict}) == {"summary": {"a": 1}, "other": 2}
+
+
+def test_both_readers_read_through_the_one_reader(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    for read, option in ((rates_from_run, "--from-run"), (device_rates, "--device-rates")):
+        with pytest.raises(ValueError, match=rf"^{option} '.*bad.json' is not JSON \(Expecting"):
+            read(bad)
+    bad.write_text('{"history": []}')
+    with pytest.raises(ValueError, match="has no 'results' list; give the JSON that benchmarks/cuda_codec_bench.py"):
+        device_rates(bad)
+
+
+def test_every_name_of_the_one_estimate_module_is_still_importable_from_it() -> None:
+    import lightning_dlac.commands.estimate as estimate
+    from lightning_dlac.commands.estimate import cli, model, rates
+
+    for module in (model, rates, cli):
+        public = [n for n, v in vars(module).items()
+                  if not n.startswith("_") and getattr(v, "__module__", module.__name__) == module.__name__
+                  and not isinstance(v, type(estimate))]  # fmt: skip
+        assert [n for n in public if getattr(estimate, n, None) is not getattr(module, n)] == [], module.__name__
+    assert estimate._dims is cli._dims and estimate._positive is model._positive  # private helpers too
+    with pytest.raises(AttributeError, match="has no attribute 'nothing'"):
+        estimate.nothing  # noqa: B018
 
 
 def test_the_example_in_docs_multinode_is_what_the_command_prints(caplog: pytest.LogCaptureFixture) -> None:

@@ -1,0 +1,76 @@
+"""Names that moved out of comm/exchange.py (the pooled layout to comm/pooled.py, the layout base to comm/base.py, the
+result buffers to comm/buffers.py) and comm/recorder.py (the module base to comm/base.py) stay where callers found
+them, and a function set on exchange (a profiler's wrapper, a test's counter) is the one its callers then run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lightning_dlac.comm import base, buffers, exchange, pooled, recorder
+
+# Every public name exchange.py defined before the split, and where it is defined now.
+BEFORE_THE_SPLIT = {
+    "CompressedExchangeError": exchange, "offsets": exchange, "rank_sums": exchange, "ChunkCodec": exchange,
+    "Impl": exchange, "Grid": exchange, "InFlight": exchange, "encode_chunks": exchange, "decode_chunks": exchange,
+    "assemble": exchange, "as_bytes": exchange, "copy_raw": exchange, "to_wire": exchange, "from_wire": exchange,
+    "place_rows": exchange, "place_own": exchange, "with_own": exchange, "exchange_sizes": exchange,
+    "exchange_unknown_sizes": exchange, "size_records_plan": exchange, "start_payload": exchange,
+    "start_cast": exchange, "ResultBuffers": buffers, "TableLayout": base, "Layout": pooled, "Encoded": pooled,
+    "encode_for_others": pooled, "start_forward": pooled, "start_output": pooled, "decode_from_others": pooled,
+    "adjacent": pooled, "start_forward_uncompressed": pooled, "finish_forward_uncompressed": pooled,
+    "locate_decode_error": pooled, "BackwardInFlight": pooled, "gather_owner_blocks": pooled,
+    "start_gradient": pooled, "start_backward_cast": pooled, "start_backward_mixed_cast": pooled,
+    "start_backward_dlac": pooled, "finish_backward": pooled,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(BEFORE_THE_SPLIT))
+def test_every_name_of_the_old_exchange_module_is_still_there(name: str) -> None:
+    namespace: dict[str, object] = {}
+    exec(f"from lightning_dlac.comm.exchange import {name}", namespace)  # the import statement callers write
+    assert namespace[name] is getattr(BEFORE_THE_SPLIT[name], name)
+    assert name in dir(exchange)
+
+
+def test_the_module_bases_are_still_importable_from_the_recorder() -> None:
+    from lightning_dlac.comm.recorder import Ready, RecordedExchange
+
+    assert (Ready, RecordedExchange) == (base.Ready, base.RecordedExchange)
+    with pytest.raises(AttributeError, match="has no attribute 'Nothing'"):
+        recorder.Nothing  # noqa: B018
+
+
+def _one_rank_output() -> torch.Tensor:
+    """decode_from_others on a layout of one rank: nothing arrives, the output is the block the rank kept."""
+    layout = pooled.Layout(0, (("t",),), ((4,),))
+    own = torch.arange(12.0).view(3, 4)
+    return pooled.decode_from_others(torch.zeros(0, dtype=torch.uint8), torch.zeros(1, dtype=torch.int64), own,
+                                     layout, "ref")
+
+
+def test_a_pooled_function_set_on_exchange_is_what_pooled_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    original, calls = pooled.start_output, []
+    monkeypatch.setattr(exchange, "start_output", lambda *a, **k: calls.append(1) or original(*a, **k))
+    assert pooled.start_output is exchange.start_output is not original
+    torch.testing.assert_close(_one_rank_output(), torch.arange(12.0).view(3, 4))
+    assert calls == [1]
+    monkeypatch.undo()
+    assert pooled.start_output is exchange.start_output is original
+
+
+def test_a_wire_function_set_on_exchange_is_what_pooled_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    original, calls = exchange.place_own, []
+    monkeypatch.setattr(exchange, "place_own", lambda *a, **k: calls.append(1) or original(*a, **k))
+    _one_rank_output()
+    assert calls == [1]
+
+
+def test_other_names_set_on_exchange_stay_there() -> None:
+    exchange.some_setting = 1  # type: ignore[attr-defined]
+    try:
+        assert exchange.__dict__["some_setting"] == 1 and not hasattr(pooled, "some_setting")
+    finally:
+        del exchange.some_setting  # type: ignore[attr-defined]
+    with pytest.raises(AttributeError, match="module 'lightning_dlac.comm.exchange' has no attribute 'nothing'"):
+        exchange.nothing  # noqa: B018
