@@ -72,9 +72,11 @@ from benchmarks.lib.plan import outputs_help
 from benchmarks.lib.results import start_run, write_results
 
 TABLES, DIM = 26, 64
-# The wrapped public functions of lightning_dlac.comm.exchange: attribute -> phase. Calls nest (start_forward runs
-# exchange_sizes and start_payload; encode_for_others runs encode_chunks, which runs encode_grid): a function's
-# exclusive time is its own, less the wrapped calls inside it.
+# The wrapped public functions of the exchange: attribute -> phase, wrapped on the module that defines them, where
+# their callers look them up (the pooled layout's in lightning_dlac.comm.pooled, the wire functions and the codec's
+# in lightning_dlac.comm.exchange). Calls nest (start_forward runs exchange_sizes and start_payload;
+# encode_for_others runs encode_chunks, which runs encode_grid): a function's exclusive time is its own, less the
+# wrapped calls inside it.
 WRAPPED = {
     "encode_for_others": "encode: joins",
     "encode_chunks": "encode: joins",
@@ -154,12 +156,17 @@ class PhaseClock:
 
 
 def _install(clock: PhaseClock) -> None:
-    """Wrap the exchange's public functions (this rank process only)."""
+    """Wrap the exchange's public functions where they are defined (this rank process only)."""
     from lightning_dlac.comm import exchange
 
+    try:
+        from lightning_dlac.comm import pooled
+    except ImportError:  # an older package (--label): the pooled layout was in exchange.py
+        pooled = exchange
     for name, phase in WRAPPED.items():
-        if hasattr(exchange, name):  # an older exchange (--label) may lack some
-            setattr(exchange, name, clock.wrap(name, getattr(exchange, name), phase))
+        home = pooled if name in vars(pooled) else exchange
+        if name in vars(home):  # an older exchange (--label) may lack some
+            setattr(home, name, clock.wrap(name, getattr(home, name), phase))
     wait = exchange.InFlight.wait
 
     def timed_wait(flight: Any) -> torch.Tensor:

@@ -36,9 +36,9 @@ TorchRec's ``comm_ops`` request / wait: whatever the caller runs in between over
 
 from __future__ import annotations
 
+import importlib
 import itertools
-import sys
-import types
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple, Protocol
 
@@ -321,9 +321,8 @@ def start_cast(values: torch.Tensor, send_numel: list[int], recv_numel: list[int
 # ---------------------------------------------------------------------- names that moved out
 
 # The pooled layout, the layout base and the result buffers were defined here until this module became the wire
-# functions alone. They stay reachable here, to read and to write: written too, because tools wrap the exchange's
-# functions by setting them on this module (benchmarks/exchange_profile.py, tests that count calls), and a wrapper
-# must land where the callers look the function up.
+# functions alone (issue 52). Imported from here they still work, for one release, with a DeprecationWarning that
+# names their new home.
 _MOVED = {
     "TableLayout": "base",
     "ResultBuffers": "buffers",
@@ -337,30 +336,10 @@ _MOVED = {
 }
 
 
-def _home(name: str) -> types.ModuleType:
-    from lightning_dlac.comm import base, buffers, pooled  # they import this module: not at its top
-
-    return {"base": base, "buffers": buffers, "pooled": pooled}[_MOVED[name]]
-
-
-class _Moved:
-    """A name of this module that lives in another module now: read from it and written to it (a data descriptor, so
-    that tools which save and restore what they set, as pytest's monkeypatch, restore it there too)."""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self._name = name
-
-    def __get__(self, module: types.ModuleType | None, owner: type | None = None) -> Any:
-        return getattr(_home(self._name), self._name)
-
-    def __set__(self, module: types.ModuleType, value: Any) -> None:
-        setattr(_home(self._name), self._name, value)
-
-
-def _dir(module: types.ModuleType) -> list[str]:
-    return sorted({*module.__dict__, *_MOVED})
-
-
-# This module's class: a module whose moved names are descriptors of its type.
-sys.modules[__name__].__class__ = type("_WithMovedNames", (types.ModuleType,),
-                                       {**{name: _Moved() for name in _MOVED}, "__dir__": _dir})
+def __getattr__(name: str) -> Any:
+    home = _MOVED.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn(f"lightning_dlac.comm.exchange.{name} is deprecated: it moved to lightning_dlac.comm.{home}.{name};"
+                  f" import it from there", DeprecationWarning, stacklevel=2)
+    return getattr(importlib.import_module(f"lightning_dlac.comm.{home}"), name)

@@ -11,18 +11,14 @@ import pytest
 import torch
 
 from lightning_dlac.codec import CodecError
-from lightning_dlac.comm.exchange import (
+from lightning_dlac.comm.buffers import ResultBuffers
+from lightning_dlac.comm.exchange import InFlight, decode_chunks, encode_chunks, offsets, with_own
+from lightning_dlac.comm.pooled import (
     BackwardInFlight,
-    InFlight,
     Layout,
-    ResultBuffers,
-    decode_chunks,
     decode_from_others,
-    encode_chunks,
     finish_backward,
     gather_owner_blocks,
-    offsets,
-    with_own,
 )
 from tests.conftest import native_expected
 
@@ -137,8 +133,6 @@ def test_a_corrupt_chunk_on_either_side_of_the_own_block_is_a_codec_error(impl: 
 
 
 def test_result_buffers_reuse_memory_only_once_nothing_holds_it() -> None:
-    from lightning_dlac.comm.exchange import ResultBuffers
-
     cpu = torch.device("cpu")
     buffers = ResultBuffers()
     first = buffers.empty(6, 4, cpu)
@@ -158,8 +152,6 @@ def test_result_buffers_reuse_memory_only_once_nothing_holds_it() -> None:
 
 
 def test_an_output_the_caller_still_holds_is_never_overwritten_by_the_next_call(impl: str) -> None:
-    from lightning_dlac.comm.exchange import ResultBuffers
-
     layout, rows = _layout(1), 8
     g = torch.Generator().manual_seed(9)
     buffers = ResultBuffers()
@@ -179,7 +171,7 @@ def test_an_output_the_caller_still_holds_is_never_overwritten_by_the_next_call(
 
 @pytest.mark.parametrize("me", [0, 1, 2])
 def test_the_own_columns_are_placed_while_the_payload_travels_and_the_decode_fills_the_rest(me: int, impl: str) -> None:
-    from lightning_dlac.comm.exchange import start_output
+    from lightning_dlac.comm.pooled import start_output
 
     layout, rows = _layout(me), 12
     g = torch.Generator().manual_seed(20 + me)
@@ -203,7 +195,7 @@ def test_the_own_columns_are_placed_while_the_payload_travels_and_the_decode_fil
 
 @pytest.mark.parametrize("me", [0, 1, 2])
 def test_the_own_gradient_rows_are_placed_while_the_payload_travels(me: int, impl: str) -> None:
-    from lightning_dlac.comm.exchange import start_gradient
+    from lightning_dlac.comm.pooled import start_gradient
 
     layout, batch = _layout(me), [5, 7, 3]
     g = torch.Generator().manual_seed(30 + me)
@@ -226,7 +218,7 @@ def test_the_own_gradient_rows_are_placed_while_the_payload_travels(me: int, imp
 
 @pytest.mark.parametrize("wire", [torch.bfloat16, torch.float16])
 def test_a_mixed_cast_gradient_fills_the_result_whose_own_rows_are_placed(wire: torch.dtype) -> None:
-    from lightning_dlac.comm.exchange import start_gradient
+    from lightning_dlac.comm.pooled import start_gradient
 
     me, batch = 1, [5, 7, 3]
     layout = _layout(me)

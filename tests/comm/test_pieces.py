@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from lightning_dlac.comm import CompressionConfig
-from lightning_dlac.comm.exchange import Layout
 from lightning_dlac.comm.peers import PeerPlan
 from lightning_dlac.comm.pieces import merge_piece_sizes, piece_bounds, piece_count, split_layout
+from lightning_dlac.comm.pooled import Layout
 from lightning_dlac.testing import run_ranks
 from tests.conftest import native_expected
 
