@@ -72,8 +72,7 @@ def _exchange_case(
 
     from lightning_dlac.adaptive import ErrorBounds
     from lightning_dlac.codec import impl_calls
-    from lightning_dlac.comm import CompressedPooledEmbeddingsAllToAll, CompressionConfig
-    from lightning_dlac.comm import exchange as exchange_module
+    from lightning_dlac.comm import CompressedPooledEmbeddingsAllToAll, CompressionConfig, pooled
 
     calls_before = impl_calls()
     batch_size_per_rank, dims_per_rank = {**CASES, **CASES_3}[case]
@@ -94,15 +93,15 @@ def _exchange_case(
     x_ours = inputs[rank].to(device, copy=True).requires_grad_()
     x_theirs = inputs[rank].to(device, copy=True).requires_grad_()
     decodes = []
-    decode_from_others = exchange_module.decode_from_others
-    exchange_module.decode_from_others = lambda *a, **k: decodes.append(1) or decode_from_others(*a, **k)
+    decode_from_others = pooled.decode_from_others
+    pooled.decode_from_others = lambda *a, **k: decodes.append(1) or decode_from_others(*a, **k)
     try:
         pending = ours(x_ours, batch_size_per_rank)
         decoded_before_wait = len(decodes)
         dist.all_reduce(torch.ones(1, device=device), group=pg)  # another collective while the payload is in flight
         out_dev = pending.wait()
     finally:
-        exchange_module.decode_from_others = decode_from_others
+        pooled.decode_from_others = decode_from_others
     ref_dev = theirs(x_theirs, batch_size_per_rank).wait()
     assert out_dev.device == x_ours.device, "the exchange must return its output on the input's device"
     out, ref = out_dev.detach().cpu(), ref_dev.detach().cpu()
