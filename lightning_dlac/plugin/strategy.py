@@ -39,12 +39,12 @@ from lightning_dlac.engine.sharding import (
     shard_model,
     table_count,
 )
-from lightning_dlac.plugin import registration
 from lightning_dlac.plugin._checks import (
     refuse_optimizers_on_fused_parameters,
     refuse_sync_batchnorm_on_cpu,
     refuse_unpipelinable_run,
 )
+from lightning_dlac.plugin._names import DESCRIPTION, STRATEGY_NAME
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -149,7 +149,7 @@ class DLACStrategy(DDPStrategy):
             large to read back (docs/multinode.md, "Surviving failures").
     """
 
-    strategy_name = "dlac"
+    strategy_name = STRATEGY_NAME
 
     def __init__(
         self,
@@ -223,7 +223,9 @@ class DLACStrategy(DDPStrategy):
     @classmethod
     @override
     def register_strategies(cls, strategy_registry: Any) -> None:
-        registration.register(strategy_registry)  # the one registration of "dlac" (not DDPStrategy's names)
+        # "dlac" only, not DDPStrategy's names; left alone where lightning_dlac's import registered it already
+        if cls.strategy_name not in strategy_registry:
+            strategy_registry.register(cls.strategy_name, cls, description=DESCRIPTION)
 
     # ------------------------------------------------------------------ read-outs
 
