@@ -151,9 +151,7 @@ class ShardingOptions:
     find_unused_parameters: bool = False  # of the DDP that DMP wraps the dense parameters in
     static_graph: bool = False  # of that DDP
     bucket_cap_mb: int = 25  # of that DDP
-    # TorchRec's qcomm codecs by CommOp name (torchrec.distributed.fbgemm_qcomm_codec.get_qcomm_codecs_registry), for
-    # the exchanges TorchRec sends itself (compression off: the uncompressed baselines); None: float32
-    qcomm_codecs_registry: Mapping[str, Any] | None = None
+    qcomm_codecs_registry: Mapping[str, Any] | None = None  # TorchRec's qcomm codecs by CommOp name; None: float32
 
     def __post_init__(self) -> None:
         self.sharding_types = _sharding_types(self.sharding_types, "sharding_types")
