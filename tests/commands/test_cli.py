@@ -498,11 +498,11 @@ def test_an_error_the_run_raises_on_every_rank_is_one_line_naming_the_option(tmp
 
 @pytest.mark.slow  # a fresh `dlac fit`
 def test_debug_shows_the_traceback_from_where_the_library_raised(tmp_path: Path) -> None:
-    args, option, _, message = USER_ERRORS["bound out of range"]
+    args, option, component, message = USER_ERRORS["bound out of range"]
     proc = _dlac_user_error([*args, "--debug"], tmp_path)
     assert proc.returncode == 1 and "Traceback" in proc.stderr
     assert "lightning_dlac/adaptive/bounds.py" in proc.stderr or "lightning_dlac/comm" in proc.stderr
-    assert f"CLIUserError: {option} (DLACStrategy): {message}" in proc.stderr
+    assert f"CLIUserError: {option} ({component}): {message}" in proc.stderr
 
 
 IMPORTS_AFTER_HELP = """
