@@ -4,7 +4,7 @@ The layering follows TorchRec's: pure exchange functions (``exchange.py``, like 
 joining the two directions, and a thin module. The module wraps the pure exchange with what a training run needs
 around it: the :class:`~lightning_dlac.comm.recorder.Recorder` it shares with the sequence exchange (statistics,
 phase timing, the record switch, the observer, non-finite counts, error sampling) and, its own, the uncompressed
-fallback of ``compress="auto"`` (:class:`~lightning_dlac.comm.fallback.UncompressedFallback`).
+fallback of ``auto_fallback=True`` (:class:`~lightning_dlac.comm.fallback.UncompressedFallback`).
 
 The exchange is split as TorchRec's ``All2All_Pooled_Req`` / ``All2All_Pooled_Wait`` pair: :meth:`forward` encodes,
 exchanges the sizes and launches the payload all-to-all (``async_op=True``), and returns a pending awaitable whose
