@@ -167,6 +167,9 @@ class ShardingOptions:
             )
         if self.bucket_cap_mb <= 0:
             raise ValueError(f"bucket_cap_mb={self.bucket_cap_mb} must be > 0.")
+        for option in ("find_unused_parameters", "static_graph"):
+            if not isinstance(getattr(self, option), bool):
+                raise ValueError(f"{option}={getattr(self, option)!r} must be true or false (of the dense part's DDP).")
         if self.qcomm_codecs_registry is not None and not isinstance(self.qcomm_codecs_registry, Mapping):
             raise TypeError(
                 "qcomm_codecs_registry must map CommOp names to TorchRec QuantizedCommCodecs (what"

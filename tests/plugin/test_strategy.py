@@ -210,6 +210,7 @@ def test_strategy_string_alias_resolves() -> None:
         ({"sharding": {"table_constraints": {"t_cat_0": {"sharding_types": ["rowwise"]}}}},
          "unknown sharding type 'rowwise'"),
         ({"checkpointing": {"verify": "yes"}}, "verify='yes' must be true or false"),
+        ({"sharding": {"static_graph": "no"}}, "static_graph='no' must be true or false"),
     ],
 )
 def test_invalid_configuration_is_rejected_at_construction(kwargs: dict, message: str) -> None:
