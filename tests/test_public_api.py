@@ -325,9 +325,8 @@ def test_a_config_object_changed_after_construction_does_not_change_the_strategy
     strategy = DLACStrategy(compression=compression)
     compression.eps = 0.2
     assert strategy.compression.eps == 0.05 and strategy.compression is not compression
-    from lightning_dlac.plugin.strategy import DEFAULT_COMPRESSION
-
-    assert DLACStrategy().compression is not DEFAULT_COMPRESSION
+    shared = inspect.signature(DLACStrategy.__init__).parameters["compression"].default
+    assert DLACStrategy().compression is not shared and DLACStrategy().compression == shared
 
 
 @pytest.mark.parametrize("name", list(READ_OUTS))

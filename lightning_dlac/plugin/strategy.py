@@ -60,9 +60,9 @@ if TYPE_CHECKING:
 
 
 # The defaults of the config parameters: shared, never changed (the strategy copies the object it is given).
-DEFAULT_SHARDING = ShardingOptions()
-DEFAULT_COMPRESSION = CompressionOptions()
-DEFAULT_CHECKPOINTING = CheckpointOptions()
+_DEFAULT_SHARDING = ShardingOptions()
+_DEFAULT_COMPRESSION = CompressionOptions()
+_DEFAULT_CHECKPOINTING = CheckpointOptions()
 _CONFIG_TYPES = {"sharding": ShardingOptions, "compression": CompressionOptions, "checkpointing": CheckpointOptions}
 
 
@@ -155,9 +155,9 @@ class DLACStrategy(DDPStrategy):
         process_group_backend: str | None = None,
         timeout: timedelta | float | None = default_pg_timeout,
         start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen",
-        sharding: ShardingOptions = DEFAULT_SHARDING,
-        compression: CompressionOptions = DEFAULT_COMPRESSION,
-        checkpointing: CheckpointOptions = DEFAULT_CHECKPOINTING,
+        sharding: ShardingOptions = _DEFAULT_SHARDING,
+        compression: CompressionOptions = _DEFAULT_COMPRESSION,
+        checkpointing: CheckpointOptions = _DEFAULT_CHECKPOINTING,
         pipeline: str | None = None,
         **deprecated: Any,
     ) -> None:
