@@ -123,7 +123,7 @@ def check_names(owner: str, given: Mapping[str, Any]) -> None:
 
 def _field_value(flat: str, value: Any) -> tuple[str, Any]:
     """(field, value) of the config object that flat option ``flat`` set to ``value``."""
-    group, field = FLAT_OPTIONS[flat]
+    _, field = FLAT_OPTIONS[flat]
     if flat != "compress":
         return field, value
     if value is True or value is False:
