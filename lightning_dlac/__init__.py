@@ -29,17 +29,34 @@ from typing import TYPE_CHECKING, Any
 from lightning_dlac.plugin import registration as _registration
 
 if TYPE_CHECKING:
-    from lightning_dlac.engine.sharding import EmbeddingOptimizer, dense_parameters
+    from lightning_dlac.comm.config import BackwardCompression, CompressionOptions
+    from lightning_dlac.engine.checkpoint import CheckpointOptions
+    from lightning_dlac.engine.sharding import EmbeddingOptimizer, ShardingOptions, dense_parameters
     from lightning_dlac.plugin.callback import DLACCallback
     from lightning_dlac.plugin.strategy import DLACStrategy
 
 __version__ = "0.1.0"
-__all__ = ["DLACCallback", "DLACStrategy", "EmbeddingOptimizer", "dense_parameters"]
+__all__ = [
+    "BackwardCompression",
+    "CheckpointOptions",
+    "CompressionOptions",
+    "DLACCallback",
+    "DLACStrategy",
+    "EmbeddingOptimizer",
+    "ShardingOptions",
+    "dense_parameters",
+]
 
+# Public name -> the module that defines it (docs/api.md lists them; tests/test_public_api.py pins them).
 _EXPORTS = {
     "DLACCallback": "lightning_dlac.plugin.callback",
     "DLACStrategy": "lightning_dlac.plugin.strategy",
+    # DLACStrategy's config objects (sharding=, compression=, checkpointing=) and the enums of their fields
+    "ShardingOptions": "lightning_dlac.engine.sharding",
+    "CompressionOptions": "lightning_dlac.comm.config",
+    "CheckpointOptions": "lightning_dlac.engine.checkpoint",
     "EmbeddingOptimizer": "lightning_dlac.engine.sharding",
+    "BackwardCompression": "lightning_dlac.comm.config",
     "dense_parameters": "lightning_dlac.engine.sharding",
 }
 

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 _EXPORTS = {
     "BackwardCompression": "config",
     "CompressionConfig": "config",
+    "CompressionOptions": "config",
     "CommStats": "stats",
     "CompressedExchangeError": "exchange",
     "CompressedPooledEmbeddingsAllToAll": "all_to_all",
@@ -40,13 +41,14 @@ __all__ = [
     "CompressedExchangeError",
     "CompressedPooledEmbeddingsAllToAll",
     "CompressionConfig",
+    "CompressionOptions",
     "ExchangeGroup",
     "install_compressed_all_to_all",
 ]
 
 if TYPE_CHECKING:
     from lightning_dlac.comm.all_to_all import CompressedPooledEmbeddingsAllToAll
-    from lightning_dlac.comm.config import BackwardCompression, CompressionConfig
+    from lightning_dlac.comm.config import BackwardCompression, CompressionConfig, CompressionOptions
     from lightning_dlac.comm.exchange import CompressedExchangeError
     from lightning_dlac.comm.group import ExchangeGroup
     from lightning_dlac.comm.inject import install_compressed_all_to_all

@@ -5,7 +5,7 @@ and the pooled layout's start / finish functions on them, ``pooled.py``), an aut
 directions, and a thin module. The module wraps the pure exchange with what a training run needs around it: what it
 shares with the sequence exchange (:class:`~lightning_dlac.comm.base.RecordedExchange` and its
 :class:`~lightning_dlac.comm.recorder.Recorder`: statistics, phase timing, the record switch, the observer,
-non-finite counts, error sampling) and, its own, the uncompressed fallback of ``compress="auto"``
+non-finite counts, error sampling) and, its own, the uncompressed fallback of ``auto_fallback=True``
 (:class:`~lightning_dlac.comm.fallback.UncompressedFallback`).
 
 The exchange is split as TorchRec's ``All2All_Pooled_Req`` / ``All2All_Pooled_Wait`` pair: :meth:`forward` encodes,

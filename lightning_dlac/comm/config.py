@@ -1,4 +1,6 @@
-"""Settings of the compressed all-to-all (its per-table bounds are :class:`~lightning_dlac.adaptive.ErrorBounds`)."""
+"""Settings of the compressed all-to-all: :class:`CompressionConfig`, the exchange's own, and
+:class:`CompressionOptions`, a trainer's (the exchange's, whether to install it, the bound every table starts from).
+The per-table bounds themselves are :class:`~lightning_dlac.adaptive.ErrorBounds`."""
 
 from __future__ import annotations
 
@@ -41,9 +43,9 @@ class CompressionConfig:
         error_every: Measure the observed max error / bound every this many calls (one extra decode on the sender);
             0 turns the measurement off.
         impl: Codec implementation: ``auto`` (native kernels, falling back to the reference), ``native`` or ``ref``.
-        auto_fallback: The uncompressed fallback (``DLACStrategy(compress="auto")``): time the compressed and the
-            uncompressed exchange (forward and gradients; uncompressed is float32 both ways) and send uncompressed
-            while that is faster (a fast link, a slow codec).
+        auto_fallback: The uncompressed fallback: time the compressed and the uncompressed exchange (forward and
+            gradients; uncompressed is float32 both ways) and send uncompressed while that is faster (a fast link, a
+            slow codec).
         fallback_check_every: With ``auto_fallback``, calls between checks of the way not taken (more while the two
             ways' times differ a lot, see :class:`~lightning_dlac.comm.fallback.UncompressedFallback`).
         overlap: Launch each payload exchange and return, waiting for it (and decoding) only when its result is
@@ -84,3 +86,37 @@ class CompressionConfig:
         self.pieces = check_count(self.pieces, "pieces", 1)
         if self.impl not in ("auto", "native", "ref"):
             raise ValueError(f"impl={self.impl!r} is not supported; choose 'auto', 'native' or 'ref'.")
+
+
+@dataclass
+class CompressionOptions(CompressionConfig):
+    """How a trainer compresses the embedding all-to-all: :class:`CompressionConfig` (the exchange's settings, every
+    field of it) plus whether the compressed exchange is installed at all and the bound every table starts from.
+
+    ``DLACStrategy(compression=CompressionOptions(...))`` takes it, and in YAML its fields go under
+    ``init_args.compression``. The strategy installs the exchange with it (it is a :class:`CompressionConfig`) and
+    starts its :class:`~lightning_dlac.adaptive.ErrorBounds` at ``eps``; a plain training loop does the same with
+    ``install_compressed_all_to_all(dmp, options, ErrorBounds(options.eps))``.
+
+    Args:
+        enabled: Install the compressed exchange. ``False`` keeps TorchRec's uncompressed all-to-all exactly (A/B
+            runs; the other fields then do nothing). With ``auto_fallback`` the exchange also sends uncompressed
+            while that is faster.
+        eps: Relative error bound of every table until a policy (``DLACCallback``) sets per-table bounds.
+
+    The other fields are :class:`CompressionConfig`'s, with its defaults.
+    """
+
+    enabled: bool = True  # install the compressed exchange; False: TorchRec's uncompressed all-to-all exactly
+    eps: float = 0.01  # relative error bound of every table until a policy sets per-table bounds
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.enabled, bool):
+            raise ValueError(f"enabled={self.enabled!r} must be true or false (auto_fallback=True for the fallback).")
+        self.eps = check_relative_bound(self.eps, "eps")
+        if self.auto_fallback and not self.enabled:
+            raise ValueError(
+                "auto_fallback=True needs enabled=True: the fallback chooses between the compressed and the"
+                " uncompressed exchange, and enabled=False installs no compressed one. Drop one of the two."
+            )

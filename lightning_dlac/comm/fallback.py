@@ -1,5 +1,5 @@
-"""The uncompressed fallback of ``DLACStrategy(compress="auto")``: send an exchange uncompressed (TorchRec's float32
-all-to-all, forward and gradients) while that is faster (a fast link, a slow codec).
+"""The uncompressed fallback (``CompressionConfig(auto_fallback=True)``): send an exchange uncompressed (TorchRec's
+float32 all-to-all, forward and gradients) while that is faster (a fast link, a slow codec).
 
 The module (:class:`~lightning_dlac.comm.CompressedPooledEmbeddingsAllToAll`) asks for a decision at each forward
 launch and times a call as every phase of it, the gradient exchange of its backward included (both directions go

@@ -5,7 +5,7 @@ GB/s) and peers on other nodes (a NIC shared by the node's GPUs). Encoding for a
 saves bytes on a link that was never the bottleneck, so by default a multi-node job compresses only the payloads that
 cross nodes and sends the others as they are (float32, bit-exact), as TorchRec would.
 
-A policy (``CompressionConfig(compress_peers=...)``, ``DLACStrategy(compress_peers=...)``) is one of
+A policy (``CompressionConfig(compress_peers=...)``, through ``DLACStrategy`` a ``CompressionOptions`` field) is one of
 
 - ``"auto"`` (default): ``"other_nodes"`` when the job spans more than one node and its ranks are GPUs on NCCL (a
   node's GPUs share a fabric far faster than its NIC); ``"all"`` otherwise: on a single node (its ranks compress for

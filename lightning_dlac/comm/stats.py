@@ -36,7 +36,7 @@ class CommStats:
     """
 
     calls: int = 0  # forward exchanges
-    uncompressed_calls: int = 0  # of which the uncompressed fallback (compress="auto") sent uncompressed
+    uncompressed_calls: int = 0  # of which the uncompressed fallback (auto_fallback) sent uncompressed
     raw_bytes: int = 0  # float32 bytes the forward exchanges stand for
     sent_bytes: int = 0  # bytes they did send (payloads + size exchange)
     encode_s: float = 0.0

@@ -54,16 +54,18 @@ def _options_given(argv: Sequence[str]) -> list[tuple[str, str]]:
     return out
 
 
-def name_option(argv: Sequence[str], key: str, params: Sequence[str], message: str) -> str | None:
+def name_option(argv: Sequence[str], key: str, params: Sequence[str], message: str, group: bool = False) -> str | None:
     """Name the option behind an error: the component ``key``'s options on the command line whose parameter the
     message names, else the parameter the message names first (set in a config file or left at its default), spelled
     as an option, else all the component's options on the command line; None if nothing points anywhere.
 
     Args:
         argv: The command line.
-        key: The component's key in the config (``data``, ``trainer.strategy``, ``trainer.callbacks``).
-        params: The component's parameter names.
+        key: The component's key in the config (``data``, ``trainer.strategy``, ``trainer.callbacks``), or a config
+            object's among another component's options (``trainer.strategy.init_args.compression``).
+        params: The component's parameter names (a config object's field names).
         message: The library's error message.
+        group: ``key`` is a config object's: its fields are spelled right after it, with no ``init_args``.
     """
     short = ".".join(p for p in key.split(".") if p != "init_args")
     given = [(name[len(short) + 1 :], typed) for name, typed in _options_given(argv) if name.startswith(short + ".")]
@@ -73,7 +75,7 @@ def name_option(argv: Sequence[str], key: str, params: Sequence[str], message: s
     if hits:
         return ", ".join(hits)
     if named:
-        spelled = key if key in _SHORT_KEYS else f"{key}.init_args"
+        spelled = key if key in _SHORT_KEYS or group else f"{key}.init_args"
         return f"--{spelled}.{named[0]}"  # the one the message is about (it names it first)
     if given:
         return ", ".join(typed for _, typed in given)

@@ -8,6 +8,7 @@ callback, which ``dlac preprocess|report|estimate`` do not need.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import sys
 from collections.abc import Iterator, Sequence
@@ -53,6 +54,17 @@ def _class_nodes(node: Any, path: str) -> Iterator[tuple[str, str, Any]]:
     elif isinstance(node, list):
         for value in node:
             yield from _class_nodes(value, path)
+
+
+def _group_nodes(node: Any, path: str) -> Iterator[tuple[str, list[str]]]:
+    """(key, field names) of every config-object group in a parsed config: an entry of a class's ``init_args``
+    that is a mapping without a ``class_path`` of its own (``trainer.strategy.init_args.compression``)."""
+    from jsonargparse import Namespace
+
+    for key, _, init_args in _class_nodes(node, path):
+        for name, value in vars(init_args or Namespace()).items():
+            if isinstance(value, Namespace) and "class_path" not in value:
+                yield f"{key}.init_args.{name}", list(vars(value))
 
 
 def _library_error(error: BaseException) -> BaseException:
@@ -111,7 +123,10 @@ class DLACCLI(LightningCLI):
         config = self.config.get(str(self.subcommand), self.config) if self.subcommand else self.config
         nodes = list(_class_nodes(config, ""))
         key, params, component = None, [], type(cause).__name__
-        # The constructor that raised: the outermost __init__ frame of the traceback whose object the config built.
+        groups = list(_group_nodes(config, ""))
+        group = False
+        # The constructor that raised: the outermost __init__ frame of the traceback whose object the config built,
+        # a class (class_path) or a config object given as a group of fields (DLACStrategy's compression=).
         tb = cause.__traceback__
         while tb is not None and key is None:
             frame = tb.tb_frame
@@ -124,8 +139,14 @@ class DLACCLI(LightningCLI):
                         key, component = path, type(owner).__name__
                         params = list(vars(init_args)) if init_args is not None else []
                         break
+                else:
+                    names = {f.name for f in dataclasses.fields(owner)} if dataclasses.is_dataclass(owner) else None
+                    for path, fields in groups:
+                        if names is not None and set(fields) == names:
+                            key, params, component, group = path, fields, type(owner).__name__, True
+                            break
             tb = tb.tb_next
-        option = name_option(self._argv, key, params, str(cause)) if key is not None else None
+        option = name_option(self._argv, key, params, str(cause), group=group) if key is not None else None
         return CLIUserError(str(cause), option=option, component=component)
 
 

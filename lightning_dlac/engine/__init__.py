@@ -29,6 +29,7 @@ _EXPORTS = {
     "fused_parameters": "sharding",
     "plan_summary": "sharding",
     "shard_model": "sharding",
+    "CheckpointOptions": "checkpoint",
     "Checkpointer": "checkpoint",
     "IncompleteCheckpointError": "checkpoint",
     "check_directory": "checkpoint",
@@ -41,6 +42,7 @@ _EXPORTS = {
     "require_torchrec": "_torchrec",
 }
 __all__ = [
+    "CheckpointOptions",
     "Checkpointer",
     "EmbeddingOptimizer",
     "IncompleteCheckpointError",
@@ -65,6 +67,7 @@ if TYPE_CHECKING:
     from lightning_dlac.engine._torchrec import require_torchrec
     from lightning_dlac.engine.checkpoint import (
         Checkpointer,
+        CheckpointOptions,
         IncompleteCheckpointError,
         check_directory,
         load_sharded,

@@ -44,6 +44,7 @@ import pickle
 import warnings
 import zlib
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -56,7 +57,7 @@ from lightning_dlac.engine._directory import previous_path, staging_path
 if TYPE_CHECKING:
     from torchrec.distributed.model_parallel import DistributedModelParallel
 
-__all__ = ["FUSED_OPTIMIZER_KEY", "MANIFEST_FILE", "META_FILE", "RANDOM_STATE_KEY", "Checkpointer",
+__all__ = ["FUSED_OPTIMIZER_KEY", "MANIFEST_FILE", "META_FILE", "RANDOM_STATE_KEY", "CheckpointOptions", "Checkpointer",
            "IncompleteCheckpointError", "check_directory", "file_checksum", "load_sharded", "previous_path",
            "remove_checkpoint", "restore_random_state", "save_sharded"]  # fmt: skip
 
@@ -435,6 +436,24 @@ def restore_random_state(checkpoint: dict[str, Any]) -> dict[str, Any] | None:
         warnings.warn(warning, stacklevel=2)
     rng.restore(state)
     return state
+
+
+@dataclass
+class CheckpointOptions:
+    """How checkpoints are written and read (``DLACStrategy(checkpointing=CheckpointOptions(...))``; YAML
+    ``init_args.checkpointing``).
+
+    Args:
+        verify: Checksum (CRC32) every file of a checkpoint when it is saved, by the rank that wrote it, and verify
+            the checksums when it is loaded, shared out over the ranks. ``False``: sizes only, for checkpoints too
+            large to read back (see the module docstring).
+    """
+
+    verify: bool = True  # CRC32 of every file at save, checked at load; False: sizes only
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.verify, bool):
+            raise ValueError(f"verify={self.verify!r} must be true or false.")
 
 
 class Checkpointer:

@@ -111,7 +111,28 @@ def _table_constraints(table_constraints: Mapping[str, Mapping[str, Any]]) -> di
 
 @dataclass
 class ShardingOptions:
-    """How the embedding tables are sharded and trained (``DLACStrategy``'s options of the same names)."""
+    """How the embedding tables are sharded and trained: :func:`shard_model`'s options, and
+    ``DLACStrategy(sharding=ShardingOptions(...))``'s (YAML ``init_args.sharding``).
+
+    Args:
+        sharding_types: Sharding types the planner may choose from, for every table (TorchRec names:
+            ``"table_wise"``, ``"column_wise"``, ``"row_wise"``, ``"table_row_wise"``, ...).
+        table_constraints: Per-table overrides, ``{table_name: {field: value}}`` with the fields of TorchRec's
+            ``ParameterConstraints`` (``sharding_types``, ``compute_kernels``, ``min_partition``, ...).
+        embedding_optimizer: Fused optimizer of the embedding tables: ``"sgd"``, ``"adagrad"`` or
+            ``"rowwise_adagrad"``.
+        embedding_lr: Learning rate of the fused embedding optimizer.
+        adagrad_epsilon: Epsilon of the (row-wise) Adagrad embedding optimizer (not an error bound).
+        memory_budget_bytes: Memory each rank may use for embedding tables and their optimizer state (device memory
+            on GPU, host memory on CPU). ``None`` uses the planner's default for the device.
+        find_unused_parameters: Of the ``DistributedDataParallel`` that TorchRec wraps the dense parameters in.
+        static_graph: Of that ``DistributedDataParallel``.
+        bucket_cap_mb: Of that ``DistributedDataParallel``.
+        qcomm_codecs_registry: TorchRec's quantized-communication codecs by ``CommOp`` name (what
+            ``torchrec.distributed.fbgemm_qcomm_codec.get_qcomm_codecs_registry`` returns), given to both sharders,
+            for the exchanges TorchRec sends itself: all of them with the compressed exchange off (TorchRec's qcomm
+            baselines), the rest with it on. Live codec objects: Python only, not YAML. ``None``: float32.
+    """
 
     sharding_types: Sequence[str] = ("table_wise",)  # the planner's choices for every table (TorchRec names)
     table_constraints: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # per table: ParameterConstraints
@@ -122,9 +143,7 @@ class ShardingOptions:
     find_unused_parameters: bool = False  # of the DDP that DMP wraps the dense parameters in
     static_graph: bool = False  # of that DDP
     bucket_cap_mb: int = 25  # of that DDP
-    # TorchRec's qcomm codecs by CommOp name (torchrec.distributed.fbgemm_qcomm_codec.get_qcomm_codecs_registry), for
-    # the exchanges TorchRec sends itself (compress=False, the uncompressed baselines); None: float32
-    qcomm_codecs_registry: Mapping[str, Any] | None = None
+    qcomm_codecs_registry: Mapping[str, Any] | None = None  # TorchRec's qcomm codecs by CommOp name; None: float32
 
     def __post_init__(self) -> None:
         self.sharding_types = _sharding_types(self.sharding_types, "sharding_types")
@@ -140,6 +159,9 @@ class ShardingOptions:
             )
         if self.bucket_cap_mb <= 0:
             raise ValueError(f"bucket_cap_mb={self.bucket_cap_mb} must be > 0.")
+        for option in ("find_unused_parameters", "static_graph"):
+            if not isinstance(getattr(self, option), bool):
+                raise ValueError(f"{option}={getattr(self, option)!r} must be true or false (of the dense part's DDP).")
         if self.qcomm_codecs_registry is not None and not isinstance(self.qcomm_codecs_registry, Mapping):
             raise TypeError(
                 "qcomm_codecs_registry must map CommOp names to TorchRec QuantizedCommCodecs (what"

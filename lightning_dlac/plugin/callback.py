@@ -232,7 +232,8 @@ class DLACCallback(Callback):
                 " Use Trainer(strategy=DLACStrategy()) or strategy='dlac' to compress the embedding all-to-all."
             )
         elif not strategy.compress:
-            rank_zero_warn("DLACCallback does nothing: DLACStrategy(compress=False) sends the all-to-all uncompressed.")
+            rank_zero_warn("DLACCallback does nothing: DLACStrategy(compression=CompressionOptions(enabled=False))"
+                           " sends the all-to-all uncompressed.")
         else:
             self._strategy = strategy
 

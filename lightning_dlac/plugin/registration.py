@@ -4,7 +4,9 @@
 :class:`~lightning_dlac.plugin.strategy.DLACStrategy` (and with it TorchRec) only when a Trainer asks for it. Importing
 ``lightning_dlac`` calls :func:`install`: it registers at once if ``lightning.pytorch.strategies`` is already
 imported, else right after it is (an import hook that wraps that module's loader, then steps out of the way).
-``DLACStrategy.register_strategies`` (Lightning's hook for a strategy class) calls the same :func:`register`.
+``DLACStrategy.register_strategies`` (Lightning's hook for a strategy class) registers the class itself under the
+same name (:mod:`lightning_dlac.plugin._names`) where nothing has yet: this module imports the strategy (inside the
+factory), never the other way round.
 """
 
 from __future__ import annotations
@@ -14,11 +16,13 @@ import importlib.util
 import sys
 from typing import TYPE_CHECKING, Any
 
+from lightning_dlac.plugin._names import DESCRIPTION, STRATEGY_NAME
+
 if TYPE_CHECKING:
     from lightning_dlac.plugin.strategy import DLACStrategy
 
-STRATEGY_NAME = "dlac"
-DESCRIPTION = "TorchRec-sharded embeddings with DLAC-compressed all-to-all"
+__all__ = ["DESCRIPTION", "STRATEGY_NAME", "install", "register"]
+
 _REGISTRY_MODULE = "lightning.pytorch.strategies"
 
 

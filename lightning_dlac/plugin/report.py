@@ -5,10 +5,10 @@ fit on rank 0, which writes ``dlac_run.json`` and the report made from it. ``dla
 (:mod:`lightning_dlac.commands.report`) rebuilds the report from that file alone, e.g. after changing the plots.
 
 ``dlac report LOG_DIR --baseline OTHER_LOG_DIR`` compares the run with a reference run, typically the same training
-uncompressed (``DLACStrategy(compress=False)``): the loss and AUROC plot overlays the reference's curves and the
-headline states the final differences. The reference is read from its ``dlac_run.json`` if it has one, else from
-the ``metrics.csv`` of Lightning's CSVLogger (an uncompressed run has no ``dlac_run.json``: the callback does
-nothing there).
+uncompressed (``DLACStrategy(compression=CompressionOptions(enabled=False))``): the loss and AUROC plot overlays the
+reference's curves and the headline states the final differences. The reference is read from its ``dlac_run.json``
+if it has one, else from the ``metrics.csv`` of Lightning's CSVLogger (an uncompressed run has no ``dlac_run.json``:
+the callback does nothing there).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ rest, registered as ``Trainer(strategy="dlac")``."""
 from __future__ import annotations
 
 import atexit
-from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -26,12 +26,13 @@ from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
 from lightning_dlac.adaptive.bounds import ErrorBounds
-from lightning_dlac.comm.config import BackwardCompression, CompressionConfig
+from lightning_dlac.comm.config import CompressionOptions
 from lightning_dlac.comm.stats import CommStats
 from lightning_dlac.engine import elastic as _elastic
 from lightning_dlac.engine._torchrec import require_torchrec
-from lightning_dlac.engine.checkpoint import Checkpointer, check_directory, remove_checkpoint
+from lightning_dlac.engine.checkpoint import Checkpointer, CheckpointOptions, check_directory, remove_checkpoint
 from lightning_dlac.engine.sharding import (
+    EmbeddingOptimizer,
     NoEmbeddingTablesError,
     ShardingOptions,
     parse_enum,
@@ -39,12 +40,14 @@ from lightning_dlac.engine.sharding import (
     shard_model,
     table_count,
 )
-from lightning_dlac.plugin import registration
+from lightning_dlac.plugin import _deprecated
 from lightning_dlac.plugin._checks import (
     refuse_optimizers_on_fused_parameters,
     refuse_sync_batchnorm_on_cpu,
     refuse_unpipelinable_run,
 )
+from lightning_dlac.plugin._deprecated import flat_options
+from lightning_dlac.plugin._names import DESCRIPTION, STRATEGY_NAME
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -54,6 +57,23 @@ if TYPE_CHECKING:
     from lightning_dlac.comm import ExchangeGroup
     from lightning_dlac.comm.group import Exchange
     from lightning_dlac.engine.pipeline import Pipeline, SparseDistPipeline
+
+
+# The defaults of the config parameters: shared, never changed (the strategy copies the object it is given).
+_DEFAULT_SHARDING = ShardingOptions()
+_DEFAULT_COMPRESSION = CompressionOptions()
+_DEFAULT_CHECKPOINTING = CheckpointOptions()
+_CONFIG_TYPES = {"sharding": ShardingOptions, "compression": CompressionOptions, "checkpointing": CheckpointOptions}
+
+
+def _check_config(owner: str, param: str, value: Any) -> None:
+    """Refuse a config parameter that is not its config object, naming the class to use."""
+    cls = _CONFIG_TYPES[param]
+    if not isinstance(value, cls):
+        raise TypeError(
+            f"{owner}({param}=...) takes a lightning_dlac.{cls.__name__}, got {type(value).__name__}: write"
+            f" {owner}({param}={cls.__name__}(...)), or in YAML give its fields under init_args.{param}."
+        )
 
 
 class _DMPForwardRedirection(_DDPForwardRedirection):
@@ -102,54 +122,28 @@ class DLACStrategy(DDPStrategy):
         timeout: Collective timeout (a ``timedelta`` or seconds). A rank that stops answering makes the others
             fail after this long instead of hanging.
         start_method: How Lightning launches the processes (``"popen"`` re-runs the script, ``"spawn"``...).
-        sharding_types: Sharding types the planner may choose from, for every table (TorchRec names:
-            ``"table_wise"``, ``"column_wise"``, ``"row_wise"``, ``"table_row_wise"``, ...).
-        table_constraints: Per-table overrides, ``{table_name: {field: value}}`` with the fields of TorchRec's
-            ``ParameterConstraints`` (``sharding_types``, ``compute_kernels``, ``min_partition``, ...).
-        embedding_optimizer: Fused optimizer of the embedding tables: ``"sgd"``, ``"adagrad"`` or
-            ``"rowwise_adagrad"``.
-        embedding_lr: Learning rate of the fused embedding optimizer.
-        adagrad_epsilon: Epsilon of the (row-wise) Adagrad embedding optimizer (not an error bound).
-        memory_budget_bytes: Memory each rank may use for embedding tables and their optimizer state (device memory
-            on GPU, host memory on CPU). ``None`` uses the planner's default for the device.
-        compress: Compress the pooled-embedding all-to-all. ``False`` keeps TorchRec's uncompressed path exactly
-            (for A/B runs). ``"auto"`` adds the uncompressed fallback: both ways are timed and an exchange goes
-            uncompressed (float32 both directions) while that is faster (a fast interconnect, a slow codec),
-            checked again ``fallback_check_every`` exchanges later, up to 16 times that when the gap is large.
-        eps: Relative error bound of every table until a policy (``DLACCallback``) sets per-table bounds.
-        backward_compression: Gradient all-to-all: ``"fp32"`` (uncompressed), ``"bf16"``, ``"fp16"`` (fixed-size
-            casts, as TorchRec's qcomm codecs) or ``"dlac"`` (error-bounded, ``backward_eps``).
-        backward_eps: Relative error bound of the gradient exchange with ``backward_compression="dlac"``.
-        codec_impl: ``"auto"`` (native kernels, falling back to the reference), ``"native"`` or ``"ref"``.
-        error_every: Measure the observed max error / bound every this many exchanges (0 = never).
-        fallback_check_every: With ``compress="auto"``, exchanges between checks of the way not taken while the two
-            ways' times are close (up to 16x more as the gap grows).
-        find_unused_parameters: Of the ``DistributedDataParallel`` that TorchRec wraps the dense parameters in.
-        static_graph: Of that ``DistributedDataParallel``.
-        bucket_cap_mb: Of that ``DistributedDataParallel``.
-        overlap: Launch each payload exchange and wait for it (and decode) only when its result is needed, as
-            TorchRec's request / wait pair; ``False`` waits at once. ``None``: overlapped on NCCL, synchronous on gloo
-            (measured faster on CPU; docs/benchmarks.md).
+        sharding: How the embedding tables are sharded and trained (planner choices, per-table constraints, the
+            fused embedding optimizer, the memory budget, the dense part's DDP):
+            :class:`~lightning_dlac.engine.sharding.ShardingOptions`.
+        compression: Whether and how the embedding all-to-alls are compressed (the starting bound ``eps``, the
+            gradient exchange, the codec, the uncompressed fallback, per-peer compression, pieces):
+            :class:`~lightning_dlac.comm.config.CompressionOptions`.
+        checkpointing: How checkpoints are verified: :class:`~lightning_dlac.engine.checkpoint.CheckpointOptions`.
         pipeline: Train through a TorchRec train pipeline: ``"sparse_dist"`` (``TrainPipelineSparseDist``: each
             batch's ids are sent to the ranks that own their tables during the step before, off the critical path;
             same results; the model's forward must be traceable, see docs/strategy.md). ``None``: one batch at a
             time, as Lightning calls ``training_step``.
-        compress_peers: Which peers' payloads are compressed: ``"auto"`` (default: only those to ranks on other
-            nodes when a GPU job (NCCL) spans several nodes, every peer's on one node or on gloo), ``"all"``,
-            ``"other_nodes"``, or
-            a function ``(src, dst) -> bool`` of two global ranks (or its import path, for YAML). The others go as
-            float32, exactly, both ways. Nodes come from Lightning's cluster environment (``node_rank``).
-        pieces: How many pieces the synchronous pooled exchange is sent in (every rank's tables cut into groups
-            of about equal width, the codec working on one piece while another is on the wire; the same result, bit
-            for bit). Default 1, the exchange whole: on a 1 Gbit/s link at DLAC's ratios more pieces measured slower
-            (docs/benchmarks.md, "Sending the exchange in pieces"); try more where the transfer is long next to the
-            codec.
-        verify_checkpoints: Checksum (CRC32) every file of a checkpoint when it is saved, by the rank that wrote it,
-            and verify them when it is loaded, shared out over the ranks. ``False``: sizes only, for checkpoints too
-            large to read back (docs/multinode.md, "Surviving failures").
+        **deprecated: The flat options of lightning-dlac 0.1 (``eps=``, ``embedding_lr=``, ``compress=``, ...),
+            each now a field of one of the three config objects (docs/api.md has the table). They keep working for
+            one release, with a deprecation warning that names the new spelling; a setting given both ways is
+            refused.
+
+    Raises:
+        ValueError: A setting out of range, or given both as a flat option and in its config object.
+        TypeError: A config parameter of another type, or an unknown keyword.
     """
 
-    strategy_name = "dlac"
+    strategy_name = STRATEGY_NAME
 
     def __init__(
         self,
@@ -161,69 +155,51 @@ class DLACStrategy(DDPStrategy):
         process_group_backend: str | None = None,
         timeout: timedelta | float | None = default_pg_timeout,
         start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen",
-        sharding_types: Sequence[str] = ("table_wise",),
-        table_constraints: Mapping[str, Mapping[str, Any]] | None = None,
-        embedding_optimizer: str = "adagrad",
-        embedding_lr: float = 0.05,
-        adagrad_epsilon: float = 1e-8,
-        memory_budget_bytes: int | None = None,
-        compress: bool | str = True,
-        eps: float = 0.01,
-        backward_compression: str = "bf16",
-        backward_eps: float = 0.01,
-        codec_impl: str = "auto",
-        error_every: int = 10,
-        fallback_check_every: int = 64,
-        overlap: bool | None = None,
+        sharding: ShardingOptions = _DEFAULT_SHARDING,
+        compression: CompressionOptions = _DEFAULT_COMPRESSION,
+        checkpointing: CheckpointOptions = _DEFAULT_CHECKPOINTING,
         pipeline: str | None = None,
-        compress_peers: str | Callable[[int, int], bool] = "auto",
-        pieces: int = 1,
-        find_unused_parameters: bool = False,
-        static_graph: bool = False,
-        bucket_cap_mb: int = 25,
-        verify_checkpoints: bool = True,
+        **deprecated: Any,
     ) -> None:
         require_torchrec()
+        name = type(self).__name__
+        _deprecated.check_names(name, deprecated)
+        configs = {"sharding": sharding, "compression": compression, "checkpointing": checkpointing}
+        for param, value in configs.items():
+            _check_config(name, param, value)
         if isinstance(timeout, (int, float)):
             if timeout <= 0:
                 raise ValueError(f"timeout={timeout} must be a positive number of seconds.")
             timeout = timedelta(seconds=timeout)
+        # Each config object is copied (and validated again): the defaults above are shared, and a caller's object
+        # changed after this call must not change the strategy.
+        configs = {param: replace(value) for param, value in configs.items()}
+        given = flat_options(**deprecated)
+        configs, message = _deprecated.regroup(name, given, configs)
+        if message is not None:
+            _deprecated.warn(message)
         super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
                          cluster_environment=cluster_environment, checkpoint_io=checkpoint_io,
                          precision_plugin=precision_plugin, process_group_backend=process_group_backend,
                          timeout=timeout, start_method=start_method)
         self._forward_redirection = _DMPForwardRedirection()
-        self._sharding = ShardingOptions(
-            sharding_types=sharding_types,
-            table_constraints=table_constraints or {},
-            embedding_optimizer=embedding_optimizer,
-            embedding_lr=embedding_lr,
-            adagrad_epsilon=adagrad_epsilon,
-            memory_budget_bytes=memory_budget_bytes,
-            find_unused_parameters=bool(find_unused_parameters),
-            static_graph=bool(static_graph),
-            bucket_cap_mb=bucket_cap_mb,
-        )
-        if compress not in (True, False, "auto"):
-            raise ValueError(f"compress={compress!r} is not supported; choose true, false or 'auto'.")
-        self._compress = compress is not False
-        self._compression = CompressionConfig(
-            backward=parse_enum(BackwardCompression, backward_compression, "backward_compression"),
-            backward_eps=backward_eps, error_every=error_every, impl=codec_impl, auto_fallback=compress == "auto",
-            fallback_check_every=fallback_check_every, overlap=overlap, compress_peers=compress_peers, pieces=pieces,
-        )
-        self._error_bounds = ErrorBounds(default_eps=eps)
+        self._sharding: ShardingOptions = configs["sharding"]
+        self._compression: CompressionOptions = configs["compression"]
+        self._checkpointing: CheckpointOptions = configs["checkpointing"]
+        self._error_bounds = ErrorBounds(default_eps=self._compression.eps)
         self._group: ExchangeGroup | None = None
         self._dmp: DistributedModelParallel | None = None
         self._static_graph_flushed = False
         self._pipeline_kind = self._parse_pipeline(pipeline)
         self._pipeline: SparseDistPipeline | None = None
-        self._checkpoints = Checkpointer(verify=verify_checkpoints, owner=type(self).__name__)
+        self._checkpoints = Checkpointer(verify=self._checkpointing.verify, owner=name)
 
     @classmethod
     @override
     def register_strategies(cls, strategy_registry: Any) -> None:
-        registration.register(strategy_registry)  # the one registration of "dlac" (not DDPStrategy's names)
+        # "dlac" only, not DDPStrategy's names; left alone where lightning_dlac's import registered it already
+        if cls.strategy_name not in strategy_registry:
+            strategy_registry.register(cls.strategy_name, cls, description=DESCRIPTION)
 
     # ------------------------------------------------------------------ read-outs
 
@@ -234,13 +210,18 @@ class DLACStrategy(DDPStrategy):
 
     @property
     def compress(self) -> bool:
-        """Whether the pooled-embedding all-to-all is compressed (also with ``compress="auto"``)."""
-        return self._compress
+        """Whether the pooled-embedding all-to-all is compressed (``compression.enabled``; also with the fallback)."""
+        return self._compression.enabled
 
     @property
-    def compression(self) -> CompressionConfig:
+    def compression(self) -> CompressionOptions:
         """Compression settings of the all-to-all."""
         return self._compression
+
+    @property
+    def checkpointing(self) -> CheckpointOptions:
+        """How checkpoints are verified."""
+        return self._checkpointing
 
     @property
     def error_bounds(self) -> ErrorBounds:
@@ -249,18 +230,37 @@ class DLACStrategy(DDPStrategy):
 
     @property
     def exchange_group(self) -> ExchangeGroup | None:
-        """The installed compressed exchanges (``None`` before setup or with ``compress=False``)."""
+        """The installed compressed exchanges (``None`` before setup or with ``compression.enabled=False``)."""
         return self._group
 
     @property
     def exchanges(self) -> list[Exchange]:
-        """The installed compressed all-to-all modules (empty before setup or with ``compress=False``)."""
+        """The installed compressed all-to-all modules (empty before setup or with ``compression.enabled=False``)."""
         return list(self._group or [])
 
     @property
     def all_compressed_tables(self) -> list[str]:
         """Every table whose pooled embeddings some rank sends compressed; the same sorted list on every rank."""
         return self._group.all_compressed_tables if self._group else []
+
+    @property
+    def compressed_tables(self) -> list[str]:
+        """Deprecated: ``strategy.exchange_group.compressed_tables`` (this rank's compressed tables)."""
+        _deprecated.moved(f"{type(self).__name__}.compressed_tables", "strategy.exchange_group.compressed_tables",
+                          " (exchange_group is None before setup and with compression disabled, where this read [])")
+        return self._group.compressed_tables if self._group else []
+
+    @property
+    def sharding_types(self) -> list[str]:
+        """Deprecated: ``strategy.sharding.sharding_types``."""
+        _deprecated.moved(f"{type(self).__name__}.sharding_types", "strategy.sharding.sharding_types")
+        return list(self._sharding.sharding_types)
+
+    @property
+    def embedding_optimizer(self) -> EmbeddingOptimizer:
+        """Deprecated: ``strategy.sharding.embedding_optimizer``."""
+        _deprecated.moved(f"{type(self).__name__}.embedding_optimizer", "strategy.sharding.embedding_optimizer")
+        return self._sharding.embedding_optimizer
 
     def total_comm_stats(self) -> CommStats:
         """This rank's compression counters since setup (a snapshot; the counters only grow)."""
@@ -347,7 +347,7 @@ class DLACStrategy(DDPStrategy):
             self._dmp = shard_model(module, self._sharding, self.root_device, local_world_size=self.num_processes)
         except NoEmbeddingTablesError as err:
             raise NoEmbeddingTablesError(f"{type(self).__name__} {err}") from None
-        if self._compress:
+        if self._compression.enabled:
             self._group = install_compressed_all_to_all(self._dmp, self._compression, self._error_bounds,
                                                         node=self.node_rank)
             # Build (or load) the native codec now: a first run's JIT build belongs to set-up, not to the first

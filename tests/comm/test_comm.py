@@ -8,6 +8,7 @@ import re
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -447,13 +448,14 @@ def test_auto_fallback_sends_uncompressed_only_while_that_is_faster() -> None:
 # ---------------------------------------------------------------------------------------------- through Lightning
 
 
-def _fit(world_size: int, steps: int, **strategy_kwargs) -> tuple[list[float], object]:
-    from lightning_dlac import DLACStrategy
+def _fit(world_size: int, steps: int, **compression: Any) -> tuple[list[float], object]:
+    from lightning_dlac import CompressionOptions, DLACStrategy
     from tests.conftest import loss_recorder, small_data, small_dlrm, trainer
 
     torch.manual_seed(0)
     recorder = loss_recorder()
-    t = trainer(world_size, DLACStrategy(**strategy_kwargs), max_steps=steps, callbacks=[recorder], limit_val_batches=0)
+    strategy = DLACStrategy(compression=CompressionOptions(**compression))
+    t = trainer(world_size, strategy, max_steps=steps, callbacks=[recorder], limit_val_batches=0)
     t.fit(small_dlrm(), datamodule=small_data(train_batches=steps))
     return recorder.losses, t.strategy
 
@@ -461,7 +463,7 @@ def _fit(world_size: int, steps: int, **strategy_kwargs) -> tuple[list[float], o
 def _pooled_embeddings_within_bound(rank: int, world_size: int, eps: float, sharding_type: str) -> dict[str, float]:
     """Sharded EBC with compression against its unsharded twin, per key: observed error / (eps * key range), on
     batches of a different size on each rank."""
-    from lightning_dlac import DLACStrategy
+    from lightning_dlac import CompressionOptions, DLACStrategy, ShardingOptions
     from tests.conftest import FEATURES, load_global_weights, small_data, small_dlrm, trainer
 
     model = small_dlrm()
@@ -469,7 +471,8 @@ def _pooled_embeddings_within_bound(rank: int, world_size: int, eps: float, shar
     data = small_data()
     # Column shards of 8 dims: the 16-dim tables are split, so one key's columns come from several chunks.
     split = {} if sharding_type == "table_wise" else {f"t_{f}": {"min_partition": 8} for f in FEATURES}
-    strategy = DLACStrategy(eps=eps, sharding_types=[sharding_type], table_constraints=split)
+    strategy = DLACStrategy(sharding=ShardingOptions(sharding_types=[sharding_type], table_constraints=split),
+                            compression=CompressionOptions(eps=eps))
     t = trainer(world_size, strategy, limit_val_batches=1)
     t.validate(model, datamodule=data, verbose=False)
     assert t.strategy.exchanges, "validate() installed no compressed all-to-all"
@@ -500,8 +503,8 @@ def _lightning_runs(rank: int, world_size: int) -> dict:
     compressed, strategy = _fit(world_size, steps, error_every=1)
     after = impl_calls()
     stats = strategy.total_comm_stats()
-    uncompressed, plain = _fit(world_size, steps, compress=False)
-    dlac_backward, dlac_strategy = _fit(world_size, steps, backward_compression="dlac")
+    uncompressed, plain = _fit(world_size, steps, enabled=False)
+    dlac_backward, dlac_strategy = _fit(world_size, steps, backward="dlac")
     return {
         "codec_calls": {i: {op: n - before[i][op] for op, n in ops.items()} for i, ops in after.items()},
         "compressed": compressed,

@@ -15,7 +15,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 import pytest
 
-from lightning_dlac import DLACStrategy
+from lightning_dlac import CompressionOptions, DLACStrategy
 from lightning_dlac.testing import run_ranks
 from tests.conftest import small_data, small_dlrm, trainer
 
@@ -153,7 +153,7 @@ def _no_lookups_for_some_features(rank: int, world_size: int) -> dict:
 
     model = small_dlrm()
     reference = copy.deepcopy(model)
-    t = trainer(world_size, DLACStrategy(eps=0.01), limit_val_batches=1)
+    t = trainer(world_size, DLACStrategy(compression=CompressionOptions(eps=0.01)), limit_val_batches=1)
     t.validate(model, datamodule=small_data(), verbose=False)
     load_global_weights(model, reference.state_dict())
     data = small_data(batch_size=32)

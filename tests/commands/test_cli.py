@@ -3,11 +3,13 @@ and writes the compression report, and bad input is named."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -102,8 +104,8 @@ def test_each_shipped_config_builds(name: str, tmp_path: Path) -> None:
 
 
 def test_print_config_round_trips_into_the_same_run(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    args = ["--config", str(CONFIG), "--trainer.strategy.init_args.backward_compression=fp16",
-            "--data.batch_size=128"]
+    args = ["--config", str(CONFIG), "--trainer.strategy.init_args.compression.backward=fp16",
+            "--trainer.strategy.init_args.compression.eps=0.03", "--data.batch_size=128"]
     with pytest.raises(SystemExit):
         build_cli([*args, "--print_config"], run=False)
     printed = tmp_path / "printed.yaml"
@@ -112,6 +114,91 @@ def test_print_config_round_trips_into_the_same_run(tmp_path: Path, capsys: pyte
     again = build_cli(["--config", str(printed), "--trainer.logger=false"], run=False)
     assert _settings(again) == _settings(direct)
     assert _settings(again)["backward"] == "fp16" and again.datamodule.batch_size == 128
+    assert _settings(again)["eps"] == 0.03 and again.trainer.strategy.compression == direct.trainer.strategy.compression
+
+
+def test_print_config_shows_the_strategy_s_config_objects_and_no_flat_options(capsys: pytest.CaptureFixture) -> None:
+    """``--print_config`` lists every field of the three config objects under the strategy's init_args, and none of
+    the deprecated flat names, which a config shows only where it gives them."""
+    import yaml
+
+    from lightning_dlac import CheckpointOptions, CompressionOptions, ShardingOptions
+    from lightning_dlac.plugin._deprecated import FLAT_OPTIONS
+
+    with pytest.raises(SystemExit):
+        build_cli(["--config", str(CONFIG), "--print_config"], run=False)
+    init_args = yaml.safe_load(capsys.readouterr().out)["trainer"]["strategy"]["init_args"]
+    for group, cls in (("sharding", ShardingOptions), ("compression", CompressionOptions),
+                       ("checkpointing", CheckpointOptions)):
+        assert set(init_args[group]) == {f.name for f in dataclasses.fields(cls)}, (group, init_args[group])
+    assert init_args["sharding"]["embedding_lr"] == 0.02 and init_args["compression"]["eps"] == 0.01
+    assert not set(init_args) & set(FLAT_OPTIONS), sorted(set(init_args) & set(FLAT_OPTIONS))
+
+
+# dlrm_criteo.yaml as lightning-dlac 0.1 shipped it (every option flat under init_args), plus compress: auto.
+OLD_STRATEGY = """\
+    init_args:
+      sharding_types: [table_wise]
+      embedding_optimizer: adagrad
+      embedding_lr: 0.02
+      eps: 0.03
+      backward_compression: fp16
+      compress: auto
+      verify_checkpoints: false
+"""
+NEW_STRATEGY = """\
+    init_args:
+      sharding:
+        sharding_types: [table_wise]
+        embedding_optimizer: adagrad
+        embedding_lr: 0.02
+      compression:
+        eps: 0.03
+        backward: fp16
+        auto_fallback: true
+      checkpointing:
+        verify: false
+"""
+
+
+def _strategy_yaml(tmp_path: Path, name: str, init_args: str) -> Path:
+    """The demo config with the strategy's ``init_args`` block replaced."""
+    text = CONFIG.read_text()
+    start = text.index("    init_args:\n", text.index("class_path: lightning_dlac.DLACStrategy"))
+    end = text.index("  logger:", start)
+    path = tmp_path / name
+    path.write_text(text[:start] + init_args + text[end:])
+    return path
+
+
+def test_a_config_in_the_old_flat_spelling_builds_the_same_strategy_and_says_how_to_write_it(tmp_path: Path) -> None:
+    args = ["--trainer.logger=false"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)  # the new spelling warns nothing
+        new = build_cli(["--config", str(_strategy_yaml(tmp_path, "new.yaml", NEW_STRATEGY)), *args], run=False)
+    with pytest.warns(DeprecationWarning) as caught:
+        old = build_cli(["--config", str(_strategy_yaml(tmp_path, "old.yaml", OLD_STRATEGY)), *args], run=False)
+    (message,) = [str(w.message) for w in caught if "is deprecated" in str(w.message)]
+    for spelled in ("init_args.compression.eps", "init_args.compression.backward", "init_args.sharding.embedding_lr",
+                    "init_args.compression.auto_fallback", "init_args.checkpointing.verify"):
+        assert spelled in message, (spelled, message)
+    old_strategy, new_strategy = old.trainer.strategy, new.trainer.strategy
+    for group in ("sharding", "compression", "checkpointing"):
+        assert getattr(old_strategy, group) == getattr(new_strategy, group), group
+    assert new_strategy.compression.eps == 0.03 and new_strategy.compression.auto_fallback
+    assert new_strategy.error_bounds.default_eps == old_strategy.error_bounds.default_eps == 0.03
+    # and on the command line: a flat option over a new-spelling config
+    with pytest.warns(DeprecationWarning, match=r"init_args\.compression\.pieces"):
+        flat = build_cli(["--config", str(CONFIG), "--trainer.strategy.init_args.pieces=2", *args], run=False)
+    assert flat.trainer.strategy.compression.pieces == 2
+
+
+def test_a_setting_given_both_flat_and_in_its_config_object_is_refused(tmp_path: Path) -> None:
+    both = NEW_STRATEGY + "      eps: 0.05\n"
+    with pytest.raises(CLIUserError) as info:
+        build_cli(["--config", str(_strategy_yaml(tmp_path, "both.yaml", both)), "--trainer.logger=false"], run=False)
+    assert info.value.component == "DLACStrategy" and info.value.option == "--trainer.strategy.init_args.eps"
+    assert "DLACStrategy(eps=...) and compression=CompressionOptions(eps=...) set the same option" in str(info.value)
 
 
 def test_shipped_config_builds_strategy_model_and_data() -> None:
@@ -322,9 +409,9 @@ USER_ERRORS = {
     "missing file": (["--config", str(CONFIGS / "dlrm_criteo.yaml"), "--data.train_path=/nonexistent/train.txt"],
                      "--data.train_path=/nonexistent/train.txt", "CriteoTSVDataModule",
                      "Criteo TSV file not found: '/nonexistent/train.txt'"),
-    "bound out of range": (["--config", str(CONFIG), "--trainer.strategy.init_args.eps=2"],
-                           "--trainer.strategy.init_args.eps=2", "DLACStrategy",
-                           "default_eps=2.0 is out of range: a relative error bound must be in (0, 1)"),
+    "bound out of range": (["--config", str(CONFIG), "--trainer.strategy.init_args.compression.eps=2"],
+                           "--trainer.strategy.init_args.compression.eps=2", "CompressionOptions",
+                           "eps=2.0 is out of range: a relative error bound must be in (0, 1)"),
     "unknown mode": (["--config", str(CONFIG), "--trainer.callbacks.init_args.mode=bogus"],
                      "--trainer.callbacks.init_args.mode=bogus", "DLACCallback", "mode='bogus' is not supported"),
 }  # fmt: skip
@@ -366,6 +453,10 @@ def test_name_option_prefers_what_the_message_names_in_the_users_spelling() -> N
         "--trainer.val_check_interval"
     )
     assert name_option(["fit"], "trainer.strategy", ["eps"], "default_eps=2.0 is out of range") is None
+    # A field of a config object (DLACStrategy's compression=): spelled after the object, with no init_args of its own.
+    group = "trainer.strategy.init_args.compression"
+    assert name_option(["fit"], group, ["eps", "pieces"], "eps=2.0 is out", group=True) == f"--{group}.eps"
+    assert name_option(["fit", f"--{group}.eps=2"], group, ["eps"], "eps=2.0 is out", group=True) == f"--{group}.eps=2"
 
 
 def _dlac_user_error(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
@@ -407,11 +498,11 @@ def test_an_error_the_run_raises_on_every_rank_is_one_line_naming_the_option(tmp
 
 @pytest.mark.slow  # a fresh `dlac fit`
 def test_debug_shows_the_traceback_from_where_the_library_raised(tmp_path: Path) -> None:
-    args, option, _, message = USER_ERRORS["bound out of range"]
+    args, option, component, message = USER_ERRORS["bound out of range"]
     proc = _dlac_user_error([*args, "--debug"], tmp_path)
     assert proc.returncode == 1 and "Traceback" in proc.stderr
     assert "lightning_dlac/adaptive/bounds.py" in proc.stderr or "lightning_dlac/comm" in proc.stderr
-    assert f"CLIUserError: {option} (DLACStrategy): {message}" in proc.stderr
+    assert f"CLIUserError: {option} ({component}): {message}" in proc.stderr
 
 
 IMPORTS_AFTER_HELP = """

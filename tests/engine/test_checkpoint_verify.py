@@ -213,11 +213,11 @@ def test_on_another_number_of_ranks_the_extra_ranks_derive_their_state_and_a_war
 
 
 def test_verify_checkpoints_false_saves_and_loads_without_checksums(tmp_path: Path) -> None:
-    """``DLACStrategy(verify_checkpoints=...)``: by default a flipped bit is refused at load; ``False`` records sizes
-    only at save and does not read the files back at load."""
+    """``DLACStrategy(checkpointing=CheckpointOptions(verify=...))``: by default a flipped bit is refused at load;
+    ``False`` records sizes only at save and does not read the files back at load."""
     import lightning.pytorch as pl
 
-    from lightning_dlac import DLACStrategy
+    from lightning_dlac import CheckpointOptions, DLACStrategy
 
     class Tiny(pl.LightningModule):
         def __init__(self) -> None:
@@ -225,12 +225,12 @@ def test_verify_checkpoints_false_saves_and_loads_without_checksums(tmp_path: Pa
             self.layer = torch.nn.Linear(64, 64)
 
     def strategy(**options: bool) -> DLACStrategy:
-        s = DLACStrategy(**options)
+        s = DLACStrategy(checkpointing=CheckpointOptions(**options))
         s.connect(Tiny())
         return s
 
     for verify in (True, False):
-        saver = strategy(verify_checkpoints=verify)
+        saver = strategy(verify=verify)
         path = tmp_path / f"verify={verify}.ckpt"
         saver.save_checkpoint({"state_dict": saver.lightning_module.state_dict(), "epoch": 0}, path)
         entries = json.loads((path / MANIFEST_FILE).read_text())["files"].values()
@@ -239,4 +239,4 @@ def test_verify_checkpoints_false_saves_and_loads_without_checksums(tmp_path: Pa
     _flip_a_bit(_shard(path))
     with pytest.raises(ValueError, match="does not hold what rank 0 wrote"):
         strategy().load_checkpoint(path)
-    assert strategy(verify_checkpoints=False).load_checkpoint(path)["epoch"] == 0
+    assert strategy(verify=False).load_checkpoint(path)["epoch"] == 0

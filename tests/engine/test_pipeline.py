@@ -23,7 +23,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from lightning_dlac import DLACCallback, DLACStrategy, dense_parameters
+from lightning_dlac import CompressionOptions, DLACCallback, DLACStrategy, dense_parameters
 from lightning_dlac.engine.pipeline import LookaheadLoader, lookahead_loader
 from lightning_dlac.testing import run_ranks
 from tests.conftest import loss_recorder, memory_logger, small_data, small_dlrm, trainer
@@ -179,15 +179,15 @@ def _lbfgs(model: pl.LightningModule) -> None:
 
 CASES: dict[str, dict[str, Any]] = {
     # TorchRec's own exchanges, uncompressed.
-    "uncompressed": dict(strategy=dict(compress=False), callback=False, epochs=2),
+    "uncompressed": dict(compression=dict(enabled=False), callback=False, epochs=2),
     # DLAC both directions, exchanges overlapped; DLACCallback calibrates on batches 3-5 (with a sensitivity probe
     # on the first: extra unpipelined forwards between pipelined steps) and decays the bounds; validation mid-epoch.
-    "dlac": dict(strategy=dict(backward_compression="dlac", overlap=True), callback=True, epochs=2),
+    "dlac": dict(compression=dict(backward="dlac", overlap=True), callback=True, epochs=2),
     # DLACCallback() with every default: it reads the run's length (from max_epochs) as training starts, after the
     # strategy has wrapped the loader (read in setup(), it set the loader up unwrapped: PipelineError).
-    "dlac_default": dict(strategy=dict(), callback="default", epochs=2),
+    "dlac_default": dict(compression=dict(), callback="default", epochs=2),
     # An optimizer that evaluates its closure twice per step: the second forward of each batch runs unpipelined.
-    "closure_twice": dict(strategy=dict(), callback=False, epochs=1, optimizer=_lbfgs),
+    "closure_twice": dict(compression=dict(), callback=False, epochs=1, optimizer=_lbfgs),
 }
 
 
@@ -207,7 +207,8 @@ def _fit(world_size: int, case: str, pipeline: str | None) -> dict[str, Any]:
         dlac = DLACCallback(calibration_start=3, calibration_batches=3, sensitivity_batches=1, schedule="linear",
                             c=2.0, T=12, log_every_n_steps=4, report=False)
         callbacks.insert(0, dlac)
-    t = trainer(world_size, DLACStrategy(pipeline=pipeline, **spec["strategy"]), max_epochs=spec["epochs"],
+    strategy = DLACStrategy(pipeline=pipeline, compression=CompressionOptions(**spec["compression"]))
+    t = trainer(world_size, strategy, max_epochs=spec["epochs"],
                 callbacks=callbacks, logger=logger, val_check_interval=5, limit_val_batches=2, log_every_n_steps=4)
     t.fit(model, datamodule=small_data(train_batches=10))
     stats = t.strategy.total_comm_stats()
@@ -246,16 +247,16 @@ def test_pipelined_run_trains_exactly_as_the_unpipelined_run(case: str) -> None:
         assert piped["bounds"] == plain["bounds"] and piped["logged"] == plain["logged"]
         if CASES[case]["callback"]:  # calibrated, and its metrics written (by rank 0) between pipelined steps
             assert piped["bounds"][0] and (rank or any(k.startswith("dlac/eps/") for k in piped["logged"]))
-        if CASES[case]["strategy"].get("compress", True):
+        if CASES[case]["compression"].get("enabled", True):
             assert piped["bytes"][0] > 0 and piped["bytes"][2] < piped["bytes"][1]  # compressed, and counted
         # After fit the module has its own forwards back and the strategy holds no pipeline.
         assert piped["own_forward"] == "method" and piped["pipeline_after_fit"] is None
 
 
-def _resume(rank: int, world_size: int, ckpt_dir: str, strategy: dict[str, Any] | None = None,
+def _resume(rank: int, world_size: int, ckpt_dir: str, compression: dict[str, Any] | None = None,
             nodes: int = 1) -> dict[str, Any]:
     """An uninterrupted unpipelined 2-epoch run, and the same run pipelined, checkpointed after its first epoch and
-    resumed (``strategy``: more DLACStrategy arguments for all three; ``nodes``: the ranks launched as that many
+    resumed (``compression``: CompressionOptions fields for all three; ``nodes``: the ranks launched as that many
     nodes of ``world_size / nodes`` ranks each, as Lightning's multi-node launch numbers them)."""
     passed = []
     per_node = world_size // nodes
@@ -274,7 +275,8 @@ def _resume(rank: int, world_size: int, ckpt_dir: str, strategy: dict[str, Any] 
         callbacks: list = [recorder, dlac]
         if checkpoint:
             callbacks.append(ModelCheckpoint(dirpath=ckpt_dir, every_n_epochs=1, save_top_k=-1))
-        t = trainer(per_node, DLACStrategy(pipeline=pipeline, **(strategy or {})), max_epochs=epochs,
+        strategy = DLACStrategy(pipeline=pipeline, compression=CompressionOptions(**(compression or {})))
+        t = trainer(per_node, strategy, max_epochs=epochs,
                     callbacks=callbacks, enable_checkpointing=checkpoint, **topology)
         t.fit(small_dlrm(), datamodule=small_data(train_batches=10), ckpt_path=ckpt_path)
         stats = t.strategy.total_comm_stats()

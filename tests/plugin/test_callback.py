@@ -10,7 +10,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from lightning_dlac import DLACCallback, DLACStrategy
+from lightning_dlac import CompressionOptions, DLACCallback, DLACStrategy
 from lightning_dlac.adaptive import DecaySchedule
 from lightning_dlac.plugin._forward import loss_of, random_state_kept
 from lightning_dlac.testing import run_ranks
@@ -39,7 +39,8 @@ def _fit_with_callback(rank: int, world_size: int, log_dir: str) -> dict:
                         schedule="step", c=2.0, T=12, stages=4, log_every_n_steps=4)
     recorder = bounds_recorder(dlac)
     memory = memory_logger()
-    t = trainer(world_size, DLACStrategy(eps=0.01), max_epochs=1, callbacks=[dlac, recorder],
+    strategy = DLACStrategy(compression=CompressionOptions(eps=0.01))
+    t = trainer(world_size, strategy, max_epochs=1, callbacks=[dlac, recorder],
                 logger=[CSVLogger(log_dir, name="run", version=0), memory])
     t.fit(small_dlrm(), datamodule=small_data(train_batches=20))
     return {
@@ -146,7 +147,8 @@ def _fit_recalibrating(rank: int, world_size: int) -> dict:
     dlac = DLACCallback(calibration_batches=2, calibration_start=0, sensitivity_batches=0, recalibrate_every=5,
                         c=1.0, log_every_n_steps=100)
     recorder = bounds_recorder(dlac)
-    t = trainer(world_size, DLACStrategy(eps=0.01), max_epochs=1, callbacks=[dlac, recorder])
+    strategy = DLACStrategy(compression=CompressionOptions(eps=0.01))
+    t = trainer(world_size, strategy, max_epochs=1, callbacks=[dlac, recorder])
     t.fit(small_dlrm(), datamodule=small_data(train_batches=20))
     from lightning_dlac.plugin.report import headline
 
@@ -161,7 +163,7 @@ def _fit_default_period(rank: int, world_size: int) -> list[int]:
     torch.manual_seed(0)
     # What every example config but the demo does: the start and T given, the run's length in epochs only.
     dlac = DLACCallback(calibration_batches=2, calibration_start=0, T=4, c=1.0, log_every_n_steps=100)
-    t = trainer(world_size, DLACStrategy(eps=0.01), max_epochs=1, callbacks=[dlac])
+    t = trainer(world_size, DLACStrategy(compression=CompressionOptions(eps=0.01)), max_epochs=1, callbacks=[dlac])
     t.fit(small_dlrm(), datamodule=small_data(train_batches=20))
     return [c["at"] for c in dlac.state_dict()["calibrations"]]
 
@@ -196,7 +198,7 @@ def test_recalibration_measures_again_and_replaces_the_bounds() -> None:
 @pytest.mark.parametrize("strategy", ["auto", "uncompressed"])
 def test_without_a_compressed_dlac_strategy_it_says_so_and_does_nothing(strategy: str) -> None:
     dlac = DLACCallback(calibration_batches=1, log_every_n_steps=1)
-    s = "auto" if strategy == "auto" else DLACStrategy(compress=False)
+    s = "auto" if strategy == "auto" else DLACStrategy(compression=CompressionOptions(enabled=False))
     t = trainer(1, s, max_epochs=1, callbacks=[dlac], limit_train_batches=2, limit_val_batches=0)
     with pytest.warns(UserWarning, match="DLACCallback does nothing"):
         t.fit(small_dlrm(), datamodule=small_data(train_batches=2))
@@ -347,7 +349,7 @@ def _nan_rows_arrive_as_sent(rank: int, world_size: int) -> dict:
 
     model = small_dlrm()
     reference = copy.deepcopy(model)
-    t = trainer(world_size, DLACStrategy(eps=0.05, error_every=0), limit_val_batches=1)
+    t = trainer(world_size, DLACStrategy(compression=CompressionOptions(eps=0.05, error_every=0)), limit_val_batches=1)
     t.validate(model, datamodule=small_data(), verbose=False)
     state = reference.state_dict()
     key = next(k for k in state if k.endswith("embedding_bags.t_cat_3.weight"))
@@ -372,7 +374,8 @@ def _fit_with_nan_table(rank: int, world_size: int) -> dict:
     arrival = _nan_rows_arrive_as_sent(rank, world_size)
     dlac = DLACCallback(mode="off", c=1.0, log_every_n_steps=1, report=False)
     # One step: after it, the NaN loss's gradients would poison every table.
-    t = trainer(world_size, DLACStrategy(error_every=0), max_steps=1, callbacks=[_PoisonTable("t_cat_3"), dlac],
+    strategy = DLACStrategy(compression=CompressionOptions(error_every=0))
+    t = trainer(world_size, strategy, max_steps=1, callbacks=[_PoisonTable("t_cat_3"), dlac],
                 limit_val_batches=0)
     t.fit(small_dlrm(), datamodule=small_data(train_batches=4))
     local = sorted(t.strategy.total_comm_stats().non_finite_tables)
@@ -432,7 +435,8 @@ def test_a_run_that_stops_before_calibrating_says_so_at_the_end_and_in_the_repor
     from lightning.pytorch.loggers import CSVLogger
 
     dlac = DLACCallback(calibration_start=8, calibration_batches=2, log_every_n_steps=100)
-    t = trainer(1, DLACStrategy(eps=0.02), max_steps=20, callbacks=[dlac, _StopAt(5)], limit_val_batches=0,
+    strategy = DLACStrategy(compression=CompressionOptions(eps=0.02))
+    t = trainer(1, strategy, max_steps=20, callbacks=[dlac, _StopAt(5)], limit_val_batches=0,
                 logger=CSVLogger(str(tmp_path), name="run", version=0))
     with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.INFO):
         warnings.simplefilter("always")

@@ -1,10 +1,12 @@
-"""Every option of DLACStrategy and DLACCallback (docs/configuration.md, whose "tested by" column names the test of
-each) changes what a run does: each test compares a run with the option set against a control run that differs in
+"""Every option of DLACStrategy (its own and the fields of its config objects ShardingOptions, CompressionOptions and
+CheckpointOptions) and of DLACCallback (docs/configuration.md, whose "tested by" column names the test of each)
+changes what a run does: each test compares a run with the option set against a control run that differs in
 that option alone, and fails if the option were ignored.
 
 - Options that act inside a distributed fit run as *arms*: short fits of the small DLRM on 2 gloo ranks, every arm
   in one launch (process start-up dominates the cost), every arm's options written out in full (``STRATEGY`` and
-  ``CALLBACK`` plus the one option it changes; a later change of a default cannot change the comparison). Each arm
+  ``CALLBACK`` plus the one option it changes; a later change of a default cannot change the comparison). A
+  strategy option is named by its path, ``"compression.eps"`` for ``compression=CompressionOptions(eps=...)``. Each arm
   records what a fit shows from outside: the sharding plan, the fused optimizer's state and first update, the DDP
   wrapper, the exchange counters per batch, the gradients that reached the exchange's input, the pooled embeddings
   against an unsharded twin, which codec implementation ran, the bounds in force at every batch, what the loggers
@@ -30,15 +32,42 @@ import torch
 from lightning_dlac.testing import run_ranks
 from tests.conftest import TABLES, bounds_recorder, load_global_weights, memory_logger, small_data, small_dlrm, trainer
 
-# Every option of the control runs, written out. fallback_check_every is set where it does not act (compress=True)
-# so that the compress="auto" arm is also the control of the fallback_check_every arm.
-STRATEGY: dict[str, Any] = dict(
-    process_group_backend="gloo", timeout=120.0, start_method="popen", sharding_types=["table_wise"],
-    table_constraints={}, embedding_optimizer="adagrad", embedding_lr=0.05, adagrad_epsilon=1e-8,
-    memory_budget_bytes=None, compress=True, eps=0.01, backward_compression="bf16", backward_eps=0.01,
-    codec_impl="auto", error_every=10, fallback_check_every=4, overlap=False, find_unused_parameters=False,
-    static_graph=False, bucket_cap_mb=25,
-)  # fmt: skip
+# Every option of the control runs, written out, by its path: "sharding.<field>" is a field of
+# sharding=ShardingOptions(...), and so on. compression.fallback_check_every is set where it does not act (no
+# auto_fallback) so that the auto_fallback arm is also the control of the fallback_check_every arm.
+STRATEGY: dict[str, Any] = {
+    "process_group_backend": "gloo", "timeout": 120.0, "start_method": "popen", "pipeline": None,
+    "sharding.sharding_types": ["table_wise"], "sharding.table_constraints": {},
+    "sharding.embedding_optimizer": "adagrad", "sharding.embedding_lr": 0.05, "sharding.adagrad_epsilon": 1e-8,
+    "sharding.memory_budget_bytes": None, "sharding.find_unused_parameters": False, "sharding.static_graph": False,
+    "sharding.bucket_cap_mb": 25, "sharding.qcomm_codecs_registry": None,
+    "compression.enabled": True, "compression.auto_fallback": False, "compression.eps": 0.01,
+    "compression.backward": "bf16", "compression.backward_eps": 0.01, "compression.impl": "auto",
+    "compression.error_every": 10, "compression.fallback_check_every": 4, "compression.overlap": False,
+    "compression.compress_peers": "auto", "compression.pieces": 1,
+    "checkpointing.verify": True,
+}  # fmt: skip
+CONFIG_PARAMETERS = ("sharding", "compression", "checkpointing")
+
+
+def strategy(**changes: Any) -> Any:
+    """A DLACStrategy with the control's options (``STRATEGY``) but ``changes``, given by path as keywords
+    (``strategy(**{"compression.eps": 0.05})``). ``sharding.qcomm_codecs_registry="fp16"`` stands for TorchRec's
+    qcomm codecs sending FP16 both ways (live objects, made here)."""
+    from lightning_dlac import CheckpointOptions, CompressionOptions, DLACStrategy, ShardingOptions
+
+    options = {**STRATEGY, **changes}
+    if options["sharding.qcomm_codecs_registry"] == "fp16":
+        from torchrec.distributed.fbgemm_qcomm_codec import CommType, QCommsConfig, get_qcomm_codecs_registry
+
+        options["sharding.qcomm_codecs_registry"] = get_qcomm_codecs_registry(
+            QCommsConfig(forward_precision=CommType.FP16, backward_precision=CommType.FP16), device=torch.device("cpu"))
+    classes = {"sharding": ShardingOptions, "compression": CompressionOptions, "checkpointing": CheckpointOptions}
+    configs = {group: cls(**{k.split(".", 1)[1]: v for k, v in options.items() if k.startswith(group + ".")})
+               for group, cls in classes.items()}  # fmt: skip
+    return DLACStrategy(**{k: v for k, v in options.items() if "." not in k}, **configs)
+
+
 CALLBACK: dict[str, Any] = dict(
     mode="homogenization", tight_eps=0.01, base_eps=0.03, loose_eps=0.05, tight_below=0.9, loose_from=0.99,
     index_eps=0.03, index="vector", candidates=[0.01, 0.03, 0.05], sensitivity_tolerance=1e-3, gradient_tolerance=0.1,
@@ -48,7 +77,7 @@ CALLBACK: dict[str, Any] = dict(
 )  # fmt: skip
 STEPS = 8  # training batches of every arm (one forward exchange each; no validation)
 
-# The strategy arms: name -> the options that differ from STRATEGY (the name of their control arm, if not "control").
+# The strategy arms: name -> the options that differ from STRATEGY, by path (and the name of their control arm).
 def from_rank_0_only(src: int, dst: int) -> bool:
     """A ``compress_peers`` policy (named by its import path, as in YAML): rank 0 compresses, the others do not."""
     return src == 0
@@ -56,33 +85,36 @@ def from_rank_0_only(src: int, dst: int) -> bool:
 
 STRATEGY_ARMS: dict[str, tuple[dict[str, Any], str]] = {
     "control": ({}, "control"),
-    "sharding_types": ({"sharding_types": ["column_wise"]}, "control"),
-    "table_constraints": ({"table_constraints": {"t_cat_0": {"sharding_types": ["data_parallel"]}}}, "control"),
-    "optimizer_sgd": ({"embedding_optimizer": "sgd"}, "control"),
-    "optimizer_rowwise": ({"embedding_optimizer": "rowwise_adagrad"}, "control"),
-    "embedding_lr": ({"embedding_lr": 0.005}, "control"),
-    "adagrad_epsilon": ({"adagrad_epsilon": 10.0}, "control"),
-    "memory_budget_bytes": ({"memory_budget_bytes": 30_000}, "control"),
-    "compress_false": ({"compress": False}, "control"),
-    "compress_auto": ({"compress": "auto"}, "control"),
-    "fallback_check_every": ({"compress": "auto", "fallback_check_every": 2}, "compress_auto"),
-    "eps": ({"eps": 0.05}, "control"),
-    "backward_fp32": ({"backward_compression": "fp32"}, "control"),
-    "backward_fp16": ({"backward_compression": "fp16"}, "control"),
-    "backward_dlac": ({"backward_compression": "dlac"}, "control"),
-    "backward_eps": ({"backward_compression": "dlac", "backward_eps": 0.05}, "backward_dlac"),
-    "pieces": ({"backward_compression": "dlac", "pieces": 2}, "backward_dlac"),
-    "codec_impl": ({"codec_impl": "ref"}, "control"),
-    "error_every_0": ({"error_every": 0}, "control"),
-    "error_every_1": ({"error_every": 1}, "control"),
-    "overlap": ({"overlap": True}, "control"),
-    "compress_peers": ({"compress_peers": "tests.plugin.test_options.from_rank_0_only"}, "control"),
-    "find_unused_parameters": ({"find_unused_parameters": True}, "control"),
-    "static_graph": ({"static_graph": True}, "control"),
-    "bucket_cap_mb": ({"bucket_cap_mb": 1}, "control"),
+    "sharding_types": ({"sharding.sharding_types": ["column_wise"]}, "control"),
+    "table_constraints": ({"sharding.table_constraints": {"t_cat_0": {"sharding_types": ["data_parallel"]}}},
+                          "control"),
+    "optimizer_sgd": ({"sharding.embedding_optimizer": "sgd"}, "control"),
+    "optimizer_rowwise": ({"sharding.embedding_optimizer": "rowwise_adagrad"}, "control"),
+    "embedding_lr": ({"sharding.embedding_lr": 0.005}, "control"),
+    "adagrad_epsilon": ({"sharding.adagrad_epsilon": 10.0}, "control"),
+    "memory_budget_bytes": ({"sharding.memory_budget_bytes": 30_000}, "control"),
+    "compress_false": ({"compression.enabled": False}, "control"),
+    "qcomm": ({"compression.enabled": False, "sharding.qcomm_codecs_registry": "fp16"}, "compress_false"),
+    "compress_auto": ({"compression.auto_fallback": True}, "control"),
+    "fallback_check_every": ({"compression.auto_fallback": True, "compression.fallback_check_every": 2},
+                             "compress_auto"),
+    "eps": ({"compression.eps": 0.05}, "control"),
+    "backward_fp32": ({"compression.backward": "fp32"}, "control"),
+    "backward_fp16": ({"compression.backward": "fp16"}, "control"),
+    "backward_dlac": ({"compression.backward": "dlac"}, "control"),
+    "backward_eps": ({"compression.backward": "dlac", "compression.backward_eps": 0.05}, "backward_dlac"),
+    "pieces": ({"compression.backward": "dlac", "compression.pieces": 2}, "backward_dlac"),
+    "codec_impl": ({"compression.impl": "ref"}, "control"),
+    "error_every_0": ({"compression.error_every": 0}, "control"),
+    "error_every_1": ({"compression.error_every": 1}, "control"),
+    "overlap": ({"compression.overlap": True}, "control"),
+    "compress_peers": ({"compression.compress_peers": "tests.plugin.test_options.from_rank_0_only"}, "control"),
+    "find_unused_parameters": ({"sharding.find_unused_parameters": True}, "control"),
+    "static_graph": ({"sharding.static_graph": True}, "control"),
+    "bucket_cap_mb": ({"sharding.bucket_cap_mb": 1}, "control"),
 }
 # Arms that also compare their pooled embeddings with an unsharded twin, or record the gradients they received.
-TWIN_ARMS = {"control", "eps"}
+TWIN_ARMS = {"control", "eps", "compress_false", "qcomm"}
 GRADIENT_ARMS = {"control", "backward_fp32", "backward_fp16", "backward_dlac", "backward_eps"}
 
 # The callback arms (STRATEGY, CALLBACK and the options that differ from CALLBACK; "loader" stands for a DataLoader
@@ -239,8 +271,22 @@ def _twin_error(model: Any, reference: Any, rank: int) -> float:
     return worst
 
 
+def _read_outs(strategy: Any) -> dict[str, Any]:
+    """The read-outs removed without deprecation in 3963681 and restored as deprecated properties, each beside its
+    replacement, and the deprecation warnings reading them gave (rank 0 only: Lightning's rank_zero_deprecation)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        old = {"compressed_tables": strategy.compressed_tables, "sharding_types": strategy.sharding_types,
+               "embedding_optimizer": strategy.embedding_optimizer}
+    group = strategy.exchange_group
+    new = {"compressed_tables": group.compressed_tables if group is not None else None,
+           "sharding_types": list(strategy.sharding.sharding_types),
+           "embedding_optimizer": strategy.sharding.embedding_optimizer}
+    return {"old": old, "new": new, "types": {k: type(v).__name__ for k, v in old.items()},
+            "warnings": [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)]}
+
+
 def _strategy_arm(world_size: int, name: str) -> dict[str, Any]:
-    from lightning_dlac import DLACStrategy
     from lightning_dlac.codec import impl_calls
 
     overrides, _ = STRATEGY_ARMS[name]
@@ -252,7 +298,7 @@ def _strategy_arm(world_size: int, name: str) -> dict[str, Any]:
     logging.getLogger("lightning_dlac").addHandler(handler)
     before = impl_calls()
     try:
-        t = trainer(world_size, DLACStrategy(**{**STRATEGY, **overrides}), max_steps=STEPS, callbacks=[observer],
+        t = trainer(world_size, strategy(**overrides), max_steps=STEPS, callbacks=[observer],
                     limit_val_batches=0)
         t.fit(model, datamodule=small_data(train_batches=STEPS))
     except ValueError as err:
@@ -265,6 +311,7 @@ def _strategy_arm(world_size: int, name: str) -> dict[str, Any]:
     stats = t.strategy.total_comm_stats()
     return {
         "error": None,
+        "read_outs": _read_outs(t.strategy),
         "plan": _plan(t.strategy),
         "state_shapes": _fused_state_shapes(t.strategy),
         "first_update": observer.first_update,
@@ -289,7 +336,7 @@ def _strategy_arm(world_size: int, name: str) -> dict[str, Any]:
 def _callback_arm(world_size: int, name: str, workdir: Path) -> dict[str, Any]:
     from lightning.pytorch.loggers import CSVLogger
 
-    from lightning_dlac import DLACCallback, DLACStrategy
+    from lightning_dlac import DLACCallback
 
     options = {**CALLBACK, **CALLBACK_ARMS[name]}
     if options["calibration_dataloader"] == "loader":
@@ -301,7 +348,7 @@ def _callback_arm(world_size: int, name: str, workdir: Path) -> dict[str, Any]:
     recorder, memory = bounds_recorder(dlac), memory_logger()
     observer = _observer(gradients=False, expected_bytes=name == "report")
     csv = CSVLogger(str(workdir / name), name="run", version=0)
-    t = trainer(world_size, DLACStrategy(**STRATEGY), max_steps=STEPS, callbacks=[dlac, recorder, observer],
+    t = trainer(world_size, strategy(), max_steps=STEPS, callbacks=[dlac, recorder, observer],
                 logger=[csv, memory], limit_val_batches=0, default_root_dir=str(workdir / name))
     t.fit(small_dlrm(), datamodule=small_data(train_batches=STEPS))
     return {
@@ -320,11 +367,10 @@ def _checkpoint_and_predict(world_size: int, ckpt_dir: str) -> dict[str, Any]:
     """A fit that checkpoints every step keeping one, then Trainer.validate / test / predict on the fitted model."""
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    from lightning_dlac import DLACStrategy
 
     torch.manual_seed(0)
     model, data = small_dlrm(), small_data(train_batches=3)
-    t = trainer(world_size, DLACStrategy(**STRATEGY), max_steps=3,
+    t = trainer(world_size, strategy(), max_steps=3,
                 callbacks=[ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=1, save_top_k=1)],
                 enable_checkpointing=True)
     t.fit(model, datamodule=data)
@@ -385,7 +431,6 @@ def test_process_group_backend_reaches_init_process_group(monkeypatch: pytest.Mo
     made (no process group is made, no port is bound)."""
     import torch.distributed as dist
 
-    from lightning_dlac import DLACStrategy
 
     class Captured(Exception):
         pass
@@ -401,7 +446,7 @@ def test_process_group_backend_reaches_init_process_group(monkeypatch: pytest.Mo
     monkeypatch.setattr(dist, "init_process_group", init_process_group)
     monkeypatch.setattr(dist, "is_initialized", lambda: False)
     for backend in ("gloo", "nccl"):
-        t = trainer(1, DLACStrategy(**{**STRATEGY, "process_group_backend": backend}), max_steps=1)
+        t = trainer(1, strategy(process_group_backend=backend), max_steps=1)
         with pytest.raises(Captured):
             t.fit(small_dlrm(), datamodule=small_data(train_batches=1))
     assert asked == ["gloo", "nccl"]
@@ -410,13 +455,10 @@ def test_process_group_backend_reaches_init_process_group(monkeypatch: pytest.Mo
 def test_start_method_picks_lightning_s_launcher() -> None:
     import lightning.pytorch as pl
 
-    from lightning_dlac import DLACStrategy
-
     launchers = {}
     for start_method in ("popen", "spawn"):
-        strategy = DLACStrategy(**{**STRATEGY, "start_method": start_method})
-        t = pl.Trainer(accelerator="cpu", devices=2, strategy=strategy, logger=False, enable_progress_bar=False,
-                       enable_model_summary=False, enable_checkpointing=False)
+        t = pl.Trainer(accelerator="cpu", devices=2, strategy=strategy(start_method=start_method), logger=False,
+                       enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
         launchers[start_method] = (type(t.strategy.launcher).__name__, getattr(t.strategy.launcher, "_start_method",
                                                                                None))
     assert launchers == {"popen": ("_SubprocessScriptLauncher", None), "spawn": ("_MultiProcessingLauncher", "spawn")}
@@ -475,18 +517,61 @@ def test_memory_budget_bytes_is_checked_against_every_table(arms: tuple[list[dic
 
 
 @pytest.mark.slow
-def test_compress_false_keeps_torchrec_s_exchange_and_auto_adds_the_uncompressed_fallback(
-        arms: tuple[list[dict], Path]) -> None:
-    for rank, r in enumerate(arms[0]):
-        control, off, auto = (r["strategy"][n] for n in ("control", "compress_false", "compress_auto"))
+def test_enabled_false_keeps_torchrec_s_exchange(arms: tuple[list[dict], Path]) -> None:
+    for control, off in ((r["strategy"]["control"], r["strategy"]["compress_false"]) for r in arms[0]):
         assert control["exchanges"] == 1 and control["calls"] == list(range(1, STEPS + 1)), control["calls"]
         assert 0 < control["stats"]["sent"] < control["stats"]["raw"] and control["uncompressed"] == [0] * STEPS
         assert off["exchanges"] == 0 and off["stats"]["raw"] == 0 and off["calls"] == [0] * STEPS, off
         assert off["codec"]["native"]["encode"] == off["codec"]["ref"]["encode"] == 0, off["codec"]
+        # TorchRec's own float32 exchange: the pooled embeddings are the unsharded twin's (up to its kernel's
+        # rounding), where the compressed control's carry the codec's error.
+        assert off["twin_error"] < 1e-5 < control["twin_error"], (off["twin_error"], control["twin_error"])
+
+
+@pytest.mark.slow
+def test_auto_fallback_adds_the_uncompressed_fallback(arms: tuple[list[dict], Path]) -> None:
+    for rank, (auto, control) in enumerate(_pair(arms, "compress_auto")):
+        assert control["uncompressed"] == [0] * STEPS and auto["exchanges"] == 1
         # The fallback measures the codec on calls 0 and 1 and the uncompressed exchange on call 2, whatever the
         # times turn out to be: call 2 (the third batch) went uncompressed.
         went = [b - a for a, b in zip([0, *auto["uncompressed"]], auto["uncompressed"])]
         assert went[:3] == [0, 0, 1], (rank, went)
+
+
+@pytest.mark.slow
+def test_qcomm_codecs_registry_gives_torchrec_s_exchanges_its_codecs(arms: tuple[list[dict], Path]) -> None:
+    for arm, control in _pair(arms, "qcomm"):
+        # Both uncompressed by DLAC (enabled=False): TorchRec sends the pooled embeddings itself, in float32 in the
+        # control and through the FP16 qcomm codec in the arm, whose rounding (a 2^-11 relative step) the twin sees.
+        assert arm["exchanges"] == control["exchanges"] == 0
+        assert control["twin_error"] < 1e-5 < arm["twin_error"] < 1e-2, (arm["twin_error"], control["twin_error"])
+
+
+@pytest.mark.slow
+def test_deprecated_read_outs_warn_and_return_what_their_replacements_do(arms: tuple[list[dict], Path]) -> None:
+    """``strategy.compressed_tables``, ``.sharding_types`` and ``.embedding_optimizer`` (removed without deprecation
+    in 3963681, restored): after a real 2-rank fit each gives what its replacement gives, with the types it had,
+    and warns naming the replacement."""
+    mine = []
+    for rank, r in enumerate(arms[0]):
+        control, off, sgd = (r["strategy"][n]["read_outs"] for n in ("control", "compress_false", "optimizer_sgd"))
+        for read in (control, off, sgd):
+            assert {k: v for k, v in read["old"].items() if k != "compressed_tables"} == {
+                k: v for k, v in read["new"].items() if k != "compressed_tables"}, read
+            assert read["types"] == {"compressed_tables": "list", "sharding_types": "list",
+                                     "embedding_optimizer": "EmbeddingOptimizer"}, read["types"]
+            assert len(read["warnings"]) == (3 if rank == 0 else 0), read["warnings"]
+        assert control["old"]["compressed_tables"] == control["new"]["compressed_tables"] != []
+        assert off["old"]["compressed_tables"] == [] and off["new"]["compressed_tables"] is None  # no exchange
+        assert control["old"]["sharding_types"] == ["table_wise"] and sgd["old"]["embedding_optimizer"] == "sgd"
+        mine.append(set(control["old"]["compressed_tables"]))
+    # Table-wise on 2 ranks: each rank compresses the tables it holds, every table on one rank.
+    assert not mine[0] & mine[1] and mine[0] | mine[1] == set(TABLES), mine
+    warned = arms[0][0]["strategy"]["control"]["read_outs"]["warnings"]
+    for old, new in (("compressed_tables", "strategy.exchange_group.compressed_tables"),
+                     ("sharding_types", "strategy.sharding.sharding_types"),
+                     ("embedding_optimizer", "strategy.sharding.embedding_optimizer")):
+        assert any(f"DLACStrategy.{old} is deprecated; use {new}" in w for w in warned), (old, warned)
 
 
 @pytest.mark.slow
@@ -621,11 +706,11 @@ def test_bucket_cap_mb_reaches_the_dense_ddp(arms: tuple[list[dict], Path]) -> N
 
 
 def test_the_options_renamed_before_0_1_are_gone() -> None:
-    from lightning_dlac import DLACCallback, DLACStrategy
+    from lightning_dlac import DLACCallback
 
     for old in ("embedding_eps", "probe_every"):
         with pytest.raises(TypeError, match=f"unexpected keyword argument '{old}'"):
-            DLACStrategy(**{**STRATEGY, old: 1e-3})
+            strategy(**{old: 1e-3})
     with pytest.raises(TypeError, match="unexpected keyword argument 'probe_eps'"):
         DLACCallback(probe_eps=0.3)
 
@@ -959,14 +1044,13 @@ def _variable_batch(world_size: int) -> dict:
     from torch.utils.data import DataLoader
     from torchrec.datasets.utils import Batch
 
-    from lightning_dlac import DLACStrategy
 
     rank = int(torch.distributed.get_rank())
     model = small_dlrm()
     reference = copy.deepcopy(model)
     kjt = _variable_batch_kjt(rank)
     batch = Batch(dense_features=torch.rand(10, 13), sparse_features=kjt, labels=torch.randint(0, 2, (10,)).float())
-    t = trainer(world_size, DLACStrategy(**{**STRATEGY, "embedding_optimizer": "rowwise_adagrad"}), limit_val_batches=1)
+    t = trainer(world_size, strategy(**{"sharding.embedding_optimizer": "rowwise_adagrad"}), limit_val_batches=1)
     (metrics,) = t.validate(model, dataloaders=DataLoader([batch], batch_size=None), verbose=False)
     load_global_weights(model, reference.state_dict())
     with torch.no_grad():
@@ -990,7 +1074,6 @@ def test_variable_batch_input_takes_torchrec_s_uncompressed_path_exactly(arms: t
 def _without_a_compiler(rank: int, world_size: int, missing_cxx: str) -> dict:
     import os
 
-    from lightning_dlac import DLACStrategy
     from lightning_dlac.codec import impl_calls, native_available
     from lightning_dlac.codec._loader import NativeUnavailable
 
@@ -1001,7 +1084,7 @@ def _without_a_compiler(rank: int, world_size: int, missing_cxx: str) -> dict:
         before = impl_calls()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            t = trainer(world_size, DLACStrategy(**{**STRATEGY, "codec_impl": impl}), max_steps=2,
+            t = trainer(world_size, strategy(**{"compression.impl": impl}), max_steps=2,
                         limit_val_batches=0)
             try:
                 t.fit(small_dlrm(), datamodule=small_data(train_batches=2))
@@ -1092,13 +1175,13 @@ def _two_tower_batches(rank: int, n: int, rows: int = 32) -> list[tuple]:
 def _fit_two_collections(rank: int, world_size: int) -> dict:
     from torch.utils.data import DataLoader
 
-    from lightning_dlac import DLACStrategy
+    from lightning_dlac import CompressionOptions, DLACStrategy
     from tests.conftest import loss_recorder
 
     model = _two_collections_module()
     reference = copy.deepcopy(model)
     losses = loss_recorder()
-    t = trainer(world_size, DLACStrategy(eps=0.02), max_steps=4, callbacks=[losses])
+    t = trainer(world_size, DLACStrategy(compression=CompressionOptions(eps=0.02)), max_steps=4, callbacks=[losses])
     t.fit(model, train_dataloaders=DataLoader(_two_tower_batches(rank, 4), batch_size=None))
     stats = t.strategy.total_comm_stats()
     load_global_weights(model, reference.state_dict())

@@ -11,7 +11,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from lightning_dlac import DLACStrategy
+from lightning_dlac import CheckpointOptions, CompressionOptions, DLACStrategy, ShardingOptions
 from lightning_dlac.testing import run_ranks
 from tests.conftest import (
     FEATURES,
@@ -28,7 +28,8 @@ def _forward_parity(rank: int, world_size: int, sharding_type: str) -> list[str]
     model = small_dlrm()
     reference = copy.deepcopy(model)  # unsharded twin with the same weights
     data = small_data()
-    t = trainer(world_size, DLACStrategy(sharding_types=[sharding_type], compress=False), limit_val_batches=1)
+    t = trainer(world_size, DLACStrategy(sharding=ShardingOptions(sharding_types=[sharding_type]),
+                                             compression=CompressionOptions(enabled=False)), limit_val_batches=1)
     t.validate(model, datamodule=data, verbose=False)  # sets the strategy up: the tables are now sharded
     plan = t.strategy.sharding_plan
     types = {spec.sharding_type for module_plan in plan.plan.values() for spec in module_plan.values()}
@@ -62,7 +63,8 @@ def _sharded_tables(rank: int, world_size: int, sharding_type: str, draw_first: 
     torch.manual_seed(1234)
     model = small_dlrm()
     reference = {k: v.clone() for k, v in model.state_dict().items()}
-    t = trainer(world_size, DLACStrategy(sharding_types=[sharding_type]), limit_val_batches=1,
+    strategy = DLACStrategy(sharding=ShardingOptions(sharding_types=[sharding_type]))
+    t = trainer(world_size, strategy, limit_val_batches=1,
                 callbacks=[DrawsAtSetup()] if draw_first else [])
     t.validate(model, datamodule=small_data(), verbose=False)  # sets the strategy up: the tables are now sharded
     checked = 0
@@ -184,30 +186,37 @@ def test_single_device_trains_with_string_alias_and_its_all_to_all_is_an_exact_l
 def test_strategy_string_alias_resolves() -> None:
     t = pl.Trainer(strategy="dlac", accelerator="cpu", devices=2, logger=False)
     assert isinstance(t.strategy, DLACStrategy)
-    t = pl.Trainer(strategy=DLACStrategy(embedding_optimizer="sgd"), accelerator="cpu", devices=2, logger=False)
+    sgd = DLACStrategy(sharding=ShardingOptions(embedding_optimizer="sgd"))
+    t = pl.Trainer(strategy=sgd, accelerator="cpu", devices=2, logger=False)
     assert t.strategy.sharding.embedding_optimizer == "sgd"
 
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"sharding_types": ["diagonal"]}, "unknown sharding type 'diagonal'"),
-        ({"sharding_types": []}, "sharding_types is empty"),
-        ({"embedding_optimizer": "lamb"}, "embedding_optimizer='lamb' is not supported"),
-        ({"embedding_lr": 0.0}, "embedding_lr=0.0 must be > 0"),
-        ({"memory_budget_bytes": -1}, "memory_budget_bytes=-1"),
+        ({"sharding": {"sharding_types": ["diagonal"]}}, "unknown sharding type 'diagonal'"),
+        ({"sharding": {"sharding_types": []}}, "sharding_types is empty"),
+        ({"sharding": {"embedding_optimizer": "lamb"}}, "embedding_optimizer='lamb' is not supported"),
+        ({"sharding": {"embedding_lr": 0.0}}, "embedding_lr=0.0 must be > 0"),
+        ({"sharding": {"memory_budget_bytes": -1}}, "memory_budget_bytes=-1"),
         ({"timeout": -5}, "timeout=-5"),
-        ({"eps": 0.0}, "eps=0.0 is out of range"),
-        ({"backward_compression": "int4"}, "backward_compression='int4' is not supported"),
-        ({"compress": "sometimes"}, "compress='sometimes' is not supported; choose true, false or 'auto'"),
-        ({"compress": "auto", "fallback_check_every": 0}, "fallback_check_every=0 must be a whole number >= 1"),
-        ({"table_constraints": {"t_cat_0": {"sharding": ["row_wise"]}}}, "unknown option"),
-        ({"table_constraints": {"t_cat_0": {"sharding_types": ["rowwise"]}}}, "unknown sharding type 'rowwise'"),
+        ({"compression": {"eps": 0.0}}, "eps=0.0 is out of range"),
+        ({"compression": {"backward": "int4"}}, "backward='int4' is not supported"),
+        ({"compression": {"enabled": "sometimes"}}, "enabled='sometimes' must be true or false"),
+        ({"compression": {"enabled": False, "auto_fallback": True}}, "auto_fallback=True needs enabled=True"),
+        ({"compression": {"auto_fallback": True, "fallback_check_every": 0}},
+         "fallback_check_every=0 must be a whole number >= 1"),
+        ({"sharding": {"table_constraints": {"t_cat_0": {"sharding": ["row_wise"]}}}}, "unknown option"),
+        ({"sharding": {"table_constraints": {"t_cat_0": {"sharding_types": ["rowwise"]}}}},
+         "unknown sharding type 'rowwise'"),
+        ({"checkpointing": {"verify": "yes"}}, "verify='yes' must be true or false"),
+        ({"sharding": {"static_graph": "no"}}, "static_graph='no' must be true or false"),
     ],
 )
 def test_invalid_configuration_is_rejected_at_construction(kwargs: dict, message: str) -> None:
+    classes = {"sharding": ShardingOptions, "compression": CompressionOptions, "checkpointing": CheckpointOptions}
     with pytest.raises(ValueError, match=message):
-        DLACStrategy(**kwargs)
+        DLACStrategy(**{k: classes[k](**v) if k in classes else v for k, v in kwargs.items()})
 
 
 def test_missing_torchrec_names_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -222,11 +231,12 @@ def _startup_error(rank: int, world_size: int, case: str) -> str:
     strategy = DLACStrategy()
     model: pl.LightningModule = small_dlrm()
     if case == "too_large":
-        strategy = DLACStrategy(memory_budget_bytes=30_000)
+        strategy = DLACStrategy(sharding=ShardingOptions(memory_budget_bytes=30_000))
     elif case == "unknown_table":
-        strategy = DLACStrategy(table_constraints={"t_nope": {"sharding_types": ["row_wise"]}})
+        unknown = {"t_nope": {"sharding_types": ["row_wise"]}}
+        strategy = DLACStrategy(sharding=ShardingOptions(table_constraints=unknown))
     elif case == "unsupported_on_cpu":
-        strategy = DLACStrategy(sharding_types=["row_wise"])
+        strategy = DLACStrategy(sharding=ShardingOptions(sharding_types=["row_wise"]))
     elif case == "no_tables":
         model = BoringModel()
     elif case == "fused_in_optimizer":
@@ -257,11 +267,13 @@ def test_wrong_configuration_fails_at_startup_with_a_fix(case: str, message: str
     assert re.search(message, error, flags=re.S), error
 
 
-def test_compress_auto_configures_the_uncompressed_fallback() -> None:
-    auto = DLACStrategy(compress="auto", fallback_check_every=16)
+def test_auto_fallback_configures_the_uncompressed_fallback() -> None:
+    auto = DLACStrategy(compression=CompressionOptions(auto_fallback=True, fallback_check_every=16))
     assert auto.compress and auto.compression.auto_fallback and auto.compression.fallback_check_every == 16
-    assert not DLACStrategy().compression.auto_fallback and not DLACStrategy(compress=False).compress
-    assert DLACStrategy(overlap=True).compression.overlap is True and DLACStrategy().compression.overlap is None
+    off = DLACStrategy(compression=CompressionOptions(enabled=False))
+    assert not DLACStrategy().compression.auto_fallback and not off.compress
+    overlapped = DLACStrategy(compression=CompressionOptions(overlap=True))
+    assert overlapped.compression.overlap is True and DLACStrategy().compression.overlap is None
 
 
 def _with_batch_norm() -> pl.LightningModule:
@@ -280,7 +292,8 @@ def _sync_batchnorm(rank: int, world_size: int, accelerator: str) -> dict:
             seen["during"] = type(pl_module.model.dense_arch.model[0]).__name__
 
     model = _with_batch_norm()
-    t = trainer(world_size, DLACStrategy(compress=accelerator == "cpu"), accelerator=accelerator, max_steps=2,
+    compression = CompressionOptions(enabled=accelerator == "cpu")
+    t = trainer(world_size, DLACStrategy(compression=compression), accelerator=accelerator, max_steps=2,
                 sync_batchnorm=True, callbacks=[Seen()], limit_val_batches=0)
     try:
         t.fit(model, datamodule=small_data(train_batches=2))
