@@ -68,6 +68,7 @@ EXPORTS: dict[str, list[str]] = {
     "lightning_dlac.native": ["ENV_DIR", "IMPLS", "NativeLibrary", "NativeUnavailable", "build_dir",
                               "build_extension", "cache_root", "sources_dir"],
     "lightning_dlac.testing": ["RanksFailed", "hosted_store", "kill_session", "run_ranks", "run_session"],
+    "lightning_dlac.checks": ["check_count", "parse_enum"],
     "lightning_dlac.commands.cli": ["CLIUserError", "build_cli", "main"],  # commands/ exports nothing itself
 }  # fmt: skip
 

@@ -23,8 +23,8 @@ from lightning_dlac.adaptive import (
     TableClass,
     TableStats,
 )
-from lightning_dlac.adaptive.bounds import check_count
 from lightning_dlac.adaptive.calibrator import GRADIENT_TOLERANCE, RECALIBRATE_SHARE, default_candidates
+from lightning_dlac.checks import check_count
 from lightning_dlac.comm.collectives import all_gather_object, all_reduce, rank_and_world
 from lightning_dlac.plugin._forward import loss_of, loss_or_none, side_forward
 from lightning_dlac.plugin._run import (  # noqa: F401 - run_training_batches: importable from here too

@@ -26,6 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
 from lightning_dlac.adaptive.bounds import ErrorBounds
+from lightning_dlac.checks import parse_enum
 from lightning_dlac.comm.config import CompressionOptions
 from lightning_dlac.comm.stats import CommStats
 from lightning_dlac.engine import elastic as _elastic
@@ -35,7 +36,6 @@ from lightning_dlac.engine.sharding import (
     EmbeddingOptimizer,
     NoEmbeddingTablesError,
     ShardingOptions,
-    parse_enum,
     plan_summary,
     shard_model,
     table_count,
