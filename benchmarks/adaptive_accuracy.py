@@ -3,7 +3,7 @@
 Every variant is its own 2-rank gloo launch of the example DLRM through Lightning and DLACStrategy, with the same
 seeds and the same data order; only the compression changes:
 
-- ``uncompressed``: ``DLACStrategy(compress=False)``, TorchRec's fp32 all-to-all;
+- ``uncompressed``: ``DLACStrategy(compression=CompressionOptions(enabled=False))``, TorchRec's fp32 all-to-all;
 - ``constant 0.01``: every table at eps 0.01 for the whole run (``DLACCallback(mode="off", c=1)``, for metrics);
 - ``DLAC default``: ``DLACCallback()`` with no argument, what a user gets (its default mode and schedule, sized from
   the run's length);
@@ -16,7 +16,7 @@ seeds and the same data order; only the compression changes:
   (``--backward-eps``, default 0.01), what the end-to-end speedup figures use;
 - ``constant 0.05``: every table at the loosest class bound (the all-loose run calibration must beat on accuracy);
   any other ``constant X`` (0 < X < 1) is every table at eps X the same way (``constant 0.002``, ...);
-- ``qcomm INT8/FP16``: TorchRec's practical baseline, ``DLACStrategy(compress=False)`` with the sharder given
+- ``qcomm INT8/FP16``: TorchRec's practical baseline, DLAC's exchange off and the sharders given
   TorchRec's qcomm codecs (INT8 row-wise forward, FP16 backward; benchmarks/lib/qcomm.py's registry); any other qcomm
   label of the end-to-end VARIANTS (benchmarks/lib/e2e.py) runs the same way (``qcomm FP16/FP16``, ``qcomm FP8/FP8``,
   ``qcomm MX4/MX4``, TorchRec's 4-bit codec). A codec TorchRec cannot run here (FP8 on CPU) is recorded in the results
@@ -78,7 +78,7 @@ from benchmarks.lib.frontier import frontier, frontier_lines
 from benchmarks.lib.launch import error_line, run_ranks
 from benchmarks.lib.paths import CRITEO_SAMPLE, RESULTS
 from benchmarks.lib.plan import outputs_help
-from benchmarks.lib.qcomm import install_qcomm
+from benchmarks.lib.qcomm import codecs_registry
 from benchmarks.lib.results import start_run, write_results
 
 
@@ -142,21 +142,24 @@ def _callback(variant: str, total_steps: int, cfg: dict[str, Any]):
 
 def _strategy(variant: str, cfg: dict[str, Any]):
     """The variant's DLACStrategy, and for a qcomm variant the byte-counting codecs (forward, backward) TorchRec
-    uses."""
-    from lightning_dlac import DLACStrategy
+    uses (given to its sharders, DLAC's exchange off)."""
+    from lightning_dlac import CompressionOptions, DLACStrategy, ShardingOptions
 
-    common = dict(embedding_optimizer="adagrad", embedding_lr=0.02)
+    tables = dict(embedding_optimizer="adagrad", embedding_lr=0.02)
     if variant == "uncompressed":
-        return DLACStrategy(compress=False, **common), None
+        return DLACStrategy(sharding=ShardingOptions(**tables), compression=CompressionOptions(enabled=False)), None
     qcomm = qcomm_variant(variant)
     if qcomm is not None:
-        return DLACStrategy(compress=False, **common), install_qcomm(qcomm)
+        registry, fwd, bwd = codecs_registry(qcomm)
+        return DLACStrategy(sharding=ShardingOptions(**tables, qcomm_codecs_registry=registry),
+                            compression=CompressionOptions(enabled=False)), (fwd, bwd)
     eps = constant_bound(variant) or 0.01
     if variant == "DLAC both directions":
-        return DLACStrategy(compress=True, eps=eps, backward_compression="dlac", backward_eps=cfg["backward_eps"],
-                            **common), None
-    backward = {"backward_compression": cfg["backward_compression"]} if cfg.get("backward_compression") else {}
-    return DLACStrategy(compress=True, eps=eps, **common, **backward), None
+        compression = CompressionOptions(eps=eps, backward="dlac", backward_eps=cfg["backward_eps"])
+    else:
+        backward = {"backward": cfg["backward_compression"]} if cfg.get("backward_compression") else {}
+        compression = CompressionOptions(eps=eps, **backward)
+    return DLACStrategy(sharding=ShardingOptions(**tables), compression=compression), None
 
 
 def _run(rank: int, world_size: int, dataset: str, variant: str, cfg: dict[str, Any]) -> dict[str, Any]:

@@ -5,7 +5,8 @@ differ only in how the label depends on them (sensitive, robust, irrelevant; rol
 variant is a 2-rank gloo launch of the example DLRM through Lightning and DLACStrategy, with the same seed, model
 initialisation and data order; only the compression changes:
 
-- ``uncompressed``: ``DLACStrategy(compress=False)``, the reference every AUROC delta is taken against;
+- ``uncompressed``: DLAC's exchange off (``CompressionOptions(enabled=False)``), the reference every AUROC
+  delta is taken against;
 - ``all_tight`` / ``all_loose``: every table at 0.01 / 0.05 for the whole run (no callback). Before any calibrator
   is judged, these show the set tests something: all-loose must lose at least 0.005 AUROC (mean over seeds, and more
   than 3 standard deviations of the per-seed losses), all-tight less than 0.001;
@@ -185,7 +186,7 @@ class _Trace(pl.Callback):
 def _run(rank: int, world_size: int, variant: str, cfg: dict[str, Any]) -> dict[str, Any]:  # noqa: C901
     from lightning_dlac.examples.dlrm import DLRMModule
 
-    from lightning_dlac import DLACStrategy
+    from lightning_dlac import CompressionOptions, DLACStrategy, ShardingOptions
 
     seed = cfg["seed"]
     pl.seed_everything(seed, verbose=False)
@@ -195,11 +196,12 @@ def _run(rank: int, world_size: int, variant: str, cfg: dict[str, Any]) -> dict[
                        num_dense_features=dm.num_dense_features, embedding_dim=cfg["dim"],
                        dense_arch_layer_sizes=[32, cfg["dim"]], over_arch_layer_sizes=[64, 1],
                        learning_rate=cfg["lr"], seed=seed)
+    sharding = ShardingOptions(embedding_lr=cfg["lr"])
     if variant == "uncompressed":
-        strategy = DLACStrategy(compress=False, embedding_lr=cfg["lr"])
+        strategy = DLACStrategy(sharding=sharding, compression=CompressionOptions(enabled=False))
     else:
         eps = {"all_tight": 0.01, "all_loose": 0.05}.get(variant, 0.01)
-        strategy = DLACStrategy(eps=eps, embedding_lr=cfg["lr"])
+        strategy = DLACStrategy(sharding=sharding, compression=CompressionOptions(eps=eps))
     dlac = calibration_callback(variant, cfg) if variant not in BASELINES else None
     meter = ForwardBytes()
     trace = _Trace(dlac) if variant == "trace" else None

@@ -6,7 +6,7 @@ Save and load, per rank: the demo model (examples/configs/dlrm_synthetic.yaml's 
 ``manifest.json``, the switch) and ``strategy.load_checkpoint`` (the checks, then every rank's shards and fused
 optimizer state read in place), each ``--repeats`` times; every rank times its own calls (they are collective, so
 the ranks' times agree to the barrier). Size: the checkpoint directory, and the largest rank's shard file. Each model
-twice: with ``DLACStrategy(verify_checkpoints=True)`` (the default: every rank checksums the files it wrote at save,
+twice: with ``CheckpointOptions(verify=True)`` (the default: every rank checksums the files it wrote at save,
 and its share of all files at load) and ``False`` (sizes only); the difference is what the checksums cost, and
 ``checksum_s`` times the CRC32 of each rank's own files alone (page cache warm, as in the save).
 
@@ -63,7 +63,7 @@ def _save_load(spec: dict[str, Any]) -> None:
     from lightning_dlac.examples.dlrm import DLRMModule
     from lightning_dlac.examples.synthetic import SyntheticCriteoDataModule
 
-    from lightning_dlac import DLACStrategy
+    from lightning_dlac import CheckpointOptions, DLACStrategy, ShardingOptions
     from lightning_dlac.criteo.format import capped_cardinalities
     from lightning_dlac.engine.checkpoint import file_checksum
 
@@ -104,7 +104,8 @@ def _save_load(spec: dict[str, Any]) -> None:
                           checksum_s=checksum_s, checksum_bytes=sum(files[n] for n in own))  # fmt: skip
             Path(f"{spec['out']}.rank{rank}.json").write_text(json.dumps(result))
 
-    strategy = DLACStrategy(embedding_optimizer="adagrad", verify_checkpoints=spec["verify"])
+    strategy = DLACStrategy(sharding=ShardingOptions(embedding_optimizer="adagrad"),
+                            checkpointing=CheckpointOptions(verify=spec["verify"]))
     trainer = pl.Trainer(accelerator="cpu", devices=2, strategy=strategy,
                          max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, num_sanity_val_steps=0, callbacks=[Timer()])  # fmt: skip
@@ -252,7 +253,8 @@ def main() -> None:
     parser.add_argument("--scales", default="1,10", help="table-size multipliers of the demo model to save and load")
     parser.add_argument("--repeats", type=int, default=3, help="saves and loads per model")
     parser.add_argument("--no-unverified", action="store_true",
-                        help="skip the runs with verify_checkpoints=False (the checksums' cost is then not measured)")
+                        help="skip the runs with CheckpointOptions(verify=False) (the checksums' cost is then not"
+                        " measured)")
     parser.add_argument("--restarts", type=int, default=2, help="killed-and-restarted runs (0: none)")
     parser.add_argument("--kill-step", type=int, default=50, help="kill a worker after this step (attempt 0)")
     parser.add_argument("--kill-rank", type=int, default=1, help="the rank to kill")

@@ -16,7 +16,7 @@ import lightning.pytorch as pl
 from benchmarks.lib.accuracy import TrafficMeter, qcomm_variant
 from benchmarks.lib.calibration_data import WorldDataModule, draw_world
 from benchmarks.lib.launch import run_ranks
-from benchmarks.lib.qcomm import install_qcomm
+from benchmarks.lib.qcomm import codecs_registry
 
 BASELINES = ("uncompressed", "all_tight", "all_loose")
 
@@ -171,7 +171,7 @@ def training_seed(world: int, train_seed: int) -> int:
 def run_world(rank: int, world_size: int, variant: str, cfg: dict[str, Any]) -> dict[str, Any]:
     from lightning_dlac.examples.dlrm import DLRMModule
 
-    from lightning_dlac import DLACStrategy
+    from lightning_dlac import CompressionOptions, DLACStrategy, ShardingOptions
 
     world = draw_world(cfg["world"])
     train_seed = cfg.get("train_seed", 0)
@@ -183,13 +183,14 @@ def run_world(rank: int, world_size: int, variant: str, cfg: dict[str, Any]) -> 
                        num_dense_features=dm.num_dense_features, embedding_dim=world.dim,
                        dense_arch_layer_sizes=[32, world.dim], over_arch_layer_sizes=[64, 1],
                        learning_rate=cfg["lr"], seed=init)
-    qcomm = _qcomm_codecs(variant)  # TorchRec's codecs in its own sharder, counted (benchmarks.frontier_worlds)
+    registry, qcomm = _qcomm_codecs(variant)  # TorchRec's codecs in its sharders, counted (benchmarks.frontier_worlds)
+    sharding = ShardingOptions(embedding_lr=cfg["lr"], qcomm_codecs_registry=registry)
     if variant == "uncompressed" or qcomm is not None:
-        strategy = DLACStrategy(compress=False, embedding_lr=cfg["lr"])
+        strategy = DLACStrategy(sharding=sharding, compression=CompressionOptions(enabled=False))
     else:
         eps = float(variant.removeprefix(CONSTANT_PREFIX)) if variant.startswith(CONSTANT_PREFIX) else \
             {"all_tight": 0.01, "all_loose": LOOSE}.get(variant, 0.01)
-        strategy = DLACStrategy(eps=eps, embedding_lr=cfg["lr"])
+        strategy = DLACStrategy(sharding=sharding, compression=CompressionOptions(eps=eps))
     ablated = variant.removeprefix(ABLATE_PREFIX) if variant.startswith(ABLATE_PREFIX) else None
     constant = variant in BASELINES or variant.startswith((CONSTANT_PREFIX, QCOMM_PREFIX))
     dlac = calibration_callback(variant, cfg) if not constant and ablated is None else None
@@ -270,13 +271,14 @@ CONSTANT_PREFIX = "constant:"
 QCOMM_PREFIX = "qcomm:"
 
 
-def _qcomm_codecs(variant: str) -> Any:
-    """For a ``qcomm:<label>`` arm, install TorchRec's codecs of that label in this process's sharder and return
-    their byte-counting wrappers (forward, backward); None for any other arm."""
+def _qcomm_codecs(variant: str) -> tuple[dict[str, Any] | None, tuple[Any, Any] | None]:
+    """For a ``qcomm:<label>`` arm, TorchRec's codecs of that label as a registry for the sharders, and their
+    byte-counting wrappers (forward, backward); ``(None, None)`` for any other arm."""
     if not variant.startswith(QCOMM_PREFIX):
-        return None
+        return None, None
     label = "qcomm " + variant.removeprefix(QCOMM_PREFIX)
     qcomm = qcomm_variant(label)
     if qcomm is None:
         raise ValueError(f"{variant}: {label!r} is not a qcomm variant of benchmarks/lib/e2e.py")
-    return install_qcomm(qcomm)
+    registry, fwd, bwd = codecs_registry(qcomm)
+    return registry, (fwd, bwd)

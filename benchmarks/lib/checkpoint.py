@@ -51,7 +51,7 @@ def model_name(scale: int) -> str:
 def tables(results: list[dict[str, Any]]) -> list[str]:
     """The markdown tables of a results file's rows (docs/benchmarks.md's ``render:checkpoint`` block)."""
     lines = ["| model | table rows | checkpoint | largest rank's shards | save per rank (median) | load per rank"
-             " (median) | the same with `verify_checkpoints=False`: save / load | CRC32 of a rank's own files |",
+             " (median) | the same with `CheckpointOptions(verify=False)`: save / load | CRC32 of a rank's own files |",
              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for s in per_scale(results):
         plain = (f"{s['save_plain_s']:.2f} s / {s['load_plain_s']:.2f} s" if s["save_plain_s"] is not None
@@ -84,14 +84,14 @@ def multinode_lines(results: list[dict[str, Any]]) -> list[str]:
              + " | ".join(f"{s['save_s']:.2f} s" for s in scales) + " |",
              "| load, per rank (checks + checksums + shards + fused optimizer state; page cache warm) | "
              + " | ".join(f"{s['load_s']:.2f} s" for s in scales) + " |",
-             "| the same without checksums (`verify_checkpoints=False`): save / load | "
+             "| the same without checksums (`CheckpointOptions(verify=False)`): save / load | "
              + " | ".join(f"{s['save_plain_s']:.2f} s / {s['load_plain_s']:.2f} s" if s["save_plain_s"] is not None
                           else "not measured" for s in scales) + " |",
              "| CRC32 of one rank's own files (what each rank adds to a save) | "
              + " | ".join(_checksum(s) for s in scales) + " |"]  # fmt: skip
     measured = [s for s in scales if s["save_plain_s"] is not None]
     if measured:
-        lines += ["", "The checksums (`verify_checkpoints=True`, the default) add "
+        lines += ["", "The checksums (`CheckpointOptions(verify=True)`, the default) add "
                   + ", ".join(f"{s['save_s'] - s['save_plain_s']:.2f} s to a save and"
                               f" {s['load_s'] - s['load_plain_s']:.2f} s to a load per rank for the"
                               f" {s['total_bytes'] / 2**20:.0f} MiB checkpoint" for s in measured)

@@ -41,7 +41,7 @@ class Variant:
     kind: str  # "fp32" | "qcomm" | "dlac" | "null" | "zero"
     forward: str = "fp32"  # qcomm forward precision, or "zero8"
     backward: str = "fp32"  # qcomm / dlac backward encoding, or "zero8"
-    auto_fallback: bool = False  # DLAC: DLACStrategy(compress="auto"), the uncompressed fallback
+    auto_fallback: bool = False  # DLAC: CompressionOptions(auto_fallback=True), the uncompressed fallback
     classes: bool = False  # DLAC: per-table bounds from the homogenization classes, calibrated on the warm-up steps
     overlap: bool | None = None  # DLAC: None = the library's default (overlapped on NCCL, synchronous on gloo)
     ceiling_of: str | None = None  # null: the DLAC variant whose bytes it sends (its like-for-like ceiling)
@@ -241,7 +241,7 @@ def train_rank(rank: int, world_size: int, variant_name: str, cfg: dict[str, Any
                 calibrator.batch_measured()
             if i >= warmup:
                 times.append(elapsed)
-                # compress="auto": whether this step's exchange went uncompressed (a check of the other way)
+                # auto_fallback: whether this step's exchange went uncompressed (a check of the other way)
                 uncompressed_steps.append(bool(group) and group.stats().uncompressed_calls > sent_uncompressed)
             losses.append(loss.item())
 
@@ -303,7 +303,7 @@ def summarize(variant: Variant, rate: str, per_rank: list[dict[str, Any]], cfg: 
         fwd_a2a_s = sum(per_step(k) for k in ("fwd_encode_s", "fwd_exchange_s", "fwd_decode_s"))
     row = dict(
         rate=rate, world_size=world, variant=variant.name, label=variant.label, median_step_ms=median_s * 1e3,
-        mean_step_ms=statistics.fmean(step_s) * 1e3,  # counts the rare slow steps (compress="auto"'s checks)
+        mean_step_ms=statistics.fmean(step_s) * 1e3,  # counts the rare slow steps (auto_fallback's checks)
         step_ms=[s * 1e3 for s in step_s], samples_per_s=world * cfg["batch_size"] / median_s,
         fwd_a2a_ms=None if fwd_a2a_s is None else fwd_a2a_s * 1e3,
         fwd_a2a_share=None if fwd_a2a_s is None else fwd_a2a_s / median_s,

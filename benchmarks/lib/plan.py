@@ -8,11 +8,11 @@ Depths:
 - ``smoke``: tiny steps, batches and repeats, to prove the pipeline end to end (its results are not figures: they
   go to a scratch directory);
 - ``quick``: the figures a release is judged on: the codec (every payload), end to end at 1 and 10 Gbit/s with the
-  like-for-like ceiling and unthrottled with ``compress="auto"`` (3 repeats each), the sparse-dist pipeline against
-  unpipelined training at 1 and 10 Gbit/s (separate launches, and within one launch), DLRM v2 end to end, the scaling
-  model's validation at 2 ranks, adaptive accuracy on the Criteo sample (3 seeds), the data path at reduced size,
-  and issue 34's: the exchange profile, TorchRec's FP8 and MX4 codec rows, every TorchRec codec against DLAC at
-  1 Gbit/s and the same race with every rank on one core (``--cpu-starved``);
+  like-for-like ceiling and unthrottled with the uncompressed fallback (3 repeats each), the sparse-dist pipeline
+  against unpipelined training at 1 and 10 Gbit/s (separate launches, and within one launch), DLRM v2 end to end, the
+  scaling model's validation at 2 ranks, adaptive accuracy on the Criteo sample (3 seeds), the data path at reduced
+  size, and issue 34's: the exchange profile, TorchRec's FP8 and MX4 codec rows, every TorchRec codec against DLAC at 1
+  Gbit/s and the same race with every rank on one core (``--cpu-starved``);
 - ``full``: all of ``quick`` at more repeats and full size, plus the scaling model at 3 and 4 ranks, every adaptive
   accuracy dataset (planted, synthetic for 200 and 2,000 steps, Criteo for 2 epochs, DLRM v2), the calibration
   benchmarks and worlds, the frontiers and checkpoints.

@@ -1,7 +1,8 @@
-"""What the benchmarks compare DLAC's exchange with on TorchRec's own path, besides its float32: TorchRec's qcomm
-codecs (wrapped to count their bytes; :func:`install_qcomm` gives them to every sharder a Lightning run builds) and a
-zero-cost codec that sends 1/8 of the elements (the ceiling of a fixed 8x compression there). DLAC's own ceiling runs
-inside DLAC's exchange: the null codec, lightning_dlac/comm/null_codec.py."""
+"""What the benchmarks compare DLAC's exchange with on TorchRec's own path, besides its float32: TorchRec's qcomm codecs
+(wrapped to count their bytes; a Lightning run gives the registry to its sharders through
+``ShardingOptions(qcomm_codecs_registry=...)``) and a zero-cost codec that sends 1/8 of the elements (the ceiling of a
+fixed 8x compression there). DLAC's own ceiling runs inside DLAC's exchange: the null codec,
+lightning_dlac/comm/null_codec.py."""
 
 from __future__ import annotations
 
@@ -117,25 +118,3 @@ def codecs_registry(variant: Any) -> tuple[dict[str, Any] | None, CountingCodec 
     fwd, bwd = CountingCodec(registry[key].forward), CountingCodec(registry[key].backward)
     registry[key] = QuantizedCommCodecs(forward=fwd, backward=bwd)
     return registry, fwd, bwd
-
-
-def install_qcomm(variant: Any) -> tuple[CountingCodec, CountingCodec]:
-    """Make every ``EmbeddingBagCollectionSharder`` built in this process carry TorchRec's codecs of ``variant`` (an
-    end-to-end ``Variant`` of kind ``qcomm``; ``DLACStrategy`` has no qcomm option: with ``compress=False`` its
-    sharder is TorchRec's own).
-
-    Returns:
-        The byte-counting wrappers of the forward and backward codecs.
-    """
-    import torchrec.distributed.embeddingbag as ebc
-
-    registry, fwd, bwd = codecs_registry(variant)
-    base = ebc.EmbeddingBagCollectionSharder
-
-    class QCommSharder(base):  # noqa: D101 - a one-argument default
-        def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
-            kwargs.setdefault("qcomm_codecs_registry", registry)
-            super().__init__(*args, **kwargs)
-
-    ebc.EmbeddingBagCollectionSharder = QCommSharder
-    return fwd, bwd

@@ -94,8 +94,9 @@ def readme_e2e(results: Results) -> list[str]:
                  " in the same exchange, sending DLAC's bytes)")
     auto, fixed = pick(rows, "unthrottled", "dlac_auto"), pick(rows, "unthrottled", "dlac_bf16")
     if auto is not None:
-        text += (f". On a fast link (unthrottled), `DLACStrategy(compress=\"auto\")` runs at {speed(auto)} the speed"
-                 f" of FP32 with {auto.get('uncompressed_share', 0):.0%} of its steps uncompressed")
+        text += (". On a fast link (unthrottled), `CompressionOptions(auto_fallback=True)` runs at"
+                 f" {speed(auto)} the speed of FP32 with {auto.get('uncompressed_share', 0):.0%} of its steps"
+                 " uncompressed")
         if fixed is not None:
             text += f", where fixed compression (DLAC + bf16) runs at {speed(fixed)}"
     lines = [text + ".", ""]
