@@ -24,6 +24,8 @@ from typing import Any
 
 from benchmarks.lib.paths import REPO
 
+# The requirements files that pin the measured environment (torch, fbgemm, torchrec), from the repository root.
+PINS = ("requirements/cpu.txt", "requirements/torchrec.txt")
 PACKAGES = ("torch", "torchrec", "lightning", "fbgemm-gpu-cpu", "fbgemm-gpu", "numpy", "lightning-dlac")
 
 
@@ -126,3 +128,12 @@ def load_results(path: Path) -> dict[str, Any]:
     return data
 
 
+def pinned_versions() -> dict[str, str]:
+    """The versions the requirements files pin (``name==version`` lines of :data:`PINS`), by package name."""
+    pinned = {}
+    for name in PINS:
+        for line in (REPO / name).read_text().splitlines():
+            package, sep, version = line.split("#", 1)[0].strip().partition("==")
+            if sep:
+                pinned[package.split("[", 1)[0].strip()] = version.strip()
+    return pinned

@@ -1,9 +1,13 @@
-"""docs/benchmarks.md's head: the rule every "met" follows and how long the last ``make bench-quick`` took."""
+"""docs/benchmarks.md's head: the rule every "met" follows, how long the last ``make bench-quick`` took, and the
+library versions each results file was measured under against the pinned set."""
 
 from __future__ import annotations
 
+from benchmarks.lib.results import PINS, pinned_versions
 from benchmarks.lib.rule import RULE
 from benchmarks.render.core import Block, Results, source_line
+
+VERSIONED = ("torch", "torchrec", "fbgemm-gpu-cpu", "fbgemm-gpu")  # the packages a move of the pins changes
 
 
 def rule(results: Results) -> list[str]:
@@ -26,7 +30,41 @@ def suite_duration(results: Results) -> list[str]:
             + ", ".join(f"`{st['output']}` {st['seconds'] / 60:.1f} min" for st in slowest) + "."]
 
 
+def _release(version: str) -> str:
+    """A version without its local build tag (``2.13.0+cpu`` -> ``2.13.0``): the release the pins name."""
+    return version.split("+", 1)[0]
+
+
+def versions(results: Results) -> list[str]:
+    """Which results files were measured under the pinned library versions and which under another set, each set
+    named: a figure stands for the versions its run had until it is rerun under the pins."""
+    pinned = pinned_versions()
+    by_set: dict[tuple[tuple[str, str], ...], list[str]] = {}
+    names = sorted(p.name for p in results.directory.glob("*.json"))
+    for name in names:
+        found = results.get(name)["metadata"].get("versions", {})
+        by_set.setdefault(tuple((k, found[k]) for k in VERSIONED if k in found), []).append(name)
+    pins = ", ".join(f"{k} {pinned[k]}" for k in VERSIONED if k in pinned)
+
+    def matches(versions: tuple[tuple[str, str], ...]) -> bool:
+        return all(_release(v) == pinned[k] for k, v in versions if k in pinned) and \
+            {k for k, _ in versions} >= {k for k in VERSIONED if k in pinned}
+
+    current = [n for versions, files in by_set.items() if matches(versions) for n in files]
+    lines = [f"**Library versions.** The pinned set ({', '.join(f'`{p}`' for p in PINS)}) is {pins}."
+             f" {len(current)} of the {len(names)} results files were measured under it"
+             + (f" ({', '.join(f'`{n}`' for n in current)})" if current else "") + "."]
+    others = [(versions, files) for versions, files in by_set.items() if not matches(versions)]
+    if others:
+        lines += ["", "Measured under another set (each block's source line names its run's versions; its figures"
+                  " stand for those versions until rerun under the pins, `make bench-quick` / `make bench`):", ""]
+        lines += [f"- {', '.join(f'{k} {v}' for k, v in versions) or 'no versions recorded'}: {len(files)} file(s),"
+                  f" {', '.join(f'`{n}`' for n in files)}" for versions, files in others]
+    return lines
+
+
 BLOCKS = {
+    "versions": Block((), versions),
     "rule": Block((), rule),
     "suite_duration": Block(("suite_quick.json",), suite_duration),
 }

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import importlib
 
-TORCHREC_VERSION = "1.8.0"
-FBGEMM_VERSION = "1.8.0"
-TORCH_VERSION = "2.13.0"
+TORCHREC_VERSION = "1.9.2"
+FBGEMM_VERSION = "1.9.0"
+TORCH_VERSION = "2.14"
 
 _INSTALL_HINT = (
     "Install the pinned set: `pip install -r requirements/cpu.txt &&"

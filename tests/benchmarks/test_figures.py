@@ -17,7 +17,7 @@ from benchmarks.lib.frontier import frontier, frontier_lines
 from benchmarks.lib.paths import REPO, RESULTS
 from benchmarks.lib.pipeline import alternate_problem
 from benchmarks.lib.plan import ELSEWHERE, STEPS, depth_writing, steps_at
-from benchmarks.lib.results import write_results
+from benchmarks.lib.results import pinned_versions, write_results
 from benchmarks.lib.rule import RULE, judge
 from benchmarks.render.blocks import BLOCKS, blocks_in, render_block, render_text
 from benchmarks.render.calibration import CAPPED, calibration_ablation, calibration_perturb, calibration_worlds
@@ -512,3 +512,21 @@ def test_the_family_frontier_says_where_the_default_is_near_the_frontier_only_wi
     (row,) = _readme_family_frontier_row(Results(tmp_path), [])
     assert (f"the default on or near the frontier: 100% of worlds, on it in {len(others)} and near it only within"
             f" noise on world {first['world']} |") in row
+
+
+def test_the_versions_block_says_which_results_were_measured_under_the_pinned_set(tmp_path: Path) -> None:
+    """A move of the pins marks every figure measured under the old set: the block counts the files run under the
+    pinned versions (a local build tag such as +cpu is the same release) and names every other set with its files."""
+    pinned = pinned_versions()
+    assert {"torch", "torchrec", "fbgemm-gpu-cpu"} <= set(pinned)
+    current = {"torch": f"{pinned['torch']}+cpu", "torchrec": pinned["torchrec"],
+               "fbgemm-gpu-cpu": pinned["fbgemm-gpu-cpu"]}
+    for name, versions in (("new.json", current), ("old.json", dict(current, torch="1.0.0")),
+                           ("gpu.json", {"torch": "2.11.0"})):
+        write_results(tmp_path / name, {"command": "python -m benchmarks.x", "date": "2026-12-06T00:00:00+00:00",
+                                        "versions": versions}, {}, [])
+    text = "\n".join(render_block("versions", Results(tmp_path)).splitlines())
+    assert "1 of the 3 results files were measured under it (`new.json`)" in text
+    assert f"- torch 1.0.0, torchrec {pinned['torchrec']}, fbgemm-gpu-cpu {pinned['fbgemm-gpu-cpu']}: 1 file(s)," \
+           " `old.json`" in text
+    assert "- torch 2.11.0: 1 file(s), `gpu.json`" in text  # the lent GPU's image: no TorchRec to pin

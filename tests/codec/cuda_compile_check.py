@@ -56,6 +56,9 @@ def main() -> int:
     if home is None:
         print("no CUDA toolkit: set CUDA_HOME or put nvcc on PATH")
         return 2
+    if not (Path(home) / "bin" / "nvcc").is_file():
+        print(f"no CUDA toolkit at CUDA_HOME={home} (it has no bin/nvcc): point CUDA_HOME at the toolkit")
+        return 2
     os.environ["CUDA_HOME"] = home
     os.environ["TORCH_CUDA_ARCH_LIST"] = args.arch
     loader = _loader()

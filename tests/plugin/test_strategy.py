@@ -219,9 +219,21 @@ def test_invalid_configuration_is_rejected_at_construction(kwargs: dict, message
         DLACStrategy(**{k: classes[k](**v) if k in classes else v for k, v in kwargs.items()})
 
 
+def _pinned(requirements: str, package: str) -> str:
+    text = (Path(__file__).resolve().parents[2] / "requirements" / requirements).read_text()
+    return re.search(rf"^{re.escape(package)}==(\S+)", text, re.M)[1]
+
+
 def test_missing_torchrec_names_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fix names the versions requirements/ pins: the message and the pins move together."""
+    from lightning_dlac.engine import _torchrec
+
+    torchrec, fbgemm = _pinned("torchrec.txt", "torchrec"), _pinned("cpu.txt", "fbgemm-gpu-cpu")
+    assert (_torchrec.TORCHREC_VERSION, _torchrec.FBGEMM_VERSION) == (torchrec, fbgemm)
+    assert _pinned("cpu.txt", "torch").startswith(_torchrec.TORCH_VERSION)
     monkeypatch.setitem(sys.modules, "torchrec", None)
-    with pytest.raises(ModuleNotFoundError, match=r"needs `torchrec`.*pip install --no-deps torchrec==1\.8\.0"):
+    fix = rf"needs `torchrec`.*pip install --no-deps torchrec=={re.escape(torchrec)}"
+    with pytest.raises(ModuleNotFoundError, match=fix):
         DLACStrategy()
 
 
