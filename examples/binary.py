@@ -48,7 +48,8 @@ class _BinaryBatches:
     with ``pread`` into fresh arrays, so a rank's resident memory is one batch whatever the data size; with
     ``mmap_mode`` the files are memory-mapped through TorchRec's ``load_npy_range(mmap_mode=True)`` instead
     (zero-copy from the page cache, but the mapped pages count in the rank's RSS, and the kernel maps neighbours of
-    the pages read: about 1.3x the rank's share after an epoch, measured in docs/benchmarks.md).
+    the pages read, so it grows beyond the rank's share: docs/benchmarks.md, 'Data: Criteo preprocessing and
+    loading').
 
     With ``multi_hot_sizes`` the categorical ids come from each stem's ``_sparse_multi_hot.npz`` instead: one
     ``[rows, multi_hot_sizes[t]]`` array per feature, stored uncompressed, so each is read (or memory-mapped) at its

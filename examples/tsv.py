@@ -45,8 +45,9 @@ class CriteoTSVDataModule(RowSplitsDataModule):
     ``int(hex, 16) % table_size``; a missing categorical becomes id 0 (so id 0 mixes "missing" with the hashed
     values that land on 0, as in the DLRM reference's preprocessing).
 
-    Files are parsed once in :meth:`setup` by the converter's parser (native: about 1M rows/s; without a C++ compiler
-    its pure-Python reference, about 40k rows/s; ``DLAC_PREPROCESS_IMPL`` chooses). Without ``val_path`` the last
+    Files are parsed once in :meth:`setup` by the converter's parser (native, or without a C++ compiler its
+    pure-Python reference; ``DLAC_PREPROCESS_IMPL`` chooses; their rates: docs/benchmarks.md, 'Data: Criteo
+    preprocessing and loading'). Without ``val_path`` the last
     ``val_fraction`` of the training rows (Criteo is time-ordered, so the latest ones) are held out. Training rows are
     then shuffled once with ``seed`` (the order is the same every epoch). Rows are cut into batches, the remainder
     dropped, and rank ``r`` of ``W`` takes global batches ``r, r + W, ...`` up to the same count on every rank.

@@ -8,7 +8,8 @@ every rank once the statistics are reduced across ranks through :meth:`Calibrati
   distinct quantized vectors / distinct raw vectors, quantizing with the chunk's own range exactly as the codec does;
   1 means the bound keeps every distinct embedding distinct, a low index means the error merges embeddings, so the
   table needs a tighter bound. It only moves for tables whose raw vectors repeat or lie within one bin of each other
-  in every coordinate (on the demo data: 4 of 26 tables below 0.99, none below 0.9). The *value* index counts per
+  in every coordinate (each table's index in a run: docs/benchmarks.md, 'Adaptive error bounds: accuracy and
+  traffic', its per-table calibration). The *value* index counts per
   embedding coordinate (column) and sums over columns (distinct quantized values / distinct raw values), so it also
   sees tables whose vectors all stay distinct; it puts more tables tight (``DLACCallback(index="value")``). Both are
   measured and reported (:attr:`TableStats.homogenization_index`, :attr:`TableStats.vector_homogenization_index`);

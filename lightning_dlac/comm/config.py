@@ -51,14 +51,15 @@ class CompressionConfig:
         overlap: Launch each payload exchange and return, waiting for it (and decoding) only when its result is
             needed, as TorchRec's request / wait pair; ``False`` waits at once (the synchronous path). ``None``
             (default): overlapped on NCCL, synchronous on gloo, where the loopback or TCP transfer is CPU work that
-            competes with the step's compute (measured in docs/benchmarks.md: the synchronous path was faster in
-            11 of 13 paired CPU launches).
+            competes with the step's compute (the paired CPU launches: docs/benchmarks.md, 'Why the gloo default
+            is synchronous').
         pieces: How many pieces the synchronous exchange sends (:mod:`lightning_dlac.comm.pieces`): every rank's
             tables cut into this many groups of about equal width, so that the codec encodes one piece (and
             decodes another) while a third is on the wire; the result is the same, bit for bit. Default 1 (the
-            exchange whole): each piece adds a meeting of the ranks, and at DLAC's ratios on a 1 Gbit/s link four
-            pieces measured slower than one (docs/benchmarks.md). The overlapped path (``overlap``) and the cast
-            gradient exchanges send one piece.
+            exchange whole): each piece adds a meeting of the ranks, so pieces pay only where the transfer is long
+            next to the codec (pieces against the whole exchange on throttled links: docs/benchmarks.md, 'Sending
+            the exchange in pieces'). The overlapped path (``overlap``) and the cast gradient exchanges send one
+            piece.
         compress_peers: Which peers' payloads are compressed (:mod:`lightning_dlac.comm.peers`): ``"auto"``
             (default: only those to other nodes when the job spans several nodes on NCCL, every peer's on one node
             or on gloo),

@@ -1,9 +1,10 @@
 """Parsing Criteo TSV bytes into rows: the native parser or its reference, driven block by block over a byte range.
 
 :func:`resolve_parser` picks the parser: the native one (``criteo_tsv.cpp`` beside this module, JIT-built on first
-use like the codec, GIL released, over 1M rows/s) or the pure-Python reference in :mod:`lightning_dlac.criteo.spec`
-(the specification both follow, about 40k rows/s). ``DLAC_PREPROCESS_IMPL`` = ``auto`` (default: native if it
-builds, else one warning and the reference) | ``native`` | ``ref``, the same words as ``DLAC_CODEC_IMPL``.
+use like the codec, GIL released) or the pure-Python reference in :mod:`lightning_dlac.criteo.spec` (the
+specification both follow, far slower; both rates: docs/benchmarks.md, 'Data: Criteo preprocessing and loading').
+``DLAC_PREPROCESS_IMPL`` = ``auto`` (default: native if it builds, else one warning and the reference) | ``native``
+| ``ref``, the same words as ``DLAC_CODEC_IMPL``.
 
 :func:`parse_range` feeds one byte range of a file through a parser in blocks and yields the rows; the converter
 (:mod:`lightning_dlac.criteo.convert`) writes them to disk and :func:`read_tsv` (``CriteoTSVDataModule``) keeps

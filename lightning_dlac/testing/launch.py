@@ -10,7 +10,7 @@ store is not re-keyed between groups.
 
 Ranks start warm: they are forked from a server process (multiprocessing's ``forkserver``) that imported torch,
 NumPy, Lightning and TorchRec once (:data:`PRELOAD`), instead of each importing them anew as a ``spawn``-ed
-interpreter would (5-6 s of CPU per rank here, paid by every launch of a test suite; the server lives as long as
+interpreter would (seconds of CPU per rank, paid by every launch of a test suite; the server lives as long as
 the calling process). Each rank then takes what a spawned one would have had at launch time, not at the server's
 start: the caller's current environment variables, working directory and standard output and error (passed as
 file descriptors, so pytest's capture still sees what ranks print). What the preloaded libraries read from the
