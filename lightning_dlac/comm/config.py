@@ -65,6 +65,9 @@ class CompressionConfig:
             or on gloo),
             ``"all"``, ``"other_nodes"``, or a function ``(src, dst) -> bool`` (or its import path). The others go
             as float32, exactly, in both directions.
+
+    Raises:
+        ValueError: If a field is out of range or not one of its choices (the message names it and what it takes).
     """
 
     backward: BackwardCompression | str = BackwardCompression.BF16  # gradient exchange encoding
@@ -91,13 +94,14 @@ class CompressionConfig:
 
 @dataclass
 class CompressionOptions(CompressionConfig):
-    """How a trainer compresses the embedding all-to-all: :class:`CompressionConfig` (the exchange's settings, every
-    field of it) plus whether the compressed exchange is installed at all and the bound every table starts from.
+    """How a trainer compresses the embedding all-to-all (``DLACStrategy(compression=...)``).
 
-    ``DLACStrategy(compression=CompressionOptions(...))`` takes it, and in YAML its fields go under
-    ``init_args.compression``. The strategy installs the exchange with it (it is a :class:`CompressionConfig`) and
-    starts its :class:`~lightning_dlac.adaptive.ErrorBounds` at ``eps``; a plain training loop does the same with
-    ``install_compressed_all_to_all(dmp, options, ErrorBounds(options.eps))``.
+    It is a :class:`CompressionConfig` (the exchange's settings, every field of it) plus whether the compressed exchange
+    is installed at all and the bound every table starts from. ``DLACStrategy(compression=CompressionOptions(...))``
+    takes it, and in YAML its fields go under ``init_args.compression``. The strategy installs the exchange with it (it
+    is a :class:`CompressionConfig`) and starts its :class:`~lightning_dlac.adaptive.ErrorBounds` at ``eps``; a plain
+    training loop does the same with ``install_compressed_all_to_all(dmp, options, ErrorBounds(options.eps))``. The
+    fields not listed below are :class:`CompressionConfig`'s, with its defaults.
 
     Args:
         enabled: Install the compressed exchange. ``False`` keeps TorchRec's uncompressed all-to-all exactly (A/B
@@ -105,7 +109,9 @@ class CompressionOptions(CompressionConfig):
             while that is faster.
         eps: Relative error bound of every table until a policy (``DLACCallback``) sets per-table bounds.
 
-    The other fields are :class:`CompressionConfig`'s, with its defaults.
+    Raises:
+        ValueError: If a field is out of range, ``enabled`` is not a bool, or ``auto_fallback`` is set without
+            ``enabled``.
     """
 
     enabled: bool = True  # install the compressed exchange; False: TorchRec's uncompressed all-to-all exactly
