@@ -78,6 +78,13 @@ _MAX_TABLE_ROWS: int = 2**31 - 1
 def table_sizes(num_embeddings_per_feature: Sequence[int] | None, max_rows: int = DEFAULT_MAX_ROWS) -> list[int]:
     """The 26 Criteo table sizes a DataModule was given, or Criteo Kaggle's capped at ``max_rows`` when ``None``.
 
+    Args:
+        num_embeddings_per_feature: The sizes given, one per categorical feature; ``None``: Criteo Kaggle's.
+        max_rows: The cap on Criteo Kaggle's sizes.
+
+    Returns:
+        The table sizes, as ints.
+
     Raises:
         ValueError: Not one size per categorical feature, or a size outside ``[1, 2**31 - 1]``.
     """
@@ -96,7 +103,16 @@ def table_sizes(num_embeddings_per_feature: Sequence[int] | None, max_rows: int 
 
 
 def stream_seed(seed: int, split: int, index: int) -> int:
-    """A well-mixed 63-bit seed for one (seed, split, index); nearby tuples give unrelated streams."""
+    """A well-mixed 63-bit seed for one (seed, split, index); nearby tuples give unrelated streams.
+
+    Args:
+        seed: The DataModule's seed.
+        split: The split's number.
+        index: The global batch index.
+
+    Returns:
+        The seed, in ``[0, 2**63)``.
+    """
     return int(np.random.SeedSequence([seed, split, index]).generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
 
 
@@ -108,9 +124,9 @@ def make_batch(
     *,
     feature_names: Sequence[str],
 ) -> Batch:
-    """Assemble a :class:`~torchrec.datasets.utils.Batch` (a DataModule calls its
-    :meth:`RankShardedDataModule.make_batch`,
-    which passes its own feature names).
+    """Assemble a :class:`~torchrec.datasets.utils.Batch` from dense features, ids and labels.
+
+    A DataModule calls its :meth:`RankShardedDataModule.make_batch`, which passes its own feature names.
 
     Args:
         dense: Dense features ``[B, D]`` float32.
@@ -119,6 +135,9 @@ def make_batch(
         labels: ``[B]`` float32.
         lengths: Ids per sample and feature, ``[F * B]`` int32, key-major; ``None``: one id each (one-hot).
         feature_names: The keys, one per feature.
+
+    Returns:
+        The batch, its sparse features a KeyedJaggedTensor keyed by ``feature_names``.
     """
     if lengths is None:
         lengths = torch.ones(len(feature_names) * dense.shape[0], dtype=torch.int32)
@@ -139,6 +158,13 @@ def check_batch(
     Checks the keys, the dense width, the labels' length, ids against lengths (``F x B`` lengths that sum to the
     number of ids), and every feature's ids against its table (``0 <= id < rows``). The cost is a pass over the
     lengths and ids, small beside a training step.
+
+    Args:
+        batch: The batch to check.
+        feature_names: The categorical features the DataModule declares, in key order.
+        num_dense_features: The dense features per sample it declares.
+        num_embeddings_per_feature: Each feature's table size.
+        where: How messages name the batch.
 
     Raises:
         TypeError: Not a :class:`~torchrec.datasets.utils.Batch`.
@@ -215,7 +241,14 @@ class RankBatches(IterableDataset):
                 yield self._read(index)
 
     def skip(self, count: int) -> RankBatches:
-        """The same batches without the first ``count``."""
+        """The same batches without the first ``count``.
+
+        Args:
+            count: How many batches to skip.
+
+        Returns:
+            A dataset of the rest.
+        """
         return RankBatches(self._read, self.indices[count:])
 
 
@@ -268,13 +301,22 @@ class ResumableDataLoader(DataLoader):
             yield batch
 
     def state_dict(self) -> dict[str, Any]:
-        """The position in this pass: ``{"served": batches handed out, "batches": batches per pass, ...}``."""
+        """The position in this pass, for a checkpoint.
+
+        Returns:
+            ``{"served": batches handed out, "batches": batches per pass, "world_size": ..., "version": ...}``.
+        """
         return {"version": self._STATE_VERSION, "served": self._served, "batches": len(self.dataset),
                 "world_size": self.world_size}  # fmt: skip
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Start the next pass after the ``served`` batches of a saved :meth:`state_dict`; a finished pass starts the
-        next one from the beginning.
+        """Start the next pass after the ``served`` batches of a saved :meth:`state_dict`.
+
+        A finished pass starts the next one from the beginning. A state saved on another number of ranks or batches
+        per pass is applied with a warning that the resumed epoch cannot be exact.
+
+        Args:
+            state_dict: What :meth:`state_dict` returned.
 
         Raises:
             ValueError: ``state_dict`` is not a state this class wrote.
@@ -315,6 +357,10 @@ class RankShardedDataModule(LightningDataModule):
         feature_names: The categorical features, in KeyedJaggedTensor key order (default ``cat_0``, ``cat_1``, ...,
             one per table, as the example DLRM names them).
         num_dense_features: Dense features per sample (default 13, Criteo's).
+
+    Raises:
+        ValueError: If ``batch_size`` is below 1, ``num_workers`` is negative, or the table sizes and features
+            differ in number.
     """
 
     def __init__(
@@ -347,15 +393,38 @@ class RankShardedDataModule(LightningDataModule):
     # ---------------------------------------------------------------------------------------- the reading part
 
     def num_batches(self, split: str) -> int:
-        """Global batches in ``split`` (``"train"``, ``"val"``, ...), all ranks together. Implement in a subclass."""
+        """Global batches in a split, all ranks together. Implement in a subclass.
+
+        Args:
+            split: ``"train"``, ``"val"``, ``"test"`` or ``"predict"``.
+
+        Returns:
+            How many batches the split holds.
+
+        Raises:
+            NotImplementedError: Always, here: a subclass implements it.
+        """
         raise NotImplementedError(
             f"{type(self).__name__} must implement num_batches(split) -> int (global batches in the split, all ranks"
             " together) and read_batch(split, index) -> Batch to be a RankShardedDataModule."
         )
 
     def read_batch(self, split: str, index: int) -> Batch:
-        """Global batch ``index`` of ``split``: a pure function of the two, whichever process calls it (DataLoader
-        workers included). Implement in a subclass."""
+        """Read one global batch of a split. Implement in a subclass.
+
+        The batch is a pure function of ``split`` and ``index``, whichever process calls it (DataLoader workers
+        included).
+
+        Args:
+            split: ``"train"``, ``"val"``, ``"test"`` or ``"predict"``.
+            index: The global batch index, in ``[0, num_batches(split))``.
+
+        Returns:
+            The batch (build it with :meth:`make_batch`).
+
+        Raises:
+            NotImplementedError: Always, here: a subclass implements it.
+        """
         raise NotImplementedError(
             f"{type(self).__name__} must implement read_batch(split, index) -> Batch (global batch `index` of the"
             " split) to be a RankShardedDataModule."
@@ -372,11 +441,26 @@ class RankShardedDataModule(LightningDataModule):
                 (int64).
             labels: ``[B]`` float32.
             lengths: Ids per sample and feature, ``[F * B]`` int32, feature by feature; ``None``: one id each.
+
+        Returns:
+            The batch, keyed by this DataModule's ``feature_names``.
         """
         return make_batch(dense, ids, labels, lengths, feature_names=self.feature_names)
 
     def checked_batch(self, split: str, index: int) -> Batch:
-        """:meth:`read_batch`, checked against the declared layout (:func:`check_batch`): what the loaders serve."""
+        """:meth:`read_batch`, checked against the declared layout (:func:`check_batch`): what the loaders serve.
+
+        Args:
+            split: The split.
+            index: The global batch index.
+
+        Returns:
+            The batch.
+
+        Raises:
+            TypeError: If ``read_batch`` did not return a ``Batch``.
+            ValueError: If the batch disagrees with the declared layout.
+        """
         batch = self.read_batch(split, index)
         check_batch(batch, self.feature_names, self.num_dense_features, self.num_embeddings_per_feature,
                     where=f"{type(self).__name__}.read_batch({split!r}, {index})")  # fmt: skip
@@ -385,7 +469,15 @@ class RankShardedDataModule(LightningDataModule):
     # --------------------------------------------------------------------------------------- ranks and sharding
 
     def set_rank(self, rank: int, world_size: int) -> None:
-        """Pin this datamodule to one rank of a world, overriding the trainer and torch.distributed."""
+        """Pin this datamodule to one rank of a world, overriding the trainer and torch.distributed.
+
+        Args:
+            rank: The rank it reads for.
+            world_size: The number of ranks.
+
+        Raises:
+            ValueError: If not ``0 <= rank < world_size``.
+        """
         _check_rank(rank, world_size)
         self._rank_override = (rank, world_size)
 
@@ -413,11 +505,28 @@ class RankShardedDataModule(LightningDataModule):
         return self._rank_and_world()[1]
 
     def batches_per_rank(self, split: str) -> int:
-        """Batches each rank reads from ``split``: ``num_batches(split) // world_size``, the same on every rank."""
+        """Batches each rank reads from a split, the same on every rank.
+
+        Args:
+            split: The split.
+
+        Returns:
+            ``num_batches(split) // world_size``.
+        """
         return self.num_batches(split) // self.world_size
 
     def dataset(self, split: str) -> RankBatches:
-        """This rank's batches of ``split``: global batches ``rank, rank + W, ...``."""
+        """This rank's batches of a split: global batches ``rank, rank + W, ...``.
+
+        Args:
+            split: ``"train"``, ``"val"``, ``"test"`` or ``"predict"``.
+
+        Returns:
+            The batches, each checked against the declared layout when read.
+
+        Raises:
+            ValueError: If ``split`` is not one of those.
+        """
         if split not in SPLITS:
             raise ValueError(f"split={split!r} is not one of {SPLITS}.")
         rank, world = self._rank_and_world()
@@ -425,8 +534,14 @@ class RankShardedDataModule(LightningDataModule):
         return RankBatches(functools.partial(self.checked_batch, split), indices)
 
     def dataloader(self, split: str) -> ResumableDataLoader:
-        """The DataLoader of ``split`` for this rank, resumable mid-epoch; every loader of the datamodule is made
-        here."""
+        """The DataLoader of a split for this rank, resumable mid-epoch; every loader of the datamodule is made here.
+
+        Args:
+            split: ``"train"``, ``"val"``, ``"test"`` or ``"predict"``.
+
+        Returns:
+            The loader.
+        """
         return ResumableDataLoader(self.dataset(split), num_workers=self.num_workers, world_size=self.world_size)
 
     @override
@@ -453,19 +568,37 @@ class RankShardedDataModule(LightningDataModule):
 
 
 class RowSplitsDataModule(RankShardedDataModule):
-    """A :class:`RankShardedDataModule` whose splits are rows read from files: a split holds
-    ``split_rows(split) // batch_size`` global batches (the last partial one is dropped).
+    """A :class:`RankShardedDataModule` whose splits are rows read from files, cut into batches.
+
+    A split holds ``split_rows(split) // batch_size`` global batches (the last partial one is dropped).
 
     Subclasses implement :meth:`split_rows` and :meth:`read_batch`, and call :meth:`check_split_sizes` at the end of
     ``setup``, once the rows are known.
     """
 
     def split_rows(self, split: str) -> int:
-        """Rows in ``split`` before cutting into batches (0 for a split the source lacks). Implement in a subclass."""
+        """Rows in a split before cutting into batches. Implement in a subclass.
+
+        Args:
+            split: The split.
+
+        Returns:
+            Its rows (0 for a split the source lacks).
+
+        Raises:
+            NotImplementedError: Always, here: a subclass implements it.
+        """
         raise NotImplementedError(f"{type(self).__name__} must implement split_rows(split) -> int.")
 
     def num_batches(self, split: str) -> int:
-        """Global batches of ``split``: its rows // batch_size."""
+        """Global batches of a split.
+
+        Args:
+            split: The split.
+
+        Returns:
+            Its rows // ``batch_size``.
+        """
         return self.split_rows(split) // self.batch_size
 
     @property
@@ -484,8 +617,15 @@ class RowSplitsDataModule(RankShardedDataModule):
         return self.batches_per_rank("test")
 
     def check_split_sizes(self, source: str, fix: str) -> None:
-        """Fail when ``source`` (what the rows came from, as the user named it) gives less than one training batch
-        per rank, saying ``fix``; warn when its validation rows make no full batch per rank."""
+        """Fail when the rows give less than one training batch per rank; warn when validation makes no full batch.
+
+        Args:
+            source: What the rows came from, as the user named it (for the message).
+            fix: What to do about too few rows (appended to the message).
+
+        Raises:
+            ValueError: If ``source`` gives less than one training batch per rank.
+        """
         per_step = f"batch_size={self.batch_size} x world_size={self.world_size}"
         if self.num_train_batches == 0:
             raise ValueError(f"{source} gives {self.split_rows('train')} training rows, fewer than one batch per rank"

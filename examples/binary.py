@@ -48,7 +48,8 @@ class _BinaryBatches:
     with ``pread`` into fresh arrays, so a rank's resident memory is one batch whatever the data size; with
     ``mmap_mode`` the files are memory-mapped through TorchRec's ``load_npy_range(mmap_mode=True)`` instead
     (zero-copy from the page cache, but the mapped pages count in the rank's RSS, and the kernel maps neighbours of
-    the pages read: about 1.3x the rank's share after an epoch, measured in docs/benchmarks.md).
+    the pages read, so it grows beyond the rank's share: docs/benchmarks.md, 'Data: Criteo preprocessing and
+    loading').
 
     With ``multi_hot_sizes`` the categorical ids come from each stem's ``_sparse_multi_hot.npz`` instead: one
     ``[rows, multi_hot_sizes[t]]`` array per feature, stored uncompressed, so each is read (or memory-mapped) at its
@@ -239,6 +240,12 @@ class CriteoBinaryDataModule(RowSplitsDataModule):
             the pooling factors. Ids are used as stored: the file must have been materialised for
             ``num_embeddings_per_feature`` (checked at construction when the file records its table sizes, and
             per batch: an id outside its table raises an error naming the file). ``None``: one-hot.
+
+    Raises:
+        ValueError: If a fraction is outside [0, 1) or they sum to 1 or more, ``max_samples`` is below 1, the stems
+            are empty or overlap, a table size or multi-hot size is invalid, or a file is invalid (the message names
+            it).
+        FileNotFoundError: If ``data_dir`` or a stem's file is missing (the message says how to create it).
     """
 
     def __init__(
@@ -344,7 +351,14 @@ class CriteoBinaryDataModule(RowSplitsDataModule):
         }
 
     def split_rows(self, split: str) -> int:
-        """Rows in ``split`` (``train``, ``val`` or ``test``), before cutting into batches."""
+        """Rows in a split, before cutting into batches.
+
+        Args:
+            split: ``"train"``, ``"val"`` or ``"test"``.
+
+        Returns:
+            The split's rows (within ``max_samples``).
+        """
         return sum(rows for _, _, rows, _ in self._splits[split])
 
     @override
@@ -353,8 +367,15 @@ class CriteoBinaryDataModule(RowSplitsDataModule):
                                "Lower `batch_size`, raise `max_samples`, or add training stems.")
 
     def read_batch(self, split: str, index: int) -> Batch:
-        """Global batch ``index`` of ``split``: its rows ``[g * B, (g + 1) * B)`` for ``g = index``, or the shuffled
-        ``g`` with ``shuffle``."""
+        """Read one global batch of a split: its rows ``[g * B, (g + 1) * B)``.
+
+        Args:
+            split: ``"train"``, ``"val"`` or ``"test"``.
+            index: The global batch index: ``g = index``, or the shuffled ``g`` with ``shuffle``.
+
+        Returns:
+            The batch.
+        """
         world_size = self.world_size
         reader = self._readers.get((split, world_size))
         if reader is None:

@@ -30,7 +30,14 @@ DCN_LOW_RANK_DIM = 512
 
 
 def table_name(feature: str) -> str:
-    """Name of the embedding table that serves ``feature`` (one table per categorical feature)."""
+    """Name of the embedding table that serves a feature (one table per categorical feature).
+
+    Args:
+        feature: The categorical feature (``"cat_0"``).
+
+    Returns:
+        The table's name (``"t_cat_0"``).
+    """
     return f"t_{feature}"
 
 
@@ -73,9 +80,9 @@ def _check_interaction(
 
 
 class DLRMModule(pl.LightningModule):
-    """TorchRec's DLRM (dense MLP, one embedding table per categorical feature, an interaction, over MLP) trained
-    with binary cross-entropy.
+    """TorchRec's DLRM trained with binary cross-entropy, as a LightningModule.
 
+    The model is a dense MLP, one embedding table per categorical feature, an interaction and an over MLP.
     ``interaction`` picks the model: ``"dot"`` is TorchRec's ``DLRM`` (pairwise dot products, the original DLRM),
     ``"dcn"`` is ``DLRM_DCN`` (low-rank DCN v2 cross layers over the concatenated embeddings: MLPerf's DLRM v2,
     with ``embedding_dim=128``, ``dcn_num_layers=3``, ``dcn_low_rank_dim=512``, dense ``[512, 256, 128]`` and over
@@ -84,6 +91,9 @@ class DLRMModule(pl.LightningModule):
 
     Under :class:`~lightning_dlac.DLACStrategy` the embedding tables are sharded across ranks and trained by the
     strategy's fused optimizer; ``configure_optimizers`` here trains the dense parameters only.
+
+    Options of another interaction (``dcn_low_rank_dim`` with ``interaction="dot"``, ...) are refused at
+    construction rather than silently ignored.
 
     Args:
         num_embeddings_per_feature: Rows of each table, one per categorical feature.
@@ -103,10 +113,11 @@ class DLRMModule(pl.LightningModule):
             size must be a multiple of ``embedding_dim``. ``None``: ``[256, 8 * embedding_dim]``.
         interaction_branch2_layer_sizes: Second projection branch's MLP (``interaction="projection"`` only); as
             above.
-
-    Options of another interaction (``dcn_low_rank_dim`` with ``interaction="dot"``, ...) are refused at
-    construction rather than silently ignored.
         pooling: How a table pools the ids of one multi-hot feature: ``"sum"`` (MLPerf) or ``"mean"``.
+
+    Raises:
+        ValueError: If the table sizes and feature names differ in number, a table size is not positive, the layer
+            sizes do not end as required, or an option is not one of its choices or belongs to another interaction.
     """
 
     def __init__(

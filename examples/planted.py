@@ -45,8 +45,17 @@ _SPLIT_STREAMS = {"train": _TRAIN, "val": _VAL}
 
 
 def default_roles(num_tables: int = len(FEATURE_NAMES)) -> list[str]:
-    """The default mix over ``num_tables`` tables: every sixth table from 1 sensitive (5 of 26), every third from 0
-    repeated (9 of 26), the rest noise (12 of 26)."""
+    """The default mix of table roles.
+
+    Every sixth table from 1 is sensitive (5 of 26), every third from 0 repeated (9 of 26), the rest noise (12 of
+    26).
+
+    Args:
+        num_tables: How many tables.
+
+    Returns:
+        One role per table.
+    """
     roles = []
     for t in range(num_tables):
         roles.append("sensitive" if t % 6 == 1 else "repeated" if t % 3 == 0 else "noise")
@@ -68,6 +77,10 @@ class PlantedSensitivityGenerator:
         repeated_effect: Largest effect of a repeated table (its ids' effects are spread evenly over
             ``[-repeated_effect, repeated_effect]``).
         positive_rate: Share of positive labels the bias is set for.
+
+    Raises:
+        ValueError: If a role is unknown, ``rows < 3``, ``repeated_rows < 2``, ``dim < 1``, or ``anchor_rate`` is
+            outside [0, 0.5).
     """
 
     def __init__(
@@ -156,15 +169,38 @@ class PlantedSensitivityGenerator:
         return ids
 
     def pooled_ids(self, ids: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """The planted pooled embeddings ``[B, dim]`` of one id per sample and table."""
+        """The planted pooled embeddings of one id per sample and table.
+
+        Args:
+            ids: Per table, one id per sample, ``[B]``.
+
+        Returns:
+            Per table, the pooled embeddings ``[B, dim]``.
+        """
         return [e[i] for e, i in zip(self.embeddings, ids)]
 
     def logits_of(self, pooled: Sequence[torch.Tensor]) -> torch.Tensor:
-        """The oracle's logit of each sample from the pooled embeddings of every table (without the bias)."""
+        """The oracle's logit of each sample from the pooled embeddings of every table.
+
+        Args:
+            pooled: Per table, the pooled embeddings ``[B, dim]``, in table order.
+
+        Returns:
+            The logits ``[B]``, the fitted bias included (0 while the bias is being fitted).
+        """
         return sum(x @ w for x, w in zip(pooled, self.readouts)) + self.bias
 
     def batch(self, index: int, split: int = _TRAIN, batch_size: int = 512) -> Batch:
-        """Batch ``index`` of ``split``, a pure function of ``(seed, split, index)``."""
+        """Draw one batch, a pure function of ``(seed, split, index)``.
+
+        Args:
+            index: The batch's index in its split.
+            split: The split's stream number.
+            batch_size: Samples in the batch.
+
+        Returns:
+            The batch, labels drawn from the oracle's probabilities.
+        """
         gen = torch.Generator().manual_seed(stream_seed(self.seed, 10 + split, index))
         ids = self._ids(batch_size, gen)
         logit = self.logits_of(self.pooled_ids(ids))
@@ -174,14 +210,28 @@ class PlantedSensitivityGenerator:
         return make_batch(dense, torch.cat(ids), labels, lengths, feature_names=FEATURE_NAMES)
 
     def pooled(self, batch: Batch) -> dict[str, torch.Tensor]:
-        """The oracle's pooled embeddings of a batch drawn from this generator, one ``[B, dim]`` chunk per table
-        (keyed ``t_<feature>``, the names DLRMModule gives its tables)."""
+        """The oracle's pooled embeddings of a batch drawn from this generator.
+
+        Args:
+            batch: A batch :meth:`batch` drew.
+
+        Returns:
+            One ``[B, dim]`` chunk per table, keyed ``t_<feature>`` (the names DLRMModule gives its tables).
+        """
         b = batch.labels.numel()
         ids = batch.sparse_features.values().view(len(self.roles), b)
         return {f"t_{FEATURE_NAMES[t]}": self.embeddings[t][ids[t]] for t in range(len(self.roles))}
 
     def loss(self, pooled: Mapping[str, torch.Tensor], labels: torch.Tensor) -> float:
-        """Mean binary cross-entropy of the oracle on the given pooled embeddings (keyed as :meth:`pooled`)."""
+        """Mean binary cross-entropy of the oracle on the given pooled embeddings.
+
+        Args:
+            pooled: Per table, its pooled embeddings, keyed as :meth:`pooled` returns them.
+            labels: The batch's labels ``[B]``.
+
+        Returns:
+            The loss.
+        """
         chunks = [pooled[f"t_{FEATURE_NAMES[t]}"] for t in range(len(self.roles))]
         return float(F.binary_cross_entropy_with_logits(self.logits_of(chunks), labels))
 
@@ -198,6 +248,10 @@ class PlantedSensitivityDataModule(RankShardedDataModule):
         num_val_batches: Validation batches per rank.
         seed: Seed of the hidden model and of every batch.
         num_workers: DataLoader worker processes.
+
+    Raises:
+        ValueError: If there is not one role per categorical feature, a batch count is negative, or the generator
+            refuses its options.
     """
 
     def __init__(
@@ -223,10 +277,25 @@ class PlantedSensitivityDataModule(RankShardedDataModule):
         self.num_train_batches, self.num_val_batches = num_train_batches, num_val_batches
 
     def num_batches(self, split: str) -> int:
-        """Global batches of ``split``: ``num_train_batches`` / ``num_val_batches`` for every rank."""
+        """Global batches of a split: ``num_train_batches`` / ``num_val_batches`` for every rank.
+
+        Args:
+            split: The split.
+
+        Returns:
+            Its global batches (0 for a split other than ``"train"`` and ``"val"``).
+        """
         per_rank = {"train": self.num_train_batches, "val": self.num_val_batches}.get(split, 0)
         return per_rank * self.world_size
 
     def read_batch(self, split: str, index: int) -> Batch:
-        """Global batch ``index`` of ``split``, drawn from the planted model."""
+        """Draw one global batch of a split from the planted model.
+
+        Args:
+            split: ``"train"`` or ``"val"``.
+            index: The global batch index.
+
+        Returns:
+            The batch.
+        """
         return self.generator.batch(index, _SPLIT_STREAMS[split], self.batch_size)

@@ -42,6 +42,16 @@ class SyntheticCriteoGenerator:
 
     The label logit is ``bias + sum over informative tables of effect[table][rank] (mean over pooled ids)
     + w . (dense - mean)``; ``bias`` is calibrated so that about ``positive_rate`` of labels are 1.
+
+    Args:
+        table_sizes: Rows of each table.
+        zipf_alpha: Zipf exponent of the id distribution (0 is uniform; larger is more skewed).
+        ids_per_feature: Ids per feature per sample, the same for every feature (each its own Zipf draw).
+        seed: Seed of the hidden model and of every batch.
+        positive_rate: Share of positive labels the bias is calibrated for.
+        multi_hot_sizes: Ids per sample of each table; ``None``: ``ids_per_feature`` for all.
+        multi_hot_distribution: How bags are drawn with ``multi_hot_sizes``: ``"per_id"`` or ``"independent"``
+            (:class:`SyntheticCriteoDataModule` says how they differ).
     """
 
     # Only the hottest ranks of a table carry a hidden effect, so the effect tables stay small for any table size.
@@ -183,7 +193,16 @@ class SyntheticCriteoGenerator:
         return self._dense(batch_size, gen), values, lengths, effect
 
     def batch(self, index: int, split: int = _TRAIN, batch_size: int = 512) -> Batch:
-        """Batch ``index`` of ``split``, a pure function of (seed, split, index)."""
+        """Draw one batch, a pure function of (seed, split, index).
+
+        Args:
+            index: The batch's index in its split.
+            split: The split's stream number.
+            batch_size: Samples in the batch.
+
+        Returns:
+            The batch, labels drawn from the hidden model's probabilities.
+        """
         gen = torch.Generator().manual_seed(stream_seed(self.seed, split, index))
         dense, ids, lengths, effect = self._draw(batch_size, gen)
         logit = self._bias + effect + (dense - self._dense_center) @ self._dense_w
@@ -191,7 +210,14 @@ class SyntheticCriteoGenerator:
         return make_batch(dense, ids, labels, lengths, feature_names=FEATURE_NAMES)
 
     def logits(self, batch: Batch) -> torch.Tensor:
-        """The true logit of each sample in a batch drawn from this model (for tests and oracle AUC)."""
+        """The true logit of each sample in a batch drawn from this model (for tests and oracle AUC).
+
+        Args:
+            batch: A batch :meth:`batch` drew.
+
+        Returns:
+            The logits ``[B]``.
+        """
         num_tables, batch_size = self._n.shape[0], batch.dense_features.size(0)
         pools = self.multi_hot_sizes or [self.ids_per_feature] * num_tables
         per_table = batch.sparse_features.values().split([p * batch_size for p in pools])
@@ -240,6 +266,11 @@ class SyntheticCriteoDataModule(RankShardedDataModule):
             :func:`multi_hot_from_one_hot`; the planted effect is the id's, so the signal stays learnable) or
             ``"independent"`` (every id of a bag its own Zipf draw, the effect the bag's mean: bags repeat far
             less within a batch, a harder case for the codec's dedup).
+
+    Raises:
+        ValueError: If ``ids_per_feature`` is below 1 or given with ``multi_hot_sizes``, ``multi_hot_distribution``
+            is not one of its choices, a batch count is negative, ``zipf_alpha`` is negative, or a table size or
+            multi-hot size is invalid.
     """
 
     def __init__(
@@ -302,10 +333,25 @@ class SyntheticCriteoDataModule(RankShardedDataModule):
         self.generator  # noqa: B018 - build the hidden model once, before workers fork
 
     def num_batches(self, split: str) -> int:
-        """Global batches of ``split``: ``num_train_batches`` / ``num_val_batches`` for every rank."""
+        """Global batches of a split: ``num_train_batches`` / ``num_val_batches`` for every rank.
+
+        Args:
+            split: The split.
+
+        Returns:
+            Its global batches (0 for a split other than ``"train"`` and ``"val"``).
+        """
         per_rank = {"train": self.num_train_batches, "val": self.num_val_batches}.get(split, 0)
         return per_rank * self.world_size
 
     def read_batch(self, split: str, index: int) -> Batch:
-        """Global batch ``index`` of ``split``, drawn from the hidden model."""
+        """Draw one global batch of a split from the hidden model.
+
+        Args:
+            split: ``"train"`` or ``"val"``.
+            index: The global batch index.
+
+        Returns:
+            The batch.
+        """
         return self.generator.batch(index, _SPLIT_STREAMS[split], self.batch_size)

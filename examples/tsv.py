@@ -45,11 +45,12 @@ class CriteoTSVDataModule(RowSplitsDataModule):
     ``int(hex, 16) % table_size``; a missing categorical becomes id 0 (so id 0 mixes "missing" with the hashed
     values that land on 0, as in the DLRM reference's preprocessing).
 
-    Files are parsed once in :meth:`setup` by the converter's parser (native: about 1M rows/s; without a C++ compiler
-    its pure-Python reference, about 40k rows/s; ``DLAC_PREPROCESS_IMPL`` chooses). Without ``val_path`` the last
-    ``val_fraction`` of the training rows (Criteo is time-ordered, so the latest ones) are held out. Training rows are
-    then shuffled once with ``seed`` (the order is the same every epoch). Rows are cut into batches, the remainder
-    dropped, and rank ``r`` of ``W`` takes global batches ``r, r + W, ...`` up to the same count on every rank.
+    Files are parsed once in :meth:`setup` by the converter's parser (native, or without a C++ compiler its
+    pure-Python reference; ``DLAC_PREPROCESS_IMPL`` chooses; their rates: docs/benchmarks.md, 'Data: Criteo
+    preprocessing and loading'). Without ``val_path`` the last ``val_fraction`` of the training rows (Criteo is
+    time-ordered, so the latest ones) are held out. Training rows are then shuffled once with ``seed`` (the order is
+    the same every epoch). Rows are cut into batches, the remainder dropped, and rank ``r`` of ``W`` takes global
+    batches ``r, r + W, ...`` up to the same count on every rank.
 
     Args:
         train_path: Path of the training TSV.
@@ -66,6 +67,11 @@ class CriteoTSVDataModule(RowSplitsDataModule):
         dense_transform: ``log1p`` (``log(1 + max(x, 0))``, the DLRM reference's) or ``torchrec``
             (``log(x - min + 2)`` with the minimum of the rows read, what ``dlac preprocess criteo`` and TorchRec's
             converter store).
+
+    Raises:
+        ValueError: If ``dense_transform`` is not one of its choices, ``max_samples`` is below 1, ``val_fraction``
+            is outside [0, 1), or a table size is invalid.
+        FileNotFoundError: If a TSV file is missing.
     """
 
     def __init__(
@@ -156,13 +162,31 @@ class CriteoTSVDataModule(RowSplitsDataModule):
         self.check_split_sizes(repr(self.train_path), "Lower `batch_size` or raise `max_samples`.")
 
     def split_rows(self, split: str) -> int:
-        """Rows in ``split`` (``train`` or ``val``), before cutting into batches."""
+        """Rows in a split, before cutting into batches.
+
+        Args:
+            split: ``"train"`` or ``"val"``.
+
+        Returns:
+            The split's rows (0 for another split).
+
+        Raises:
+            RuntimeError: If ``setup`` has not read the files yet.
+        """
         if self._splits is None:
             raise RuntimeError(f"Call {type(self).__name__}.setup() before asking for batches.")
         return int(self._splits[split][0].shape[0]) if split in self._splits else 0
 
     def read_batch(self, split: str, index: int) -> Batch:
-        """Rows ``[index * batch_size, (index + 1) * batch_size)`` of ``split``."""
+        """Read one global batch of a split: its rows ``[index * batch_size, (index + 1) * batch_size)``.
+
+        Args:
+            split: ``"train"`` or ``"val"``.
+            index: The global batch index.
+
+        Returns:
+            The batch.
+        """
         labels, dense, ids = self._splits[split]  # type: ignore[index]
         rows = slice(index * self.batch_size, (index + 1) * self.batch_size)
         # KJT values are key-major: all samples of cat_0, then cat_1, ...

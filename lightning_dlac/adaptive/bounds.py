@@ -41,7 +41,18 @@ __all__ = [
 
 
 def check_relative_bound(value: float, option: str) -> float:
-    """Return ``value`` as a float if it is a valid relative error bound; otherwise raise naming ``option``."""
+    """Check that ``value`` is a valid relative error bound, a finite number in (0, 1).
+
+    Args:
+        value: The bound.
+        option: The option it was given as, for the message (``"eps"``, ``"bound of table 't_cat_0'"``).
+
+    Returns:
+        ``value`` as a float.
+
+    Raises:
+        ValueError: If ``value`` is not a finite number in (0, 1); the message names ``option``.
+    """
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ValueError(f"{option}={value!r} must be a finite number in (0, 1).")
     if not 0 < value < 1:
@@ -53,10 +64,20 @@ def check_relative_bound(value: float, option: str) -> float:
 
 
 class BoundSource(Protocol):
-    """Where an exchange reads its per-table relative bounds (:class:`ErrorBounds`, or a calibration probe's
-    :class:`ProbeBounds`); a bound of 0 sends that table exactly."""
+    """Where an exchange reads its per-table relative bounds.
 
-    def effective_many(self, tables: Sequence[str]) -> torch.Tensor: ...
+    Either :class:`ErrorBounds` or a calibration probe's :class:`ProbeBounds`; a bound of 0 sends that table exactly.
+    """
+
+    def effective_many(self, tables: Sequence[str]) -> torch.Tensor:
+        """The bounds the exchange encodes ``tables`` with now.
+
+        Args:
+            tables: Table names, in the exchange's column order.
+
+        Returns:
+            One relative bound per table, a float32 tensor (what the codec takes); 0 sends the table exactly.
+        """
 
 
 class ErrorBounds:
@@ -69,6 +90,9 @@ class ErrorBounds:
     Args:
         default_eps: Bound of every table that has not been set.
         max_eps: Upper clamp of the effective bound.
+
+    Raises:
+        ValueError: If either bound is not in (0, 1).
     """
 
     def __init__(self, default_eps: float = 0.01, max_eps: float = 0.5) -> None:
@@ -94,13 +118,27 @@ class ErrorBounds:
         return self._multiplier
 
     def set_multiplier(self, value: float) -> None:
-        """Set m(t); must be positive and finite."""
+        """Set the iteration-wise multiplier m(t).
+
+        Args:
+            value: The multiplier, positive and finite.
+
+        Raises:
+            ValueError: If ``value`` is not positive and finite.
+        """
         if not (math.isfinite(value) and value > 0):
             raise ValueError(f"multiplier={value!r} must be a positive finite number.")
         self._multiplier = float(value)
 
     def set_table_bounds(self, bounds: Mapping[str, float]) -> None:
-        """Set the base bound of some tables (others keep theirs)."""
+        """Set the base bound of some tables (others keep theirs).
+
+        Args:
+            bounds: ``{table: relative bound}``.
+
+        Raises:
+            ValueError: If a bound is not in (0, 1); the message names the table.
+        """
         checked = {name: check_relative_bound(eps, f"bound of table {name!r}") for name, eps in bounds.items()}
         with self._lock:
             self._table.update(checked)
@@ -111,26 +149,58 @@ class ErrorBounds:
             self._table.clear()
 
     def table_bounds(self) -> dict[str, float]:
-        """The base bounds set so far (without the multiplier)."""
+        """The base bounds set so far.
+
+        Returns:
+            ``{table: base bound}`` (without the multiplier), a copy.
+        """
         return dict(self._table)
 
     def effective(self, table: str) -> float:
-        """The bound that table ``table`` is encoded with now."""
+        """The bound that a table is encoded with now.
+
+        Args:
+            table: The table's name.
+
+        Returns:
+            ``min(base bound * multiplier, max_eps)``, the base bound ``default_eps`` where none was set.
+        """
         return min(self._table.get(table, self._default) * self._multiplier, self._max)
 
     def effective_many(self, tables: Iterable[str]) -> torch.Tensor:
-        """Effective bounds of several tables, as the float32 tensor the codec takes."""
+        """Effective bounds of several tables.
+
+        Args:
+            tables: Table names.
+
+        Returns:
+            Each table's :meth:`effective` bound, as the float32 tensor the codec takes.
+        """
         return torch.tensor([self.effective(t) for t in tables], dtype=torch.float32)
 
 
 class ProbeBounds:
-    """The bounds of one sensitivity probe: the named tables at the given bound, every other table exactly (0)."""
+    """The bounds of one sensitivity probe: the named tables at the given bound, every other table exactly (0).
+
+    Args:
+        bounds: ``{table: relative bound}`` of the probed tables.
+
+    Raises:
+        ValueError: If a bound is not in (0, 1).
+    """
 
     def __init__(self, bounds: Mapping[str, float]) -> None:
         self._bounds = {t: check_relative_bound(eps, f"probe bound of table {t!r}") for t, eps in bounds.items()}
 
     def effective_many(self, tables: Sequence[str]) -> torch.Tensor:
-        """Bounds of ``tables`` as the float32 tensor the codec takes."""
+        """Bounds of ``tables`` in this probe.
+
+        Args:
+            tables: Table names, in the exchange's column order.
+
+        Returns:
+            The probed tables' bounds and 0 for every other, as the float32 tensor the codec takes.
+        """
         return torch.tensor([self._bounds.get(t, 0.0) for t in tables], dtype=torch.float32)
 
 
@@ -147,7 +217,16 @@ class TableClass(str, Enum):
 
 @dataclass(frozen=True)
 class ClassBounds:
-    """Relative bound of each class; ``tight <= base <= loose``."""
+    """Relative bound of each table class; ``tight <= base <= loose``.
+
+    Args:
+        tight: Bound of the tight class (``DLACCallback(tight_eps=...)``).
+        base: Bound of the base class (``base_eps``).
+        loose: Bound of the loose class (``loose_eps``).
+
+    Raises:
+        ValueError: If a bound is not in (0, 1), or they are not ordered ``tight <= base <= loose``.
+    """
 
     tight: float = 0.01
     base: float = 0.03
@@ -166,14 +245,24 @@ class ClassBounds:
         return getattr(self, TableClass(cls).value)
 
     def candidates(self) -> tuple[float, ...]:
-        """The distinct class bounds, ascending."""
+        """The distinct class bounds.
+
+        Returns:
+            The bounds, ascending, each once.
+        """
         return tuple(sorted({self.tight, self.base, self.loose}))
 
 
 @dataclass(frozen=True)
 class Calibration:
-    """One finished calibration: from which training batch its bounds apply, how many batches it measured, how many
-    tables landed in each class, and whether it replaced an earlier one."""
+    """One finished calibration: from when its bounds apply, what it measured and what it chose.
+
+    Args:
+        at: The training batch from which its bounds apply.
+        batches: How many batches it measured.
+        counts: How many tables landed in each class, ``{class: tables}``.
+        again: Whether it replaced an earlier calibration.
+    """
 
     at: int
     batches: int

@@ -8,7 +8,8 @@ every rank once the statistics are reduced across ranks through :meth:`Calibrati
   distinct quantized vectors / distinct raw vectors, quantizing with the chunk's own range exactly as the codec does;
   1 means the bound keeps every distinct embedding distinct, a low index means the error merges embeddings, so the
   table needs a tighter bound. It only moves for tables whose raw vectors repeat or lie within one bin of each other
-  in every coordinate (on the demo data: 4 of 26 tables below 0.99, none below 0.9). The *value* index counts per
+  in every coordinate (each table's index in a run: docs/benchmarks.md, 'Adaptive error bounds: accuracy and
+  traffic', its per-table calibration). The *value* index counts per
   embedding coordinate (column) and sums over columns (distinct quantized values / distinct raw values), so it also
   sees tables whose vectors all stay distinct; it puts more tables tight (``DLACCallback(index="value")``). Both are
   measured and reported (:attr:`TableStats.homogenization_index`, :attr:`TableStats.vector_homogenization_index`);
@@ -53,15 +54,31 @@ from lightning_dlac.codec.format import Mode
 
 
 def distinct_rows(x: torch.Tensor) -> int:
-    """Number of distinct rows of a 2-D tensor."""
+    """Count the distinct rows of a 2-D tensor.
+
+    Args:
+        x: The tensor.
+
+    Returns:
+        How many distinct rows it has (0 if it is empty).
+    """
     if x.numel() == 0:
         return 0
     return int(torch.unique(x, dim=0).shape[0])
 
 
 def homogenization_counts(chunk: torch.Tensor, eps: float) -> tuple[int, int]:
-    """``(distinct raw rows, distinct quantized rows)`` of one float32 chunk at relative bound ``eps``, quantized
-    exactly as the codec quantizes it (relative to the chunk's own value range)."""
+    """Count one chunk's distinct rows before and after quantization at relative bound ``eps``.
+
+    The chunk is quantized exactly as the codec quantizes it (relative to the chunk's own value range).
+
+    Args:
+        chunk: One float32 ``[rows, dim]`` chunk.
+        eps: The relative bound.
+
+    Returns:
+        ``(distinct raw rows, distinct quantized rows)``.
+    """
     chunk = chunk.detach().float().contiguous()
     raw = distinct_rows(chunk)
     if raw == 0:
@@ -83,9 +100,18 @@ def _distinct_per_column(x: torch.Tensor) -> int:
 
 
 def value_homogenization_counts(chunk: torch.Tensor, eps: float) -> tuple[int, int]:
-    """``(distinct raw values, distinct quantized values)`` of one float32 chunk at relative bound ``eps``, counted
-    per column and summed over columns, quantized exactly as the codec quantizes it (relative to the chunk's own
-    value range)."""
+    """Count one chunk's distinct values per column before and after quantization at relative bound ``eps``.
+
+    The chunk is quantized exactly as the codec quantizes it (relative to the chunk's own value range); the counts
+    are per column, summed over columns.
+
+    Args:
+        chunk: One float32 ``[rows, dim]`` chunk.
+        eps: The relative bound.
+
+    Returns:
+        ``(distinct raw values, distinct quantized values)``.
+    """
     chunk = chunk.detach().float().contiguous()
     raw = _distinct_per_column(chunk)
     if raw == 0:
@@ -99,22 +125,62 @@ def value_homogenization_counts(chunk: torch.Tensor, eps: float) -> tuple[int, i
 
 
 def homogenization_index(chunk: torch.Tensor, eps: float) -> float:
-    """Distinct quantized rows / distinct raw rows of one chunk at relative bound ``eps`` (1.0 for an empty chunk):
-    the paper's, whole-vector index."""
+    """The paper's, whole-vector homogenization index of one chunk at relative bound ``eps``.
+
+    Args:
+        chunk: One float32 ``[rows, dim]`` chunk.
+        eps: The relative bound.
+
+    Returns:
+        Distinct quantized rows / distinct raw rows (1.0 for an empty chunk).
+    """
     raw, quantized = homogenization_counts(chunk, eps)
     return quantized / raw if raw else 1.0
 
 
 def value_homogenization_index(chunk: torch.Tensor, eps: float) -> float:
-    """Distinct quantized values / distinct raw values of one chunk at relative bound ``eps``, per column (1.0 for an
-    empty chunk): the index calibration classifies by."""
+    """The per-coordinate homogenization index of one chunk at relative bound ``eps``.
+
+    The index ``DLACCallback(index="value")`` classifies by.
+
+    Args:
+        chunk: One float32 ``[rows, dim]`` chunk.
+        eps: The relative bound.
+
+    Returns:
+        Distinct quantized values / distinct raw values, per column (1.0 for an empty chunk).
+    """
     raw, quantized = value_homogenization_counts(chunk, eps)
     return quantized / raw if raw else 1.0
 
 
 @dataclass
 class TableStats:
-    """Calibration statistics of one table (sums over its chunks; per-candidate lists follow ``candidates``)."""
+    """Calibration statistics of one table: sums over its chunks, per-candidate lists following ``candidates``.
+
+    Args:
+        candidates: The candidate relative bounds, ascending.
+        chunks: Chunks observed.
+        elements: Elements of those chunks.
+        non_finite_chunks: Chunks holding a non-finite value (sent raw by the codec; they say nothing about the
+            bound).
+        min: Minimum over every finite chunk.
+        max: Maximum over every finite chunk.
+        distinct_raw: Distinct raw vectors, summed over chunks.
+        distinct_quantized: Distinct quantized vectors at the index bound, summed over chunks.
+        encoded_bytes: Compressed bytes at each candidate bound.
+        probes: ``(batch, rank)`` loss measurements summed into ``base_loss`` / ``loss_delta`` / ``loss_delta_sq``.
+        base_loss: Sum of the exact losses of the probes.
+        loss_delta: Sum of signed loss changes, per candidate.
+        distinct_raw_values: Distinct raw values per column, summed over columns and chunks.
+        distinct_quantized_values: The same after quantization at the index bound.
+        loss_delta_sq: Sum of squared loss changes, per candidate.
+        grad_rows: Samples whose loss gradient was observed (one per row, per calibration batch and rank).
+        grad_energy: Sum over those samples of the sum over blocks of ``range**2 x |per-sample loss gradient|**2``.
+        loss_sum: Training loss of the batches whose gradients were observed, summed over batches and ranks.
+        loss_batches: How many ``(batch, rank)`` losses ``loss_sum`` holds.
+        loss_sq_sum: The squares of those losses, summed: their variance is the minibatch noise.
+    """
 
     candidates: tuple[float, ...]
     chunks: int = 0
@@ -150,16 +216,25 @@ class TableStats:
 
     @property
     def homogenization_index(self) -> float:
-        """Distinct quantized / distinct raw values per column at the index bound, over all chunks (1.0 if nothing
-        seen). Statistics saved before the per-column counts existed (checkpoints of earlier versions) hold only
-        vector counts: for them it is :attr:`vector_homogenization_index`."""
+        """Distinct quantized / distinct raw values per column at the index bound, over all chunks (1.0 if none).
+
+        Statistics saved before the per-column counts existed (checkpoints of earlier versions) hold only vector
+        counts: for them it is :attr:`vector_homogenization_index`.
+        """
         if self.distinct_raw_values:
             return self.distinct_quantized_values / self.distinct_raw_values
         return self.vector_homogenization_index
 
     def index_of(self, kind: str) -> float:
-        """The homogenization index of ``kind``: ``"vector"`` (:attr:`vector_homogenization_index`, the paper's) or
-        ``"value"`` (:attr:`homogenization_index`, per coordinate)."""
+        """The homogenization index of one kind.
+
+        Args:
+            kind: ``"vector"`` (:attr:`vector_homogenization_index`, the paper's) or ``"value"``
+                (:attr:`homogenization_index`, per coordinate).
+
+        Returns:
+            The index.
+        """
         return self.vector_homogenization_index if kind == "vector" else self.homogenization_index
 
     @property
@@ -173,13 +248,22 @@ class TableStats:
         return self.distinct_raw / self.chunks if self.chunks else 0.0
 
     def ratios(self) -> dict[float, float]:
-        """Compression ratio (float32 bytes / compressed bytes) at each candidate bound."""
+        """The compression ratio at each candidate bound.
+
+        Returns:
+            ``{bound: float32 bytes / compressed bytes}`` (1.0 where nothing was encoded).
+        """
         raw = self.elements * 4
         return {eps: raw / b if b else 1.0 for eps, b in zip(self.candidates, self.encoded_bytes)}
 
     def sensitivity(self) -> dict[float, float] | None:
-        """Root-mean-square loss change per probe at each candidate bound, relative to the mean exact loss (``None``
-        if unprobed). Statistics saved before the squares were kept fall back to ``|mean change|``."""
+        """The probe sensitivity: root-mean-square loss change per probe at each candidate bound.
+
+        Statistics saved before the squares were kept fall back to ``|mean change|``.
+
+        Returns:
+            ``{bound: RMS loss change / mean exact loss}``; ``None`` if unprobed.
+        """
         if not self.probes or self.base_loss == 0:
             return None
         base = abs(self.base_loss) / self.probes
@@ -188,9 +272,14 @@ class TableStats:
         return {eps: math.sqrt(sq / self.probes) / base for eps, sq in zip(self.candidates, self.loss_delta_sq)}
 
     def gradient_sensitivity(self) -> dict[float, float] | None:
-        """Expected root-mean-square change of a sample's loss, to first order, when the table carries the codec's
-        error at each candidate bound, relative to the mean loss (``None`` without observed gradients or losses):
-        ``eps x sqrt(grad_energy / grad_rows / 3) / mean loss`` (see the module docstring)."""
+        """The gradient sensitivity: expected RMS change of a sample's loss at each candidate bound, to first order.
+
+        The change is that of the codec's error on this table alone: ``eps x sqrt(grad_energy / grad_rows / 3) / mean
+        loss`` (see the module docstring).
+
+        Returns:
+            ``{bound: RMS change / mean loss}``; ``None`` without observed gradients or losses.
+        """
         if not self.grad_rows or not self.loss_batches or self.loss_sum == 0:
             return None
         rms = math.sqrt(max(self.grad_energy, 0.0) / self.grad_rows / 3.0)
@@ -198,8 +287,13 @@ class TableStats:
         return {eps: eps * rms / mean_loss for eps in self.candidates}
 
     def loss_noise(self) -> float | None:
-        """Variance of the training loss from (batch, rank) to (batch, rank), over the measured batches (unbiased;
-        ``None`` with fewer than two losses): the minibatch noise the optimizer already lives with."""
+        """Variance of the training loss from (batch, rank) to (batch, rank), over the measured batches.
+
+        It is the minibatch noise the optimizer already lives with.
+
+        Returns:
+            The unbiased variance; ``None`` with fewer than two losses.
+        """
         n = self.loss_batches
         if n < 2:
             return None
@@ -207,15 +301,18 @@ class TableStats:
         return max(self.loss_sq_sum - n * mean * mean, 0.0) / (n - 1)
 
     def noise_share(self) -> dict[float, float] | None:
-        """Per candidate bound, the variance the codec's error on this table adds to a batch's loss, as a share of
-        the loss's minibatch variance (:meth:`loss_noise`); ``None`` without gradients or a measurable noise.
+        """The variance the codec's error on this table adds to a batch's loss, as a share of the minibatch variance.
 
-        The codec's error is independent per sample and element, uniform within ``eps x range``: to first order it
-        changes a sample's loss by ``g . error``, of variance ``eps**2 x range**2 x |g|**2 / 3``, and a batch's
-        (mean) loss by the mean of ``B`` such independent changes, of variance ``eps**2 x E[range**2 |g|**2] / (3
-        B)``, ``B`` the samples of a rank's batch. Both that and the minibatch variance scale with the square of the
-        loss and, per sample, as ``1 / B``: their ratio is free of the loss's scale and offset and of the batch size,
-        comparable across data sets and models (docs/adaptive.md derives it)."""
+        The minibatch variance is :meth:`loss_noise`. The codec's error is independent per sample and element, uniform
+        within ``eps x range``: to first order it changes a sample's loss by ``g . error``, of variance ``eps**2 x
+        range**2 x |g|**2 / 3``, and a batch's (mean) loss by the mean of ``B`` such independent changes, of variance
+        ``eps**2 x E[range**2 |g|**2] / (3 B)``, ``B`` the samples of a rank's batch. Both that and the minibatch
+        variance scale with the square of the loss and, per sample, as ``1 / B``: their ratio is free of the loss's
+        scale and offset and of the batch size, comparable across data sets and models (docs/adaptive.md derives it).
+
+        Returns:
+            ``{bound: added variance / minibatch variance}``; ``None`` without gradients or a measurable noise.
+        """
         noise = self.loss_noise()
         if not self.grad_rows or noise is None or noise <= 0:
             return None
@@ -224,14 +321,23 @@ class TableStats:
         return {eps: eps * eps * per_sample / batch / noise for eps in self.candidates}
 
     def mean_loss_change(self) -> dict[float, float] | None:
-        """Signed mean loss change per probe at each candidate bound, relative to the mean exact loss (``None`` if
-        unprobed): near zero even for a sensitive table (see the module docstring), reported for comparison."""
+        """Signed mean loss change per probe at each candidate bound, relative to the mean exact loss.
+
+        Near zero even for a sensitive table (see the module docstring); reported for comparison.
+
+        Returns:
+            ``{bound: mean loss change / mean exact loss}``; ``None`` if unprobed.
+        """
         if not self.probes or self.base_loss == 0:
             return None
         return {eps: d / abs(self.base_loss) for eps, d in zip(self.candidates, self.loss_delta)}
 
     def as_dict(self) -> dict:
-        """Plain-data form (for checkpoints and reports)."""
+        """The statistics as plain data, for checkpoints and reports.
+
+        Returns:
+            ``{field: value}``, lists for the per-candidate fields; :meth:`from_dict` reads it back.
+        """
         return {
             "candidates": list(self.candidates),
             "chunks": self.chunks,
@@ -257,8 +363,15 @@ class TableStats:
 
     @classmethod
     def from_dict(cls, d: Mapping) -> TableStats:
-        """Inverse of :meth:`as_dict` (also of the dicts of earlier versions, which lack the per-column counts and
-        the squared loss changes)."""
+        """Rebuild statistics from :meth:`as_dict`'s plain data.
+
+        Args:
+            d: What :meth:`as_dict` returned, also in earlier versions (which lack the per-column counts and the
+                squared loss changes).
+
+        Returns:
+            The statistics.
+        """
         d = dict(d)
         d["candidates"] = tuple(d["candidates"])
         return cls(**d)
@@ -280,6 +393,9 @@ class CalibrationStats:
         candidates: Candidate relative bounds whose compressed size (and sensitivity) is measured, ascending.
         index_eps: Bound at which the homogenization index is measured.
         codec_impl: Codec implementation used to measure compressed sizes (``auto``, ``native``, ``ref``).
+
+    Raises:
+        ValueError: If ``candidates`` is empty or not strictly increasing, or a bound is not in (0, 1).
     """
 
     def __init__(self, candidates: Sequence[float], index_eps: float, codec_impl: str = "auto") -> None:
@@ -294,15 +410,28 @@ class CalibrationStats:
         self.tables: dict[str, TableStats] = {}
 
     def table(self, name: str) -> TableStats:
-        """The statistics of table ``name`` (created empty on first use)."""
+        """The statistics of one table, created empty on first use.
+
+        Args:
+            name: The table.
+
+        Returns:
+            Its statistics (the object this accumulates into).
+        """
         if name not in self.tables:
             self.tables[name] = TableStats(self.candidates)
         return self.tables[name]
 
     def observe(self, name: str, chunk: torch.Tensor, index: bool = True) -> None:
-        """Add one chunk ([rows, dim] pooled embeddings of table ``name`` bound for one rank). ``index=False`` skips
-        the homogenization counts (nine tenths of the cost; the modes that only report them measure them on fewer
-        chunks): the indices are ratios of counts summed over the chunks that were counted."""
+        """Add one chunk of a table: its value range, homogenization counts and compressed size at each candidate.
+
+        Args:
+            name: The table.
+            chunk: Its ``[rows, dim]`` pooled embeddings bound for one rank.
+            index: Count the homogenization indices; ``False`` skips them (nine tenths of the cost; the modes that
+                only report them measure them on fewer chunks): the indices are ratios of counts summed over the
+                chunks that were counted.
+        """
         s = self.table(name)
         chunk = chunk.detach().float().cpu().contiguous()
         s.chunks += 1
@@ -327,9 +456,14 @@ class CalibrationStats:
             s.encoded_bytes[i] += int(encode(chunk, eps=eps, impl=self.codec_impl).numel())
 
     def observe_gradient(self, name: str, energy: float, rows: int) -> None:
-        """Add one call's loss gradient of table ``name``: ``energy`` is the sum over its column blocks of the
-        chunk's squared value range times the block's summed squared gradient entries, ``rows`` the samples of the
-        batch (the exchange's gradient observer)."""
+        """Add one call's loss gradient of a table (what the exchange's gradient observer reports).
+
+        Args:
+            name: The table.
+            energy: The sum over its column blocks of the chunk's squared value range times the block's summed
+                squared gradient entries.
+            rows: The samples of the batch.
+        """
         s = self.table(name)
         # The exchange's gradient is that of the batch loss, a mean over the rows: a sample's own loss gradient is
         # rows times its row, so the sum of the samples' squared norms is rows**2 times the summed squares.
@@ -337,8 +471,14 @@ class CalibrationStats:
         s.grad_rows += int(rows)
 
     def record_batch_loss(self, loss: float, tables: Sequence[str]) -> None:
-        """Add the training loss of a batch whose gradients were observed, to every table of ``tables`` (the mean
-        loss the gradient sensitivity is relative to)."""
+        """Add the training loss of a batch whose gradients were observed, to every table of ``tables``.
+
+        It is the mean loss the gradient sensitivity is relative to, and the minibatch noise the noise share is.
+
+        Args:
+            loss: The batch's training loss.
+            tables: The tables whose gradients the batch showed.
+        """
         for name in tables:
             s = self.table(name)
             s.loss_sum += float(loss)
@@ -346,7 +486,16 @@ class CalibrationStats:
             s.loss_batches += 1
 
     def record_loss(self, name: str, base_loss: float, probed_losses: Sequence[float]) -> None:
-        """Add one probe measurement of table ``name``: the exact loss and the loss at each candidate bound."""
+        """Add one probe measurement of a table: the exact loss and the loss at each candidate bound.
+
+        Args:
+            name: The table.
+            base_loss: The loss with every table exact.
+            probed_losses: The loss with this table at each candidate bound, in ``candidates`` order.
+
+        Raises:
+            ValueError: If there is not one probed loss per candidate.
+        """
         if len(probed_losses) != len(self.candidates):
             raise ValueError(f"need one probed loss per candidate ({len(self.candidates)}), got {len(probed_losses)}.")
         s = self.table(name)
@@ -360,8 +509,14 @@ class CalibrationStats:
     # ------------------------------------------------------------------ cross-rank reduction
 
     def to_tensors(self, names: Sequence[str]) -> dict[str, torch.Tensor]:
-        """The statistics of ``names`` (in that order) as three float64 tensors to all-reduce with SUM, MIN and MAX
-        (keys ``"sum"``, ``"min"``, ``"max"``); every rank must pass the same ``names``."""
+        """The statistics of some tables as three float64 tensors to all-reduce with SUM, MIN and MAX.
+
+        Args:
+            names: The tables, in that order; every rank must pass the same ``names``.
+
+        Returns:
+            ``{"sum": ..., "min": ..., "max": ...}``, one row per table; :meth:`load_tensors` reads them back.
+        """
         n = len(self.candidates)
         width = len(_SUM_FIELDS) + len(_PER_CANDIDATE) * n
         sums = torch.zeros(len(names), width, dtype=torch.float64)
@@ -377,7 +532,12 @@ class CalibrationStats:
         return {"sum": sums, "min": mins, "max": maxs}
 
     def load_tensors(self, names: Sequence[str], tensors: Mapping[str, torch.Tensor]) -> None:
-        """Replace the statistics of ``names`` by the (reduced) tensors of :meth:`to_tensors`."""
+        """Replace the statistics of some tables by the (reduced) tensors of :meth:`to_tensors`.
+
+        Args:
+            names: The tables, as given to :meth:`to_tensors`.
+            tensors: The tensors it returned, reduced across ranks.
+        """
         n = len(self.candidates)
         k = len(_SUM_FIELDS)
         sums, mins, maxs = (tensors[key].detach().cpu().double() for key in ("sum", "min", "max"))

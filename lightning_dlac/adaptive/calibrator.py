@@ -87,7 +87,38 @@ def _alone(tensor: torch.Tensor, op: str) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class CalibrationSettings:
-    """What the table-wise level measures and how it classifies (``DLACCallback``'s options of the same names)."""
+    """What the table-wise level measures and how it classifies.
+
+    ``DLACCallback`` builds it from its options (docs/configuration.md says what each does; the names differ where
+    noted).
+
+    Args:
+        mode: ``"noise"`` (``DLACCallback``'s default), ``"gradient"``, ``"homogenization"``, ``"sensitivity"`` or
+            ``"off"``.
+        class_bounds: The bound of each class (``tight_eps``, ``base_eps``, ``loose_eps``).
+        thresholds: The class boundaries on the homogenization index (``tight_below``, ``loose_from``).
+        index_eps: Bound at which the homogenization index is measured.
+        index: Which index classifies: ``"vector"`` (the paper's) or ``"value"`` (per coordinate).
+        candidates: Bounds whose ratio and sensitivity are measured, strictly increasing; ``None``: the mode's
+            default (the class bounds, or :data:`NOISE_CANDIDATES` in the noise mode).
+        sensitivity_tolerance: Largest relative loss change a bound may cause (sensitivity mode).
+        gradient_tolerance: Largest expected RMS change of a sample's loss (gradient mode).
+        noise_budget: Noise mode: the share of the loss's minibatch variance the codec may add, all tables together
+            (an absolute budget); ``None``: ``noise_fraction`` decides.
+        noise_fraction: Noise mode: the share of the noise every table at its loosest candidate would add that the
+            chosen bounds may add; ``None``: :data:`NOISE_FRACTION`, unless ``noise_budget`` is given.
+        batches: Batches one calibration measures (``calibration_batches``).
+        start: Training batch from which the first calibration measures (``calibration_start``).
+        sensitivity_batches: Of the measured batches, how many also run the sensitivity probe.
+        recalibrate_every: Calibrate again this many batches after each calibration takes effect (0: never).
+        codec_impl: The codec implementation that measures compressed sizes.
+        before_training: The first calibration measures given batches before training, forwards only (a
+            ``calibration_dataloader``).
+
+    Raises:
+        ValueError: If an option is out of range, or options contradict each other (the message says which and
+            what to do).
+    """
 
     mode: str = "noise"  # "noise" | "gradient" | "homogenization" | "sensitivity" | "off" (DLACCallback's default)
     class_bounds: ClassBounds = ClassBounds()  # bound of each class
@@ -236,11 +267,18 @@ class Calibrator:
         return self._seen if self._stats is not None else 0
 
     def status(self, batches_run: int) -> dict[str, Any]:
-        """Which bounds the tables use and why, after ``batches_run`` training batches: ``{"state": s, ...}`` with
-        ``s`` one of ``"constant"`` (``mode="off"``: every table keeps the strategy's eps), ``"calibrated"`` (with
-        ``"at"``, the first batch of the latest calibration's bounds, and ``"calibrations"``) or
-        ``"never_calibrated"`` (with ``"due"``, the batch the first measurement was to start at, ``"measured"``,
-        the batches it got, ``"needed"`` and ``"batches_run"``: every table kept the strategy's eps)."""
+        """Which bounds the tables use and why.
+
+        Args:
+            batches_run: The training batches run so far.
+
+        Returns:
+            ``{"state": s, ...}`` with ``s`` one of ``"constant"`` (``mode="off"``: every table keeps the strategy's
+            eps), ``"calibrated"`` (with ``"at"``, the first batch of the latest calibration's bounds, and
+            ``"calibrations"``) or ``"never_calibrated"`` (with ``"due"``, the batch the first measurement was to
+            start at, ``"measured"``, the batches it got, ``"needed"`` and ``"batches_run"``: every table kept the
+            strategy's eps).
+        """
         if self.settings.mode == "off":
             return {"state": "constant"}
         if self._calibrated:
@@ -249,17 +287,29 @@ class Calibrator:
                 "needed": self.settings.batches, "batches_run": int(batches_run)}
 
     def set_gradient_scale(self, scale: float) -> None:
-        """The factor the loss was multiplied by before the backward pass whose gradients are observed next (a
-        GradScaler's scale under mixed precision; 1 otherwise): the gradient energy is divided by its square, so
-        the statistic is that of the loss itself."""
+        """Set the loss scale of the gradients observed next, so that the statistic is that of the loss itself.
+
+        The gradient energy is divided by the scale's square.
+
+        Args:
+            scale: The factor the loss was multiplied by before the backward pass whose gradients are observed next
+                (a GradScaler's scale under mixed precision; 1 otherwise).
+
+        Raises:
+            ValueError: If ``scale`` is not a positive finite number.
+        """
         if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
             raise ValueError(f"gradient scale {scale!r} must be a positive finite number (a loss scale).")
         self._gradient_scale = float(scale)
 
     def report(self) -> list[dict[str, Any]]:
-        """One row per table: class, bound, homogenization index (per column, and the paper's whole-vector one),
-        distinct vectors per chunk, value range, ratio and (if probed) RMS relative loss change at each candidate
-        bound."""
+        """The latest calibration, one row per table.
+
+        Returns:
+            One dict per table, by name: class, bound, homogenization index (per column, and the paper's
+            whole-vector one), distinct vectors per chunk, value range, ratio and (if probed) RMS relative loss
+            change, gradient loss change and noise share at each candidate bound.
+        """
         rows = []
         for name in sorted(self._table_stats):
             s = self._table_stats[name]
@@ -289,9 +339,18 @@ class Calibrator:
         return self._end
 
     def end_at(self, batches: int | None) -> None:
-        """The run ends at training batch ``batches`` (``None``: unknown). A recalibration that could not complete
-        before the end is not scheduled: its bounds would apply to no training batch. The first calibration is always
-        scheduled (the driver says when it cannot complete: the run never calibrates)."""
+        """Say at which training batch the run ends.
+
+        A recalibration that could not complete before the end is not scheduled: its bounds would apply to no
+        training batch. The first calibration is always scheduled (the driver says when it cannot complete: the run
+        never calibrates).
+
+        Args:
+            batches: The run's length in training batches; ``None``: unknown.
+
+        Raises:
+            ValueError: If ``batches`` is not a count >= 0.
+        """
         self._end = None if batches is None else check_count(batches, "batches", 0)
 
     def _takes_effect(self, measure_from: int) -> bool:
@@ -299,9 +358,14 @@ class Calibrator:
         return self._end is None or measure_from + self.settings.batches < self._end
 
     def begin(self, step: int = 0) -> None:
-        """Training starts at training batch ``step`` (fresh, or restored from a checkpoint): schedule the next
-        measurement, if any. A measurement restored from a checkpoint goes on where it stopped; a recalibration not
-        yet begun is scheduled again, from ``step`` at the earliest, against this run's end (:meth:`end_at`)."""
+        """Schedule the next measurement, if any, as training starts (fresh, or restored from a checkpoint).
+
+        A measurement restored from a checkpoint goes on where it stopped; a recalibration not yet begun is scheduled
+        again, from ``step`` at the earliest, against this run's end (:meth:`end_at`).
+
+        Args:
+            step: The training batch training starts at.
+        """
         if self._stats is not None and not (self._calibrated and self._seen == 0):
             return
         if not self._calibrated:
@@ -317,13 +381,25 @@ class Calibrator:
             self._new_measurement()
 
     def reschedule(self, start: int) -> None:
-        """Move the first measurement to training batch ``start`` (before it has begun; a restored or finished
-        calibration keeps its own schedule)."""
+        """Move the first measurement to another training batch, as long as it has not begun.
+
+        A restored or finished calibration keeps its own schedule.
+
+        Args:
+            start: The training batch it measures from.
+        """
         if not self._calibrated and self._seen == 0:
             self._measure_from = start
 
     def measuring(self, step: int) -> bool:
-        """Whether training batch ``step`` is measured."""
+        """Whether a training batch is measured.
+
+        Args:
+            step: The training batch.
+
+        Returns:
+            True if a measurement is due and ``step`` is at or after its start.
+        """
         return self._stats is not None and step >= self._measure_from
 
     @property
@@ -332,30 +408,53 @@ class Calibrator:
         return self._stats is not None and self._probed < self.settings.sensitivity_batches
 
     def observe(self, table: str, chunk: torch.Tensor) -> None:
-        """Add one chunk ([rows, dim] pooled embeddings of ``table`` bound for one rank) to the measurement. The
-        homogenization indices, which only ``mode="homogenization"`` chooses by, are counted on every batch there and
-        on the first batch of each calibration in the other modes, which only report them."""
+        """Add one chunk to the measurement (the exchange's chunk observer).
+
+        The homogenization indices, which only ``mode="homogenization"`` chooses by, are counted on every batch there
+        and on the first batch of each calibration in the other modes, which only report them.
+
+        Args:
+            table: The table.
+            chunk: Its ``[rows, dim]`` pooled embeddings bound for one rank.
+        """
         assert self._stats is not None, "observe() outside a measurement"
         self._stats.observe(table, chunk, index=self.settings.mode == "homogenization" or self._seen == 0)
 
     def observe_gradient(self, table: str, energy: float, rows: int) -> None:
-        """Add one table's loss gradient of the batch being measured (the exchange's gradient observer: see
-        :meth:`CalibrationStats.observe_gradient`), divided by the square of the loss scale in force
-        (:meth:`set_gradient_scale`): the gradient of a scaled loss is the scale times the loss's."""
+        """Add one table's loss gradient of the batch being measured (the exchange's gradient observer).
+
+        The energy is divided by the square of the loss scale in force (:meth:`set_gradient_scale`): the gradient of
+        a scaled loss is the scale times the loss's.
+
+        Args:
+            table: The table.
+            energy: As :meth:`CalibrationStats.observe_gradient` takes it.
+            rows: The samples of the batch.
+        """
         assert self._stats is not None, "observe_gradient() outside a measurement"
         self._stats.observe_gradient(table, energy / self._gradient_scale**2, rows)
         self._grad_tables.add(table)
 
     def observe_loss(self, loss: float) -> None:
-        """Add the training loss of the batch being measured, once its gradients have been observed (what the
-        gradient sensitivity is relative to)."""
+        """Add the training loss of the batch being measured, once its gradients have been observed.
+
+        It is what the gradient sensitivity is relative to.
+
+        Args:
+            loss: The batch's training loss.
+        """
         assert self._stats is not None, "observe_loss() outside a measurement"
         self._stats.record_batch_loss(loss, sorted(self._grad_tables))
         self._grad_tables.clear()
 
     def probe(self, tables: Sequence[str], loss_at: Callable[[ProbeBounds], float]) -> None:
-        """Measure the sensitivity of ``tables`` on the current batch: ``loss_at(bounds)`` must return the loss of
-        one forward pass whose exchanges encode with ``bounds`` (same batch and random state every time)."""
+        """Measure the sensitivity of some tables on the current batch.
+
+        Args:
+            tables: The tables to probe, one at a time at each candidate bound.
+            loss_at: ``loss_at(bounds)`` returns the loss of one forward pass whose exchanges encode with
+                ``bounds`` (the same batch and random state every time).
+        """
         assert self._stats is not None, "probe() outside a measurement"
         base = loss_at(ProbeBounds({}))
         for name in tables:
@@ -364,8 +463,14 @@ class Calibrator:
         self._probed += 1
 
     def agreed_batches(self, available: int) -> int:
-        """How many of its ``available`` batches each rank measures when calibrating on batches of its own (every
-        rank the same number: the smallest over ranks, at most ``calibration_batches``). Every rank must call it."""
+        """How many batches each rank measures when calibrating on batches of its own; every rank must call it.
+
+        Args:
+            available: The batches this rank has.
+
+        Returns:
+            The same number on every rank: the smallest ``available`` over ranks, at most ``calibration_batches``.
+        """
         count = torch.tensor([min(available, self.settings.batches)], dtype=torch.float64)
         return int(self._all_reduce(count, "min")[0])
 
@@ -379,8 +484,18 @@ class Calibrator:
         return self._stats is not None and self._seen >= self.settings.batches
 
     def finish(self, first_batch: int, tables: Sequence[str]) -> Calibration:
-        """Reduce the statistics of ``tables`` over ranks, choose every table's bound (applying from training batch
-        ``first_batch``) and schedule the recalibration. Every rank must call it with the same ``tables``."""
+        """Reduce the statistics over ranks, choose every table's bound and schedule the recalibration.
+
+        Every rank must call it with the same ``tables``. In the gradient and noise modes it warns when no loss
+        gradient reached it (every table then keeps the strategy's eps).
+
+        Args:
+            first_batch: The training batch from which the chosen bounds apply.
+            tables: The tables measured, the same list on every rank.
+
+        Returns:
+            The finished calibration.
+        """
         assert self._stats is not None, "finish() without a measurement"
         tensors = self._stats.to_tensors(tables)
         self._stats.load_tensors(tables, {op: self._all_reduce(t, op) for op, t in tensors.items()})
@@ -436,10 +551,16 @@ class Calibrator:
     # ------------------------------------------------------------------ checkpoint state
 
     def state_dict(self) -> dict[str, Any]:
-        """Plain data: the chosen bounds, classes and statistics, where the schedule stands, and this rank's part of
-        a measurement in progress (``"measurement"``; ``None`` between measurements). The measurement is this
-        rank's own until :meth:`finish` reduces it, so a driver that saves one state for every rank must collect
-        each rank's ``"measurement"`` and give each rank its own back."""
+        """The calibrator's state as plain data, for a checkpoint.
+
+        The measurement is this rank's own until :meth:`finish` reduces it, so a driver that saves one state for
+        every rank must collect each rank's ``"measurement"`` and give each rank its own back
+        (:meth:`shared_state_dict` does).
+
+        Returns:
+            The chosen bounds, classes and statistics, where the schedule stands, and this rank's part of a
+            measurement in progress (``"measurement"``; ``None`` between measurements).
+        """
         measurement = None
         if self._stats is not None:
             measurement = {"seen": self._seen, "probed": self._probed,
@@ -456,23 +577,39 @@ class Calibrator:
         }
 
     def shared_state_dict(self) -> dict[str, Any]:
-        """:meth:`state_dict` for a checkpoint one rank writes for all: ``"measurements"`` instead of
-        ``"measurement"``, every rank's part of a measurement in progress by rank (``None`` between measurements).
-        Every rank must call it (it gathers)."""
+        """:meth:`state_dict` for a checkpoint one rank writes for all; every rank must call it (it gathers).
+
+        Returns:
+            :meth:`state_dict` with ``"measurements"`` instead of ``"measurement"``: every rank's part of a
+            measurement in progress, by rank (``None`` between measurements).
+        """
         state = self.state_dict()
         measurement = state.pop("measurement")
         return {**state, "measurements": None if measurement is None else self._all_gather(measurement)}
 
     def load_shared_state_dict(self, state: Mapping[str, Any], rank: int, world: int) -> bool:
-        """Restore :meth:`shared_state_dict` on rank ``rank`` of ``world``. Returns ``False`` when a measurement in
-        progress was saved on another number of ranks: each rank's part cannot be given back, so it starts over."""
+        """Restore :meth:`shared_state_dict` on one rank.
+
+        Args:
+            state: What :meth:`shared_state_dict` returned.
+            rank: This rank.
+            world: The number of ranks now.
+
+        Returns:
+            ``False`` when a measurement in progress was saved on another number of ranks: each rank's part cannot be
+            given back, so it starts over; else ``True``.
+        """
         measurements = state.get("measurements")
         mine = measurements[rank] if measurements is not None and len(measurements) == world else None
         self.load_state_dict({**{k: v for k, v in state.items() if k != "measurements"}, "measurement": mine})
         return measurements is None or mine is not None
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`state_dict` (with this rank's ``"measurement"``, or ``None`` to measure again)."""
+        """Restore :meth:`state_dict`.
+
+        Args:
+            state: What :meth:`state_dict` returned, with this rank's ``"measurement"`` (``None`` to measure again).
+        """
         self._calibrated = bool(state["calibrated"])
         self._calibrated_at = state["calibrated_at"]
         self._measure_from = int(state.get("measure_from", self.settings.start))

@@ -32,8 +32,15 @@ from lightning_dlac.adaptive.calibration import TableStats
 
 @dataclass(frozen=True)
 class HomogenizationThresholds:
-    """Class boundaries on the homogenization index: ``index < tight_below`` is tight, ``index >= loose_from`` is
-    loose, anything between is base."""
+    """Class boundaries on the homogenization index: below ``tight_below`` tight, from ``loose_from`` loose, else base.
+
+    Args:
+        tight_below: An index below this is tight.
+        loose_from: An index at least this is loose.
+
+    Raises:
+        ValueError: If a threshold is not in [0, 1], or ``tight_below > loose_from``.
+    """
 
     tight_below: float = 0.9
     loose_from: float = 0.99
@@ -58,7 +65,19 @@ INDEX_KINDS = ("vector", "value")
 def classify(
     stats: Mapping[str, TableStats], thresholds: HomogenizationThresholds, index: str = "vector"
 ) -> dict[str, TableClass]:
-    """Class of every table from its homogenization index of kind ``index`` (``"vector"`` or ``"value"``)."""
+    """Classify every table by its homogenization index.
+
+    Args:
+        stats: Every table's calibration statistics.
+        thresholds: The class boundaries on the index.
+        index: Which index: ``"vector"`` (the paper's) or ``"value"`` (per coordinate).
+
+    Returns:
+        ``{table: class}``.
+
+    Raises:
+        ValueError: If ``index`` is neither ``"vector"`` nor ``"value"``.
+    """
     if index not in INDEX_KINDS:
         raise ValueError(f"index={index!r} is not supported; choose one of {', '.join(map(repr, INDEX_KINDS))}.")
     classes = {}
@@ -74,7 +93,15 @@ def classify(
 
 
 def class_table_bounds(classes: Mapping[str, TableClass], bounds: ClassBounds) -> dict[str, float]:
-    """The bound of every classified table."""
+    """The bound of every classified table.
+
+    Args:
+        classes: ``{table: class}``.
+        bounds: The bound of each class.
+
+    Returns:
+        ``{table: its class's bound}``.
+    """
     return {name: bounds[cls] for name, cls in classes.items()}
 
 
@@ -91,9 +118,21 @@ def check_tolerance(tolerance: float, option: str = "sensitivity_tolerance") -> 
 
 
 def sensitivity_table_bounds(stats: Mapping[str, TableStats], tolerance: float) -> dict[str, float]:
-    """Per table, the largest candidate bound such that it and every smaller candidate change the loss by at most
-    ``tolerance`` (``|mean delta| / mean exact loss``); the smallest candidate where none does. Tables without probes
-    are left out."""
+    """The sensitivity mode's bounds: per table, the largest candidate whose probed loss change stays within bounds.
+
+    A candidate qualifies when it and every smaller candidate change the loss by at most ``tolerance``; a table whose
+    every candidate exceeds it gets the smallest candidate.
+
+    Args:
+        stats: Every table's calibration statistics.
+        tolerance: The largest relative loss change (:meth:`TableStats.sensitivity`) a bound may cause.
+
+    Returns:
+        ``{table: bound}``; tables without probes are left out.
+
+    Raises:
+        ValueError: If ``tolerance`` is not a positive finite number.
+    """
     tolerance = check_tolerance(tolerance)
     chosen = {}
     for name, s in stats.items():
@@ -110,10 +149,22 @@ def sensitivity_table_bounds(stats: Mapping[str, TableStats], tolerance: float) 
 
 
 def gradient_table_bounds(stats: Mapping[str, TableStats], tolerance: float) -> dict[str, float]:
-    """Per table, the largest candidate bound whose gradient sensitivity (the expected RMS change of a sample's loss,
-    relative to the mean loss) is at most ``tolerance``; the smallest candidate where none is. The statistic is an
-    expectation proportional to the bound, so no candidate is skipped over by noise. Tables without observed
-    gradients are left out."""
+    """The gradient mode's bounds: per table, the largest candidate whose gradient sensitivity is within tolerance.
+
+    The gradient sensitivity is the expected RMS change of a sample's loss, relative to the mean loss; a table whose
+    every candidate exceeds ``tolerance`` gets the smallest candidate. The statistic is an expectation proportional
+    to the bound, so no candidate is skipped over by noise.
+
+    Args:
+        stats: Every table's calibration statistics.
+        tolerance: The largest gradient sensitivity a bound may have.
+
+    Returns:
+        ``{table: bound}``; tables without observed gradients are left out.
+
+    Raises:
+        ValueError: If ``tolerance`` is not a positive finite number.
+    """
     tolerance = check_tolerance(tolerance, "gradient_tolerance")
     chosen = {}
     for name, s in stats.items():
@@ -126,7 +177,15 @@ def gradient_table_bounds(stats: Mapping[str, TableStats], tolerance: float) -> 
 
 
 def sensitivity_classes(table_bounds: Mapping[str, float], bounds: ClassBounds) -> dict[str, TableClass]:
-    """Name the class of sensitivity-chosen bounds by the nearest class bound (for reporting)."""
+    """Name the class of per-table bounds by the nearest class bound, for reporting.
+
+    Args:
+        table_bounds: ``{table: bound}`` a loss-based mode chose.
+        bounds: The bound of each class.
+
+    Returns:
+        ``{table: the class whose bound is nearest}`` (the looser one on a tie).
+    """
     out = {}
     for name, eps in table_bounds.items():
         out[name] = min(TableClass, key=lambda c: (abs(bounds[c] - eps), -bounds[c]))
@@ -144,26 +203,48 @@ def check_fraction(fraction: float, option: str = "noise_fraction") -> float:
 
 
 def relative_noise_budget(stats: Mapping[str, TableStats], fraction: float) -> float | None:
-    """``fraction`` of the noise every table would add at its largest candidate: the sum over tables of their noise
-    share there (:meth:`TableStats.noise_share`), times ``fraction``. ``None`` when no table has a share.
+    """The noise mode's default budget: ``fraction`` of the noise every table would add at its largest candidate.
 
-    Errors on different tables are independent, so their shares add; to first order a zero-mean perturbation of a
-    model's score moves its loss, and its AUROC, in proportion to the perturbation's variance. Bounds whose shares sum
-    to ``fraction`` of the all-loosest sum therefore cost about ``fraction`` of what every table loose costs, on any
-    data set and at any point of a run, whatever the statistic's level there (docs/adaptive.md). 0 when every share
-    is 0 (no table's error reaches the loss)."""
+    That noise is the sum over tables of their noise share there (:meth:`TableStats.noise_share`). Errors on different
+    tables are independent, so their shares add; to first order a zero-mean perturbation of a model's score moves its
+    loss, and its AUROC, in proportion to the perturbation's variance. Bounds whose shares sum to ``fraction`` of the
+    all-loosest sum therefore cost about ``fraction`` of what every table loose costs, on any data set and at any point
+    of a run, whatever the statistic's level there (docs/adaptive.md).
+
+    Args:
+        stats: Every table's calibration statistics.
+        fraction: The share, in (0, 1].
+
+    Returns:
+        The budget; 0 when every share is 0 (no table's error reaches the loss); ``None`` when no table has a share.
+
+    Raises:
+        ValueError: If ``fraction`` is not in (0, 1].
+    """
     fraction = check_fraction(fraction)
     loosest = [share[max(share)] for s in stats.values() if (share := s.noise_share()) is not None]
     return fraction * sum(loosest) if loosest else None
 
 
 def noise_table_bounds(stats: Mapping[str, TableStats], budget: float) -> dict[str, float]:
-    """Per table, a candidate bound such that the noise shares (:meth:`TableStats.noise_share`: the variance the
-    codec adds to a batch's loss over the loss's minibatch variance) of all tables sum to at most ``budget``, with
-    the fewest compressed bytes a greedy search finds: every table starts at the smallest candidate, then, while a
-    move fits in what is left of the budget, the one table whose next larger candidate saves the most bytes per
-    share of noise added takes it. The shares of independent errors add, so the budget bounds the noise the codec
-    adds to the whole loss. Tables without observed gradients or noise are left out."""
+    """The noise mode's bounds: per table, a candidate such that the tables' noise shares sum to at most ``budget``.
+
+    A noise share (:meth:`TableStats.noise_share`) is the variance the codec adds to a batch's loss over the loss's
+    minibatch variance. Among such bounds, the fewest compressed bytes a greedy search finds: every table starts at
+    the smallest candidate, then, while a move fits in what is left of the budget, the one table whose next larger
+    candidate saves the most bytes per share of noise added takes it. The shares of independent errors add, so the
+    budget bounds the noise the codec adds to the whole loss.
+
+    Args:
+        stats: Every table's calibration statistics.
+        budget: The largest sum of noise shares, > 0.
+
+    Returns:
+        ``{table: bound}``; tables without observed gradients or noise are left out.
+
+    Raises:
+        ValueError: If ``budget`` is not a positive finite number.
+    """
     budget = check_tolerance(budget, "noise_budget")
     shares = {name: share for name, s in stats.items() if (share := s.noise_share()) is not None}
     steps = {name: sorted(share) for name, share in shares.items()}

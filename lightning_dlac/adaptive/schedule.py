@@ -46,6 +46,10 @@ class DecaySchedule:
         c: Multiplier at iteration 0 (>= 1; the paper uses 2).
         T: Length of the early stage in iterations (> 0); ``m(t) = 1`` from ``T`` on.
         stages: Number of plateaus of the ``step`` schedule (the paper uses 10).
+
+    Raises:
+        ValueError: If ``kind`` is not a schedule, ``c`` is not a finite number >= 1, or ``T`` or ``stages`` is not
+            a positive whole number.
     """
 
     kind: ScheduleKind | str = ScheduleKind.STEP
@@ -65,11 +69,25 @@ class DecaySchedule:
             raise ValueError(f"stages={self.stages!r} must be a positive whole number.")
 
     def as_dict(self) -> dict[str, str | float | int]:
-        """Plain data (for checkpoints and reports); ``DecaySchedule(**d)`` rebuilds it."""
+        """The schedule as plain data, for checkpoints and reports.
+
+        Returns:
+            ``{"kind", "c", "T", "stages"}``; ``DecaySchedule(**d)`` rebuilds it.
+        """
         return {"kind": str(self.kind), "c": self.c, "T": self.T, "stages": self.stages}
 
     def __call__(self, t: int) -> float:
-        """m(t) for iteration ``t`` (counted from 0)."""
+        """The multiplier at one iteration.
+
+        Args:
+            t: The iteration, counted from 0.
+
+        Returns:
+            ``m(t)``: ``c`` at 0, down to 1 at ``T`` and after.
+
+        Raises:
+            ValueError: If ``t`` is negative.
+        """
         if t < 0:
             raise ValueError(f"iteration {t} must be >= 0.")
         if t >= self.T or self.c == 1:

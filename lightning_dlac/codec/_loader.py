@@ -110,7 +110,11 @@ def load_native() -> None:
 
 
 def native_available() -> bool:
-    """True if the native ops load (building them if needed); never raises."""
+    """Whether the native ops load, building them if needed; never raises.
+
+    Returns:
+        True if ``torch.ops.dlac`` has the native kernels.
+    """
     return _LIBRARY.available()
 
 

@@ -32,13 +32,15 @@ def _count(impl: str, op: str) -> None:
 
 
 def impl_calls() -> dict[str, dict[str, int]]:
-    """How many encode and decode calls each implementation has run in this process, as
-    ``{"native": {"encode": n, "decode": n}, "ref": {"encode": n, "decode": n}}`` (a snapshot).
+    """How many encode and decode calls each implementation has run in this process.
 
     :func:`encode` and :func:`encode_grid` count as ``encode``, :func:`decode` and :func:`decode_grid` as
     ``decode``, under the implementation ``impl`` resolved to (``"auto"`` and ``DLAC_CODEC_IMPL`` included), once
     their inputs are validated. The counters only grow: take a snapshot before the work and subtract. They say which
     codec actually ran, e.g. that a run meant to use the native kernels did not quietly fall back to the reference.
+
+    Returns:
+        A snapshot, ``{"native": {"encode": n, "decode": n}, "ref": {"encode": n, "decode": n}}``.
     """
     with _calls_lock:
         return {impl: dict(ops) for impl, ops in _calls.items()}
@@ -46,7 +48,24 @@ def impl_calls() -> dict[str, dict[str, int]]:
 
 
 def encode(x: torch.Tensor, eps: float | None = None, abs_eb: float | None = None, impl: str = "auto") -> torch.Tensor:
-    """Encode a 2-D float32 chunk with a relative (``eps``) or absolute (``abs_eb``) bound into a uint8 buffer."""
+    """Encode a 2-D float32 chunk with a relative (``eps``) or absolute (``abs_eb``) bound into a uint8 buffer.
+
+    Args:
+        x: The chunk, 2-D float32 ``[rows, dim]``, at most ``MAX_CHUNK_ELEMENTS`` elements.
+        eps: Relative bound, a fraction of the chunk's value range (``0 < eps < 1``); give it or ``abs_eb``.
+        abs_eb: Absolute bound (``> 0``) instead of ``eps``.
+        impl: ``"auto"`` | ``"ref"`` | ``"native"``.
+
+    Returns:
+        The encoded chunk, a 1-D uint8 tensor that :func:`decode` reads.
+
+    Raises:
+        TypeError: If ``x`` is not a float32 tensor, or the bound is not a number.
+        ValueError: If ``x`` is not 2-D or is too large for one chunk, if not exactly one of ``eps`` and ``abs_eb``
+            is given, if the bound is not finite and positive (a relative one: below 1), or if ``impl`` is not
+            ``"auto"``, ``"ref"`` or ``"native"``.
+        NativeUnavailable: If ``impl="native"`` (or ``DLAC_CODEC_IMPL=native``) and the native kernels do not build.
+    """
     ref.check_chunk(x)
     bound, relative = ref.check_scalar_bound(eps, abs_eb)
     impl = resolve_impl(impl)
@@ -62,7 +81,21 @@ def encode(x: torch.Tensor, eps: float | None = None, abs_eb: float | None = Non
 
 
 def decode(buf: torch.Tensor | bytes, impl: str = "auto") -> torch.Tensor:
-    """Decode one buffer made by :func:`encode` to a float32 [rows, dim] tensor; CodecError if it is invalid."""
+    """Decode one buffer made by :func:`encode` to a float32 [rows, dim] tensor.
+
+    Args:
+        buf: The buffer, a 1-D uint8 tensor or bytes.
+        impl: ``"auto"`` | ``"ref"`` | ``"native"``.
+
+    Returns:
+        The decoded chunk, float32 ``[rows, dim]``.
+
+    Raises:
+        TypeError: If ``buf`` is neither bytes nor a 1-D uint8 tensor.
+        ValueError: If ``impl`` is not ``"auto"``, ``"ref"`` or ``"native"``.
+        CodecError: If the buffer is truncated, corrupted or not a DLAC buffer.
+        NativeUnavailable: If ``impl="native"`` (or ``DLAC_CODEC_IMPL=native``) and the native kernels do not build.
+    """
     impl = resolve_impl(impl)
     buf = _as_buffer(buf, "buf", impl)
     _count(impl, "decode")
@@ -98,16 +131,23 @@ def encode_grid(
 
     Args:
         x: 2-D float32 tensor.
-        row_splits: row block boundaries [0, ..., rows] (one row block per destination rank).
-        col_splits: column block boundaries [0, ..., dim] (one column block per table).
-        eps: relative bound per column block (float32 [num_col_blocks], or one number for all); 0 sends raw.
-        abs_eb: absolute bound per column block instead of ``eps``; 0 sends raw.
-        impl: "auto" | "ref" | "native".
+        row_splits: Row block boundaries [0, ..., rows] (one row block per destination rank).
+        col_splits: Column block boundaries [0, ..., dim] (one column block per table).
+        eps: Relative bound per column block (float32 [num_col_blocks], or one number for all); 0 sends raw.
+        abs_eb: Absolute bound per column block instead of ``eps``; 0 sends raw.
+        impl: ``"auto"`` | ``"ref"`` | ``"native"``.
 
     Returns:
         (payload, sizes): the chunks concatenated in row-block-major order as a 1-D uint8 tensor, and each chunk's
         size in bytes (int64 [num_row_blocks * num_col_blocks]). With the native kernels, both are on x's device
         (the CUDA kernels encode where x is); the reference encodes a host copy and returns CPU tensors.
+
+    Raises:
+        TypeError: If ``x`` is not a float32 tensor, or the splits or bounds are not integers / floating point.
+        ValueError: If ``x`` is not 2-D, the splits do not run from 0 to its shape, a block is too large for one
+            chunk, not exactly one of ``eps`` and ``abs_eb`` is given, a bound is negative, not finite or (a
+            relative one) not below 1, or ``impl`` is not ``"auto"``, ``"ref"`` or ``"native"``.
+        NativeUnavailable: If ``impl="native"`` (or ``DLAC_CODEC_IMPL=native``) and the native kernels do not build.
     """
     ref.check_chunk(x)
     impl = resolve_impl(impl)
@@ -137,9 +177,25 @@ def decode_grid(
     tensor to copy from (the native CPU kernel writes there directly; the reference, and a device without kernels,
     decode and copy). After an error ``out``'s contents are unspecified.
 
+    Args:
+        payload: The chunks, a 1-D uint8 tensor (or bytes) as :func:`encode_grid` returned them.
+        sizes: Each chunk's size in bytes, in payload order (row-block-major).
+        row_splits: Row block boundaries [0, ..., rows], as given to :func:`encode_grid`.
+        col_splits: Column block boundaries [0, ..., dim], as given to :func:`encode_grid`.
+        impl: ``"auto"`` | ``"ref"`` | ``"native"``.
+        out: Where to decode to (see above); ``None`` allocates the result.
+
+    Returns:
+        The decoded float32 ``[rows, dim]`` tensor (``out`` where given).
+
     Raises:
-        CodecError: if the sizes do not add up to the payload, a chunk's shape does not match its block, or a chunk
+        TypeError: If ``payload`` is neither bytes nor a 1-D uint8 tensor, or the splits are not integers.
+        ValueError: If ``sizes`` does not hold one integer per chunk, the splits are not split points, ``out`` is
+            not a float32 tensor of the result's shape with contiguous columns, or ``impl`` is not ``"auto"``,
+            ``"ref"`` or ``"native"``.
+        CodecError: If the sizes do not add up to the payload, a chunk's shape does not match its block, or a chunk
             is corrupted; the message names the chunk.
+        NativeUnavailable: If ``impl="native"`` (or ``DLAC_CODEC_IMPL=native``) and the native kernels do not build.
     """
     impl = resolve_impl(impl)
     payload = _as_buffer(payload, "payload", impl)
@@ -172,11 +228,27 @@ def decode_grid(
 
 
 def cast_column_blocks(x: torch.Tensor, col_splits: Splits, out: torch.Tensor, impl: str = "auto") -> torch.Tensor:
-    """Write the column blocks ``col_splits[c]:col_splits[c + 1]`` of ``x`` (2-D float32, columns contiguous), each
-    flattened row by row and laid one after the other, into ``out`` (a contiguous 1-D bfloat16 or float16 tensor of
-    ``x.numel()`` elements) and return it: the bits of ``torch.cat([x[:, a:b].reshape(-1), ...]).to(out.dtype)``
-    (a NaN's payload bits aside). The native CPU kernel (``dlac::cast_column_blocks``) does it in one pass over
-    ``x``, row by row; the reference, and a tensor off the CPU, copy each block with ``copy_``."""
+    """Cast the column blocks of ``x``, each flattened row by row and laid one after the other, into ``out``.
+
+    ``out`` gets the bits of ``torch.cat([x[:, a:b].reshape(-1), ...]).to(out.dtype)`` (a NaN's payload bits aside).
+    The native CPU kernel (``dlac::cast_column_blocks``) does it in one pass over ``x``, row by row; the reference,
+    and a tensor off the CPU, copy each block with ``copy_``.
+
+    Args:
+        x: 2-D float32 tensor, columns contiguous.
+        col_splits: Column block boundaries [0, ..., dim]: block ``c`` is ``col_splits[c]:col_splits[c + 1]``.
+        out: A contiguous 1-D bfloat16 or float16 tensor of ``x.numel()`` elements on ``x``'s device.
+        impl: ``"auto"`` | ``"ref"`` | ``"native"``.
+
+    Returns:
+        ``out``.
+
+    Raises:
+        TypeError: If the splits are not integers.
+        ValueError: If ``x`` is not 2-D float32 with contiguous columns, the splits are not split points of its
+            columns, ``out`` is not as described above, or ``impl`` is not ``"auto"``, ``"ref"`` or ``"native"``.
+        NativeUnavailable: If ``impl="native"`` (or ``DLAC_CODEC_IMPL=native``) and the native kernels do not build.
+    """
     if not isinstance(x, torch.Tensor) or x.dtype != torch.float32 or x.dim() != 2:
         raise ValueError(f"x must be a 2-D float32 tensor, got {getattr(x, 'dtype', type(x))}")
     if x.size(1) > 1 and x.stride(1) != 1:
@@ -259,7 +331,19 @@ def _native_decode(payload: torch.Tensor, sizes: torch.Tensor, rs: list[int], cs
 
 @dataclasses.dataclass(frozen=True)
 class ChunkInfo:
-    """What one encoded chunk is: mode, shape, sizes and quantization parameters."""
+    """What one encoded chunk is: mode, shape, sizes and quantization parameters (what :func:`inspect` returns).
+
+    Args:
+        mode: How the chunk's body is stored.
+        rows: Rows of the chunk.
+        dim: Columns of the chunk.
+        raw_bytes: Its float32 size, ``4 * rows * dim``.
+        compressed_bytes: Its encoded size, header included.
+        min: The chunk's minimum, the quantization's origin.
+        abs_eb: The absolute bound it was encoded with; 0 for CONST and RAW chunks (exact).
+        step: The quantization step (``2 * abs_eb`` unless float32 rounding needed slack); 0 for CONST and RAW.
+        nuniq: Unique rows of a DEDUP chunk, else 0.
+    """
 
     mode: Mode
     rows: int
@@ -273,18 +357,42 @@ class ChunkInfo:
 
     @property
     def ratio(self) -> float:
+        """The compression ratio, raw bytes over compressed bytes."""
         return self.raw_bytes / self.compressed_bytes
 
 
 def inspect(buf: torch.Tensor | bytes, where: str = "buffer") -> ChunkInfo:
-    """Describe one encoded chunk (validates its header and checksum)."""
+    """Describe one encoded chunk, validating its header and checksum.
+
+    Args:
+        buf: The chunk, a 1-D uint8 tensor or bytes.
+        where: How error messages name the chunk.
+
+    Returns:
+        The chunk's :class:`ChunkInfo`.
+
+    Raises:
+        CodecError: If the header is truncated, corrupted or not a DLAC header.
+    """
     data = buf.detach().cpu().contiguous().numpy().tobytes() if isinstance(buf, torch.Tensor) else bytes(buf)
     h = parse_header(data, where)
     return ChunkInfo(h.mode, h.rows, h.dim, 4 * h.rows * h.dim, len(data), h.min, h.abs_eb, h.step, h.nuniq)
 
 
 def inspect_grid(payload: torch.Tensor, sizes: torch.Tensor | Sequence[int]) -> list[ChunkInfo]:
-    """Describe every chunk of an :func:`encode_grid` payload, in payload order."""
+    """Describe every chunk of an :func:`encode_grid` payload, in payload order.
+
+    Args:
+        payload: The chunks, a 1-D uint8 tensor.
+        sizes: Each chunk's size in bytes, in payload order.
+
+    Returns:
+        One :class:`ChunkInfo` per chunk.
+
+    Raises:
+        CodecError: If a chunk's header is invalid (the message names the chunk) or the sizes do not add up to the
+            payload.
+    """
     data = payload.detach().cpu().contiguous().numpy().tobytes()
     out = []
     off = 0
@@ -297,7 +405,19 @@ def inspect_grid(payload: torch.Tensor, sizes: torch.Tensor | Sequence[int]) -> 
 
 
 def max_error(x: torch.Tensor, x_hat: torch.Tensor) -> float:
-    """Largest |x - x_hat| over finite elements (float64); inf if a non-finite element did not come back exactly."""
+    """Largest ``|x - x_hat|`` over the finite elements of ``x``, in float64.
+
+    Args:
+        x: The original tensor.
+        x_hat: Its reconstruction, the same shape.
+
+    Returns:
+        The largest absolute error (0 for empty tensors); ``inf`` if a non-finite element of ``x`` did not come
+        back exactly, or a finite one came back non-finite.
+
+    Raises:
+        ValueError: If the shapes differ.
+    """
     if x.shape != x_hat.shape:
         raise ValueError(f"shapes differ: {tuple(x.shape)} vs {tuple(x_hat.shape)}")
     if x.numel() == 0:

@@ -73,13 +73,14 @@ class _PendingExchange(Awaitable[torch.Tensor]):
 
 
 class CompressedPooledEmbeddingsAllToAll(RecordedExchange):
-    """Error-bounded compressed replacement of TorchRec's ``PooledEmbeddingsAllToAll``: same inputs, same output
-    layout, an awaitable with the same callbacks. :meth:`forward` launches the payload exchange and returns; the
-    awaitable's ``wait()`` waits for it, decodes and applies the callbacks (synchronous, as with
+    """Error-bounded compressed replacement of TorchRec's ``PooledEmbeddingsAllToAll``.
+
+    Same inputs, same output layout, an awaitable with the same callbacks. :meth:`forward` launches the payload exchange
+    and returns; the awaitable's ``wait()`` waits for it, decodes and applies the callbacks (synchronous, as with
     ``config.overlap=False`` and by default on gloo, the exchange has finished when :meth:`forward` returns). Phase
-    times cover the work on this rank's side of both halves. With the uncompressed fallback, a call the fallback
-    times counts every phase from its launch to the next launch (its forward and its gradient exchange), read at
-    that next launch.
+    times cover the work on this rank's side of both halves. With the uncompressed fallback, a call the fallback times
+    counts every phase from its launch to the next launch (its forward and its gradient exchange), read at that next
+    launch.
 
     Args:
         pg: Process group of the exchange.
@@ -100,6 +101,10 @@ class CompressedPooledEmbeddingsAllToAll(RecordedExchange):
             :class:`~lightning_dlac.comm.exchange.ChunkCodec` (the benchmarks' null codec,
             :func:`~lightning_dlac.comm.null_codec.install_null_codec`, puts one here).
         backward_impl: The same for a DLAC-compressed gradient exchange.
+
+    Raises:
+        ValueError: If ``dims_per_rank`` or ``tables_per_rank`` does not have one entry per rank of ``pg``, or
+            ``peers`` is a plan for another number of ranks.
     """
 
     def __init__(
@@ -144,8 +149,18 @@ class CompressedPooledEmbeddingsAllToAll(RecordedExchange):
     def forward(
         self, local_embs: torch.Tensor, batch_size_per_rank: list[int] | None = None
     ) -> PooledEmbeddingsAwaitable:
-        """Exchange ``local_embs`` ([sum of batch sizes, local dim sum]) and return an awaitable of this rank's
-        pooled embeddings ([local batch size, total dim sum])."""
+        """Exchange ``local_embs`` and return an awaitable of this rank's pooled embeddings.
+
+        Args:
+            local_embs: This rank's tables' pooled embeddings for every rank, ``[sum of batch sizes, local dim sum]``.
+            batch_size_per_rank: Each rank's batch size; ``None`` (or empty): the global batch split evenly.
+
+        Returns:
+            An awaitable of ``[local batch size, total dim sum]``, with the module's callbacks.
+
+        Raises:
+            ValueError: If ``local_embs`` is not ``[batch, local dim sum]``, or the ranks do not divide its batch.
+        """
         me, world = self.layout.rank, self.layout.world
         if local_embs.dim() != 2 or local_embs.size(1) != self.layout.dim_sums[me]:
             raise ValueError(

@@ -51,19 +51,23 @@ class CompressionConfig:
         overlap: Launch each payload exchange and return, waiting for it (and decoding) only when its result is
             needed, as TorchRec's request / wait pair; ``False`` waits at once (the synchronous path). ``None``
             (default): overlapped on NCCL, synchronous on gloo, where the loopback or TCP transfer is CPU work that
-            competes with the step's compute (measured in docs/benchmarks.md: the synchronous path was faster in
-            11 of 13 paired CPU launches).
+            competes with the step's compute (the paired CPU launches: docs/benchmarks.md, 'Why the gloo default
+            is synchronous').
         pieces: How many pieces the synchronous exchange sends (:mod:`lightning_dlac.comm.pieces`): every rank's
             tables cut into this many groups of about equal width, so that the codec encodes one piece (and
             decodes another) while a third is on the wire; the result is the same, bit for bit. Default 1 (the
-            exchange whole): each piece adds a meeting of the ranks, and at DLAC's ratios on a 1 Gbit/s link four
-            pieces measured slower than one (docs/benchmarks.md). The overlapped path (``overlap``) and the cast
-            gradient exchanges send one piece.
+            exchange whole): each piece adds a meeting of the ranks, so pieces pay only where the transfer is long
+            next to the codec (pieces against the whole exchange on throttled links: docs/benchmarks.md, 'Sending
+            the exchange in pieces'). The overlapped path (``overlap``) and the cast gradient exchanges send one
+            piece.
         compress_peers: Which peers' payloads are compressed (:mod:`lightning_dlac.comm.peers`): ``"auto"``
             (default: only those to other nodes when the job spans several nodes on NCCL, every peer's on one node
             or on gloo),
             ``"all"``, ``"other_nodes"``, or a function ``(src, dst) -> bool`` (or its import path). The others go
             as float32, exactly, in both directions.
+
+    Raises:
+        ValueError: If a field is out of range or not one of its choices (the message names it and what it takes).
     """
 
     backward: BackwardCompression | str = BackwardCompression.BF16  # gradient exchange encoding
@@ -90,13 +94,14 @@ class CompressionConfig:
 
 @dataclass
 class CompressionOptions(CompressionConfig):
-    """How a trainer compresses the embedding all-to-all: :class:`CompressionConfig` (the exchange's settings, every
-    field of it) plus whether the compressed exchange is installed at all and the bound every table starts from.
+    """How a trainer compresses the embedding all-to-all (``DLACStrategy(compression=...)``).
 
-    ``DLACStrategy(compression=CompressionOptions(...))`` takes it, and in YAML its fields go under
-    ``init_args.compression``. The strategy installs the exchange with it (it is a :class:`CompressionConfig`) and
-    starts its :class:`~lightning_dlac.adaptive.ErrorBounds` at ``eps``; a plain training loop does the same with
-    ``install_compressed_all_to_all(dmp, options, ErrorBounds(options.eps))``.
+    It is a :class:`CompressionConfig` (the exchange's settings, every field of it) plus whether the compressed exchange
+    is installed at all and the bound every table starts from. ``DLACStrategy(compression=CompressionOptions(...))``
+    takes it, and in YAML its fields go under ``init_args.compression``. The strategy installs the exchange with it (it
+    is a :class:`CompressionConfig`) and starts its :class:`~lightning_dlac.adaptive.ErrorBounds` at ``eps``; a plain
+    training loop does the same with ``install_compressed_all_to_all(dmp, options, ErrorBounds(options.eps))``. The
+    fields not listed below are :class:`CompressionConfig`'s, with its defaults.
 
     Args:
         enabled: Install the compressed exchange. ``False`` keeps TorchRec's uncompressed all-to-all exactly (A/B
@@ -104,7 +109,9 @@ class CompressionOptions(CompressionConfig):
             while that is faster.
         eps: Relative error bound of every table until a policy (``DLACCallback``) sets per-table bounds.
 
-    The other fields are :class:`CompressionConfig`'s, with its defaults.
+    Raises:
+        ValueError: If a field is out of range, ``enabled`` is not a bool, or ``auto_fallback`` is set without
+            ``enabled``.
     """
 
     enabled: bool = True  # install the compressed exchange; False: TorchRec's uncompressed all-to-all exactly

@@ -58,28 +58,50 @@ class ExchangeGroup(Sequence[Exchange]):
         return sorted({t for a2a in self._exchanges for tables in a2a.tables_per_rank for t in tables})
 
     def stats(self) -> CommStats:
-        """This rank's counters summed over the exchanges, since they were installed. On a GPU this waits for the
-        device (the phase times are read), so call it where a metric is written, not at every step."""
+        """This rank's counters summed over the exchanges, since they were installed.
+
+        On a GPU this waits for the device (the phase times are read), so call it where a metric is written, not at
+        every step.
+
+        Returns:
+            A snapshot; the counters only grow, so take differences of two snapshots for an interval.
+        """
         total = CommStats()
         for a2a in self._exchanges:
             total = total + a2a.stats
         return total
 
     def set_in_step(self, in_step: bool) -> None:
-        """Mark the start (``True``) or the end (``False``) of a training step: the phase seconds of exchanges within
-        steps also count in ``CommStats.in_step_s``. Reads no time, so it costs nothing per step."""
+        """Mark the start or the end of a training step.
+
+        The phase seconds of exchanges within steps also count in ``CommStats.in_step_s``. Reads no time, so it costs
+        nothing per step.
+
+        Args:
+            in_step: ``True`` at the start of a step, ``False`` at its end.
+        """
         for a2a in self._exchanges:
             a2a.recorder.set_in_step(in_step)
 
     def set_observer(self, observer: Callable[[str, torch.Tensor], None] | None) -> None:
-        """From now on call ``observer(table, chunk)`` with every chunk this rank encodes in a forward exchange on the
-        record (``None`` stops it)."""
+        """Show every chunk this rank encodes in a forward exchange on the record to ``observer``, from now on.
+
+        Args:
+            observer: Called as ``observer(table, chunk)``; ``None`` stops it.
+        """
         for a2a in self._exchanges:
             a2a.observer = observer
 
     @contextlib.contextmanager
     def observing(self, observer: Callable[[str, torch.Tensor], None]) -> Iterator[None]:
-        """:meth:`set_observer` for the duration of the block."""
+        """:meth:`set_observer` for the duration of the block.
+
+        Args:
+            observer: Called as ``observer(table, chunk)`` within the block.
+
+        Yields:
+            Nothing; the observer is removed when the block ends.
+        """
         self.set_observer(observer)
         try:
             yield
@@ -87,17 +109,30 @@ class ExchangeGroup(Sequence[Exchange]):
             self.set_observer(None)
 
     def set_gradient_observer(self, observer: GradientObserver | None) -> None:
-        """From now on call ``observer(table, energy, rows)`` once per table with the gradient of every pooled
-        exchange on the record (see :attr:`~lightning_dlac.comm.recorder.Recorder.gradient_observer`; ``None`` stops
-        it). Sequence exchanges do not report gradients."""
+        """Report the gradient of every pooled exchange on the record to ``observer``, once per table, from now on.
+
+        Sequence exchanges do not report gradients.
+
+        Args:
+            observer: Called as ``observer(table, energy, rows)`` (see
+                :attr:`~lightning_dlac.comm.recorder.Recorder.gradient_observer`); ``None`` stops it.
+        """
         for a2a in self._exchanges:
             a2a.recorder.gradient_observer = observer
 
     @contextlib.contextmanager
     def off_the_record(self, bounds: BoundSource) -> Iterator[None]:
-        """Within the block, forward exchanges encode with ``bounds`` instead of :attr:`bounds`, are always
-        compressed, are not observed and count in no statistics (see
-        :meth:`CompressedPooledEmbeddingsAllToAll.off_the_record`)."""
+        """Run the block's forward exchanges off the record, encoding with other bounds.
+
+        Within the block, forward exchanges encode with ``bounds`` instead of :attr:`bounds`, are always compressed,
+        are not observed and count in no statistics (see :meth:`CompressedPooledEmbeddingsAllToAll.off_the_record`).
+
+        Args:
+            bounds: What the block's exchanges encode with (a probe's :class:`~lightning_dlac.adaptive.ProbeBounds`).
+
+        Yields:
+            Nothing; the exchanges are back on the record when the block ends.
+        """
         with contextlib.ExitStack() as stack:
             for a2a in self._exchanges:
                 stack.enter_context(a2a.off_the_record(bounds))

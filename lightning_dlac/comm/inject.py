@@ -27,18 +27,28 @@ log = logging.getLogger(__name__)
 
 def install_compressed_all_to_all(module: nn.Module, config: CompressionConfig, bounds: ErrorBounds,
                                   node: int | str | None = None) -> ExchangeGroup:
-    """Replace the pooled-embedding all-to-all of every table-wise / column-wise sharded EmbeddingBagCollection in
-    ``module`` by :class:`CompressedPooledEmbeddingsAllToAll`; return them as one :class:`ExchangeGroup`.
+    """Install the compressed all-to-all in a sharded model, in place of TorchRec's pooled-embedding all-to-alls.
 
-    Shardings that combine results with reduce-scatter (row-wise, table-row-wise, ...) keep TorchRec's path, and
-    this says so once in the log. The sequence-embedding all-to-all of every table-wise / column-wise sharded
-    EmbeddingCollection is replaced too (:class:`~lightning_dlac.comm.sequence.CompressedSequenceEmbeddingsAllToAll`,
-    same bounds and codec); its other sharding types keep TorchRec's exchange, logged with their tables.
+    The pooled-embedding all-to-all of every table-wise / column-wise sharded EmbeddingBagCollection in ``module``
+    becomes a :class:`CompressedPooledEmbeddingsAllToAll`. Shardings that combine results with reduce-scatter (row-wise,
+    table-row-wise, ...) keep TorchRec's path, and this says so once in the log. The sequence-embedding all-to-all of
+    every table-wise / column-wise sharded EmbeddingCollection is replaced too
+    (:class:`~lightning_dlac.comm.sequence.CompressedSequenceEmbeddingsAllToAll`, same bounds and codec); its other
+    sharding types keep TorchRec's exchange, logged with their tables.
 
     Which peers each exchange compresses for is ``config.compress_peers``'s plan (:mod:`lightning_dlac.comm.peers`)
     on the ranks' nodes: ``node`` (this rank's node, e.g. Lightning's ``node_rank``) where given, else what the
     launcher's environment says (``GROUP_RANK``, ``NODE_RANK``, ``SLURM_NODEID``, the host name). The nodes are
     gathered once per process group, so every rank must call this at the same point, as it shards.
+
+    Args:
+        module: The sharded model (TorchRec's ``DistributedModelParallel`` or a module holding sharded collections).
+        config: The exchange's settings.
+        bounds: The per-table bounds every installed exchange reads at each call.
+        node: This rank's node; ``None``: what the launcher's environment says.
+
+    Returns:
+        The installed exchanges, as one group.
     """
     plans: dict[int, PeerPlan] = {}
 

@@ -11,8 +11,9 @@ A policy (``CompressionConfig(compress_peers=...)``, through ``DLACStrategy`` a 
   node's GPUs share a fabric far faster than its NIC); ``"all"`` otherwise: on a single node (its ranks compress for
   each other only because the user asked for DLAC there: a machine without a fast interconnect, the benchmarks'
   throttled loopback), and on gloo, where a node's ranks talk over loopback TCP whose bytes cost CPU time, which
-  compressing them saves (on two emulated nodes of CPU ranks, benchmarks/e2e_topology.py, neither "other nodes
-  only" nor "all" was reliably faster over two runs; "all" sends fewer bytes);
+  compressing them saves ("other nodes only" against "all" on two emulated nodes of CPU ranks,
+  benchmarks/e2e_topology.py: docs/benchmarks.md, 'Two nodes: per-peer compression on an emulated network';
+  "all" sends fewer bytes);
 - ``"all"``: every other rank;
 - ``"other_nodes"``: only ranks on another node;
 - a function ``(src, dst) -> bool`` of two ranks of the exchange's process group, or the dotted import path of one

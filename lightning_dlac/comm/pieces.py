@@ -14,10 +14,9 @@ payload all-to-all), whose columns the whole layout's result places with :attr:`
 
 Sending in pieces is opt-in (``CompressionConfig(pieces=K)``; default 1, the exchange whole). It pays only where
 the transfer is long next to the codec: each piece adds a size exchange, which on gloo waits for the previous
-piece's payload and for every peer to have encoded its own piece, so the ranks meet ``K`` times instead of once. In
-the 2-rank DLRM race at 1 Gbit/s, where DLAC's ratio leaves a few milliseconds of wire per step, four pieces made the
-step slower than one; at 100 Mbit/s they cut the backward codec's cost beyond the ceiling and the step ran about as
-fast as whole, as the null codec did in pieces (``benchmarks/results/e2e_pieces.json``, docs/benchmarks.md).
+piece's payload and for every peer to have encoded its own piece, so the ranks meet ``K`` times instead of once.
+How pieces compare with the whole exchange in the 2-rank DLRM race on throttled links, DLAC's and the null codec's
+(``benchmarks/results/e2e_pieces.json``): docs/benchmarks.md, 'Sending the exchange in pieces'.
 """
 
 from __future__ import annotations

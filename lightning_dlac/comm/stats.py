@@ -31,8 +31,38 @@ class CommStats:
     what crosses the network. Seconds are device time where the exchange runs on a GPU (CUDA events), wall time on
     the CPU. ``in_step_s`` is the part of the four phase times (``a2a_s``) that fell within a step, and ``in_step_*``
     the forward traffic within one: the policy marks its training steps, so validation exchanges count in the totals
-    but not in them. ``table_max_error_ratio`` is a
-    running maximum, not a counter: a difference of two snapshots keeps the later one's value.
+    but not in them. ``table_max_error_ratio`` is a running maximum, not a counter: a difference of two snapshots
+    keeps the later one's value.
+
+    Args:
+        calls: Forward exchanges.
+        uncompressed_calls: Of which the uncompressed fallback (``auto_fallback``) sent uncompressed.
+        raw_bytes: Float32 bytes the forward exchanges stand for.
+        sent_bytes: Bytes they did send (payloads + size exchange).
+        encode_s: Seconds encoding forward payloads.
+        exchange_s: Seconds in the forward size and payload exchanges.
+        decode_s: Seconds decoding forward payloads.
+        backward_calls: Gradient exchanges.
+        backward_raw_bytes: Float32 bytes the gradient exchanges stand for.
+        backward_sent_bytes: Bytes they did send (payloads + size exchange).
+        backward_s: Seconds in the gradient exchanges, codec included (one phase).
+        in_step_s: Of the seconds above, those timed within a step (``ExchangeGroup.set_in_step``).
+        in_step_calls: Of the forward exchanges, those within a step: the rest is validation (or prediction).
+        in_step_raw_bytes: Their raw bytes.
+        in_step_sent_bytes: Their sent bytes.
+        same_node_sent_bytes: Payload bytes (both directions) to peers on this rank's node.
+        other_nodes_sent_bytes: Payload bytes (both directions) to peers on other nodes.
+        passed_bytes: Of those payload bytes, the ones the peer plan sent as they are (float32, uncompressed:
+            ``compress_peers``, :mod:`lightning_dlac.comm.peers`).
+        table_raw_bytes: Per local table, the float32 bytes its forward payloads stand for.
+        table_sent_bytes: Per local table, the forward payload bytes sent for it.
+        table_backward_sent_bytes: Gradient payload bytes this rank sent per table (other ranks' tables: it sends
+            their gradients; pooled only).
+        table_passed_bytes: Of ``table_sent_bytes``, the bytes sent as they are to peers the plan does not compress.
+        table_backward_passed_bytes: The same of ``table_backward_sent_bytes``.
+        table_non_finite_chunks: Chunks that held NaN/Inf, per table (the codec sent them exactly).
+        table_max_error_ratio: Largest observed ``|x - x_hat| / bound`` per table (sampled every ``error_every``
+            calls).
     """
 
     calls: int = 0  # forward exchanges
@@ -103,14 +133,24 @@ class CommStats:
         return _combine(self, earlier, subtract=True)
 
     def copy(self) -> CommStats:
-        """An independent snapshot."""
+        """An independent snapshot.
+
+        Returns:
+            A copy whose counters do not move with this record's.
+        """
         return self + CommStats()
 
     # ------------------------------------------------------------------ reduction over ranks and plain data
 
     def to_tensors(self, tables: Sequence[str]) -> dict[str, torch.Tensor]:
-        """This record as two float64 tensors, ``"sum"`` and ``"max"``, to all-reduce with those operations and read
-        back with :meth:`from_tensors`. Every rank must pass the same ``tables``."""
+        """This record as two float64 tensors to all-reduce, one with SUM and one with MAX.
+
+        Args:
+            tables: The tables whose per-table figures to include, in that order; every rank must pass the same.
+
+        Returns:
+            ``{"sum": ..., "max": ...}``; :meth:`from_tensors` reads them back.
+        """
         sums = [float(getattr(self, f)) for f in _SCALAR_FIELDS]
         maxes: list[float] = []
         for f in _TABLE_FIELDS:
@@ -121,7 +161,15 @@ class CommStats:
 
     @classmethod
     def from_tensors(cls, tables: Sequence[str], tensors: Mapping[str, torch.Tensor]) -> CommStats:
-        """Inverse of :meth:`to_tensors` (after the all-reduce: every rank's figures combined)."""
+        """Rebuild a record from :meth:`to_tensors`'s tensors, after the all-reduce: every rank's figures combined.
+
+        Args:
+            tables: The tables given to :meth:`to_tensors`.
+            tensors: The tensors it returned, reduced across ranks.
+
+        Returns:
+            The combined record.
+        """
         streams = {key: iter(tensors[key].detach().cpu().double().tolist()) for key in ("sum", "max")}
         out = cls()
         for f in _SCALAR_FIELDS:
@@ -132,13 +180,25 @@ class CommStats:
         return out
 
     def as_dict(self) -> dict[str, Any]:
-        """Plain data (checkpoints, ``dlac_run.json``)."""
+        """The record as plain data, for checkpoints and ``dlac_run.json``.
+
+        Returns:
+            ``{field: value}``, per-table fields as dicts; :meth:`from_dict` reads it back.
+        """
         return {f.name: dict(getattr(self, f.name)) if f.name in _TABLE_FIELDS else getattr(self, f.name)
                 for f in fields(self)}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> CommStats:
-        """Inverse of :meth:`as_dict`; fields it lacks start at zero (records written by older versions)."""
+        """Rebuild a record from :meth:`as_dict`'s plain data.
+
+        Args:
+            data: What :meth:`as_dict` returned; fields it lacks start at zero (records written by older versions),
+                and names it does not know are ignored.
+
+        Returns:
+            The record.
+        """
         known = {f.name for f in fields(cls)}
         return cls(**{k: dict(v) if k in _TABLE_FIELDS else v for k, v in data.items() if k in known})
 

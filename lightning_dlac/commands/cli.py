@@ -33,13 +33,15 @@ __all__ = ["CLIUserError", "build_cli", "main"]
 
 
 def build_cli(args: Sequence[str] | None = None, run: bool = True) -> Any:
-    """Parse ``args`` and build the trainer, model and datamodule (a LightningCLI); run the subcommand unless
-    ``run=False``.
+    """Parse ``args``, build the trainer, model and datamodule (a LightningCLI) and run the subcommand.
 
     Args:
         args: Command-line arguments; ``None`` reads ``sys.argv``.
         run: Run the subcommand (``fit``, ``validate``, ...). With ``False`` only parse and instantiate, and then
             ``args`` holds no subcommand.
+
+    Returns:
+        The LightningCLI, with its trainer, model and datamodule.
 
     Raises:
         CLIUserError: A value the library rejected while building the run (the message names the option).
@@ -86,8 +88,14 @@ def _rank_zero_stopped_too(grace_s: float = 10.0) -> bool:
 
 
 def main(args: Sequence[str] | None = None) -> None:
-    """Entry point of the ``dlac`` console script: dispatch the subcommand; a Trainer subcommand logs its final
-    metrics on rank 0, or stops on a user error with its message and status 2."""
+    """Entry point of the ``dlac`` console script: dispatch the subcommand.
+
+    A Trainer subcommand logs its final metrics on rank 0, or stops on a user error with its message and status 2
+    (the traceback with ``--debug`` or ``DLAC_DEBUG=1``).
+
+    Args:
+        args: The command line after ``dlac``; ``None`` reads ``sys.argv``.
+    """
     from_sys = args is None
     argv = list(sys.argv[1:] if from_sys else args)
     debug = _debug_requested(argv)

@@ -17,6 +17,11 @@ __all__ = ["USER_ERROR_STATUS", "CLIUserError", "is_user_error", "name_option"]
 class CLIUserError(ValueError):
     """A value given to ``dlac`` that the library rejected while the run was being built.
 
+    Args:
+        message: What is wrong with the value.
+        option: The option(s) that set it, as given on the command line (or the config key); ``None`` if unknown.
+        component: The class that rejected it.
+
     Attributes:
         option: The option(s) that set it, as given on the command line (or the config key), if known.
         component: The class that rejected it (``DLACStrategy``, ``CriteoTSVDataModule``, ``Trainer``).

@@ -35,7 +35,13 @@ __all__ = [
 
 
 def read_npy_header(path: str | os.PathLike) -> tuple[int, tuple[int, ...], bool, np.dtype]:
-    """``(data offset, shape, fortran_order, dtype)`` of a .npy file, from its header (version 1.0 or 2.0).
+    """Read a .npy file's header (version 1.0 or 2.0).
+
+    Args:
+        path: The file.
+
+    Returns:
+        ``(data offset, shape, fortran_order, dtype)``.
 
     Raises:
         ValueError: Not a .npy file (numpy's reason in the message).
@@ -74,7 +80,14 @@ def _npy_rows(path: Path, dtype: np.dtype, cols: int) -> int:
 
 
 def check_criteo_binary(directory: str | os.PathLike, stem: str) -> int:
-    """Validate ``<stem>_{dense,sparse,labels}.npy`` in ``directory`` from their headers; return the row count.
+    """Validate ``<stem>_{dense,sparse,labels}.npy`` in ``directory`` from their headers.
+
+    Args:
+        directory: The directory holding the files.
+        stem: Their common stem (``"day_0"``, ``"train"``).
+
+    Returns:
+        The row count the three files share.
 
     Raises:
         FileNotFoundError: A file is missing.
@@ -90,8 +103,18 @@ def check_criteo_binary(directory: str | os.PathLike, stem: str) -> int:
 
 @dataclass(frozen=True)
 class MultiHotMember:
-    """Where one feature's ``[rows, cols]`` ids lie inside a ``_sparse_multi_hot.npz`` (a stored, uncompressed
-    member, so the bytes at ``offset`` are the C-order array itself and can be read or memory-mapped in place)."""
+    """Where one feature's ``[rows, cols]`` ids lie inside a ``_sparse_multi_hot.npz``.
+
+    The member is stored uncompressed, so the bytes at ``offset`` are the C-order array itself and can be read or
+    memory-mapped in place.
+
+    Args:
+        name: The member's name, ``"0.npy"`` .. ``"25.npy"``.
+        offset: Byte offset of the array's first element in the .npz file.
+        rows: Rows of the array (samples).
+        cols: Columns of the array (ids per sample).
+        dtype: Its dtype (int32 or int64).
+    """
 
     # The member's name, "0.npy" .. "25.npy".
     name: str
@@ -103,9 +126,14 @@ class MultiHotMember:
 
 
 def read_multi_hot_layout(path: str | os.PathLike) -> tuple[list[MultiHotMember], list[int] | None]:
-    """The features' arrays in a ``<stem>_sparse_multi_hot.npz`` (members ``"0"`` .. ``"25"``, in feature order) and
-    the table sizes it was materialised for (``None`` when it does not say, as in MLPerf's own files), from the zip
-    directory and the members' headers only.
+    """Read where the features' arrays lie in a ``<stem>_sparse_multi_hot.npz``, from its zip directory and headers.
+
+    Args:
+        path: The .npz file.
+
+    Returns:
+        The members ``"0"`` .. ``"25"``, in feature order, and the table sizes the file was materialised for
+        (``None`` when it does not say, as in MLPerf's own files).
 
     Raises:
         FileNotFoundError: The file is missing.
@@ -182,8 +210,18 @@ def check_criteo_multi_hot(
     multi_hot_sizes: Sequence[int],
     num_embeddings_per_feature: Sequence[int],
 ) -> tuple[int, list[MultiHotMember]]:
-    """Validate ``<stem>_{dense,labels}.npy`` and ``<stem>_sparse_multi_hot.npz`` in ``directory`` (headers only)
-    against the expected pooling factors and table sizes; return the row count and the features' arrays.
+    """Validate a multi-hot set's files (headers only) against the expected pooling factors and table sizes.
+
+    The files are ``<stem>_{dense,labels}.npy`` and ``<stem>_sparse_multi_hot.npz`` in ``directory``.
+
+    Args:
+        directory: The directory holding the files.
+        stem: Their common stem.
+        multi_hot_sizes: The ids per row of each feature the .npz must hold.
+        num_embeddings_per_feature: The table sizes it must have been materialised for.
+
+    Returns:
+        The row count and the features' arrays in the .npz.
 
     Raises:
         FileNotFoundError: A file is missing (the message says how to create the .npz).

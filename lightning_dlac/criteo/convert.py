@@ -61,7 +61,17 @@ _COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".zst", ".zip", ".lzma")
 
 @dataclass(frozen=True)
 class CriteoConversion:
-    """What :func:`preprocess_criteo` wrote for one input file."""
+    """What :func:`preprocess_criteo` wrote for one input file.
+
+    Args:
+        input: The input TSV.
+        stem: ``<stem>`` of the outputs.
+        rows: Rows written.
+        bad_lines: Lines skipped as malformed (only with ``skip_bad_lines``).
+        seconds: Wall time of the conversion, seconds.
+        paths: The three output files: dense, sparse, labels.
+        first_bad_line: The first skipped line's error message, if any.
+    """
 
     # The input TSV.
     input: Path
@@ -378,6 +388,8 @@ def preprocess_criteo(
         CriteoFormatError: A malformed line (file and line number in the message), unless ``skip_bad_lines``.
         FileNotFoundError: An input is missing.
         FileExistsError: An output exists and ``overwrite`` is False.
+        ValueError: ``workers`` is below 1, no input is given, an input is compressed, or two inputs share an output
+            stem.
     """
     if workers < 1:
         raise ValueError(f"workers must be at least 1, got {workers}.")

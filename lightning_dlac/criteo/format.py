@@ -77,7 +77,13 @@ MULTI_HOT_TABLES_MEMBER = "num_embeddings_per_feature"
 
 
 class CriteoFormatError(ValueError):
-    """A Criteo TSV line that does not parse; ``path`` and ``line`` (1-based) say where."""
+    """A Criteo TSV line that does not parse; ``path`` and ``line`` say where.
+
+    Args:
+        message: What is wrong, naming the file and line.
+        path: The file.
+        line: The line, 1-based.
+    """
 
     def __init__(self, message: str, path: str, line: int) -> None:
         super().__init__(message)
@@ -86,13 +92,29 @@ class CriteoFormatError(ValueError):
 
 
 def binary_paths(directory: str | os.PathLike, stem: str) -> tuple[Path, Path, Path]:
-    """The ``(dense, sparse, labels)`` .npy paths of ``stem`` in ``directory``, in TorchRec's naming."""
+    """The .npy paths of one stem of TorchRec's binary layout.
+
+    Args:
+        directory: The directory holding the files.
+        stem: Their common stem (``"day_0"``, ``"train"``).
+
+    Returns:
+        The ``(dense, sparse, labels)`` paths, in TorchRec's naming (``<stem>_dense.npy``, ...).
+    """
     d = Path(directory)
     return tuple(d / f"{stem}_{suffix}.npy" for suffix, _, _ in BINARY_OUTPUTS)  # type: ignore[return-value]
 
 
 def multi_hot_path(directory: str | os.PathLike, stem: str) -> Path:
-    """``<directory>/<stem>_sparse_multi_hot.npz``: MLPerf DLRM v2's multi-hot ids of ``stem``."""
+    """The path of the .npz holding MLPerf DLRM v2's multi-hot ids of one stem.
+
+    Args:
+        directory: The directory holding the files.
+        stem: Their common stem.
+
+    Returns:
+        ``<directory>/<stem>_sparse_multi_hot.npz``.
+    """
     return Path(directory) / f"{stem}_{MULTI_HOT_SUFFIX}.npz"
 
 
@@ -104,6 +126,9 @@ def capped_cardinalities(max_rows: int) -> list[int]:
 
     Returns:
         26 table sizes, one per feature in :data:`FEATURE_NAMES` order.
+
+    Raises:
+        ValueError: If ``max_rows`` is below 1.
     """
     if max_rows < 1:
         raise ValueError(f"max_rows must be a positive number of embedding rows, got {max_rows}.")
@@ -111,13 +136,19 @@ def capped_cardinalities(max_rows: int) -> list[int]:
 
 
 def check_per_feature(values: Sequence[int], what: str, unit: str = "value", hint: str = "") -> list[int]:
-    """``values`` as 26 integers of at least 1 (one per categorical feature); an error naming ``what`` otherwise.
+    """Check that ``values`` are 26 integers of at least 1, one per categorical feature.
 
     Args:
         values: One value per categorical feature (pooling factors, table sizes).
         what: The option's name, for the message.
         unit: What one value is, for the message ("pooling factor").
         hint: Appended to the message on a wrong count (e.g. a valid value to copy).
+
+    Returns:
+        ``values`` as a list of ints.
+
+    Raises:
+        ValueError: If there are not 26 values or one is below 1; the message names ``what``.
     """
     sizes = [int(v) for v in values]
     if len(sizes) != SPARSE_COLUMNS:
@@ -128,18 +159,32 @@ def check_per_feature(values: Sequence[int], what: str, unit: str = "value", hin
 
 
 def check_multi_hot_sizes(multi_hot_sizes: Sequence[int]) -> list[int]:
-    """``multi_hot_sizes`` as 26 pooling factors of at least 1; an error naming the option otherwise."""
+    """Check that ``multi_hot_sizes`` are 26 pooling factors of at least 1.
+
+    Args:
+        multi_hot_sizes: Ids per sample of each categorical feature.
+
+    Returns:
+        The sizes as a list of ints.
+
+    Raises:
+        ValueError: If there are not 26 sizes or one is below 1; the message names the option.
+    """
     hint = f"; e.g. MLPerf DLRM v2's {list(MLPERF_MULTI_HOT_SIZES)}"
     return check_per_feature(multi_hot_sizes, "multi_hot_sizes", "pooling factor", hint)
 
 
 def dense_torchrec(raw: np.ndarray, minimum: int) -> np.ndarray:
-    """TorchRec's dense transform of raw int32 integer features: ``log(x - minimum + 2)`` as float32, computed as
-    ``BinaryCriteoUtils.tsv_to_npys`` does (int32 arithmetic, wrapping included).
+    """TorchRec's dense transform of raw int32 integer features: ``log(x - minimum + 2)`` as float32.
+
+    It is computed as ``BinaryCriteoUtils.tsv_to_npys`` does (int32 arithmetic, wrapping included).
 
     Args:
         raw: Integer features, int32 (missing = 0).
         minimum: The smallest integer feature of the file (``dlac preprocess criteo``) or of the rows read.
+
+    Returns:
+        The transformed features, float32, the shape of ``raw``.
     """
     with np.errstate(over="ignore"):
         shift = np.int32(minimum) - np.int32(2)
@@ -149,5 +194,12 @@ def dense_torchrec(raw: np.ndarray, minimum: int) -> np.ndarray:
 
 
 def dense_log1p(raw: np.ndarray) -> np.ndarray:
-    """The DLRM reference's dense transform: negative -> 0, then ``log(1 + x)``, as float32."""
+    """The DLRM reference's dense transform: negative -> 0, then ``log(1 + x)``, as float32.
+
+    Args:
+        raw: Integer features.
+
+    Returns:
+        The transformed features, float32, the shape of ``raw``.
+    """
     return np.log1p(np.maximum(np.asarray(raw, dtype=np.float64), 0.0)).astype(np.float32)

@@ -55,10 +55,11 @@ def _mix64(x: torch.Tensor) -> torch.Tensor:
 def multi_hot_from_one_hot(
     ids: torch.Tensor, multi_hot_sizes: Sequence[int], num_embeddings_per_feature: Sequence[int], salt: int = 0
 ) -> torch.Tensor:
-    """Expand one-hot categorical ids into multi-hot bags the way MLPerf DLRM v2 materialises Criteo 1TB: the bag of
-    id ``i`` of table ``t`` is ``[i, h(t, i, 1), ..., h(t, i, P_t - 1)]``, a fixed function of ``i``, with the extra
-    ids uniform over the table (MLPerf draws them once per id into a table; a hash needs no ``n x P`` table, so
-    full-size tables cost nothing).
+    """Expand one-hot categorical ids into multi-hot bags the way MLPerf DLRM v2 materialises Criteo 1TB.
+
+    The bag of id ``i`` of table ``t`` is ``[i, h(t, i, 1), ..., h(t, i, P_t - 1)]``, a fixed function of ``i``,
+    with the extra ids uniform over the table (MLPerf draws them once per id into a table; a hash needs no ``n x P``
+    table, so full-size tables cost nothing).
 
     Args:
         ids: One-hot ids ``[F, B]`` (table-major, as a KeyedJaggedTensor with one id per sample holds them).
@@ -68,6 +69,9 @@ def multi_hot_from_one_hot(
 
     Returns:
         KeyedJaggedTensor values: table ``t``'s ``B * P_t`` ids (sample-major), tables concatenated in order.
+
+    Raises:
+        ValueError: If ``ids`` is not 2-D or its tables, the sizes and the table sizes differ in number.
     """
     import torch
 
@@ -90,7 +94,15 @@ def multi_hot_from_one_hot(
 
 @dataclass(frozen=True)
 class MultiHotMaterialization:
-    """What :func:`materialize_multi_hot` wrote for one day."""
+    """What :func:`materialize_multi_hot` wrote for one day.
+
+    Args:
+        source: The one-hot ``<stem>_sparse.npy`` read.
+        stem: The day's stem.
+        rows: Rows materialised.
+        seconds: Wall time, seconds.
+        path: The ``<stem>_sparse_multi_hot.npz`` written.
+    """
 
     # The one-hot ``<stem>_sparse.npy`` read.
     source: Path
@@ -230,8 +242,9 @@ def materialize_multi_hot(
     progress: bool = True,
     block_rows: int = MULTI_HOT_BLOCK_ROWS,
 ) -> list[MultiHotMaterialization]:
-    """MLPerf DLRM v2's multi-hot ids from one-hot Criteo days: ``<stem>_sparse.npy`` to
-    ``<stem>_sparse_multi_hot.npz``.
+    """Materialise MLPerf DLRM v2's multi-hot ids from one-hot Criteo days, into ``<stem>_sparse_multi_hot.npz``.
+
+    The inputs are ``<stem>_sparse.npy`` files.
 
     As MLPerf's ``materialize_synthetic_multihot_dataset.py`` (torchrec_dlrm) does, feature ``t``'s one-hot id ``i``
     (taken modulo ``num_embeddings_per_feature[t]``) becomes the bag ``[i, e_1, ..., e_{P-1}]`` of
@@ -260,6 +273,13 @@ def materialize_multi_hot(
 
     Returns:
         One :class:`MultiHotMaterialization` per input, in order.
+
+    Raises:
+        ValueError: If the sizes are not 26 values of at least 1, a table exceeds int32 ids, ``workers`` or
+            ``block_rows`` is below 1, no input is given, an input is not a ``<stem>_sparse.npy``, two inputs share
+            a stem, or an input's files are invalid.
+        FileNotFoundError: If an input's dense, sparse or labels file is missing.
+        FileExistsError: If an output exists and ``overwrite`` is False.
     """
     sizes = check_per_feature(multi_hot_sizes, "multi_hot_sizes")
     tables = check_per_feature(num_embeddings_per_feature, "num_embeddings_per_feature")

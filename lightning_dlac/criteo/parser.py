@@ -1,9 +1,10 @@
 """Parsing Criteo TSV bytes into rows: the native parser or its reference, driven block by block over a byte range.
 
 :func:`resolve_parser` picks the parser: the native one (``criteo_tsv.cpp`` beside this module, JIT-built on first
-use like the codec, GIL released, over 1M rows/s) or the pure-Python reference in :mod:`lightning_dlac.criteo.spec`
-(the specification both follow, about 40k rows/s). ``DLAC_PREPROCESS_IMPL`` = ``auto`` (default: native if it
-builds, else one warning and the reference) | ``native`` | ``ref``, the same words as ``DLAC_CODEC_IMPL``.
+use like the codec, GIL released) or the pure-Python reference in :mod:`lightning_dlac.criteo.spec` (the
+specification both follow, far slower; both rates: docs/benchmarks.md, 'Data: Criteo preprocessing and loading').
+``DLAC_PREPROCESS_IMPL`` = ``auto`` (default: native if it builds, else one warning and the reference) | ``native``
+| ``ref``, the same words as ``DLAC_CODEC_IMPL``.
 
 :func:`parse_range` feeds one byte range of a file through a parser in blocks and yields the rows; the converter
 (:mod:`lightning_dlac.criteo.convert`) writes them to disk and :func:`read_tsv` (``CriteoTSVDataModule``) keeps
@@ -68,7 +69,14 @@ _LIBRARY = NativeLibrary(
 
 
 def resolve_parser(impl: str = "auto") -> Parser:
-    """The parser for ``impl`` (``auto`` | ``native`` | ``ref``; ``auto`` reads ``DLAC_PREPROCESS_IMPL``).
+    """Choose the parser: the native one or the pure-Python reference.
+
+    Args:
+        impl: ``auto`` | ``native`` | ``ref``; ``auto`` reads ``DLAC_PREPROCESS_IMPL`` (native if it builds, else one
+            warning and the reference).
+
+    Returns:
+        The parser.
 
     Raises:
         NativeUnavailable: ``native`` was asked for and the parser does not build (the message holds the build log).
@@ -190,7 +198,16 @@ def parse_range(
 
 @dataclass(frozen=True)
 class CriteoRows:
-    """The rows of a Criteo TSV file as parsed (:func:`read_tsv`)."""
+    """The rows of a Criteo TSV file as parsed (:func:`read_tsv`).
+
+    Args:
+        labels: int32 ``[N]``: 0 or 1.
+        dense: int32 ``[N, 13]``: the integer features as written (missing = 0); see
+            :func:`~lightning_dlac.criteo.dense_log1p` / :func:`~lightning_dlac.criteo.dense_torchrec`.
+        sparse: int64 ``[N, 26]``: the categoricals as integers (missing = 0), not hashed.
+        dense_min: The smallest integer feature of the rows (TorchRec's transform subtracts it); ``INT32_MAX``
+            without rows.
+    """
 
     # int32 [N]: 0 or 1.
     labels: np.ndarray
@@ -209,6 +226,9 @@ def read_tsv(path: str | os.PathLike, max_rows: int | None = None, impl: str = "
         path: The file.
         max_rows: Read at most this many rows (``None``: all).
         impl: ``auto`` | ``native`` | ``ref`` parser (:func:`resolve_parser`).
+
+    Returns:
+        The rows as parsed.
 
     Raises:
         CriteoFormatError: The first bad line (file and line number in the message).

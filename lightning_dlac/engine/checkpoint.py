@@ -154,8 +154,9 @@ def _recording_writer(path: Path) -> Any:
 
 def save_sharded(checkpoint: Mapping[str, Any], path: str | Path, fused_optimizer_state: Mapping[str, Any],
                  is_global_zero: bool, barrier: Callable[[str], None], verify: bool = True) -> None:
-    """Write ``checkpoint`` as a checkpoint directory at ``path``, atomically and verified (module docstring); every
-    rank must call it. A file or directory already at ``path`` is replaced once the new checkpoint is complete.
+    """Write a checkpoint directory at ``path``, atomically and verified (module docstring); every rank must call it.
+
+    A file or directory already at ``path`` is replaced once the new checkpoint is complete.
 
     Args:
         checkpoint: Lightning's checkpoint dict; its ``"state_dict"`` holds this rank's shards.
@@ -167,6 +168,7 @@ def save_sharded(checkpoint: Mapping[str, Any], path: str | Path, fused_optimize
 
     Raises:
         IncompleteCheckpointError: On every rank, when rank 0 did not find every file complete; nothing committed.
+        RuntimeError: On the other ranks, when rank 0 failed to save for another reason (which rank 0 raises).
     """
     import torch.distributed.checkpoint as dcp
 
@@ -269,7 +271,11 @@ def _write_durably(path: Path, write: Callable[[Any], Any]) -> None:
 
 
 def remove_checkpoint(path: str | Path) -> None:
-    """Remove the checkpoint ``path`` (a directory this module wrote, or a file); its name disappears at once."""
+    """Remove a checkpoint; its name disappears at once.
+
+    Args:
+        path: The checkpoint: a directory this module wrote, or a file.
+    """
     _directory.remove(Path(path))
 
 
@@ -277,8 +283,16 @@ def remove_checkpoint(path: str | Path) -> None:
 
 
 def check_directory(path: str | Path, owner: str = "DLACStrategy") -> Path:
-    """``path`` if it is a complete checkpoint directory this module wrote (every file there, at its size; checksums
-    are :func:`load_sharded`'s); otherwise an error naming what is missing or damaged.
+    """Check that ``path`` is a complete checkpoint directory this module wrote: every file there, at its size.
+
+    Checksums are :func:`load_sharded`'s.
+
+    Args:
+        path: The checkpoint directory.
+        owner: The name errors give the saver.
+
+    Returns:
+        ``path``, as a ``Path``.
 
     Raises:
         FileNotFoundError: ``path`` is not a checkpoint directory, or a file of it is missing.
@@ -378,9 +392,7 @@ def _verify_checksums(path: Path) -> None:
 
 def load_sharded(path: str | Path, state_dict: dict[str, Any], fused_optimizer_state: dict[str, Any],
                  weights_only: bool = True, owner: str = "DLACStrategy", verify: bool = True) -> dict[str, Any]:
-    """Load a checkpoint directory in place into ``state_dict`` (this rank's shards) and ``fused_optimizer_state``;
-    return the rest of the checkpoint with ``"state_dict"`` set (and, for checkpoints that carry it, every saving
-    rank's random state under :data:`RANDOM_STATE_KEY`: :func:`restore_random_state`). Every rank must call it.
+    """Load a checkpoint directory in place into this rank's shards and fused-optimizer state; every rank must call it.
 
     Args:
         path: The checkpoint directory.
@@ -390,8 +402,13 @@ def load_sharded(path: str | Path, state_dict: dict[str, Any], fused_optimizer_s
         owner: The name errors give the saver.
         verify: Check every file's checksum first (the files shared out over the ranks).
 
+    Returns:
+        The rest of the checkpoint with ``"state_dict"`` set (and, for checkpoints that carry it, every saving rank's
+        random state under :data:`RANDOM_STATE_KEY`: :func:`restore_random_state`).
+
     Raises:
-        FileNotFoundError, ValueError: The checkpoint is incomplete or damaged (:func:`check_directory`, checksums).
+        FileNotFoundError: The checkpoint is incomplete (:func:`check_directory`).
+        ValueError: The checkpoint is damaged (:func:`check_directory`, checksums, an unreadable ``meta.pt``).
         RuntimeError: The checkpoint was written for other tables.
         pickle.UnpicklingError: ``meta.pt`` holds arbitrary objects and ``weights_only`` is true.
     """
@@ -440,13 +457,15 @@ def restore_random_state(checkpoint: dict[str, Any]) -> dict[str, Any] | None:
 
 @dataclass
 class CheckpointOptions:
-    """How checkpoints are written and read (``DLACStrategy(checkpointing=CheckpointOptions(...))``; YAML
-    ``init_args.checkpointing``).
+    """How checkpoints are written and read (``DLACStrategy(checkpointing=...)``; YAML ``init_args.checkpointing``).
 
     Args:
         verify: Checksum (CRC32) every file of a checkpoint when it is saved, by the rank that wrote it, and verify
             the checksums when it is loaded, shared out over the ranks. ``False``: sizes only, for checkpoints too
             large to read back (see the module docstring).
+
+    Raises:
+        ValueError: If ``verify`` is not a bool.
     """
 
     verify: bool = True  # CRC32 of every file at save, checked at load; False: sizes only
@@ -457,8 +476,10 @@ class CheckpointOptions:
 
 
 class Checkpointer:
-    """What a trainer does with this module's checkpoints of a model sharded by TorchRec: save and load them
-    (shards, fused-optimizer state, the rest) and carry every rank's random state across a restart.
+    """Saves and loads a TorchRec-sharded model's checkpoints, carrying every rank's random state across a restart.
+
+    What a trainer does with this module's checkpoints: save and load them (shards, fused-optimizer state, the rest)
+    and carry every rank's random state across a restart.
 
     The random state is restored at load. A run resumed in the middle of an epoch makes its training loader's
     iterator again afterwards, which draws from torch's generator, where the interrupted run had made it before the
@@ -476,13 +497,40 @@ class Checkpointer:
 
     def save(self, checkpoint: Mapping[str, Any], path: str | Path, model: DistributedModelParallel | None,
              is_global_zero: bool, barrier: Callable[[str], None]) -> None:
-        """:func:`save_sharded` of ``checkpoint`` and ``model``'s fused-optimizer state; every rank must call it."""
+        """:func:`save_sharded` of ``checkpoint`` and ``model``'s fused-optimizer state; every rank must call it.
+
+        Args:
+            checkpoint: Lightning's checkpoint dict; its ``"state_dict"`` holds this rank's shards.
+            path: The checkpoint directory to write.
+            model: The sharded model whose fused-optimizer state is saved (``None``: none).
+            is_global_zero: Whether this is rank 0.
+            barrier: Waits for every rank (named, for debugging).
+
+        Raises:
+            IncompleteCheckpointError: As :func:`save_sharded`.
+        """
         save_sharded(checkpoint, path, _fused_state(model), is_global_zero, barrier, verify=self.verify)
 
     def load(self, path: str | Path, state_dict: dict[str, Any], model: DistributedModelParallel | None,
              weights_only: bool = True) -> dict[str, Any]:
-        """:func:`load_sharded` into ``state_dict`` and ``model``'s fused optimizer; restores this rank's random state
-        (:func:`restore_random_state`). Every rank must call it."""
+        """:func:`load_sharded` into ``state_dict`` and ``model``'s fused optimizer, restoring this rank's random state.
+
+        The random state is restored with :func:`restore_random_state`. Every rank must call it.
+
+        Args:
+            path: The checkpoint directory.
+            state_dict: This rank's (sharded) state dict, loaded in place.
+            model: The sharded model whose fused optimizer is loaded (``None``: none).
+            weights_only: Refuse a ``meta.pt`` holding objects other than plain data and tensors.
+
+        Returns:
+            The checkpoint, as :func:`load_sharded` returns it (the random state taken out).
+
+        Raises:
+            FileNotFoundError: As :func:`load_sharded`.
+            ValueError: As :func:`load_sharded`.
+            RuntimeError: As :func:`load_sharded`.
+        """
         fused = _fused_state(model)  # loaded in place, shard by shard
         checkpoint = load_sharded(path, state_dict, fused, weights_only=weights_only, owner=self.owner,
                                   verify=self.verify)  # fmt: skip
@@ -492,7 +540,11 @@ class Checkpointer:
         return checkpoint
 
     def on_train_start(self, resumed_mid_epoch: bool) -> None:
-        """Training begins: after a resume in the middle of an epoch, the loaded random state again (see above)."""
+        """Training begins: after a resume in the middle of an epoch, restore the loaded random state again.
+
+        Args:
+            resumed_mid_epoch: Whether the run resumed in the middle of an epoch (see the class docstring).
+        """
         if self._loaded_random_state is not None and resumed_mid_epoch:
             rng.restore(self._loaded_random_state)
         self._loaded_random_state = None

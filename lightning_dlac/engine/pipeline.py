@@ -232,8 +232,10 @@ class SparseDistPipeline(TrainPipelineSparseDist):
 
     def restore(self) -> None:
         """Give the sharded modules their own forwards back (after training); the pipeline is unusable after this.
+
         Runs no collective (a run that failed may be here with its ranks out of step): :meth:`drain` first, where
-        every rank reaches the same point."""
+        every rank reaches the same point.
+        """
         self._entries.clear()
         self._current = None
         for sharded, own in zip(self._pipelined_modules, self._original_forwards):
@@ -244,15 +246,28 @@ class SparseDistPipeline(TrainPipelineSparseDist):
     # ------------------------------------------------------------------ batches
 
     def loader(self, loader: Any) -> LookaheadLoader:
-        """``loader`` read one batch ahead, every batch it reads registered with this pipeline."""
+        """Wrap the training loader so that it is read one batch ahead, every batch registered with this pipeline.
+
+        Args:
+            loader: The training loader.
+
+        Returns:
+            The loader read one batch ahead (Lightning's stateful-dataloader protocol kept).
+        """
         return lookahead_loader(loader, self._read)
 
     def _read(self, raw: Any) -> None:
         self._entries.append(_Entry(raw))
 
     def to_device(self, batch: Any) -> Any | None:
-        """The pipeline's device copy of a batch its loader yielded (moved now if it was not moved yet), or ``None``
-        for a batch the pipeline did not read (validation, calibration...)."""
+        """The pipeline's device copy of a batch its loader yielded, moved now if it was not moved yet.
+
+        Args:
+            batch: The batch as the loader yielded it.
+
+        Returns:
+            Its device copy; ``None`` for a batch the pipeline did not read (validation, calibration...).
+        """
         entry = next((e for e in self._entries if e.raw is batch), None)
         if entry is None:
             return None
@@ -270,6 +285,13 @@ class SparseDistPipeline(TrainPipelineSparseDist):
         and its input dist started (unless ``last``: the loop will not train another batch of this pass). After it:
         the next batch's ids are launched, to travel during the backward. A second block for the same batch (a
         closure evaluated again) runs unpipelined.
+
+        Args:
+            batch: The batch, as :meth:`to_device` returned it.
+            last: The loop will not train another batch of this pass: nothing is sent ahead.
+
+        Yields:
+            Nothing; the step's forward runs inside the block.
 
         Raises:
             PipelineError: ``batch`` is not a batch the pipeline's loader read.
@@ -337,8 +359,10 @@ class SparseDistPipeline(TrainPipelineSparseDist):
         context.input_dist_tensors_requests.clear()
 
     def drain(self) -> None:
-        """Wait for every input dist in flight and forget the batches read ahead (the end of training). Every rank
-        must call it at the same point, as any collective."""
+        """Wait for every input dist in flight and forget the batches read ahead (the end of training).
+
+        Every rank must call it at the same point, as any collective.
+        """
         while self._entries:
             self._finish(self._entries.popleft())
         self._current = None

@@ -56,7 +56,11 @@ class EmbeddingOptimizer(str, Enum):
         return self.value
 
     def to_fbgemm(self) -> Any:
-        """The FBGEMM ``EmbOptimType`` this optimizer maps to."""
+        """The FBGEMM optimizer type this optimizer maps to.
+
+        Returns:
+            The ``fbgemm_gpu`` ``EmbOptimType`` (its exact variant).
+        """
         from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
         return {
@@ -66,7 +70,17 @@ class EmbeddingOptimizer(str, Enum):
         }[self]
 
     def state_bytes(self, rows: int, dim: int) -> int:
-        """Optimizer state of one table: Adagrad keeps one float per element, row-wise Adagrad one per row."""
+        """The optimizer state of one table, in bytes.
+
+        Adagrad keeps one float per element, row-wise Adagrad one per row, SGD none.
+
+        Args:
+            rows: The table's rows.
+            dim: Its embedding dimension.
+
+        Returns:
+            The state's size in bytes.
+        """
         return {EmbeddingOptimizer.SGD: 0, EmbeddingOptimizer.ADAGRAD: rows * dim * 4,
                 EmbeddingOptimizer.ROWWISE_ADAGRAD: rows * 4}[self]
 
@@ -111,8 +125,10 @@ def _table_constraints(table_constraints: Mapping[str, Mapping[str, Any]]) -> di
 
 @dataclass
 class ShardingOptions:
-    """How the embedding tables are sharded and trained: :func:`shard_model`'s options, and
-    ``DLACStrategy(sharding=ShardingOptions(...))``'s (YAML ``init_args.sharding``).
+    """How the embedding tables are sharded and trained (``DLACStrategy(sharding=...)``, :func:`shard_model`).
+
+    :func:`shard_model`'s options, and ``DLACStrategy(sharding=ShardingOptions(...))``'s (YAML
+    ``init_args.sharding``).
 
     Args:
         sharding_types: Sharding types the planner may choose from, for every table (TorchRec names:
@@ -132,6 +148,11 @@ class ShardingOptions:
             ``torchrec.distributed.fbgemm_qcomm_codec.get_qcomm_codecs_registry`` returns), given to both sharders,
             for the exchanges TorchRec sends itself: all of them with the compressed exchange off (TorchRec's qcomm
             baselines), the rest with it on. Live codec objects: Python only, not YAML. ``None``: float32.
+
+    Raises:
+        ValueError: If a sharding type is unknown, a table constraint names an unknown ``ParameterConstraints``
+            field, or a number is out of range.
+        TypeError: If a table constraint or ``qcomm_codecs_registry`` is not a mapping.
     """
 
     sharding_types: Sequence[str] = ("table_wise",)  # the planner's choices for every table (TorchRec names)
@@ -170,13 +191,31 @@ class ShardingOptions:
             )
 
     def allowed_sharding_types(self, table: str) -> list[str]:
-        """The sharding types the planner may use for ``table``: its own constraint, else the global one."""
+        """The sharding types the planner may use for a table.
+
+        Args:
+            table: The table's name.
+
+        Returns:
+            Its own constraint's sharding types, else the global ``sharding_types``.
+        """
         return list(self.table_constraints.get(table, {}).get("sharding_types", self.sharding_types))
 
     def check_tables(self, tables: Sequence[Any], supported: Sequence[str], device_type: str,
                      known: Sequence[str] = ()) -> None:
         """Refuse constraints on unknown tables, sharding types the device lacks, and whole tables over budget.
-        ``known``: names of the model's other tables (checked in another call), which constraints may name."""
+
+        Args:
+            tables: The tables' configs (TorchRec's ``EmbeddingBagConfig`` / ``EmbeddingConfig``).
+            supported: The sharding types TorchRec supports for them on this device.
+            device_type: The device type, for the message.
+            known: Names of the model's other tables (checked in another call), which constraints may name.
+
+        Raises:
+            ValueError: If a constraint names a table the model does not have, a table may use no sharding type the
+                device supports, or a table kept whole does not fit ``memory_budget_bytes`` (the message says how
+                to fix each).
+        """
         names = {t.name for t in tables} | set(known)
         unknown = sorted(set(self.table_constraints) - names)
         if unknown:
@@ -214,9 +253,11 @@ def shard_model(
     pg: dist.ProcessGroup | None = None,
     local_world_size: int | None = None,
 ) -> DistributedModelParallel:
-    """Plan a sharding of every ``EmbeddingBagCollection`` and ``EmbeddingCollection`` (sequence features) in
-    ``module`` and wrap it in TorchRec's ``DistributedModelParallel``: tables sharded and trained by the fused
-    optimizer, dense parameters in DDP, the ids checked against their tables (:mod:`lightning_dlac.engine.ids`).
+    """Shard a model's embedding tables with TorchRec and wrap the model in ``DistributedModelParallel``.
+
+    Every ``EmbeddingBagCollection`` and ``EmbeddingCollection`` (sequence features) in ``module`` is planned and
+    sharded: tables sharded and trained by the fused optimizer, dense parameters in DDP, the ids checked against
+    their tables (:mod:`lightning_dlac.engine.ids`). The sharded tables start from the module's own weights.
 
     Args:
         module: The model (not yet sharded).
@@ -224,6 +265,15 @@ def shard_model(
         device: This rank's device.
         pg: Process group (default: the world group, which must exist).
         local_world_size: Ranks per node, as the planner's topology needs it (default: the world size).
+
+    Returns:
+        The sharded model.
+
+    Raises:
+        NoEmbeddingTablesError: If ``module`` has no embedding collection to shard.
+        RuntimeError: If no process group is given and none is initialized.
+        ValueError: If the options do not fit the model's tables (:meth:`ShardingOptions.check_tables`), or the
+            planner finds no sharding within the memory budget.
     """
     from torchrec.distributed.embedding import EmbeddingCollectionSharder, ShardedEmbeddingCollection
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder, ShardedEmbeddingBagCollection
@@ -424,7 +474,15 @@ def _fix_bucket_layout(ddp: Any) -> None:
 
 
 def plan_summary(plan: Any) -> str:
-    """``table->sharding_type[ranks]`` for (up to eight of) the tables of a TorchRec ``ShardingPlan``."""
+    """Describe a TorchRec ``ShardingPlan`` in one line.
+
+    Args:
+        plan: The plan.
+
+    Returns:
+        ``table->sharding_type[ranks]`` for up to eight of its tables, comma-separated (and how many there are
+        when more).
+    """
     parts = []
     for module_plan in plan.plan.values():
         for table, spec in module_plan.items():
@@ -439,7 +497,14 @@ def table_count(plan: Any) -> int:
 
 
 def fused_parameters(module: nn.Module) -> list[torch.nn.Parameter]:
-    """The parameters of ``module`` that a fused optimizer trains inside the backward pass."""
+    """The parameters of a module that a fused optimizer trains inside the backward pass.
+
+    Args:
+        module: The module (sharded or not).
+
+    Returns:
+        Those parameters: the sharded embedding tables' (none before sharding).
+    """
     return [p for p in module.parameters() if hasattr(p, "_in_backward_optimizers")]
 
 
@@ -449,5 +514,11 @@ def dense_parameters(module: nn.Module) -> list[torch.nn.Parameter]:
     Under :class:`~lightning_dlac.DLACStrategy` (``configure_optimizers`` runs after sharding) that is everything but
     the sharded embedding tables, which a fused optimizer trains inside the backward pass. Without sharding (a plain
     Trainer) it is every parameter, embedding tables included.
+
+    Args:
+        module: The module (the LightningModule in ``configure_optimizers``).
+
+    Returns:
+        The parameters to give the optimizer.
     """
     return [p for p in module.parameters() if not hasattr(p, "_in_backward_optimizers")]

@@ -39,7 +39,11 @@ class NativeUnavailable(RuntimeError):
 
 
 def sources_dir() -> Path:
-    """Directory holding the native sources: the installed package ``lightning_dlac._cuda_ext``, else the checkout."""
+    """The directory holding the native sources.
+
+    Returns:
+        The installed package ``lightning_dlac._cuda_ext``, else the checkout's ``cuda_ext/``.
+    """
     try:
         path = Path(str(importlib.resources.files("lightning_dlac._cuda_ext")))
         if (path / "dlac_cpu.cpp").is_file():
@@ -50,17 +54,30 @@ def sources_dir() -> Path:
 
 
 def cache_root() -> Path:
-    """Where builds are cached: ``$DLAC_EXTENSION_DIR``, else ``~/.cache/lightning_dlac``."""
+    """Where builds are cached.
+
+    Returns:
+        ``$DLAC_EXTENSION_DIR``, else ``~/.cache/lightning_dlac``.
+    """
     return Path(os.environ.get(ENV_DIR) or Path.home() / ".cache" / "lightning_dlac")
 
 
 def build_dir(files: Sequence[Path], flags: Sequence[str], prefix: str = "") -> Path:
-    """The cache directory of a build of ``files`` with ``flags``: ``<cache>/<prefix><16 hex digits>``, the digits a
-    hash of the files' paths and bytes, the flags and the torch version.
+    """The cache directory of a build of ``files`` with ``flags``.
 
     The paths count because torch's build file names them (the sources, the include directories): two checkouts
     with identical sources sharing one directory would each find the other's build file different and rebuild,
-    replacing the library under the other's running processes."""
+    replacing the library under the other's running processes.
+
+    Args:
+        files: Every file of the build (sources and headers), read for the hash.
+        flags: The compiler and linker flags.
+        prefix: Prefix of the directory's name.
+
+    Returns:
+        ``<cache>/<prefix><16 hex digits>``, the digits a hash of the files' paths and bytes, the flags and the torch
+        version.
+    """
     import torch
 
     digest = hashlib.sha256()
@@ -195,7 +212,15 @@ class NativeLibrary:
         self.state: dict[str, Any] = {"loaded": False, "module": None, "error": None, "warned": False}
 
     def load(self) -> Any:
-        """Build (once per process) and load the library; return what ``build`` returned. Raises NativeUnavailable."""
+        """Build (once per process) and load the library.
+
+        Returns:
+            What ``build`` returned.
+
+        Raises:
+            NativeUnavailable: If the library does not build or load (again on every later call, with the first
+                error's message).
+        """
         with self._lock:
             if self.state["loaded"]:
                 return self.state["module"]
@@ -211,7 +236,11 @@ class NativeLibrary:
             return module
 
     def available(self) -> bool:
-        """True if the library loads (building it if needed); never raises."""
+        """Whether the library loads, building it if needed; never raises.
+
+        Returns:
+            True if it loads.
+        """
         try:
             self.load()
             return True
@@ -219,13 +248,38 @@ class NativeLibrary:
             return False
 
     def normalize(self, value: str, source: str = "impl") -> str:
-        """``value`` as one of :data:`IMPLS`; ``source`` names where it came from."""
+        """Check that ``value`` is one of :data:`IMPLS`.
+
+        Args:
+            value: The choice.
+            source: Where it came from (``"impl"``, the environment variable), for the message.
+
+        Returns:
+            ``value``.
+
+        Raises:
+            ValueError: If ``value`` is not one of :data:`IMPLS`.
+        """
         if value not in IMPLS:
             raise ValueError(f"{source}={value!r} is not one of {IMPLS}")
         return value
 
     def choose(self, impl: str = "auto") -> str:
-        """Map ``impl`` (and the environment variable when it is "auto") to ``"ref"`` or ``"native"``."""
+        """Map ``impl`` (and the environment variable when it is ``"auto"``) to ``"ref"`` or ``"native"``.
+
+        In auto mode a library that does not build gives one warning per process naming the cause, then the
+        reference.
+
+        Args:
+            impl: ``"auto"``, ``"ref"`` or ``"native"``.
+
+        Returns:
+            ``"ref"`` or ``"native"``.
+
+        Raises:
+            ValueError: If ``impl``, or the environment variable, is not one of :data:`IMPLS`.
+            NativeUnavailable: If the choice is ``"native"`` and the library does not build.
+        """
         impl = self.normalize(impl)
         if impl == "auto":
             impl = self.normalize(os.environ.get(self.env_impl, "auto").strip().lower() or "auto", self.env_impl)

@@ -216,7 +216,12 @@ class DLACCallback(Callback):
         return self._calibrator.table_stats
 
     def calibration_report(self) -> list[dict[str, Any]]:
-        """One row per table: class, bound, index, distinct vectors, value range, ratio and loss change."""
+        """The latest calibration, one row per table.
+
+        Returns:
+            One dict per table: class, bound, index, distinct vectors, value range, ratio and loss change
+            (:meth:`~lightning_dlac.adaptive.Calibrator.report`).
+        """
         return self._calibrator.report()
 
     # ------------------------------------------------------------------ hooks
@@ -368,7 +373,11 @@ class DLACCallback(Callback):
         rank_zero_info(f"dlac: report in {save_run(run, log_dir)}")
 
     def rule(self) -> str | None:
-        """How the table-wise level chooses, in words, as the report says it (``None`` with ``mode="off"``)."""
+        """How the table-wise level chooses, in words, as the report says it.
+
+        Returns:
+            The rule (e.g. "at most 0.1 of the noise every table loose would add"); ``None`` with ``mode="off"``.
+        """
         s = self.settings
         if s.mode == "noise":
             rule = (f"a noise budget of {s.noise_budget:g} of the loss's minibatch variance"
@@ -385,7 +394,15 @@ class DLACCallback(Callback):
         return rule + (f", measured again every {s.recalibrate_every} batches" if s.recalibrate_every else "")
 
     def run_summary(self, trainer: pl.Trainer) -> dict[str, Any]:
-        """Everything the report is made from, as plain data (what ``dlac_run.json`` holds)."""
+        """Everything the report is made from, as plain data.
+
+        Args:
+            trainer: The trainer of the run (its world size and final metrics).
+
+        Returns:
+            What ``dlac_run.json`` holds: the policy, the bounds, the calibrations, the traffic summary and the
+            metrics history.
+        """
         cal, bounds = self._calibrator, self._strategy.error_bounds if self._strategy is not None else None
         return {
             "mode": self.mode, "rule": self.rule(), "schedule": self.schedule.as_dict(),
@@ -448,8 +465,11 @@ class DLACCallback(Callback):
 
     @property
     def calibration_seconds(self) -> float:
-        """This rank's time in calibration so far: the observers' work on the measured batches (statistics,
-        compressed sizes), the sensitivity probes and the statistics' reduction."""
+        """This rank's seconds in calibration so far.
+
+        They are the observers' work on the measured batches (statistics, compressed sizes), the sensitivity probes
+        and the statistics' reduction.
+        """
         return self._calibration_s
 
     def _finish_calibration(self, first_batch: int) -> None:

@@ -82,12 +82,21 @@ class CompressionMonitor:
     # ------------------------------------------------------------------ per batch (no time of the exchanges is read)
 
     def batch_started(self, group: ExchangeGroup) -> None:
-        """A training batch starts: its exchanges count as the step's (``CommStats.in_step_s``)."""
+        """A training batch starts: its exchanges count as the step's (``CommStats.in_step_s``).
+
+        Args:
+            group: The exchanges the step runs.
+        """
         self._batch_start = self._clock()
         group.set_in_step(True)
 
     def batch_ended(self, group: ExchangeGroup, excluded_s: float = 0.0) -> None:
-        """The training batch ended; ``excluded_s`` of its wall time was not training (calibration probes)."""
+        """The training batch ended: count its wall time.
+
+        Args:
+            group: The exchanges the step ran.
+            excluded_s: Seconds of its wall time that were not training (calibration probes).
+        """
         group.set_in_step(False)
         seconds = self._clock() - self._batch_start - excluded_s
         self._interval_s += seconds
@@ -95,7 +104,14 @@ class CompressionMonitor:
         self._interval_steps[_step_bin(seconds)] += 1
 
     def pending(self, group: ExchangeGroup) -> bool:
-        """Whether a training batch or an exchange happened since the last write."""
+        """Whether a training batch or an exchange happened since the last write.
+
+        Args:
+            group: The exchanges.
+
+        Returns:
+            True if there is something to write.
+        """
         return bool(self._interval_batches) or group.stats().calls > self._last.calls
 
     # ------------------------------------------------------------------ writes
@@ -103,7 +119,18 @@ class CompressionMonitor:
     def write(self, group: ExchangeGroup, world_size: int, effective_bound: Callable[[str], float],
               multiplier: float) -> dict[str, float]:
         """Combine the interval's figures over ranks, add them to the totals and return the metrics.
-        Every rank must call it at the same point."""
+
+        Every rank must call it at the same point.
+
+        Args:
+            group: The exchanges (their counters are read: on a GPU, this waits for the device).
+            world_size: The number of ranks.
+            effective_bound: A table's bound now (``ErrorBounds.effective``), for the per-table metrics.
+            multiplier: The schedule's multiplier now.
+
+        Returns:
+            The ``dlac/*`` metrics of the interval (per table too with ``per_table``).
+        """
         tables = group.all_compressed_tables
         now = group.stats()  # reads the exchanges' times (on a GPU, waits for the device)
         tensors = (now - self._last).to_tensors(tables)
@@ -177,13 +204,28 @@ class CompressionMonitor:
     # ------------------------------------------------------------------ the report's figures and checkpoints
 
     def validated(self, batch: int, step: int, metrics: Mapping[str, float]) -> None:
-        """A validation loop ended after ``batch`` training batches: its metrics join the history at that batch only
-        (the plots draw them where they were measured)."""
+        """A validation loop ended: its metrics join the history at that batch only.
+
+        The plots draw them where they were measured.
+
+        Args:
+            batch: The training batches run before it.
+            step: The trainer's global step.
+            metrics: The validation loop's metrics (nothing is added without any).
+        """
         if metrics:
             self.history.append({"batch": batch, "step": step, "validation": True, **metrics})
 
     def summary(self, world_size: int) -> dict[str, Any]:
-        """The whole run's traffic and time (the ``summary`` of ``dlac_run.json``)."""
+        """The whole run's traffic and time.
+
+        Args:
+            world_size: The number of ranks.
+
+        Returns:
+            The ``summary`` of ``dlac_run.json``: bytes (by direction, link class and table), seconds, per-step
+            milliseconds and the median step.
+        """
         t = self.totals
         ms = 1000.0 / (max(self.batches, 1) * world_size)
         median = median_step_s(self.step_counts)
@@ -217,13 +259,22 @@ class CompressionMonitor:
         }
 
     def state_dict(self) -> dict[str, Any]:
-        """Totals and history (a resumed run's report covers the whole run)."""
+        """The monitor's totals and history, for a checkpoint (a resumed run's report covers the whole run).
+
+        Returns:
+            Plain data that :meth:`load_state_dict` restores.
+        """
         totals = {"batches": self.batches, "train_s": self.train_s, "a2a_s": self.a2a_s, **self.totals.as_dict()}
         return {"totals": totals, "history": list(self.history), "non_finite_tables": sorted(self.non_finite_reported),
                 "step_counts": sorted(self.step_counts.items())}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`state_dict` (also the ``totals`` / ``history`` of checkpoints written before it existed)."""
+        """Restore :meth:`state_dict`.
+
+        Args:
+            state: What :meth:`state_dict` returned (also the ``totals`` / ``history`` of checkpoints written before
+                it existed).
+        """
         totals = dict(state["totals"])
         self.batches = int(totals.pop("batches", 0))
         self.train_s = float(totals.pop("train_s", 0.0))

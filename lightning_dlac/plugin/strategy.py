@@ -93,8 +93,10 @@ class _DMPForwardRedirection(_DDPForwardRedirection):
 
 
 class DLACStrategy(DDPStrategy):
-    """Shard every TorchRec ``EmbeddingBagCollection`` and ``EmbeddingCollection`` of the LightningModule across the
-    ranks; train the rest data-parallel; compress the pooled- and sequence-embedding all-to-alls.
+    """A Lightning strategy for TorchRec models: sharded embedding tables, the rest data-parallel, compressed exchanges.
+
+    It shards every TorchRec ``EmbeddingBagCollection`` and ``EmbeddingCollection`` of the LightningModule across the
+    ranks, trains the rest data-parallel and compresses the pooled- and sequence-embedding all-to-alls.
 
     After the process group exists, the strategy shards the module with
     :func:`~lightning_dlac.engine.sharding.shard_model`
@@ -263,7 +265,12 @@ class DLACStrategy(DDPStrategy):
         return self._sharding.embedding_optimizer
 
     def total_comm_stats(self) -> CommStats:
-        """This rank's compression counters since setup (a snapshot; the counters only grow)."""
+        """This rank's compression counters since setup.
+
+        Returns:
+            A snapshot (the counters only grow: subtract two for an interval); zeros before setup and with
+            compression off.
+        """
         return self._group.stats() if self._group else CommStats()
 
     @property
@@ -290,10 +297,12 @@ class DLACStrategy(DDPStrategy):
 
     @override
     def setup_distributed(self) -> None:
-        """Lightning's process-group set-up, with one change under torchrun's restarts (``--max-restarts``): a
-        restarted group on one node keeps its rendezvous keys apart from the previous attempt's, which torchrun
+        """Lightning's process-group set-up, with one change under torchrun's restarts (``--max-restarts``).
+
+        A restarted group on one node keeps its rendezvous keys apart from the previous attempt's, which torchrun
         leaves in the store the attempts share (:mod:`lightning_dlac.engine.elastic`; without it a restart can die in
-        ``Gloo connectFullMesh ... Connection refused``). On several nodes it warns where that remains possible."""
+        ``Gloo connectFullMesh ... Connection refused``). On several nodes it warns where that remains possible.
+        """
         self.set_world_ranks()
         backend, device = self._get_process_group_backend(), self.root_device
         if _elastic.init_restarted_process_group(backend, self.global_rank, self.world_size, self._timeout,
@@ -444,18 +453,45 @@ class DLACStrategy(DDPStrategy):
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: str | Path, storage_options: Any | None = None
                         ) -> None:  # fmt: skip
-        """Save a checkpoint directory (:class:`lightning_dlac.engine.checkpoint.Checkpointer`): every rank writes its
-        own table shards and fused-optimizer state and reports them, rank 0 the rest (with every rank's random
-        state), checks that every file is there, and commits. All ranks must call this (ModelCheckpoint does)."""
+        """Save a checkpoint directory (:class:`lightning_dlac.engine.checkpoint.Checkpointer`).
+
+        Every rank writes its own table shards and fused-optimizer state and reports them, rank 0 the rest (with
+        every rank's random state), checks that every file is there, and commits. All ranks must call this
+        (ModelCheckpoint does).
+
+        Args:
+            checkpoint: Lightning's checkpoint dict.
+            filepath: The checkpoint directory to write.
+            storage_options: Not supported; must be ``None``.
+
+        Raises:
+            TypeError: If ``storage_options`` is given.
+            IncompleteCheckpointError: If rank 0 did not find every file complete (raised on every rank; nothing
+                committed).
+        """
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__}.save_checkpoint takes no storage_options, got {storage_options!r}.")
         self._checkpoints.save(checkpoint, filepath, self._dmp, self.is_global_zero, self.barrier)
 
     @override
     def load_checkpoint(self, checkpoint_path: str | Path, weights_only: bool | None = None) -> dict[str, Any]:
-        """Load a checkpoint directory into this rank's shards and restore this rank's random state
-        (:class:`lightning_dlac.engine.checkpoint.Checkpointer`). ``weights_only=None`` (Lightning's default) loads
-        safely: plain data and tensors only."""
+        """Load a checkpoint directory into this rank's shards and restore this rank's random state.
+
+        See :class:`lightning_dlac.engine.checkpoint.Checkpointer`.
+
+        Args:
+            checkpoint_path: The checkpoint directory.
+            weights_only: ``None`` (Lightning's default) or ``True`` loads safely: plain data and tensors only;
+                ``False`` also loads other objects from a checkpoint you trust.
+
+        Returns:
+            The checkpoint, its ``"state_dict"`` holding this rank's shards.
+
+        Raises:
+            FileNotFoundError: If the checkpoint directory is incomplete or not one this strategy wrote.
+            ValueError: If the checkpoint is damaged.
+            RuntimeError: If it was written for other tables.
+        """
         check_directory(checkpoint_path, type(self).__name__)  # before asking the module for its state
         return self._checkpoints.load(checkpoint_path, self.lightning_module.state_dict(), self._dmp,
                                       weights_only=weights_only is not False)  # fmt: skip

@@ -10,7 +10,7 @@ store is not re-keyed between groups.
 
 Ranks start warm: they are forked from a server process (multiprocessing's ``forkserver``) that imported torch,
 NumPy, Lightning and TorchRec once (:data:`PRELOAD`), instead of each importing them anew as a ``spawn``-ed
-interpreter would (5-6 s of CPU per rank here, paid by every launch of a test suite; the server lives as long as
+interpreter would (seconds of CPU per rank, paid by every launch of a test suite; the server lives as long as
 the calling process). Each rank then takes what a spawned one would have had at launch time, not at the server's
 start: the caller's current environment variables, working directory and standard output and error (passed as
 file descriptors, so pytest's capture still sees what ranks print). What the preloaded libraries read from the
@@ -49,8 +49,11 @@ PRELOAD = ("torch", "torch.distributed", "numpy", "lightning.pytorch", "torchrec
 
 
 class RanksFailed(AssertionError):
-    """A rank raised, exited with a code the caller did not expect, or did not finish in time (the message holds its
-    traceback); an AssertionError, so a test that launches ranks fails as its own assertion would."""
+    """A rank raised, exited with a code the caller did not expect, or did not finish in time.
+
+    The message holds the failing rank's traceback. An AssertionError, so a test that launches ranks fails as its own
+    assertion would.
+    """
 
 
 _PARKED_S = 30.0  # how long a failed rank waits for the parent to stop it
@@ -126,13 +129,26 @@ def run_ranks(
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned processes; return the results by rank.
 
-    Raises :class:`RanksFailed` (an AssertionError) with the failing rank's traceback as soon as a rank raises or
-    exits with an unexpected
-    code, after killing the others; the ranks in ``expect_exit`` ({rank: exit code}) must die with that code (their
-    result is ``None``) and the others carry on. Ranks still running after ``timeout`` seconds (or when the caller
-    is interrupted, e.g. by pytest-timeout) are killed. A fixture that runs several fits passes a ``timeout`` of its
-    own, sized for them, and its tests a matching ``pytest.mark.timeout``. ``preload=False`` spawns each rank as a
-    fresh interpreter instead of forking it from the preloaded server (the module docstring says when that matters).
+    As soon as a rank raises or exits with an unexpected code the others are killed. Ranks still running after
+    ``timeout`` seconds (or when the caller is interrupted, e.g. by pytest-timeout) are killed. A fixture that runs
+    several fits passes a ``timeout`` of its own, sized for them, and its tests a matching ``pytest.mark.timeout``.
+
+    Args:
+        fn: The function every rank runs, ``fn(rank, world_size, *args)``; picklable (a module-level function).
+        world_size: How many ranks.
+        *args: Further arguments of ``fn``, the same on every rank.
+        timeout: Seconds the ranks may take together (also the rendezvous store's timeout).
+        expect_exit: ``{rank: exit code}`` of ranks that must die with that code (their result is ``None``); the
+            others carry on.
+        preload: Fork each rank from the server that preloaded torch, Lightning and TorchRec; ``False`` spawns each
+            rank as a fresh interpreter (the module docstring says when that matters).
+
+    Returns:
+        What ``fn`` returned on each rank, by rank (``None`` for a rank in ``expect_exit``).
+
+    Raises:
+        RanksFailed: If a rank raised (with its traceback), exited with a code other than the expected one, or did
+            not finish within ``timeout``.
     """
     expect_exit = dict(expect_exit or {})
     launch = None
@@ -202,10 +218,18 @@ def run_ranks(
 
 @contextlib.contextmanager
 def hosted_store(timeout: float = 600.0) -> Iterator[dist.TCPStore]:
-    """A TCPStore this process hosts on a port the kernel picks (port 0) and keeps bound until the block ends, for
-    processes started here to rendezvous through (as clients: ``TORCHELASTIC_USE_AGENT_STORE=True`` and
+    """A TCPStore this process hosts on a port the kernel picks, bound until the block ends.
+
+    Processes started here rendezvous through it as clients: ``TORCHELASTIC_USE_AGENT_STORE=True`` and
     ``MASTER_PORT=store.port`` for a Lightning or torch.distributed launch, ``--rdzv-endpoint`` with
-    ``is_host=false`` for torchrun). One launch per store: its keys are not reset between launches."""
+    ``is_host=false`` for torchrun. One launch per store: its keys are not reset between launches.
+
+    Args:
+        timeout: The store's timeout, seconds.
+
+    Yields:
+        The store (its port: ``store.port``).
+    """
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout))
     try:
         yield store
@@ -233,9 +257,14 @@ def _descendants(pid: int) -> list[int]:
 
 
 def kill_session(pid: int) -> None:
-    """SIGKILL a process started in a session of its own (``start_new_session=True``), its process group, and every
-    process descended from it, also those that made sessions of their own (torchrun starts each worker in one), so
-    that none is left running. Never signals this process's own group."""
+    """SIGKILL a process started in a session of its own, its process group and every process descended from it.
+
+    Descendants that made sessions of their own (torchrun starts each worker in one) are killed too, so that none is
+    left running. Never signals this process's own group.
+
+    Args:
+        pid: The process, started with ``start_new_session=True``.
+    """
     own = os.getpgrp()
     for target in [pid, *_descendants(pid)]:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -250,10 +279,19 @@ def kill_session(pid: int) -> None:
 
 
 def run_session(command: Sequence[str], *, timeout: float, **popen: Any) -> subprocess.CompletedProcess:
-    """:func:`subprocess.run` of ``command`` in a session of its own: at ``timeout``, or when the caller is
-    interrupted (pytest-timeout, Ctrl-C), the command and every process it started are killed
-    (:func:`kill_session`), not the command alone, and so is anything it left running when it exits.
-    ``popen`` goes to :class:`subprocess.Popen` (``cwd``, ``env``, ``stdout``, ``text``, ...).
+    """:func:`subprocess.run` of ``command`` in a session of its own, killing everything it started at the end.
+
+    At ``timeout``, or when the caller is interrupted (pytest-timeout, Ctrl-C), the command and every process it
+    started are killed (:func:`kill_session`), not the command alone, and so is anything it left running when it
+    exits.
+
+    Args:
+        command: The command and its arguments.
+        timeout: Seconds the command may run.
+        **popen: Passed to :class:`subprocess.Popen` (``cwd``, ``env``, ``stdout``, ``text``, ...).
+
+    Returns:
+        The finished process, with its return code and output (where captured).
 
     Raises:
         subprocess.TimeoutExpired: ``timeout`` passed (with the output so far).
