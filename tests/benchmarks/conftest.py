@@ -12,12 +12,11 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.lib.paths import RESULTS
+from benchmarks.render.core import Results
 from tests.codec.conftest import native  # noqa: F401 - the codec tests' native build, for the payload test
 
 
 @pytest.fixture(scope="session")
-def committed():  # noqa: ANN201 - a benchmarks.render.core.Results (imported on use: it needs the renderer's imports)
+def committed() -> Results:
     """The committed results files (benchmarks/results/), each loaded once for the session."""
-    from benchmarks.render.core import Results
-
     return Results(RESULTS)
