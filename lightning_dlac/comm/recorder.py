@@ -19,7 +19,9 @@ of phases timed within a step are counted apart (``CommStats.in_step_s``).
 from __future__ import annotations
 
 import contextlib
+import importlib
 import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -255,10 +257,15 @@ class Recorder:
             observed[name] = max(observed.get(name, 0.0), w)
 
 
-def __getattr__(name: str) -> Any:
-    # Ready and RecordedExchange moved to comm/base.py, which imports this module: loaded on first use, not here.
-    if name in ("Ready", "RecordedExchange"):
-        from lightning_dlac.comm import base
+# Ready and RecordedExchange were defined here until they moved to comm/base.py (issue 52), which imports this module:
+# imported from here they still work, for one release, with a DeprecationWarning that names their new home. The new
+# home is looked up by name on first use, so that this module imports nothing above it.
+_MOVED = ("Ready", "RecordedExchange")
 
-        return getattr(base, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+def __getattr__(name: str) -> Any:
+    if name not in _MOVED:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn(f"lightning_dlac.comm.recorder.{name} is deprecated: it moved to lightning_dlac.comm.base.{name};"
+                  " import it from there", DeprecationWarning, stacklevel=2)
+    return getattr(importlib.import_module("lightning_dlac.comm.base"), name)

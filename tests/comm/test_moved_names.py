@@ -1,6 +1,6 @@
 """Names that moved out of comm/exchange.py (the pooled layout to comm/pooled.py, the layout base to comm/base.py, the
 result buffers to comm/buffers.py) still import from there for one release, with a DeprecationWarning that names their
-new home; comm/recorder.py keeps importing the module base from comm/base.py. Wrappers set on a module reach the
+new home, as do the module bases from comm/recorder.py (now in comm/base.py). Wrappers set on a module reach the
 callers that look the name up there: the pooled functions on pooled, the wire functions on exchange."""
 
 from __future__ import annotations
@@ -40,7 +40,9 @@ def test_every_name_of_the_old_exchange_module_is_still_there(name: str) -> None
 
 
 def test_the_module_bases_are_still_importable_from_the_recorder() -> None:
-    from lightning_dlac.comm.recorder import Ready, RecordedExchange
+    with pytest.warns(DeprecationWarning, match=r"recorder\.RecordedExchange is deprecated: it moved to"
+                                                r" lightning_dlac\.comm\.base\.RecordedExchange"):
+        from lightning_dlac.comm.recorder import Ready, RecordedExchange
 
     assert (Ready, RecordedExchange) == (base.Ready, base.RecordedExchange)
     with pytest.raises(AttributeError, match="has no attribute 'Nothing'"):
