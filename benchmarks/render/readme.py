@@ -10,14 +10,13 @@ from benchmarks.lib.accuracy import load_rows, over_seeds
 from benchmarks.lib.calibration_judgement import WORLD_NOISE
 from benchmarks.lib.frontier import FRONTIER_TARGETS
 from benchmarks.lib.plan import STEPS
-from benchmarks.lib.results import pinned_versions
 from benchmarks.lib.rule import judge
 from benchmarks.render.calibration import WORLD_TARGETS, world_target_met
 from benchmarks.render.codec import codec_rows
 from benchmarks.render.core import Block, Results, fmt_plain, fmt_range, fmt_x, pick, short_commit
 from benchmarks.render.e2e import e2e_rows, race_targets, starved_targets
 from benchmarks.render.frontier import FAMILY_FRONTIER_FILE, default_standing
-from benchmarks.render.suite import VERSIONED
+from benchmarks.render.suite import describe, pinned_set, version_sets
 
 BENCH = "docs/benchmarks.md"
 
@@ -162,15 +161,9 @@ def readme_headline(results: Results) -> list[str]:
 
 def _versions_clause(results: Results, used: list[str]) -> str:
     """The library versions the rows' runs had, against the pinned set: a figure stands for its run's versions."""
-    pinned = pinned_versions()
-    seen = {}
-    for name in used:
-        found = results.get(name)["metadata"].get("versions", {})
-        key = ", ".join(f"{k} {found[k]}" for k in VERSIONED if k in found)
-        seen.setdefault(key, []).append(name)
-    sets = "; ".join(f"{key} ({len(names)} of the {len(used)} files)" for key, names in seen.items())
-    pins = ", ".join(f"{k} {pinned[k]}" for k in VERSIONED if k in pinned)
-    return (f"Measured under {sets}; the pinned set is {pins}"
+    sets = "; ".join(f"{describe(versions)} ({len(names)} of the {len(used)} files)"
+                     for versions, names in version_sets(results, used).items())
+    return (f"Measured under {sets}; the pinned set is {pinned_set()}"
             " ([Library versions](docs/benchmarks.md#benchmarks) says which files were run under it).")
 
 

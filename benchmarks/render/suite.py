@@ -35,31 +35,47 @@ def _release(version: str) -> str:
     return version.split("+", 1)[0]
 
 
+def version_sets(results: Results, names: list[str]) -> dict[tuple[tuple[str, str], ...], list[str]]:
+    """The results files ``names`` grouped by the versions of :data:`VERSIONED` their runs recorded."""
+    by_set: dict[tuple[tuple[str, str], ...], list[str]] = {}
+    for name in names:
+        found = results.get(name)["metadata"].get("versions", {})
+        by_set.setdefault(tuple((k, found[k]) for k in VERSIONED if k in found), []).append(name)
+    return by_set
+
+
+def describe(versions: tuple[tuple[str, str], ...]) -> str:
+    """A set of versions as the blocks write it (``torch 2.13.0+cpu, torchrec 1.8.0``)."""
+    return ", ".join(f"{k} {v}" for k, v in versions) or "no versions recorded"
+
+
+def pinned_set() -> str:
+    """The pinned versions of :data:`VERSIONED`, as the blocks write them."""
+    pinned = pinned_versions()
+    return ", ".join(f"{k} {pinned[k]}" for k in VERSIONED if k in pinned)
+
+
 def versions(results: Results) -> list[str]:
     """Which results files were measured under the pinned library versions and which under another set, each set
     named: a figure stands for the versions its run had until it is rerun under the pins."""
     pinned = pinned_versions()
-    by_set: dict[tuple[tuple[str, str], ...], list[str]] = {}
     names = sorted(p.name for p in results.directory.glob("*.json"))
-    for name in names:
-        found = results.get(name)["metadata"].get("versions", {})
-        by_set.setdefault(tuple((k, found[k]) for k in VERSIONED if k in found), []).append(name)
-    pins = ", ".join(f"{k} {pinned[k]}" for k in VERSIONED if k in pinned)
+    by_set = version_sets(results, names)
 
     def matches(versions: tuple[tuple[str, str], ...]) -> bool:
         return all(_release(v) == pinned[k] for k, v in versions if k in pinned) and \
             {k for k, _ in versions} >= {k for k in VERSIONED if k in pinned}
 
     current = [n for versions, files in by_set.items() if matches(versions) for n in files]
-    lines = [f"**Library versions.** The pinned set ({', '.join(f'`{p}`' for p in PINS)}) is {pins}."
+    lines = [f"**Library versions.** The pinned set ({', '.join(f'`{p}`' for p in PINS)}) is {pinned_set()}."
              f" {len(current)} of the {len(names)} results files were measured under it"
              + (f" ({', '.join(f'`{n}`' for n in current)})" if current else "") + "."]
     others = [(versions, files) for versions, files in by_set.items() if not matches(versions)]
     if others:
         lines += ["", "Measured under another set (each block's source line names its run's versions; its figures"
                   " stand for those versions until rerun under the pins, `make bench-quick` / `make bench`):", ""]
-        lines += [f"- {', '.join(f'{k} {v}' for k, v in versions) or 'no versions recorded'}: {len(files)} file(s),"
-                  f" {', '.join(f'`{n}`' for n in files)}" for versions, files in others]
+        lines += [f"- {describe(versions)}: {len(files)} file(s), {', '.join(f'`{n}`' for n in files)}"
+                  for versions, files in others]
     return lines
 
 
