@@ -5,6 +5,10 @@ ids per table scattered by a fixed permutation, a hidden effect per id on about 
 effect of the dense features, labels ``Bernoulli(sigmoid(logit))``. Every batch is a pure function of
 ``(seed, split, index)``, so any rank or worker draws any batch without coordination; rank sharding and loaders are
 :class:`~lightning_dlac.examples.base.RankShardedDataModule`'s.
+
+Its shape is Criteo's by default (26 tables, one id each), or any other: a list of table sizes of any length, or a
+:class:`TableShapes` that draws a production-like shape (hundreds of features, power-law table sizes, MLPerf-like
+pooling factors) from a seed, which a YAML config can name (``examples/configs/dlrm_many_tables.yaml``).
 """
 
 from __future__ import annotations
@@ -12,24 +16,117 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torchrec.datasets.utils import Batch
 from typing_extensions import override
 
-from lightning_dlac.criteo.format import DENSE_COLUMNS, FEATURE_NAMES, check_multi_hot_sizes
+from lightning_dlac.criteo.format import (
+    DENSE_COLUMNS,
+    FEATURE_NAMES,
+    MLPERF_MULTI_HOT_SIZES,
+    check_multi_hot_sizes,
+)
 from lightning_dlac.criteo.multi_hot import multi_hot_from_one_hot
 
 from .base import DEFAULT_MAX_ROWS, RankShardedDataModule, make_batch, stream_seed, table_sizes
 
-__all__ = ["MULTI_HOT_DISTRIBUTIONS", "SyntheticCriteoDataModule", "SyntheticCriteoGenerator"]
+__all__ = [
+    "MULTI_HOT_DISTRIBUTIONS",
+    "POOLINGS",
+    "SyntheticCriteoDataModule",
+    "SyntheticCriteoGenerator",
+    "TableShapes",
+]
 
 # Seed streams: the splits' batches, the bias calibration, the hidden model.
 _TRAIN, _VAL, _CALIBRATION, _MODEL = 0, 1, 2, 3
 _SPLIT_STREAMS = {"train": _TRAIN, "val": _VAL}
 _HASH_MASK = (1 << 62) - 1
 MULTI_HOT_DISTRIBUTIONS = ("per_id", "independent")
+POOLINGS = ("one_hot", "mlperf")
+# Ids index int64 tensors and the permutation multiplies two ids; 2**31 keeps that product in int64.
+_MAX_TABLE_ROWS = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class TableShapes:
+    """A production-like model shape drawn from a seed: many features, power-law table sizes, MLPerf-like pooling.
+
+    Table sizes follow a bounded power law on ``[min_rows, max_rows]``: the density of a size ``n`` is proportional
+    to ``n ** -(1 + size_exponent)``. At ``size_exponent=0`` the sizes are log-uniform, spread evenly over the orders
+    of magnitude as Criteo's 26 cardinalities are (3 to 10 million); above 0, small tables are more common. Pooling
+    factors are one id per feature (``"one_hot"``, Criteo's) or drawn, feature by feature, from MLPerf DLRM v2's 26
+    (``"mlperf"``: most features one id, a few 5-27, one 100). The shape is a pure function of its fields.
+
+    Args:
+        num_tables: Categorical features, one table each.
+        min_rows: Smallest table size.
+        max_rows: Largest table size.
+        size_exponent: Tail exponent of the table sizes (0: log-uniform; larger: more small tables).
+        pooling: ``"one_hot"`` or ``"mlperf"`` (above).
+        seed: Seed of the draw.
+
+    Raises:
+        ValueError: If ``num_tables`` or ``min_rows`` is below 1, ``max_rows`` below ``min_rows`` or above
+            ``2**31 - 1``, ``size_exponent`` negative, or ``pooling`` not one of its choices.
+    """
+
+    num_tables: int
+    min_rows: int = 4
+    max_rows: int = 100_000
+    size_exponent: float = 0.0
+    pooling: str = "one_hot"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.num_tables < 1:
+            raise ValueError(f"TableShapes.num_tables must be at least 1, got {self.num_tables}.")
+        if not 1 <= self.min_rows <= self.max_rows <= _MAX_TABLE_ROWS:
+            raise ValueError(
+                f"TableShapes needs 1 <= min_rows <= max_rows <= {_MAX_TABLE_ROWS}, got min_rows={self.min_rows},"
+                f" max_rows={self.max_rows}."
+            )
+        if self.size_exponent < 0:
+            raise ValueError(
+                f"TableShapes.size_exponent must be >= 0 (0 is log-uniform), got {self.size_exponent}."
+            )
+        if self.pooling not in POOLINGS:
+            raise ValueError(
+                f"TableShapes.pooling={self.pooling!r} is not supported; choose one of"
+                f" {', '.join(map(repr, POOLINGS))}."
+            )
+
+    def table_sizes(self) -> list[int]:
+        """Rows of each table, drawn by inverting the bounded power law's CDF.
+
+        Returns:
+            ``num_tables`` sizes in ``[min_rows, max_rows]``.
+        """
+        rng = random.Random(stream_seed(self.seed, _MODEL, 10))
+        lo, hi, a = float(self.min_rows), float(self.max_rows) + 1.0, self.size_exponent
+        sizes = []
+        for _ in range(self.num_tables):
+            u = rng.random()
+            if a == 0:
+                n = lo * (hi / lo) ** u
+            else:  # CDF of n ** -(1 + a) on [lo, hi): (lo ** -a - n ** -a) / (lo ** -a - hi ** -a)
+                n = (lo**-a - u * (lo**-a - hi**-a)) ** (-1.0 / a)
+            sizes.append(min(max(int(n), self.min_rows), self.max_rows))
+        return sizes
+
+    def pooling_factors(self) -> list[int] | None:
+        """Ids per sample of each feature.
+
+        Returns:
+            One pooling factor per table for ``"mlperf"``; ``None`` (one id each) for ``"one_hot"``.
+        """
+        if self.pooling == "one_hot":
+            return None
+        rng = random.Random(stream_seed(self.seed, _MODEL, 11))
+        return [rng.choice(MLPERF_MULTI_HOT_SIZES) for _ in range(self.num_tables)]
 
 
 class SyntheticCriteoGenerator:
@@ -52,6 +149,10 @@ class SyntheticCriteoGenerator:
         multi_hot_sizes: Ids per sample of each table; ``None``: ``ids_per_feature`` for all.
         multi_hot_distribution: How bags are drawn with ``multi_hot_sizes``: ``"per_id"`` or ``"independent"``
             (:class:`SyntheticCriteoDataModule` says how they differ).
+        feature_names: The KeyedJaggedTensor keys, one per table; ``None``: ``cat_0``, ``cat_1``, ...
+
+    Raises:
+        ValueError: If ``feature_names`` or ``multi_hot_sizes`` are not one per table.
     """
 
     # Only the hottest ranks of a table carry a hidden effect, so the effect tables stay small for any table size.
@@ -69,14 +170,22 @@ class SyntheticCriteoGenerator:
         positive_rate: float = 0.25,
         multi_hot_sizes: Sequence[int] | None = None,
         multi_hot_distribution: str = "per_id",
+        feature_names: Sequence[str] | None = None,
     ) -> None:
+        num_tables = len(table_sizes)
+        self.feature_names = list(feature_names) if feature_names is not None else _default_names(num_tables)
+        pooled = len(multi_hot_sizes) if multi_hot_sizes is not None else num_tables
+        if len(self.feature_names) != num_tables or pooled != num_tables:
+            raise ValueError(
+                f"{num_tables} tables need one feature name and one pooling factor each; got {len(self.feature_names)}"
+                f" feature names and {'no' if multi_hot_sizes is None else len(multi_hot_sizes)} pooling factors."
+            )
         self.ids_per_feature = ids_per_feature
         self.seed = seed
         self.multi_hot_sizes = list(multi_hot_sizes) if multi_hot_sizes is not None else None
         self.multi_hot_distribution = multi_hot_distribution
         # Salt of the per-id multi-hot hash: a pure function of the seed, so every rank expands ids alike.
         self._multi_hot_salt = stream_seed(seed, _MODEL, 2) & _HASH_MASK
-        num_tables = len(table_sizes)
         rng = random.Random(stream_seed(seed, _MODEL, 0))
         gen = torch.Generator().manual_seed(stream_seed(seed, _MODEL, 1))
 
@@ -104,7 +213,10 @@ class SyntheticCriteoGenerator:
         rows = [min(size, self.max_effect_rows) for size in table_sizes]
         self._effect_rows = torch.tensor(rows, dtype=torch.int64).unsqueeze(1)
         self._effect_offsets = torch.tensor([0, *np.cumsum(rows)[:-1].tolist()], dtype=torch.int64).unsqueeze(1)
-        effects = torch.randn(sum(rows), generator=gen) * self.effect_scale
+        # The informative tables' effects together have the variance Criteo's shape gives them (9 of 26 tables), so
+        # the labels stay as predictable with hundreds of tables as with 26.
+        scale = self.effect_scale * math.sqrt(round(self.informative_fraction * len(FEATURE_NAMES)) / num_informative)
+        effects = torch.randn(sum(rows), generator=gen) * scale
         keep = torch.cat([torch.full((r,), float(t in informative)) for t, r in enumerate(rows)])
         self._effects = effects * keep
 
@@ -207,7 +319,7 @@ class SyntheticCriteoGenerator:
         dense, ids, lengths, effect = self._draw(batch_size, gen)
         logit = self._bias + effect + (dense - self._dense_center) @ self._dense_w
         labels = (torch.rand(batch_size, generator=gen) < torch.sigmoid(logit)).float()
-        return make_batch(dense, ids, labels, lengths, feature_names=FEATURE_NAMES)
+        return make_batch(dense, ids, labels, lengths, feature_names=self.feature_names)
 
     def logits(self, batch: Batch) -> torch.Tensor:
         """The true logit of each sample in a batch drawn from this model (for tests and oracle AUC).
@@ -235,6 +347,39 @@ class SyntheticCriteoGenerator:
         return self._bias + effect + (batch.dense_features - self._dense_center) @ self._dense_w
 
 
+def _default_names(num_tables: int) -> list[str]:
+    """Criteo's 26 keys for 26 tables, ``cat_0``, ``cat_1``, ... (the example DLRM's names) for any count."""
+    return list(FEATURE_NAMES) if num_tables == len(FEATURE_NAMES) else [f"cat_{k}" for k in range(num_tables)]
+
+
+def _shape_of(
+    num_embeddings_per_feature: Sequence[int] | None,
+    max_rows: int,
+    shape: TableShapes | None,
+    multi_hot_sizes: Sequence[int] | None,
+) -> tuple[list[int], list[int] | None]:
+    """The table sizes and pooling factors a :class:`SyntheticCriteoDataModule` was given, checked."""
+    if shape is not None:
+        if num_embeddings_per_feature is not None or multi_hot_sizes is not None:
+            raise ValueError(
+                "shape draws the table sizes and pooling factors; give either shape or"
+                " num_embeddings_per_feature / multi_hot_sizes, not both."
+            )
+        return shape.table_sizes(), shape.pooling_factors()
+    if num_embeddings_per_feature is None:
+        sizes = table_sizes(None, max_rows)
+    else:
+        sizes = [int(n) for n in num_embeddings_per_feature]
+        if not sizes:
+            raise ValueError("num_embeddings_per_feature is empty: give at least one table size.")
+        bad = [(k, n) for k, n in enumerate(sizes) if not 1 <= n <= _MAX_TABLE_ROWS]
+        if bad:
+            raise ValueError(f"Every table size must lie in [1, {_MAX_TABLE_ROWS}]; got (table, size) {bad[:8]}.")
+    if multi_hot_sizes is not None:
+        multi_hot_sizes = check_multi_hot_sizes(multi_hot_sizes, count=len(sizes))
+    return sizes, multi_hot_sizes
+
+
 class SyntheticCriteoDataModule(RankShardedDataModule):
     """Synthetic Criteo-like click data with a planted, learnable signal: the embedded default dataset.
 
@@ -247,10 +392,15 @@ class SyntheticCriteoDataModule(RankShardedDataModule):
     ``(seed, split, i)``, and rank ``r`` of ``W`` reads batches ``i = r, r + W, r + 2W, ...``. Every epoch
     replays the same ``num_train_batches`` training batches; validation is a separate, fixed stream.
 
+    The model has Criteo's shape (26 tables, 13 dense features) unless ``num_embeddings_per_feature`` lists another
+    number of tables or ``shape`` draws one (:class:`TableShapes`: e.g. 200 features with power-law sizes and
+    MLPerf-like pooling factors); the features are then named ``cat_0``, ``cat_1``, ..., and the CLI sizes the model
+    from them.
+
     Args:
-        num_embeddings_per_feature: Rows of each of the 26 tables; ``None`` uses the Criteo Kaggle sizes capped
-            at ``max_rows``.
-        max_rows: Cap on table sizes when ``num_embeddings_per_feature`` is ``None``.
+        num_embeddings_per_feature: Rows of each table, any number of tables; ``None`` uses the Criteo Kaggle sizes
+            capped at ``max_rows`` (or those ``shape`` draws).
+        max_rows: Cap on table sizes when neither ``num_embeddings_per_feature`` nor ``shape`` is given.
         batch_size: Samples per batch, per rank.
         num_train_batches: Training batches per rank per epoch.
         num_val_batches: Validation batches per rank.
@@ -259,18 +409,21 @@ class SyntheticCriteoDataModule(RankShardedDataModule):
             own Zipf draw. For per-feature pooling factors use ``multi_hot_sizes``.
         seed: Seed of the hidden model and of every batch.
         num_workers: DataLoader worker processes.
-        multi_hot_sizes: Ids per sample of each of the 26 features (multi-hot features, KeyedJaggedTensor lengths
-            above 1), e.g. :data:`MLPERF_MULTI_HOT_SIZES` for MLPerf DLRM v2; ``None``: ``ids_per_feature`` for all.
+        multi_hot_sizes: Ids per sample of each feature (multi-hot features, KeyedJaggedTensor lengths above 1),
+            e.g. :data:`MLPERF_MULTI_HOT_SIZES` for MLPerf DLRM v2; ``None``: ``ids_per_feature`` for all.
         multi_hot_distribution: How bags are drawn with ``multi_hot_sizes``: ``"per_id"`` (MLPerf's
             materialisation: one Zipf id per sample expanded into a bag that is a fixed function of that id, see
             :func:`multi_hot_from_one_hot`; the planted effect is the id's, so the signal stays learnable) or
             ``"independent"`` (every id of a bag its own Zipf draw, the effect the bag's mean: bags repeat far
             less within a batch, a harder case for the codec's dedup).
+        shape: A drawn model shape (table sizes and pooling factors), instead of ``num_embeddings_per_feature`` and
+            ``multi_hot_sizes``.
 
     Raises:
-        ValueError: If ``ids_per_feature`` is below 1 or given with ``multi_hot_sizes``, ``multi_hot_distribution``
-            is not one of its choices, a batch count is negative, ``zipf_alpha`` is negative, or a table size or
-            multi-hot size is invalid.
+        ValueError: If ``ids_per_feature`` is below 1 or given with ``multi_hot_sizes`` (or a ``shape`` with MLPerf-like
+            pooling), ``multi_hot_distribution`` is not one of its choices, a batch count is negative, ``zipf_alpha``
+            is negative, ``shape`` is given with table sizes or pooling factors, or a table size or multi-hot size is
+            invalid.
     """
 
     def __init__(
@@ -286,14 +439,16 @@ class SyntheticCriteoDataModule(RankShardedDataModule):
         num_workers: int = 0,
         multi_hot_sizes: list[int] | None = None,
         multi_hot_distribution: str = "per_id",
+        shape: TableShapes | None = None,
     ) -> None:
-        num_embeddings_per_feature = table_sizes(num_embeddings_per_feature, max_rows)
-        super().__init__(num_embeddings_per_feature, batch_size, num_workers)
+        num_embeddings_per_feature, multi_hot_sizes = _shape_of(num_embeddings_per_feature, max_rows, shape,
+                                                                 multi_hot_sizes)  # fmt: skip
+        num_tables = len(num_embeddings_per_feature)
+        super().__init__(num_embeddings_per_feature, batch_size, num_workers, feature_names=_default_names(num_tables))
         self._save_hyperparameters()
         if ids_per_feature < 1:
             raise ValueError(f"ids_per_feature must be at least 1, got {ids_per_feature}.")
         if multi_hot_sizes is not None:
-            multi_hot_sizes = check_multi_hot_sizes(multi_hot_sizes)
             if ids_per_feature != 1:
                 raise ValueError(
                     f"ids_per_feature={ids_per_feature} and multi_hot_sizes both set the ids per feature; give only"
@@ -325,6 +480,7 @@ class SyntheticCriteoDataModule(RankShardedDataModule):
             self._generator = SyntheticCriteoGenerator(
                 self.num_embeddings_per_feature, self.zipf_alpha, self.ids_per_feature, self.seed,
                 multi_hot_sizes=self.multi_hot_sizes, multi_hot_distribution=self.multi_hot_distribution,
+                feature_names=self.feature_names,
             )
         return self._generator
 

@@ -135,43 +135,47 @@ def capped_cardinalities(max_rows: int) -> list[int]:
     return [min(n, max_rows) for n in CRITEO_KAGGLE_CARDINALITIES]
 
 
-def check_per_feature(values: Sequence[int], what: str, unit: str = "value", hint: str = "") -> list[int]:
-    """Check that ``values`` are 26 integers of at least 1, one per categorical feature.
+def check_per_feature(
+    values: Sequence[int], what: str, unit: str = "value", hint: str = "", count: int = SPARSE_COLUMNS
+) -> list[int]:
+    """Check that ``values`` are ``count`` integers of at least 1, one per categorical feature.
 
     Args:
         values: One value per categorical feature (pooling factors, table sizes).
         what: The option's name, for the message.
         unit: What one value is, for the message ("pooling factor").
         hint: Appended to the message on a wrong count (e.g. a valid value to copy).
+        count: How many categorical features there are (Criteo's 26 unless a model says otherwise).
 
     Returns:
         ``values`` as a list of ints.
 
     Raises:
-        ValueError: If there are not 26 values or one is below 1; the message names ``what``.
+        ValueError: If there are not ``count`` values or one is below 1; the message names ``what``.
     """
     sizes = [int(v) for v in values]
-    if len(sizes) != SPARSE_COLUMNS:
-        raise ValueError(f"{what} needs one {unit} per categorical feature ({SPARSE_COLUMNS}), got {len(sizes)}{hint}.")
+    if len(sizes) != count:
+        raise ValueError(f"{what} needs one {unit} per categorical feature ({count}), got {len(sizes)}{hint}.")
     if min(sizes) < 1:
         raise ValueError(f"{what} must all be at least 1, got {sizes}.")
     return sizes
 
 
-def check_multi_hot_sizes(multi_hot_sizes: Sequence[int]) -> list[int]:
-    """Check that ``multi_hot_sizes`` are 26 pooling factors of at least 1.
+def check_multi_hot_sizes(multi_hot_sizes: Sequence[int], count: int = SPARSE_COLUMNS) -> list[int]:
+    """Check that ``multi_hot_sizes`` are ``count`` pooling factors of at least 1.
 
     Args:
         multi_hot_sizes: Ids per sample of each categorical feature.
+        count: How many categorical features there are (Criteo's 26 unless a model says otherwise).
 
     Returns:
         The sizes as a list of ints.
 
     Raises:
-        ValueError: If there are not 26 sizes or one is below 1; the message names the option.
+        ValueError: If there are not ``count`` sizes or one is below 1; the message names the option.
     """
-    hint = f"; e.g. MLPerf DLRM v2's {list(MLPERF_MULTI_HOT_SIZES)}"
-    return check_per_feature(multi_hot_sizes, "multi_hot_sizes", "pooling factor", hint)
+    hint = f"; e.g. MLPerf DLRM v2's {list(MLPERF_MULTI_HOT_SIZES)}" if count == SPARSE_COLUMNS else ""
+    return check_per_feature(multi_hot_sizes, "multi_hot_sizes", "pooling factor", hint, count=count)
 
 
 def dense_torchrec(raw: np.ndarray, minimum: int) -> np.ndarray:

@@ -26,6 +26,7 @@ CRITEO_SAMPLE = Path(__file__).resolve().parents[3] / "shared" / "data" / "crite
 # What each config needs on this (CPU) machine to be built: the Criteo path, and CPU in place of the GPUs.
 OVERRIDES = {
     "dlrm_synthetic.yaml": [],
+    "dlrm_many_tables.yaml": [],
     "dlrm_v2_synthetic.yaml": [],
     "dlrm_uncompressed.yaml": [],
     "dlrm_pipelined.yaml": [],
@@ -83,7 +84,7 @@ def test_each_shipped_config_builds(name: str, tmp_path: Path) -> None:
         overrides.append(f"--data.train_stems=[{criteo.stem}]")
     cli = build_cli(["--config", str(CONFIGS / name), "--trainer.logger=false", *overrides], run=False)
     settings = _settings(cli)
-    assert settings["strategy"] == "DLACStrategy" and settings["tables"] == 26
+    assert settings["strategy"] == "DLACStrategy" and settings["tables"] == (200 if "many" in name else 26)
     assert settings["compress"] == (name != "dlrm_uncompressed.yaml")
     assert ("callback" in settings) == (name != "dlrm_uncompressed.yaml")
     assert list(cli.model.hparams.num_embeddings_per_feature) == cli.datamodule.num_embeddings_per_feature

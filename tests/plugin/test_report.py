@@ -264,3 +264,39 @@ def test_the_run_summary_gives_the_median_training_step_of_every_rank_and_batch(
     restored.load_state_dict(monitor.state_dict())
     assert restored.summary(world_size=1)["step_ms"] == summary["step_ms"]
     assert CompressionMonitor(per_table=False, all_reduce=lambda tensor, op: tensor).summary(1)["step_ms"] is None
+
+
+def test_a_many_table_run_plots_with_a_short_legend(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """200 tables: the ratio and bound plots draw every table as a grey line under one legend entry (a legend of 200
+    names pushed the axes off the figure), and name each table where there are few."""
+    import warnings
+
+    import matplotlib.axes
+
+    legends: list[list[str]] = []
+    original = matplotlib.axes.Axes.legend
+
+    def recording_legend(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        out = original(self, *args, **kwargs)
+        legends.append([t.get_text() for t in out.get_texts()])
+        return out
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "legend", recording_legend)
+    for tables in (200, 3):
+        run = _run({"val/auroc": 0.77}, [0.70, 0.75, 0.77])
+        names = [f"t_cat_{k}" for k in range(tables)]
+        run["table_bounds"] = dict.fromkeys(names, 0.05)
+        for row in run["history"]:
+            row.update({f"dlac/ratio/{n}": 20.0 + k for k, n in enumerate(names)})
+        d = tmp_path / str(tables)
+        d.mkdir()
+        (d / RUN_FILE).write_text(json.dumps(run))
+        legends.clear()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # "Tight layout not applied" among them
+            write_report(d)
+        ratio, bounds = legends[0], legends[1]
+        if tables == 200:
+            assert ratio == ["each of 200 tables", "all tables"] and bounds == ["each of 200 tables", "calibrated"]
+        else:
+            assert ratio == [*names, "all tables"] and bounds == [*names, "calibrated"]
