@@ -161,18 +161,23 @@ def build_extension(
 def _build_lock(directory: Path) -> Iterator[None]:
     """Hold an exclusive ``flock`` on ``directory`` while torch builds and loads in it.
 
-    torch's own lock (``directory/lock``, a file that exists while a process builds) outlives a builder killed with
-    SIGKILL, and every later build then waits for it forever: a restarted job would hang before its first step. The
-    kernel drops a ``flock`` when its holder dies, so whoever holds this one knows that a ``lock`` file left in the
-    directory belongs to no live builder, and removes it.
+    Before torch 2.14, torch's own lock (``directory/lock``, a ``FileBaton``: a file that exists while a process
+    builds) outlives a builder killed with SIGKILL, and every later build then waits for it forever: a restarted job
+    would hang before its first step. The kernel drops a ``flock`` when its holder dies, so whoever holds this one
+    knows that a ``lock`` file left in the directory belongs to no live builder, and removes it. From torch 2.14 that
+    file is itself an OS lock that the kernel releases (a ``FileLock``; the file stays after every build): it is left
+    alone, since it blocks nobody.
     """
     import fcntl
 
+    from torch.utils import cpp_extension
+
+    baton = not hasattr(cpp_extension, "FileLock")  # torch < 2.14: the lock is a file whose existence blocks
     with open(directory / "dlac_build.flock", "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             stale = directory / "lock"
-            if stale.exists():
+            if baton and stale.exists():
                 warnings.warn(f"removing {stale}, left by a build that was killed", stacklevel=3)
                 stale.unlink(missing_ok=True)
             yield
