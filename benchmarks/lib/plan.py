@@ -15,7 +15,8 @@ Depths:
   Gbit/s and the same race with every rank on one core (``--cpu-starved``);
 - ``full``: all of ``quick`` at more repeats and full size, plus the scaling model at 3 and 4 ranks, every adaptive
   accuracy dataset (planted, synthetic for 200 and 2,000 steps, Criteo for 2 epochs, DLRM v2), the calibration
-  benchmarks and worlds, the frontiers and checkpoints.
+  benchmarks and worlds, the frontiers and checkpoints, the cluster shape (8 and 16 ranks, up to 1,000 tables) and
+  the 20,000-step soak.
 """
 
 from __future__ import annotations
@@ -177,6 +178,16 @@ STEPS: tuple[Step, ...] = (
     Step("adaptive_accuracy_dlrm_v2.json", "benchmarks.adaptive_accuracy", {
         "full": _adaptive("synthetic_v2", "0,1,2", "uncompressed,DLAC homogenization", "--synthetic-batches", "96",
                           "--synthetic-batch", "128", "--calibration-batches", "4"),
+    }),
+    # Issue 56: the cluster shape (8 and 16 ranks, 26 to 1,000 tables) and the 20,000-step soak.
+    Step("cluster_scale.json", "benchmarks.cluster_scale", {
+        "smoke": ["--worlds", "4", "--tables", "26,100", "--rows", "1000", "--block", "1", "--repeats", "2"],
+        "full": [],
+    }),
+    Step("soak.json", "benchmarks.soak", {
+        "smoke": ["--steps", "300", "--warmup", "100", "--checkpoint-every", "100", "--epoch-batches", "150",
+                  "--sample-every", "20", "--calibration-start", "50", "--recalibrate-every", "100"],
+        "full": [],
     }),
     Step("checkpoint_bench.json", "benchmarks.checkpoint_bench", {
         "smoke": ["--scales", "1", "--repeats", "1", "--restarts", "1", "--kill-step", "41"],

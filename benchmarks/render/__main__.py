@@ -4,7 +4,9 @@ Every figure block in those files sits between ``<!-- BEGIN render:NAME -->`` an
 is the renderer's output for block NAME: made from the results files it names (benchmarks/results/*.json, written by
 the benchmark scripts; ``make bench-quick`` / ``make bench`` run them), or, while a file is missing, a line saying
 which command writes it. Text outside the markers is written by hand and kept. Each block's renderer lives in the
-module of the document section it renders (benchmarks/render/blocks.py lists them).
+module of the document section it renders (benchmarks/render/blocks.py lists them). The figures (docs/figures/*.svg)
+are drawn from the results files too; each SVG carries the SHA-256 of the files it was drawn from, which ``--check``
+compares (benchmarks/render/figures.py).
 
     python -m benchmarks.render                  # rewrite the blocks in place from benchmarks/results/
     python -m benchmarks.render --check          # exit 1 if a block differs from what the files give
@@ -23,8 +25,10 @@ import sys
 from pathlib import Path
 
 from benchmarks.lib.paths import REPO, RESULTS
-from benchmarks.render.blocks import blocks_in, render_text, summary
+from benchmarks.render.blocks import FIGURES, blocks_in, render_text, summary
 from benchmarks.render.core import DOCS, Results
+from benchmarks.render.figures import stale as stale_figure
+from benchmarks.render.figures import write_figure
 
 
 def main() -> None:
@@ -48,6 +52,16 @@ def main() -> None:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(rendered)
         print(f"rendered {len(blocks_in(text))} block(s) of {doc} into {target}")
+    for shown, figure in FIGURES.items():
+        if any(results.get(f) is None for f in figure.files):
+            continue  # its block says which command writes the files
+        if args.check:
+            why = stale_figure(figure, results, REPO / shown)
+            stale += [f"{shown}: {why}"] if why else []
+            continue
+        target = REPO / shown if args.out is None else args.out / shown
+        write_figure(figure, results, target)
+        print(f"drew {shown} into {target}")
     targets, errors = summary(results)
     for line in targets:
         print(line)

@@ -9,25 +9,31 @@ from benchmarks.render import (
     accuracy,
     calibration,
     checkpoint,
+    cluster,
     codec,
     data,
     e2e,
     frontier,
     readme,
+    reliability,
     scaling,
     strategy,
     suite,
     topology,
 )
 from benchmarks.render.core import BLOCK, Block, Results, awaiting
+from benchmarks.render.figures import Figure
 
-SECTIONS = (readme, suite, codec, e2e, topology, scaling, strategy, accuracy, calibration, frontier, data, checkpoint)
+SECTIONS = (readme, suite, codec, e2e, topology, scaling, strategy, accuracy, calibration, frontier, data, checkpoint,
+            cluster, reliability)
 BLOCKS: dict[str, Block] = {}
+FIGURES: dict[str, Figure] = {}  # the SVG's path from the repository root -> the figure
 for _section in SECTIONS:
     _twice = set(BLOCKS) & set(_section.BLOCKS)
     if _twice:
         raise RuntimeError(f"{_section.__name__} renders blocks another section renders: {sorted(_twice)}")
     BLOCKS.update(_section.BLOCKS)
+    FIGURES.update(getattr(_section, "FIGURES", {}))
 
 
 def render_block(name: str, results: Results) -> str:

@@ -15,7 +15,7 @@ from benchmarks.lib.results import load_results
 from benchmarks.lib.rule import span
 
 DOCS = ("README.md", "docs/benchmarks.md", "docs/adaptive.md", "docs/strategy.md", "docs/multinode.md",
-        "docs/data.md", "docs/codec.md")
+        "docs/data.md", "docs/codec.md", "docs/reliability.md")
 
 
 BLOCK = re.compile(r"<!-- BEGIN render:(?P<name>[\w-]+) -->\n(?P<body>.*?)<!-- END render:(?P=name) -->", re.S)
