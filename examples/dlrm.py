@@ -24,6 +24,7 @@ from lightning_dlac import dense_parameters
 
 INTERACTIONS = ("dot", "dcn", "projection")
 POOLINGS = ("sum", "mean")
+TABLE_DEVICES = ("cpu", "meta")
 # MLPerf DLRM v2's cross network (torchrec_dlrm --interaction_type=dcn).
 DCN_NUM_LAYERS = 3
 DCN_LOW_RANK_DIM = 512
@@ -114,6 +115,10 @@ class DLRMModule(pl.LightningModule):
         interaction_branch2_layer_sizes: Second projection branch's MLP (``interaction="projection"`` only); as
             above.
         pooling: How a table pools the ids of one multi-hot feature: ``"sum"`` (MLPerf) or ``"mean"``.
+        table_device: Where the tables are built before sharding: ``"cpu"`` (every rank holds every table until
+            :class:`~lightning_dlac.DLACStrategy` shards them, and the shards start from these seeded weights, the
+            same on any number of ranks) or ``"meta"`` (no memory: each rank initializes only the shards it holds, as
+            TorchRec does; needed where the tables do not fit one process, e.g. MLPerf's 40M-row tables).
 
     Raises:
         ValueError: If the table sizes and feature names differ in number, a table size is not positive, the layer
@@ -137,6 +142,7 @@ class DLRMModule(pl.LightningModule):
         interaction_branch1_layer_sizes: Sequence[int] | None = None,
         interaction_branch2_layer_sizes: Sequence[int] | None = None,
         pooling: str = "sum",
+        table_device: str = "cpu",
     ) -> None:
         super().__init__()
         feature_names = list(feature_names) if feature_names is not None else list(DEFAULT_CAT_NAMES)
@@ -161,6 +167,10 @@ class DLRMModule(pl.LightningModule):
                            interaction_branch1_layer_sizes, interaction_branch2_layer_sizes)
         if pooling not in POOLINGS:
             raise ValueError(f"pooling={pooling!r} is not supported; choose one of {', '.join(map(repr, POOLINGS))}.")
+        if table_device not in TABLE_DEVICES:
+            raise ValueError(
+                f"table_device={table_device!r} is not supported; choose one of {', '.join(map(repr, TABLE_DEVICES))}."
+            )
         self.save_hyperparameters()
 
         tables = [
@@ -176,7 +186,7 @@ class DLRMModule(pl.LightningModule):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             common = {
-                "embedding_bag_collection": EmbeddingBagCollection(tables=tables, device=torch.device("cpu")),
+                "embedding_bag_collection": EmbeddingBagCollection(tables=tables, device=torch.device(table_device)),
                 "dense_in_features": num_dense_features,
                 "dense_arch_layer_sizes": list(dense_arch_layer_sizes),
                 "over_arch_layer_sizes": list(over_arch_layer_sizes),

@@ -3,11 +3,13 @@ against its like-for-like ceiling within one launch, at many ranks and many tabl
 
 One launch is ``W`` gloo ranks training the example DLRM with ``T`` tables of the same size, the same Zipf law and the
 same dim (the *same data per table*, so a ratio that moves with ``T`` or ``W`` is the format's or the exchange's doing,
-not the data's) and the projection interaction (the dot interaction grows with ``T**2``). After the warm-up, blocks of
-steps alternate between DLAC both directions (``CompressionConfig(backward="dlac")``) and its ceiling, the null
-codec sending the bytes per table and direction of the DLAC block before it (lightning_dlac/comm/null_codec.py), in
-ABBA order (DLAC first in even repeats); both run with error sampling off, since the null codec's payload cannot be
-decoded. A step's time is the slowest rank's; every block's forward and backward counters are its own.
+not the data's) and the projection interaction (the dot interaction grows with ``T**2``), its tables built on the meta
+device (each rank initializes only its shards: 1,000 tables built whole on 16 ranks would need 16 copies). After the
+warm-up, blocks of steps alternate between DLAC both directions (``CompressionConfig(backward="dlac")``) and its
+ceiling, the null codec sending the bytes per table and direction of the DLAC block before it
+(lightning_dlac/comm/null_codec.py), in ABBA order (DLAC first in even repeats); both run with error sampling off, since
+the null codec's payload cannot be decoded. A step's time is the slowest rank's; every block's forward and backward
+counters are its own.
 
 Per-chunk metadata is the 48-byte chunk header plus the 8-byte size record each chunk costs in the size exchange; a
 chunk is one table's pooled embeddings for one peer, so a rank sends ``local tables x (W - 1)`` of them per exchange.
@@ -58,7 +60,7 @@ def scale_rank(rank: int, world_size: int, cfg: dict[str, Any]) -> dict[str, Any
                                          seed=0)  # fmt: skip
         dlrm = DLRMModule(data.num_embeddings_per_feature, embedding_dim=dim, feature_names=data.feature_names,
                           dense_arch_layer_sizes=[64, dim], over_arch_layer_sizes=[64, 1], interaction="projection",
-                          learning_rate=DENSE_LR)  # fmt: skip
+                          learning_rate=DENSE_LR, table_device="meta")  # fmt: skip
         kinds = ["warmup"] * cfg["warmup"]  # DLAC steps, untimed: a block of their own
         for rep in range(cfg["repeats"]):
             order = ("dlac", "ceiling") if rep % 2 == 0 else ("ceiling", "dlac")

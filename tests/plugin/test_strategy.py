@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 import re
 import sys
 from pathlib import Path
@@ -353,3 +354,46 @@ def test_the_strategy_class_stays_lightning_hooks_that_delegate() -> None:
     import lightning_dlac.plugin.strategy as module
 
     assert _lines_without_docstrings(Path(module.__file__), "DLACStrategy") <= 300
+
+
+def _meta_tables(rank: int, world_size: int) -> dict:
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+
+    torch.manual_seed(0)
+    model = small_dlrm(table_device="meta")
+    assert all(p.device.type == "meta" for p in model.embedding_bag_collection.parameters())
+    recorder = loss_recorder()
+    t = trainer(world_size, DLACStrategy(), max_epochs=1, callbacks=[recorder])
+    t.fit(model, datamodule=small_data(train_batches=8))
+    held, rows = 0, 0
+    for key, value in model.state_dict().items():
+        if isinstance(value, ShardedTensor):
+            for shard in value.local_shards():
+                assert shard.tensor.device.type == "cpu" and torch.isfinite(shard.tensor).all(), key
+                assert shard.tensor.std() > 0, key  # initialized by TorchRec, not left empty or zero
+                held += shard.tensor.shape[0]
+            rows += value.size(0)
+    return {"losses": recorder.losses, "held": held, "rows": rows}
+
+
+@pytest.mark.slow  # a 2-rank fit
+def test_tables_built_on_the_meta_device_are_initialized_where_they_are_sharded_and_train() -> None:
+    """``DLRMModule(table_device="meta")`` builds no table memory; each rank initializes only the shards it holds
+    (tables that do not fit one process, e.g. MLPerf's 40M-row ones), and the run trains."""
+    results = run_ranks(_meta_tables, 2)
+    assert sum(r["held"] for r in results) == results[0]["rows"] > max(r["held"] for r in results)
+    for r in results:
+        assert len(r["losses"]) == 8 and all(math.isfinite(x) for x in r["losses"])
+        assert r["losses"][-1] < r["losses"][0]
+
+
+def test_a_model_of_mlperf_sized_tables_on_the_meta_device_costs_no_memory() -> None:
+    from lightning_dlac.examples.dlrm import DLRMModule
+
+    sizes = [40_000_000] * 26  # 133 GB of float32 at dim 128, were it allocated
+    model = DLRMModule(num_embeddings_per_feature=sizes, embedding_dim=128, dense_arch_layer_sizes=[128],
+                       over_arch_layer_sizes=[8, 1], table_device="meta")  # fmt: skip
+    weights = [p for p in model.embedding_bag_collection.parameters()]
+    assert len(weights) == 26 and all(w.device.type == "meta" and w.shape == (40_000_000, 128) for w in weights)
+    with pytest.raises(ValueError, match=r"table_device='cuda' is not supported; choose one of 'cpu', 'meta'"):
+        DLRMModule(table_device="cuda")
