@@ -71,7 +71,8 @@ def summary(results: Results) -> tuple[list[str], list[str]]:
         # e2e_topology.json judges dlac estimate's predictions apart from its speed targets (estimate_check).
         for t in [*(judged if isinstance(judged, list) else []), *(data.get("estimate_check") or [])]:
             where = t.get("rate") or f"{t.get('payload')} eps {t.get('eps')}"
-            targets.append(f"{name}: {where}: {t['target']}: {'met' if t['met'] else 'NOT met'}")
+            verdict = "not judged" if t["met"] is None else "met" if t["met"] else "NOT met"
+            targets.append(f"{name}: {where}: {t['target']}: {verdict}")
         for e in data.get("errors", []) or []:
             errors.append(f"{name}: {e['message']}")
     return targets, errors

@@ -22,7 +22,10 @@ def soak(results: Results) -> list[str]:
         f" first at step {cfg['calibration_start']} and every {cfg['recalibrate_every']:,} after;"
         f" the report was {'written' if outcome['report_written'] else '**not** written'}. Growth is the Theil-Sen"
         f" slope after the first {cfg['warmup']:,} steps, as a share of the median; step time is the median of each"
-        f" window of 250 steps, leaving out the steps that checkpointed, validated or began an epoch.", "",
+        " window of 250 steps, leaving out the steps that checkpointed, validated or began an epoch, in CPU seconds"
+        " (the process's, all threads: what the run itself spends, which its neighbours on the machine do not move)"
+        " and in wall-clock seconds, judged only where the machine's load average stayed within 25% of its median.",
+        "",
         *table(d["judgement"]), "",
         "![Resident memory and step time over the soak](figures/soak.svg)",
     ]
@@ -31,17 +34,23 @@ def soak(results: Results) -> list[str]:
 def draw_soak(results: Results, fig: Any) -> None:
     d = results.get("soak.json")
     warmup = d["config"]["warmup"]
-    memory, step = fig.subplots(2, 1, sharex=True)
+    memory, cpu, wall = fig.subplots(3, 1, sharex=True)
+    load = wall.twinx()
     for r in d["results"]:
         samples = [s for s in r["samples"] if s["step"] > 0]
         memory.plot([s["step"] for s in samples], [s["rss"] / 2**20 for s in samples], label=f"rank {r['rank']}")
-        windows = r["step_windows"]
-        step.plot([w[0] for w in windows], [w[1] * 1e3 for w in windows], label=f"rank {r['rank']}")
-    for ax in (memory, step):
+        for ax, key in ((cpu, "step_cpu_windows"), (wall, "step_windows")):
+            ax.plot([w[0] for w in r[key]], [w[1] * 1e3 for w in r[key]], label=f"rank {r['rank']}")
+    first = d["results"][0]["samples"]
+    load.plot([s["step"] for s in first if "load" in s], [s["load"] for s in first if "load" in s], color="0.6",
+              linewidth=0.8, linestyle=":", label="load average")
+    load.set_ylabel("load average", fontsize=8)
+    for ax in (memory, cpu, wall):
         ax.axvspan(0, warmup, color="0.9", label="warm-up")
-        ax.legend(fontsize=8, loc="lower right")
-    memory.set(ylabel="resident memory (MiB)", title="Soak: 2 ranks, DLACStrategy + DLACCallback, checkpoints")
-    step.set(xlabel="training step", ylabel="median step (ms, 250-step windows)")
+        ax.legend(fontsize=7, loc="lower right")
+    memory.set(ylabel="resident (MiB)", title="Soak: 2 ranks, DLACStrategy + DLACCallback, checkpoints")
+    cpu.set(ylabel="step CPU (ms)")
+    wall.set(xlabel="training step", ylabel="step wall (ms)")
     fig.tight_layout()
 
 

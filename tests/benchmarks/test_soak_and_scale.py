@@ -19,17 +19,22 @@ from benchmarks.render.reliability import soak as soak_block
 # ------------------------------------------------------------------------------------------------------------ soak
 
 
-def _rank(rank: int, rss_per_step: float = 0.0, fds_step: int | None = None, slow_after: int | None = None) -> dict:
+def _rank(rank: int, rss_per_step: float = 0.0, fds_step: int | None = None, slow_after: int | None = None,
+          busy_after: int | None = None) -> dict:
     """A rank's measurements over 4,000 steps: 100 MB of memory growing by ``rss_per_step``, 20 files (one more
-    from ``fds_step``), 10 ms steps (12 ms from ``slow_after``) with a 2 s checkpoint every 500 steps."""
+    from ``fds_step``), steps of 10 ms CPU time (12 ms from ``slow_after``) with a 2 s checkpoint every 500 steps,
+    their wall time the same at a load average of 1, or twice it (load 3) from ``busy_after``."""
     steps = 4000
-    step_s = [0.012 if slow_after is not None and k >= slow_after else 0.010 for k in range(steps)]
+    cpu = [0.012 if slow_after is not None and k >= slow_after else 0.010 for k in range(steps)]
+    busy = [busy_after is not None and k >= busy_after for k in range(steps)]
+    wall = [c * (2 if b else 1) for c, b in zip(cpu, busy)]
     marked = list(range(500, steps, 500))
     for k in marked:
-        step_s[k - 1] = 2.0
+        wall[k - 1] = cpu[k - 1] = 2.0
     samples = [{"step": s, "rss": int(100e6 + rss_per_step * s), "fds": 20 + (fds_step is not None and s >= fds_step),
-                "threads": 6} for s in range(0, steps + 1, 100)]  # fmt: skip
-    return {"rank": rank, "step_s": step_s, "marked": marked, "samples": samples}
+                "threads": 6, "load": 3.0 if busy_after is not None and s >= busy_after else 1.0}
+               for s in range(0, steps + 1, 100)]  # fmt: skip
+    return {"rank": rank, "step_s": wall, "step_cpu_s": cpu, "marked": marked, "samples": samples}
 
 
 def test_theil_sen_ignores_a_few_outliers_that_a_least_squares_fit_would_follow() -> None:
@@ -41,18 +46,28 @@ def test_theil_sen_ignores_a_few_outliers_that_a_least_squares_fit_would_follow(
 
 def test_flat_runs_meet_every_target_and_a_leak_or_a_slowdown_or_an_open_file_misses_its_own() -> None:
     flat = soak.judge([_rank(0), _rank(1)], warmup=1000)
-    assert [t["met"] for t in flat["targets"]] == [True, True, True, True], flat["targets"]
+    assert [t["met"] for t in flat["targets"]] == [True, True, True, True, True], flat["targets"]
     # The checkpoint steps are marked and left out: the step time is the 10 ms of the others.
-    assert flat["per_rank"][0]["step_s"]["median"] == pytest.approx(0.010)
+    assert flat["per_rank"][0]["step_cpu_s"]["median"] == pytest.approx(0.010)
 
     leak = soak.judge([_rank(0, rss_per_step=500.0), _rank(1)], warmup=1000)  # +5 MB per 10k steps on 100 MB
     assert leak["per_rank"][0]["rss"]["growth"] == pytest.approx(0.05, rel=0.05)
-    assert [t["met"] for t in leak["targets"]] == [False, True, True, True]
+    assert [t["met"] for t in leak["targets"]] == [False, True, True, True, True]
     slower = soak.judge([_rank(0), _rank(1, slow_after=2500)], warmup=1000)
-    assert [t["met"] for t in slower["targets"]] == [True, False, True, True]
+    assert [t["met"] for t in slower["targets"]] == [True, False, False, True, True]
     opened = soak.judge([_rank(0, fds_step=3000), _rank(1)], warmup=1000)
-    assert [t["met"] for t in opened["targets"]] == [True, True, False, True]
-    assert opened["targets"][2]["values"] == [1, 0]
+    assert [t["met"] for t in opened["targets"]] == [True, True, True, False, True]
+    assert opened["targets"][3]["values"] == [1, 0]
+
+
+def test_a_busier_machine_slows_the_wall_time_but_not_the_judged_cpu_time() -> None:
+    busy = soak.judge([_rank(0, busy_after=2500), _rank(1, busy_after=2500)], warmup=1000)
+    cpu, wall = busy["targets"][1], busy["targets"][2]
+    assert cpu["met"] is True and max(wall["values"]) > 0.5
+    assert wall["met"] is None and wall["not_judged"] == (
+        "the machine's load average varied from 1.0 to 3.0 (median 3.0)"
+    )
+    assert "| step wall time growth after warm-up < 2% per 10,000 steps |" in "\n".join(soak.table(busy))
 
 
 def test_the_sampler_times_steps_marks_checkpoints_and_reads_this_process() -> None:
@@ -80,7 +95,8 @@ def _soak_results(directory: Path) -> Results:
                        "batch_size": 256, "calibration_start": 500, "recalibrate_every": 2500, "world_size": 2,
                        "model": "the demo's"},
             "results": [{"rank": r["rank"], "samples": r["samples"], "marked_steps": len(r["marked"]),
-                         "step_windows": soak.step_windows(r["step_s"], r["marked"])} for r in ranks],
+                         "step_windows": soak.step_windows(r["step_s"], r["marked"]),
+                         "step_cpu_windows": soak.step_windows(r["step_cpu_s"], r["marked"])} for r in ranks],
             "judgement": judgement, "targets": judgement["targets"],
             "outcome": {"steps": [4000, 4000], "report_written": True, "checkpoints": ["last.ckpt"]}}  # fmt: skip
     directory.mkdir(parents=True, exist_ok=True)
@@ -93,6 +109,7 @@ def test_the_soak_block_and_its_figure_come_from_the_results_file(tmp_path: Path
     text = "\n".join(soak_block(results))
     assert "4,000 training steps on 2 ranks" in text and "the report was written" in text
     assert "| resident memory growth after warm-up < 2% per 10,000 steps | +0.00%, +0.10% | **met** |" in text
+    assert "| step CPU time growth after warm-up < 2% per 10,000 steps | +0.00%, +0.00% | **met** |" in text
     figure = FIGURES["docs/figures/soak.svg"]
     svg = tmp_path / "soak.svg"
     assert stale(figure, results, svg) == "missing"
