@@ -19,6 +19,7 @@ from benchmarks.render import plots
 from benchmarks.render.blocks import blocks_in, render_block
 from benchmarks.render.core import DOCS, Results, shown_command
 from benchmarks.render.figures import stale, write_figure
+from benchmarks.render.readme import headline_rows
 
 HEADLINES = (("README.md", "readme_headline"), ("docs/benchmarks.md", "headline"))
 README_ROWS = 8
@@ -106,6 +107,27 @@ def test_a_codec_that_could_not_run_is_named(committed: Results) -> None:
     (failed,) = committed.get("e2e_qcomm_race.json")["failed"]
     assert re.search(re.escape(failed["label"]) + r"[^|]*could not run", race)
     assert hidden_targets(body.replace("could not run", "ran"), committed)
+
+
+def test_every_baseline_faster_than_dlac_is_named_as_such(committed: Results) -> None:
+    """In each speed row, every TorchRec codec of the same run faster than the DLAC configuration the row shows (found
+    by its speed-up in the DLAC cell) is named "faster than DLAC" (10 Gbit/s: INT8/FP16 1.15x against 1.14x)."""
+    checked = 0
+    for row in headline_rows(committed):
+        (name,) = row.files
+        runs = committed.get(name).get("results")
+        if not isinstance(runs, list) or not runs or "speedup_vs_fp32" not in runs[0]:
+            continue
+        for shown in re.findall(r"(\d+\.\d\d)x FP32", row.dlac):
+            (dlac,) = [r for r in runs if not r["variant"].startswith(("qcomm", "fp32", "ceiling"))
+                       and r.get("speedup_vs_fp32") is not None and f"{r['speedup_vs_fp32']:.2f}" == shown]
+            for q in runs:
+                if q["rate"] == dlac["rate"] and q["variant"].startswith("qcomm") \
+                        and (q.get("speedup_vs_fp32") or 0) > dlac["speedup_vs_fp32"]:
+                    assert re.search(re.escape(q["label"]) + r" [\d.]+x: \*\*faster than DLAC\*\*", row.baseline), \
+                        (name, q["rate"], q["label"], row.baseline)
+                    checked += 1
+    assert checked >= 3  # 10 Gbit/s, unthrottled and DLRM v2 in the committed files
 
 
 def test_readme_keeps_at_most_8_short_headline_rows_and_docs_every_row(committed: Results) -> None:
