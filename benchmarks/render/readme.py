@@ -275,13 +275,32 @@ def _family_frontier_row(results: Results) -> list[Row]:
     runs = data["results"]
     capped = sum(not r.get("settled") for r in runs)
     settled = f"{len(runs) - capped} of {len(runs)} arms settled, {capped} stopped at the cap unsettled"
+    beaten = []  # worlds where a DLAC point of the same world beats the default on both axes
+    for w in data["per_world"]:
+        default = next((p for p in w["frontier"]["points"] if p["variant"] == "DLAC default"), None)
+        best = _best_dlac(w["frontier"]["points"], default, "fwd_bytes_per_step") if default else None
+        if best:
+            beaten.append(f"world {w['world']}: {best['variant']} {best['delta_mean']:+.4f} at"
+                          f" {best['fwd_bytes_per_step'] / 1024:.1f} KiB against the default's"
+                          f" {default['delta_mean']:+.4f} at {default['fwd_bytes_per_step'] / 1024:.1f}")
+    better = (f"; a DLAC point of the same world better on both axes in {len(beaten)} of {len(data['per_world'])}"
+              f" ({'; '.join(beaten)})") if beaten else ""
+    cheaper: dict[str, list[float]] = {}  # per qcomm point, its total bytes over the default's where fewer
+    for w in data["per_world"]:
+        points = {p["variant"]: p for p in w["frontier"]["points"]}
+        default = points.get("DLAC default")
+        for p in points.values():
+            if default and p["kind"] == "qcomm" and p["total_bytes_per_step"] < default["total_bytes_per_step"]:
+                cheaper.setdefault(p["variant"], []).append(p["total_bytes_per_step"] / default["total_bytes_per_step"])
+    both_ways = "".join(f"; counted both ways {q} sends fewer bytes than the default in {len(v)} of"
+                        f" {len(data['per_world'])} worlds ({fmt_range(v)}x)" for q, v in cheaper.items())
     return [Row(f"[Accuracy-bytes frontier against TorchRec's codecs on the family's evaluation worlds ({settled})"
                 f"{_failed(data)}](docs/adaptive.md#the-same-frontier-on-the-family-of-worlds)",
                 f"`DLACCallback()`: median {fmt_plain(d['default_delta_median'], '+.4f')} AUROC at"
                 f" {fmt_x(d['default_fwd_bytes_vs_fewest_qcomm_median'])} the forward bytes of the fewest-bytes qcomm"
-                " point",
+                f" point{better}",
                 f"TorchRec's {', '.join(q.removeprefix('qcomm ') for q in d['qcomm_dominated'])} on the same worlds"
-                " and seeds",
+                f" and seeds{both_ways}",
                 Targets("", "") + f"{'; '.join(verdicts)}{counted} (forward bytes)", (FAMILY_FRONTIER_FILE,),
                 True)]
 
