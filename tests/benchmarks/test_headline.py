@@ -141,6 +141,17 @@ def test_readme_keeps_at_most_8_short_headline_rows_and_docs_every_row(committed
     assert files <= {f for row in every for f in re.findall(r"`([\w.-]+\.json)`", row)}
 
 
+def test_readme_names_the_missed_targets_of_the_rows_it_leaves_to_docs() -> None:
+    readme = blocks_in((REPO / "README.md").read_text())["readme_headline"]
+    every = _rows(blocks_in((REPO / "docs/benchmarks.md").read_text())["headline"])
+    files = set(re.findall(r"`([\w.-]+\.json)`", "\n".join(_rows(readme))))
+    left = [row for row in every if not set(re.findall(r"`([\w.-]+\.json)`", row)) & files]
+    assert left
+    for row in left:
+        for missed in re.findall(r"[^;|]*: \*\*not met\*\*", row.split(" | ")[3]):
+            assert missed.strip() in readme, missed
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # No machine path in a rendered line
 
