@@ -131,6 +131,20 @@ def _speed(r: dict[str, Any]) -> str:
     return f"{r['speedup_vs_fp32']:.2f}x FP32 ({fmt_range(r['speedup_vs_fp32_per_repeat'])})"
 
 
+# The accuracy runs, and the arm of adaptive_accuracy.py that sends DLAC-compressed gradients (issue 55 item 2).
+ACCURACY_FILES = ("adaptive_accuracy_criteo_1epoch.json", FRONTIER_FILE, FAMILY_FRONTIER_FILE)
+BOTH_WAYS_ARM = "DLAC both directions"
+
+
+def _both_ways_accuracy(results: Results) -> str:
+    """What the accuracy runs say of DLAC-compressed gradients, for the rows that time DLAC both ways."""
+    having = [n for n in ACCURACY_FILES if results.get(n) is not None
+              and any(r.get("variant") == BOTH_WAYS_ARM for r in results.get(n)["results"])]
+    if having:
+        return f"; accuracy with DLAC gradients: {', '.join(f'`{n}`' for n in having)}"
+    return "; accuracy with DLAC gradients not measured yet"
+
+
 def _best_dlac(points: list[dict[str, Any]], default: dict[str, Any], fwd: str) -> dict[str, Any] | None:
     """The DLAC point of the same run that beats the default on both axes (no lower AUROC difference and no more
     forward bytes, one of them strictly), the best AUROC first; None where none does."""
@@ -173,7 +187,7 @@ def _throttled_row(results: Results) -> list[Row]:
         return []
     both = [pick(rows, rate, "dlac_dlac") for rate in rates]
     return [Row(f"[Training step, 2 ranks, DLAC both ways, at {' / '.join(RATES[r] for r in rates)}]({E2E_LINK})",
-                " / ".join(_speed(b) for b in both),
+                " / ".join(_speed(b) for b in both) + _both_ways_accuracy(results),
                 "; ".join(f"{RATES[rate]}: {baseline_cell(rows, rate, b)}" for rate, b in zip(rates, both)),
                 targets_cell(data.get("targets") or [], where=len(rates) > 1) + _failed(data),
                 ("e2e_throttled.json",), True)]
@@ -203,7 +217,7 @@ def _speed_row(results: Results, name: str, what: str, link: str, readme: bool,
     ran = ", ".join(r["label"].removeprefix("qcomm ") for r in data["results"] if r["rate"] == rate
                     and r["variant"].startswith("qcomm") and r.get("speedup_vs_fp32") is not None)
     targets = [*(data.get("targets") or []), *(judged(data["results"]) if judged else [])]
-    return [Row(f"[{what.format(ran=ran)}{_failed(data)}]({link})", _speed(both),
+    return [Row(f"[{what.format(ran=ran)}{_failed(data)}]({link})", _speed(both) + _both_ways_accuracy(results),
                 baseline_cell(data["results"], rate, both), targets_cell(targets), (name,), readme)]
 
 
@@ -218,7 +232,7 @@ def _topology_row(results: Results) -> list[Row]:
     base = [f"{everyone['label']}: {everyone['speedup_vs_fp32']:.2f}x"] if everyone else []
     return [Row(f"[Two emulated nodes x 2 ranks, 1 Gbit/s between them, DLAC to the other node only"
                 f" (`compress_peers`)]({BENCH}#two-nodes-per-peer-compression-on-an-emulated-network-issue-37)",
-                _speed(peer), "; ".join([*base, baseline_cell(rows, "1gbit", peer)]),
+                _speed(peer) + _both_ways_accuracy(results), "; ".join([*base, baseline_cell(rows, "1gbit", peer)]),
                 targets_cell(topo.get("targets") or []), ("e2e_topology.json",), False)]
 
 
