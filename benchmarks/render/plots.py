@@ -57,7 +57,7 @@ def draw_speed(results: Results, fig: Any) -> None:
             ax.plot([], [], "s", color=COLORS[variant], markerfacecolor="white", label=labels[variant])
     ax.plot([], [], "s", color="0.5", markerfacecolor="white", label="hollow: the race runs (e2e_qcomm_race*)")
     for label in sorted(failed):
-        ax.plot([], [], "x", color="0.5", label=f"{label}: could not run (TorchRec's error on CPU)")
+        ax.plot([], [], "x", color="0.5", label=f"{label}: could not run (TorchRec's error on this machine)")
     ax.axhline(1.0, color="0.6", linewidth=0.8, linestyle=":")
     ax.set_xticks(range(len(RATES)), [name for _, name in RATES])
     ax.set(xlabel="link rate (loopback throttled; 2 gloo ranks on a 2-core CPU, batch 4096 per rank)",

@@ -124,7 +124,7 @@ def baseline_cell(rows: list[dict[str, Any]], rate: str, dlac: dict[str, Any]) -
 def _failed(data: dict[str, Any]) -> str:
     """The codecs of a run that could not run, named."""
     labels = dict.fromkeys(f.get("label") or f.get("variant") for f in data.get("failed") or [])
-    return "".join(f"; {label} could not run (TorchRec's CPU error)" for label in labels)
+    return "".join(f"; {label} could not run (TorchRec's error on this machine)" for label in labels)
 
 
 def _speed(r: dict[str, Any]) -> str:
@@ -311,7 +311,7 @@ def _family_frontier_row(results: Results) -> list[Row]:
                 cheaper.setdefault(p["variant"], []).append(p["total_bytes_per_step"] / default["total_bytes_per_step"])
     both_ways = "".join(f"; counted both ways {q} sends fewer bytes than the default in {len(v)} of"
                         f" {len(data['per_world'])} worlds ({fmt_range(v)}x)" for q, v in cheaper.items())
-    return [Row(f"[Accuracy-bytes frontier against TorchRec's codecs on the family's evaluation worlds ({settled})"
+    return [Row(f"[Accuracy-bytes frontier on the family's evaluation worlds ({settled})"
                 f"{_failed(data)}](docs/adaptive.md#the-same-frontier-on-the-family-of-worlds)",
                 f"`DLACCallback()`: median {fmt_plain(d['default_delta_median'], '+.4f')} AUROC at"
                 f" {fmt_x(d['default_fwd_bytes_vs_fewest_qcomm_median'])} the forward bytes of the fewest-bytes qcomm"

@@ -65,7 +65,7 @@ def hidden_targets(body: str, results: Results) -> list[str]:
         counted = any(n >= len(targets) and n - k >= missed for k, n in counts)
         for t in targets:
             key = f"{t['where']}: {t['target']}" if len(wheres[t["target"]]) > 1 else t["target"]
-            verdict = "met" if t["met"] else "not met"
+            verdict = "not judged (benchmark error)" if t.get("invalid") else "met" if t["met"] else "not met"
             if f"{key}: **{verdict}**" not in text and (not t["met"] or not counted):
                 hidden.append(f"{name}: {key}: {verdict}")
         for target, n in Counter(t["target"] for t in per_world).items():
