@@ -14,6 +14,7 @@ from benchmarks.render import (
     data,
     e2e,
     frontier,
+    plots,
     readme,
     reliability,
     scaling,
@@ -24,8 +25,8 @@ from benchmarks.render import (
 from benchmarks.render.core import BLOCK, Block, Results, awaiting
 from benchmarks.render.figures import Figure
 
-SECTIONS = (readme, suite, codec, e2e, topology, scaling, strategy, accuracy, calibration, frontier, data, checkpoint,
-            cluster, reliability)
+SECTIONS = (readme, plots, suite, codec, e2e, topology, scaling, strategy, accuracy, calibration, frontier, data,
+            checkpoint, cluster, reliability)
 BLOCKS: dict[str, Block] = {}
 FIGURES: dict[str, Figure] = {}  # the SVG's path from the repository root -> the figure
 for _section in SECTIONS:

@@ -150,7 +150,8 @@ def calibration_worlds(results: Results, name: str = "calibration_worlds_quick.j
     cfg["seeds"] = sorted(cfg.get("seeds", []))
     lines = [source_line(name, data, results.shown), "",
              f"{cfg.get('worlds')} worlds {cfg.get('seeds')}, "
-             + (settle_rule(cfg) if cfg.get("settle") else f"{cfg.get('steps')} training batches per rank each")
+             + (settle_rule(cfg, data.get("results")) if cfg.get("settle")
+                else f"{cfg.get('steps')} training batches per rank each")
              + (f" (the run was stopped after {len(cfg['seeds'])} of the {len(cfg['seeds_planned'])} worlds it"
                 " planned)" if cfg.get("seeds_planned") else "") + ".", "",
              "| world | tables (sensitive) | dim | all-tight vs uncompressed | all-loose vs all-tight | variant |"
@@ -219,11 +220,16 @@ def calibration_worlds(results: Results, name: str = "calibration_worlds_quick.j
     return lines
 
 
-def settle_rule(cfg: dict[str, Any]) -> str:
-    """How a ``--settle`` run trained its arms, from its configuration."""
-    return (f"every arm trained until its validation AUROC settled (validated every {cfg['val_every']} batches,"
-            f" stopped at the first validation gaining less than {cfg['settle_delta']:g} AUROC; at most"
-            f" {cfg['steps']} batches per rank)")
+def settle_rule(cfg: dict[str, Any], runs: list[dict[str, Any]] | None = None) -> str:
+    """How a ``--settle`` run trained its arms, from its configuration, and how many of ``runs`` (its arms' records)
+    settled: an arm that reached the cap is read where its AUROC was then, not where it would have settled."""
+    share = ""
+    if runs and all("settled" in r for r in runs):
+        settled = sum(bool(r["settled"]) for r in runs)
+        share = f"; {settled} of {len(runs)} arms settled, {len(runs) - settled} reached the cap unsettled"
+    return (f"every arm trained until its validation AUROC settled or it reached the cap (validated every"
+            f" {cfg['val_every']} batches, stopped at the first validation gaining less than"
+            f" {cfg['settle_delta']:g} AUROC; at most {cfg['steps']} batches per rank{share})")
 
 
 def _calibration_fit_line(results: Results) -> list[str]:
@@ -286,7 +292,8 @@ def calibration_settle(results: Results) -> list[str]:
     cfg = data["config"]
     fixed = cfg["fixed_steps"]
     lines = [source_line(name, data, results.shown), "",
-             f"{cfg['worlds']} worlds {cfg['seeds']}, {cfg['train_seeds']} paired training seeds; {settle_rule(cfg)}.",
+             f"{cfg['worlds']} worlds {cfg['seeds']}, {cfg['train_seeds']} paired training seeds;"
+             f" {settle_rule(cfg, data['results'])}.",
              "",
              f"| world | tables (sensitive) | dim | arm | vs all-tight per seed, at {fixed} batches | vs all-tight per"
              " seed, settled | stopped at (batches per rank) |", "|---|---|---|---|---|---|---|"]
@@ -334,7 +341,8 @@ def calibration_ablation(results: Results, name: str = "calibration_ablation.jso
     split = "Development" if cfg.get("worlds", "dev") == "dev" else "Evaluation"
     lines += ["",
              f"{split} world {world} ({spec.get('tables')} tables, dim {spec.get('dim')}),"
-             f" {settle_rule(cfg) if cfg.get('settle') else str(cfg['steps']) + ' training batches per rank'},"
+             f" {settle_rule(cfg, data['results']) if cfg.get('settle') else str(cfg['steps']) + ' training batches'}"
+             f"{'' if cfg.get('settle') else ' per rank'},"
              f" {ab['train_seeds']} paired training seeds; every table at"
              f" 0.01 except the one ablated, at 0.05. All tables loose cost {ab['all_loose_cost']:+.4f} AUROC; the"
              f" world's floor (two standard errors of a mean of paired differences, pooled over the arms) is"

@@ -49,6 +49,31 @@ class Block:
     optional: tuple[str, ...] = ()
 
 
+# The repository's top-level folders: an absolute path through one of them is a path of the clone a run was made in.
+REPO_FOLDERS = ("benchmarks", "cuda_ext", "docs", "examples", "lightning_dlac", "requirements", "tests")
+ABSOLUTE_PATH = re.compile(r"(?<![\w.:/<>~-])/(?:[\w.+-]+/)*[\w.+-]+")
+
+
+def shown_command(command: str) -> str:
+    """A recorded command as a reader of the repository can run it: each absolute path through the clone the run was
+    made in becomes relative to the repository (``/work/main/benchmarks/results/x.json`` ->
+    ``benchmarks/results/x.json``), and a path outside any clone is shown by its file name (``<elsewhere>/x.json``):
+    the machine's folders say nothing to a reader and are not theirs.
+
+    Args:
+        command: The command a results file records.
+
+    Returns:
+        The command with no absolute path in it.
+    """
+    def relative(m: re.Match) -> str:
+        parts = m.group(0).split("/")[1:]
+        inside = [i for i, part in enumerate(parts[:-1]) if part in REPO_FOLDERS]
+        return "/".join(parts[inside[-1]:]) if inside else f"<elsewhere>/{parts[-1]}"
+
+    return ABSOLUTE_PATH.sub(relative, command)
+
+
 def short_commit(commit: str | None) -> str:
     return commit[:10] if commit else "not recorded"
 
@@ -59,7 +84,7 @@ def source_line(name: str, data: dict[str, Any], where: str = "benchmarks/result
     if m.get("legacy"):
         torch = m.get("versions", {}).get("torch", "?")
         return (f"From `{where}/{name}` (written before results files carried their metadata; command:"
-                f" `{m.get('command')}`; {m.get('cores', '?')} cores, torch {torch}).")
+                f" `{shown_command(str(m.get('command')))}`; {m.get('cores', '?')} cores, torch {torch}).")
     load = ""
     if m.get("loadavg_before") and m.get("loadavg_after"):
         load = f", load average {m['loadavg_before'][0]:.1f} before and {m['loadavg_after'][0]:.1f} after"
@@ -74,7 +99,7 @@ def source_line(name: str, data: dict[str, Any], where: str = "benchmarks/result
                       + (f" under {part['train_seeds']} training seeds" if "train_seeds" in part else "")
                       + (f" (of {part['train_seeds_planned']} planned: stopped partway)"
                          if "train_seeds_planned" in part else "")
-                      + f" (command: `{part.get('command')}`)."
+                      + f" (command: `{shown_command(str(part.get('command')))}`)."
                       for part in m.get("resumed_from", []))
     reused = m.get("baselines_from")
     if reused:
@@ -87,7 +112,7 @@ def source_line(name: str, data: dict[str, Any], where: str = "benchmarks/result
     return (f"From `{where}/{name}`: commit {short_commit(m.get('git_commit'))}{dirty}, {m.get('date')},"
             f" {m.get('cores')} cores ({m.get('cpu', '?')}){load}{depth}; torch {versions.get('torch', '?')},"
             f" torchrec {versions.get('torchrec', '?')}, lightning {versions.get('lightning', '?')}. Command:"
-            f" `{m.get('command')}`.{resumed}")
+            f" `{shown_command(str(m.get('command')))}`.{resumed}")
 
 
 def awaiting(files: list[str], short: bool = False) -> list[str]:

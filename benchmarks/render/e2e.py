@@ -145,7 +145,15 @@ QCOMM_RACE = ("qcomm_int8_fp16", "qcomm_fp8", "qcomm_mx4", "qcomm_mx4_bf16")
 PHASE_TARGET = 1.5
 
 
-CEILING_TARGET = 0.95  # issue 34: DLAC both directions against its like-for-like ceiling
+# Issue 34 asked DLAC both directions for this share of its like-for-like ceiling at 1 Gbit/s; the benchmark judges and
+# records the ceiling target of benchmarks/lib/e2e.py's TARGETS (0.9 there), and that one threshold is what is shown.
+ISSUE_34_CEILING = 0.95
+
+
+def ceiling_threshold(data: dict[str, Any], rate: str) -> float | None:
+    """The threshold of the ceiling target a results file records at ``rate`` (None where it records none)."""
+    return next((t["threshold"] for t in data.get("targets") or [] if t.get("rate") == rate
+                 and t.get("reference", "").startswith("ceiling_")), None)
 
 
 def exchange_profile(results: Results) -> list[str]:
@@ -204,25 +212,27 @@ def _against_every_qcomm(rows: list[dict[str, Any]], variants: tuple[str, ...], 
 
 
 def race_targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Issue 34's targets of a race at full CPU (e2e_qcomm_race.json) at each of its rates, judged by the rule."""
+    """Issue 34's target of a race at full CPU (e2e_qcomm_race.json) that the results file does not record, at each
+    of its rates, judged by the rule: DLAC both directions >= 1.15x the fastest qcomm variant. (Its ceiling target and
+    DLAC + bf16 against INT8/FP16 are in the file's own targets, each with the threshold the run judged.)"""
     targets = []
     for rate in sorted({r["rate"] for r in rows}):
         ran = [q for q in QCOMM_RACE if pick(rows, rate, q)]
         fastest = min(ran, key=lambda q: pick(rows, rate, q)["median_step_ms"]) if ran else None
-        for variant, reference, threshold, name in (
-            ("dlac_dlac", "ceiling_dlac_dlac", CEILING_TARGET, f"DLAC both directions >= {CEILING_TARGET} of its"
-             " ceiling"),
-            ("dlac_dlac", fastest, 1.15, f"DLAC both directions >= 1.15x the fastest qcomm variant ({fastest})"),
-            ("dlac_bf16", "qcomm_int8_fp16", 1.0, "DLAC fwd + BF16 bwd ahead of qcomm INT8/FP16"),
-        ):
-            found = paired(rows, rate, variant, reference) if reference else None
-            if found:
-                targets.append(judge(name, found[0], found[1], threshold, rate=rate))
+        found = paired(rows, rate, "dlac_dlac", fastest) if fastest else None
+        if found:
+            targets.append(judge(f"DLAC both directions >= 1.15x the fastest qcomm variant ({fastest})", found[0],
+                                 found[1], 1.15, rate=rate))
     return targets
 
 
 def starved_targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return _against_every_qcomm(rows, ("dlac_dlac",), "CPU-starved: DLAC both directions ahead of {q}")
+
+
+def fast_targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Issue 34's target at 10 Gbit/s (e2e_qcomm_race_10gbit.json): DLAC no slower than any qcomm variant."""
+    return _against_every_qcomm(rows, ("dlac_dlac", "dlac_bf16"), "{variant} no slower than {q}")
 
 
 def qcomm_race(results: Results) -> list[str]:
@@ -238,14 +248,20 @@ def qcomm_race(results: Results) -> list[str]:
     if fast is not None:
         lines += ["", "At 10 Gbit/s, against the fastest qcomm variant of the race above:", ""]
         lines += e2e_body(results, ("e2e_qcomm_race_10gbit.json",))
-        targets += _against_every_qcomm(fast["results"], ("dlac_dlac", "dlac_bf16"), "{variant} no slower than {q}")
+        targets += fast_targets(fast["results"])
     starved = results.get("e2e_qcomm_race_starved.json")
     if starved is not None:
         lines += ["", "With `--cpu-starved` (every rank's threads on one core):", ""]
         lines += e2e_body(results, ("e2e_qcomm_race_starved.json",))
         targets += starved_targets(starved["results"])
-    lines += ["", "Issue 34's targets (the rule above):", ""]
+    recorded = ceiling_threshold(results.get("e2e_qcomm_race.json"), "1gbit")
+    lines += ["", "Issue 34's targets that the results files do not record, judged here from their launches (the rule"
+              " above):", ""]
     lines += [f"- {t['rate']}: {t['target']}: {verdict_text(t)}" for t in targets]
+    if recorded is not None and recorded != ISSUE_34_CEILING:
+        lines += ["", f"Issue 34 asked for {ISSUE_34_CEILING} of the ceiling at 1 Gbit/s; the benchmark judges and"
+                  f" records {recorded} (`benchmarks/lib/e2e.py`'s TARGETS), the one threshold shown for that target"
+                  " here and in README."]
     codecs = results.get("codec_bench_qcomm.json")
     if codecs is not None:
         lines += ["", source_line("codec_bench_qcomm.json", codecs, results.shown), "",
@@ -296,9 +312,10 @@ def e2e_pieces(results: Results) -> list[str]:
                              f" {a['bwd_a2a_ms'] - c['bwd_a2a_ms']:.1f} ms, step"
                              f" {a['median_step_ms'] - c['median_step_ms']:.0f} ms.")
         ceiling = pick(rows, rate, "ceiling_dlac_dlac")
-        if kernel_ms is not None and ceiling is not None:
-            budget = ceiling["median_step_ms"] * (1 / CEILING_TARGET - 1)
-            lines.append(f"- {rate}: at {CEILING_TARGET} of this ceiling DLAC both directions may spend"
+        threshold = ceiling_threshold(results.get("e2e_pieces.json"), rate)
+        if kernel_ms is not None and ceiling is not None and threshold is not None:
+            budget = ceiling["median_step_ms"] * (1 / threshold - 1)
+            lines.append(f"- {rate}: at {threshold} of this ceiling (its target) DLAC both directions may spend"
                          f" {budget:.1f} ms per step beyond it; the codec kernels alone take {kernel_ms:.1f} ms per"
                          f" step and rank for these bytes (encode and decode, both directions, each encode on a new"
                          f" input; exchange_profile.json, one thread, its random upstream gradient)"

@@ -38,7 +38,8 @@ def frontier_worlds(results: Results, name: str = FAMILY_FRONTIER_FILE) -> list[
     data = results.get(name)
     cfg, summary = data.get("config", {}), data["summary"]
     lines = [source_line(name, data, results.shown), "",
-             f"{cfg.get('worlds')} worlds {cfg.get('seeds')}, " + settle_rule(cfg) + f", {cfg.get('train_seeds')}"
+             f"{cfg.get('worlds')} worlds {cfg.get('seeds')}, " + settle_rule(cfg, data["results"])
+             + f", {cfg.get('train_seeds')}"
              + (f" paired training seeds each; the default is `{cfg.get('default_rule')}`."
                 if "train_seeds_planned" not in cfg else
                 f" or more paired training seeds each ({cfg['train_seeds_planned']} planned: a run adding seeds"

@@ -25,7 +25,7 @@ from benchmarks.render.codec import dlrm_v2_reading
 from benchmarks.render.core import DOCS, Results
 from benchmarks.render.e2e import overlap_default
 from benchmarks.render.frontier import FAMILY_FRONTIER_FILE, _undominated_lines, default_standing, frontier_worlds
-from benchmarks.render.readme import _readme_family_frontier_row
+from benchmarks.render.readme import _family_frontier_row
 from benchmarks.render.strategy import pipeline_model
 
 
@@ -478,13 +478,13 @@ def test_the_family_frontier_readme_row_says_so_far_until_every_world_has_its_pl
     def row(n_worlds: int, n_seeds: int) -> str:
         data["summary"]["worlds"], data["config"]["train_seeds"] = n_worlds, n_seeds
         (tmp_path / FAMILY_FRONTIER_FILE).write_text(json.dumps(data))
-        (line,) = _readme_family_frontier_row(Results(tmp_path), [])
-        return line
+        (line,) = _family_frontier_row(Results(tmp_path))
+        return line.targets.full
 
     assert "so far" not in row(worlds, seeds)
     assert row(worlds, seeds - 1).endswith(
-        f"of worlds so far ({seeds - 1} or more of the {seeds} paired seeds per world `make bench` runs) |"
-        f" `{FAMILY_FRONTIER_FILE}` |")
+        f" worlds so far ({seeds - 1} or more of the {seeds} paired seeds per world `make bench` runs)"
+        " (forward bytes)")
     short = row(worlds - 1, 1)
     assert f"so far ({worlds - 1} of the {worlds} worlds and 1 or more of the {seeds} paired seeds" in short
 
@@ -510,9 +510,10 @@ def test_the_family_frontier_says_where_the_default_is_near_the_frontier_only_wi
     assert (f"World {first['world']}: the default is off the frontier and counts as near it only within noise:"
             " constant 0.05 has no more forward bytes and +0.0097 AUROC over it (noise 0.0244, 5 paired"
             " seeds).") in text
-    (row,) = _readme_family_frontier_row(Results(tmp_path), [])
-    assert (f"the default on or near the frontier: 100% of worlds, on it in {len(others)} and near it only within"
-            f" noise on world {first['world']} |") in row
+    (row,) = _family_frontier_row(Results(tmp_path))
+    worlds = len(data["per_world"])
+    assert (f"the default on or near the frontier: met in {worlds} of {worlds} worlds, on it in {len(others)} and"
+            f" near it only within noise on world {first['world']} (forward bytes)") in row.targets.full
 
 
 def test_the_versions_block_says_which_results_were_measured_under_the_pinned_set(tmp_path: Path) -> None:
