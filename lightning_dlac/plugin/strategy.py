@@ -4,6 +4,9 @@ rest, registered as ``Trainer(strategy="dlac")``."""
 from __future__ import annotations
 
 import atexit
+import contextlib
+import traceback
+from collections.abc import Iterator
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
@@ -28,6 +31,7 @@ from typing_extensions import override
 from lightning_dlac.adaptive.bounds import ErrorBounds
 from lightning_dlac.checks import parse_enum
 from lightning_dlac.comm.config import CompressionOptions
+from lightning_dlac.comm.liveness import PeerTimeoutError, peer_timeout, phase_name, progress_of
 from lightning_dlac.comm.stats import CommStats
 from lightning_dlac.engine import elastic as _elastic
 from lightning_dlac.engine._torchrec import require_torchrec
@@ -430,12 +434,54 @@ class DLACStrategy(DDPStrategy):
 
     @override
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
-        if self._pipeline is None:
-            return super().training_step(*args, **kwargs)
-        batch = args[0] if args else kwargs.get("batch")
-        last = self.lightning_module.trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
-        with self._pipeline.step(batch, last=last):
-            return super().training_step(*args, **kwargs)
+        with self._watched("forward"):
+            if self._pipeline is None:
+                return super().training_step(*args, **kwargs)
+            batch = args[0] if args else kwargs.get("batch")
+            last = self.lightning_module.trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+            with self._pipeline.step(batch, last=last):
+                return super().training_step(*args, **kwargs)
+
+    @override
+    def backward(self, closure_loss: torch.Tensor, optimizer: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+        with self._watched("backward"):
+            return super().backward(closure_loss, optimizer, *args, **kwargs)
+
+    @override
+    def validation_step(self, *args: Any, **kwargs: Any) -> Any:
+        with self._watched("forward"):
+            return super().validation_step(*args, **kwargs)
+
+    @override
+    def test_step(self, *args: Any, **kwargs: Any) -> Any:
+        with self._watched("forward"):
+            return super().test_step(*args, **kwargs)
+
+    @override
+    def predict_step(self, *args: Any, **kwargs: Any) -> Any:
+        with self._watched("forward"):
+            return super().predict_step(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def _watched(self, phase: str) -> Iterator[None]:
+        """Mark the start of this step's ``phase`` in the process group's store and turn a collective of it that
+        times out into a :class:`~lightning_dlac.comm.liveness.PeerTimeoutError` naming the silent rank (the
+        exchanges mark and watch their own collectives; this covers the rest: TorchRec's input all-to-all, DDP's
+        all-reduce)."""
+        if self.world_size < 2 or not dist.is_initialized():
+            yield
+            return
+        trainer = self.lightning_module.trainer
+        stage = trainer.state.stage
+        progress = progress_of(dist.group.WORLD)
+        progress.mark(f"{stage.value if stage else 'step'} step {trainer.global_step}, {phase_name(phase)}")
+        try:
+            with progress.watch(phase=phase):
+                yield
+        except PeerTimeoutError as error:
+            if error.exchange is None and error.collective == "a collective":
+                error.collective = _collective_of(error.__cause__, phase)
+            raise
 
     @override
     def on_train_end(self) -> None:
@@ -502,10 +548,47 @@ class DLACStrategy(DDPStrategy):
         self._checkpoints.on_train_start(resumed_mid_epoch=_resumed_mid_epoch(self.lightning_module.trainer))
 
     @override
+    def on_exception(self, exception: BaseException) -> None:
+        """Complete a :class:`~lightning_dlac.comm.liveness.PeerTimeoutError` with the step it stopped at and where
+        the run can resume from (the message then names both).
+
+        Args:
+            exception: What ended the run.
+        """
+        super().on_exception(exception)
+        timeout = peer_timeout(exception)
+        module = self.lightning_module
+        if timeout is None or module is None or module._trainer is None:
+            return
+        _complete_timeout(timeout, module.trainer)
+
+    @override
     def remove_checkpoint(self, filepath: str | Path) -> None:
         """Remove a checkpoint (rank 0): its name disappears at once, so no part of it is ever loaded."""
         if self.is_global_zero:
             remove_checkpoint(filepath)
+
+
+def _collective_of(error: BaseException | None, phase: str) -> str:
+    """What timed out in a step's ``phase``, from the frames ``error`` passed through: TorchRec's input all-to-all
+    (the ids, in the forward pass), else in the backward pass DDP's all-reduce of the dense gradients."""
+    frames = traceback.extract_tb(error.__traceback__) if error is not None else []
+    if any("torchrec/distributed/dist_data" in frame.filename for frame in frames):
+        return "TorchRec's input all-to-all"
+    return "DDP's gradient all-reduce" if phase == "backward" else "a collective"
+
+
+def _complete_timeout(timeout: PeerTimeoutError, trainer: pl.Trainer) -> None:
+    """Put the step (and the stage where it is not training) and the last checkpoint's directory into ``timeout``."""
+    timeout.step = trainer.global_step
+    stage = trainer.state.stage
+    timeout.stage = None if stage is None else str(stage.value)
+    for callback in trainer.checkpoint_callbacks:
+        dirpath = getattr(callback, "dirpath", None)
+        name = getattr(callback, "CHECKPOINT_NAME_LAST", "last")
+        if dirpath and Path(dirpath).is_dir() and any(Path(dirpath).glob(f"{name}*")):
+            timeout.resume = f"ckpt_path='last' (its last checkpoint is in {dirpath})"
+            return
 
 
 def _resumed_mid_epoch(trainer: pl.Trainer) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import time
 from pathlib import Path
 
@@ -99,12 +100,16 @@ def test_a_failing_rank_makes_the_other_fail_instead_of_hanging(tmp_path: Path, 
 @pytest.mark.timeout(180)
 def test_timeout_ends_a_collective_waiting_for_a_hung_peer(tmp_path: Path) -> None:
     """DLACStrategy(timeout=...) is the collective timeout: rank 0 waits in the all-to-all for rank 1, which raised
-    and stays alive without answering; rank 0's error is gloo's timeout, naming the value the strategy was given
-    (with the default, 30 minutes, the test would run out of its own time instead)."""
+    and stays alive without answering; rank 0's error names rank 1, the exchange and the step, and the timeout the
+    strategy was given (with the default, 30 minutes, the test would run out of its own time instead)."""
     survivor, failing = run_ranks(_train_until_failure, 2, "hangs", HUNG_PEER_TIMEOUT_S, str(tmp_path), timeout=170)
     assert "injected encode failure on this rank" in failing["error"]
     assert survivor["error"] is not None, "rank 0 finished training without its peer"
-    assert re.search(rf"Timed out waiting {HUNG_PEER_TIMEOUT_S * 1000}ms", survivor["error"]), survivor
+    # rank 1 entered the forward exchange (its progress mark is rank 0's) and raised there: it is named as the rank
+    # that went silent after reaching the point rank 0 waits at.
+    assert re.match(rf"PeerTimeoutError: rank 1 stopped answering: rank 0 waited {HUNG_PEER_TIMEOUT_S} s in the"
+                    r" forward exchange \((sizes|payload)\), call 3, at step 2 \(reached it too, then went silent;"
+                    r" last mark: rank 1: forward exchange, call 3\)$", survivor["error"]), survivor
 
 
 def _non_finite_gradients(rank: int, world_size: int) -> dict[str, list[int]]:
@@ -187,3 +192,62 @@ def test_features_with_no_lookups_and_a_rank_with_no_rows() -> None:
     assert r0["shape"] == [32, 16] and r1["shape"] == [0, 16]
     assert r0["empty_is_zero"] and r1["empty_is_zero"]  # empty bags pool to exact zeros (a constant chunk)
     assert r0["worst"] <= 1 + 1e-4 and r1["worst"] == 0.0
+
+
+# ---------------------------------------------------------------------------------------------- a peer gone silent
+
+SILENT_PEER_TIMEOUT_S = 5  # the collective timeout of the run whose peer stops
+
+
+class _Stop(pl.Callback):
+    """On one rank, at one training batch, stop the process (SIGSTOP): it answers nothing, holds its sockets open
+    and makes no more progress marks, as a frozen machine or a paused container would."""
+
+    def __init__(self, rank: int, batch: int, workdir: str) -> None:
+        self.rank, self.batch, self.workdir = rank, batch, workdir
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:  # noqa: ANN001
+        if trainer.global_rank == self.rank and batch_idx == self.batch:
+            (Path(self.workdir) / f"pid_{self.rank}").write_text(str(os.getpid()))
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def _train_until_a_peer_stops(rank: int, world_size: int, workdir: str) -> dict:
+    """Fit until rank 1 stops itself at batch 2; rank 0 reports its error, then kills the stopped rank."""
+    import torchrec.distributed.model_parallel  # noqa: F401 - imported before the fit, as above
+    import torchrec.distributed.planner  # noqa: F401
+
+    from lightning_dlac.codec import native_available
+    from lightning_dlac.comm import PeerTimeoutError
+
+    t = trainer(world_size, DLACStrategy(timeout=SILENT_PEER_TIMEOUT_S), max_epochs=1,
+                callbacks=[_Stop(1, 2, workdir)], limit_val_batches=0)
+    model, data = small_dlrm(), small_data(train_batches=6)
+    native_available()
+    _in_step(Path(workdir), rank, world_size)
+    try:
+        t.fit(model, datamodule=data)
+        return {"error": None}
+    except PeerTimeoutError as err:
+        report = {"error": str(err), "silent": list(err.silent), "step": err.step, "type": type(err).__name__}
+    finally:
+        if rank == 0 and (Path(workdir) / "pid_1").exists():
+            os.kill(int((Path(workdir) / "pid_1").read_text()), signal.SIGKILL)
+    return report
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_peer_that_stops_answering_is_named_with_the_step_and_the_exchange(tmp_path: Path) -> None:
+    """Rank 1 stops (SIGSTOP) between two steps; rank 0, waiting in the next exchange, fails at the collective
+    timeout with a PeerTimeoutError whose one-line message names rank 1, the step and the exchange: rank 1's last
+    progress mark in the store is behind rank 0's."""
+    survivor, _ = run_ranks(_train_until_a_peer_stops, 2, str(tmp_path), timeout=110, expect_exit={1: -9})
+    assert survivor["type"] == "PeerTimeoutError", survivor
+    assert survivor["silent"] == [1] and survivor["step"] == 2, survivor
+    message = survivor["error"]
+    assert "\n" not in message, message
+    # Where rank 0 waits: the step's first collective (TorchRec's input all-to-all) or the compressed exchange.
+    assert re.match(rf"rank 1 stopped answering: rank 0 waited {SILENT_PEER_TIMEOUT_S} s in the "
+                    r"(forward pass \(TorchRec's input all-to-all\)|forward exchange \((sizes|payload)\), call 3), "
+                    r"at step 2 \(last mark: rank 1: backward exchange, call 2\)$", message), message
