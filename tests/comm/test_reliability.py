@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import time
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import pytest
 
 from lightning_dlac import CompressionOptions, DLACStrategy
 from lightning_dlac.testing import run_ranks
+from tests._faults import Fault, kill_stopped
 from tests.conftest import small_data, small_dlrm, trainer
 
 SURVIVOR_TIMEOUT_S = 600  # far beyond the tests' own limits: reaching it fails the test
@@ -199,19 +199,6 @@ def test_features_with_no_lookups_and_a_rank_with_no_rows() -> None:
 SILENT_PEER_TIMEOUT_S = 5  # the collective timeout of the run whose peer stops
 
 
-class _Stop(pl.Callback):
-    """On one rank, at one training batch, stop the process (SIGSTOP): it answers nothing, holds its sockets open
-    and makes no more progress marks, as a frozen machine or a paused container would."""
-
-    def __init__(self, rank: int, batch: int, workdir: str) -> None:
-        self.rank, self.batch, self.workdir = rank, batch, workdir
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:  # noqa: ANN001
-        if trainer.global_rank == self.rank and batch_idx == self.batch:
-            (Path(self.workdir) / f"pid_{self.rank}").write_text(str(os.getpid()))
-            os.kill(os.getpid(), signal.SIGSTOP)
-
-
 def _train_until_a_peer_stops(rank: int, world_size: int, workdir: str) -> dict:
     """Fit until rank 1 stops itself at batch 2; rank 0 reports its error, then kills the stopped rank."""
     import torchrec.distributed.model_parallel  # noqa: F401 - imported before the fit, as above
@@ -221,7 +208,7 @@ def _train_until_a_peer_stops(rank: int, world_size: int, workdir: str) -> dict:
     from lightning_dlac.comm import PeerTimeoutError
 
     t = trainer(world_size, DLACStrategy(timeout=SILENT_PEER_TIMEOUT_S), max_epochs=1,
-                callbacks=[_Stop(1, 2, workdir)], limit_val_batches=0)
+                callbacks=[Fault("stop", rank=1, batch=2, workdir=workdir)], limit_val_batches=0)
     model, data = small_dlrm(), small_data(train_batches=6)
     native_available()
     _in_step(Path(workdir), rank, world_size)
@@ -231,8 +218,8 @@ def _train_until_a_peer_stops(rank: int, world_size: int, workdir: str) -> dict:
     except PeerTimeoutError as err:
         report = {"error": str(err), "silent": list(err.silent), "step": err.step, "type": type(err).__name__}
     finally:
-        if rank == 0 and (Path(workdir) / "pid_1").exists():
-            os.kill(int((Path(workdir) / "pid_1").read_text()), signal.SIGKILL)
+        if rank == 0:
+            kill_stopped(workdir, rank=1)
     return report
 
 
