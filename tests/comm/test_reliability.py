@@ -16,9 +16,9 @@ import lightning.pytorch as pl
 import pytest
 
 from lightning_dlac import CompressionOptions, DLACStrategy
-from lightning_dlac.testing import run_ranks
+from lightning_dlac.testing import netem, run_ranks
 from tests._faults import Fault, kill_stopped
-from tests.conftest import small_data, small_dlrm, trainer
+from tests.conftest import loss_recorder, small_data, small_dlrm, trainer
 
 SURVIVOR_TIMEOUT_S = 600  # far beyond the tests' own limits: reaching it fails the test
 HUNG_PEER_TIMEOUT_S = 15  # the collective timeout under test: a live peer that stopped answering
@@ -238,3 +238,57 @@ def test_a_peer_that_stops_answering_is_named_with_the_step_and_the_exchange(tmp
     assert re.match(rf"rank 1 stopped answering: rank 0 waited {SILENT_PEER_TIMEOUT_S} s in the "
                     r"(forward pass \(TorchRec's input all-to-all\)|forward exchange \((sizes|payload)\), call 3), "
                     r"at step 2 \(last mark: rank 1: backward exchange, call 2\)$", message), message
+
+
+# ---------------------------------------------------------------------------------------------- a lossy network
+
+LOSSY_BATCHES = 10  # training batches of the lossy run and its clean twin (then 2 validation batches)
+
+
+def _fit_for_weights(rank: int, world_size: int, namespaces: list[str] | None, master: str | None) -> dict:
+    """A short 2-rank DLACStrategy fit; with ``namespaces`` each rank first enters its own (a
+    :class:`~lightning_dlac.testing.netem.LossyNetwork`'s), so that every byte between the ranks, the store's
+    included, crosses the lossy link to rank 0 at ``master``. Returns the losses, the final metrics and this rank's
+    weights as bytes."""
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+
+    if namespaces is not None:
+        from lightning_dlac.testing.netem import enter_namespace
+
+        enter_namespace(namespaces[rank])
+        os.environ.pop("TORCHELASTIC_USE_AGENT_STORE")  # rank 0 hosts the store, in its namespace
+        os.environ.update(MASTER_ADDR=master, MASTER_PORT="29500", GLOO_SOCKET_IFNAME="tun0")
+    import torch
+
+    torch.manual_seed(0)
+    model, recorder = small_dlrm(), loss_recorder()
+    t = trainer(world_size, DLACStrategy(timeout=120), max_epochs=1, callbacks=[recorder], limit_val_batches=2)
+    t.fit(model, datamodule=small_data(train_batches=LOSSY_BATCHES))
+    weights = {}
+    for key, value in model.state_dict().items():
+        tensors = [s.tensor for s in value.local_shards()] if isinstance(value, ShardedTensor) else [value]
+        weights[key] = [x.numpy().tobytes() for x in tensors]
+    return {"losses": recorder.losses, "metrics": {k: float(v) for k, v in t.callback_metrics.items()},
+            "weights": weights, "sent": t.strategy.total_comm_stats().sent_bytes}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.skipif(netem.unavailable() is not None, reason=f"no lossy network here: {netem.unavailable()}")
+def test_a_lossy_jittery_network_ends_with_the_clean_run_s_weights_and_metrics() -> None:
+    """tc netem's 1% loss with 5-50 ms of jitter, in user space (lightning_dlac/testing/netem.py: the ranks in
+    network namespaces joined by TUN devices, a forwarder dropping and delaying each packet): TCP retransmits and
+    reorders, and the run ends exactly as the clean run of the same seed does: the same losses, final metrics and
+    weights, bit for bit."""
+    clean = run_ranks(_fit_for_weights, 2, None, None, timeout=200)
+    with netem.LossyNetwork(ranks=2, loss=0.01, delay_ms=(5, 50), seed=0) as network:
+        lossy = run_ranks(_fit_for_weights, 2, [network.namespace(r) for r in range(2)], network.address(0),
+                          timeout=200)
+        counts = network.counts
+    assert counts.dropped > 0 and counts.forwarded > 50 * counts.dropped / 2, counts  # it did drop, about 1%
+    for rank, (c, lo) in enumerate(zip(clean, lossy)):
+        assert lo["losses"] == c["losses"] and len(c["losses"]) == LOSSY_BATCHES, rank
+        assert lo["metrics"] == c["metrics"] and c["metrics"], rank
+        differ = sorted(k for k in c["weights"] if c["weights"][k] != lo["weights"][k])
+        assert not differ, f"rank {rank}: these weights differ from the clean run's: {differ}"
+        assert lo["sent"] == c["sent"] > 0, rank  # the same bytes went through the compressed exchange
