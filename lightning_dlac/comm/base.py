@@ -142,8 +142,7 @@ class RecordedExchange(nn.Module):
         """Mark that this rank enters the ``call``-th ``exchange`` (``"forward"``, ``"backward"``) in the group's
         store, and watch the block: a collective in it that times out raises
         :class:`~lightning_dlac.comm.liveness.PeerTimeoutError` naming the silent rank."""
-        self._progress.mark(f"{exchange} exchange, call {call}")
-        return self._progress.watch(exchange=exchange, call=call)
+        return self._progress.watch(exchange=exchange, call=call, mark=f"{exchange} exchange, call {call}")
 
     def _watch(self, exchange: str, call: int) -> contextlib.AbstractContextManager[None]:
         """Watch the block as :meth:`_enter` does, without a new mark (the second half of a launched exchange)."""

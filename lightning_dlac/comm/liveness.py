@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import threading
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -169,10 +170,20 @@ class Progress:
 
         Args:
             label: What the point is, as a silent rank's error names its last one.
+
+        Raises:
+            PeerTimeoutError: The store did not answer (its host, rank 0 under Lightning's launcher, is stopped or
+                gone), within the store's timeout: the process group's.
         """
         self._count += 1
-        if self._marking:
+        if not self._marking:
+            return
+        try:
             self._store.set(self._key(self._me), f"{self._count} {label}")
+        except (RuntimeError, OSError) as error:  # the store's host is stopped or gone: a peer is
+            timeout = PeerTimeoutError(self._me, "store", str(error))
+            timeout.store_unreachable = True
+            raise timeout from error
 
     def _key(self, rank: int) -> str:
         return _KEY.format(group=self._group, rank=rank)
@@ -186,6 +197,16 @@ class Progress:
         """
         if self._store is None:
             return None
+        found: list[dict[int, tuple[int, str] | None] | None] = []
+        # In a thread of its own: a request to a store whose host is stopped can wait for ever (a TCPStore client's
+        # `check` has no timeout); left waiting, the thread ends with the process.
+        reader = threading.Thread(target=lambda: found.append(self._read_marks()), name="dlac-read-marks",
+                                  daemon=True)
+        reader.start()
+        reader.join(READ_TIMEOUT.total_seconds())
+        return found[0] if found else None
+
+    def _read_marks(self) -> dict[int, tuple[int, str] | None] | None:
         out: dict[int, tuple[int, str] | None] = {}
         try:
             self._store.set_timeout(READ_TIMEOUT)  # the store's own timeout is the run's: long, and already spent
@@ -211,7 +232,7 @@ class Progress:
         Returns:
             ``error``.
         """
-        if not self._marking:
+        if not self._marking or error.store_unreachable:
             return error
         marks = self.marks()
         if marks is None:
@@ -227,7 +248,7 @@ class Progress:
 
     @contextlib.contextmanager
     def watch(self, *, exchange: str | None = None, call: int | None = None, phase: str | None = None,
-              collective: str = "a collective") -> Iterator[None]:
+              collective: str = "a collective", mark: str | None = None) -> Iterator[None]:
         """Turn a timeout of the collectives in the block into a :class:`PeerTimeoutError` naming the silent ranks;
         a :class:`PeerTimeoutError` from within keeps where it was raised and only gains what it lacks.
 
@@ -236,14 +257,18 @@ class Progress:
             call: That exchange's call number.
             phase: The part of the training step the block is (``"forward"``, ``"backward"``).
             collective: What timed out, where the collective does not say (a raw timeout from the block).
+            mark: :meth:`mark` this label first, within the watch (a store that does not answer is reported as
+                the block's).
 
         Yields:
             Nothing.
 
         Raises:
-            PeerTimeoutError: A collective in the block timed out.
+            PeerTimeoutError: A collective in the block timed out, or the store did not take the mark.
         """
         try:
+            if mark is not None:
+                self.mark(mark)
             yield
         except PeerTimeoutError as error:
             if error.exchange is None and error.phase is None:

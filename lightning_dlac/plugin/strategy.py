@@ -473,10 +473,9 @@ class DLACStrategy(DDPStrategy):
             return
         trainer = self.lightning_module.trainer
         stage = trainer.state.stage
-        progress = progress_of(dist.group.WORLD)
-        progress.mark(f"{stage.value if stage else 'step'} step {trainer.global_step}, {phase_name(phase)}")
+        label = f"{stage.value if stage else 'step'} step {trainer.global_step}, {phase_name(phase)}"
         try:
-            with progress.watch(phase=phase):
+            with progress_of(dist.group.WORLD).watch(phase=phase, mark=label):
                 yield
         except PeerTimeoutError as error:
             if error.exchange is None and error.collective == "a collective":

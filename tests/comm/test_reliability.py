@@ -199,16 +199,38 @@ def test_features_with_no_lookups_and_a_rank_with_no_rows() -> None:
 SILENT_PEER_TIMEOUT_S = 5  # the collective timeout of the run whose peer stops
 
 
-def _train_until_a_peer_stops(rank: int, world_size: int, workdir: str) -> dict:
-    """Fit until rank 1 stops itself at batch 2; rank 0 reports its error, then kills the stopped rank."""
+_HOSTED: list = []  # rank 0's store server, kept alive for the fit
+
+
+def _store_in_rank_0(rank: int) -> None:
+    """Move the ranks' store into rank 0's process, as Lightning's launcher has it: rank 0 hosts one on a port the
+    kernel picks and hands the port on through the parent's store; both ranks then join it as clients."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    parent = dist.TCPStore("127.0.0.1", int(os.environ["MASTER_PORT"]), is_master=False,
+                           timeout=timedelta(seconds=60))
+    if rank == 0:
+        _HOSTED.append(dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                                     timeout=timedelta(seconds=60)))
+        parent.set("rank0_store_port", str(_HOSTED[0].port))
+    os.environ["MASTER_PORT"] = parent.get("rank0_store_port").decode()
+
+
+def _train_until_a_peer_stops(rank: int, world_size: int, workdir: str, stops: int) -> dict:
+    """Fit until rank ``stops`` stops itself at batch 2 (where it is rank 0, the store is in its process); the
+    other rank reports its error, then kills the stopped rank."""
     import torchrec.distributed.model_parallel  # noqa: F401 - imported before the fit, as above
     import torchrec.distributed.planner  # noqa: F401
 
     from lightning_dlac.codec import native_available
     from lightning_dlac.comm import PeerTimeoutError
 
+    if stops == 0:
+        _store_in_rank_0(rank)
     t = trainer(world_size, DLACStrategy(timeout=SILENT_PEER_TIMEOUT_S), max_epochs=1,
-                callbacks=[Fault("stop", rank=1, batch=2, workdir=workdir)], limit_val_batches=0)
+                callbacks=[Fault("stop", rank=stops, batch=2, workdir=workdir)], limit_val_batches=0)
     model, data = small_dlrm(), small_data(train_batches=6)
     native_available()
     _in_step(Path(workdir), rank, world_size)
@@ -216,20 +238,20 @@ def _train_until_a_peer_stops(rank: int, world_size: int, workdir: str) -> dict:
         t.fit(model, datamodule=data)
         return {"error": None}
     except PeerTimeoutError as err:
-        report = {"error": str(err), "silent": list(err.silent), "step": err.step, "type": type(err).__name__}
+        return {"error": str(err), "silent": list(err.silent), "step": err.step, "type": type(err).__name__,
+                "unreachable": err.store_unreachable}
     finally:
-        if rank == 0:
-            kill_stopped(workdir, rank=1)
-    return report
+        if rank != stops:
+            kill_stopped(workdir, rank=stops)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_peer_that_stops_answering_is_named_with_the_step_and_the_exchange(tmp_path: Path) -> None:
-    """Rank 1 stops (SIGSTOP) between two steps; rank 0, waiting in the next exchange, fails at the collective
-    timeout with a PeerTimeoutError whose one-line message names rank 1, the step and the exchange: rank 1's last
-    progress mark in the store is behind rank 0's."""
-    survivor, _ = run_ranks(_train_until_a_peer_stops, 2, str(tmp_path), timeout=110, expect_exit={1: -9})
+    """Rank 1 stops (SIGSTOP) between two steps; rank 0, waiting in the next collective, fails at the collective
+    timeout with a PeerTimeoutError whose one-line message names rank 1, the step and where rank 0 waited: rank 1's
+    last progress mark in the store (hosted by the parent here, as torchrun's agent hosts it) is behind rank 0's."""
+    survivor, _ = run_ranks(_train_until_a_peer_stops, 2, str(tmp_path), 1, timeout=110, expect_exit={1: -9})
     assert survivor["type"] == "PeerTimeoutError", survivor
     assert survivor["silent"] == [1] and survivor["step"] == 2, survivor
     message = survivor["error"]
@@ -238,6 +260,19 @@ def test_a_peer_that_stops_answering_is_named_with_the_step_and_the_exchange(tmp
     assert re.match(rf"rank 1 stopped answering: rank 0 waited {SILENT_PEER_TIMEOUT_S} s in the "
                     r"(forward pass \(TorchRec's input all-to-all\)|forward exchange \((sizes|payload)\), call 3), "
                     r"at step 2 \(last mark: rank 1: backward exchange, call 2\)$", message), message
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_stopped_rank_0_hosting_the_store_is_reported_as_unreachable(tmp_path: Path) -> None:
+    """Under Lightning's launcher the store lives in rank 0's process: when rank 0 stops, nothing can read the
+    marks, and rank 1's error says that rank 0 (the store host) or the network is unreachable, with the step and
+    where it waited."""
+    _, survivor = run_ranks(_train_until_a_peer_stops, 2, str(tmp_path), 0, timeout=110, expect_exit={0: -9})
+    assert survivor["type"] == "PeerTimeoutError" and survivor["unreachable"], survivor
+    assert re.match(r"a peer stopped answering and the store cannot be read: rank 0 \(the store host\) or the network"
+                    rf" is unreachable; rank 1 waited ({SILENT_PEER_TIMEOUT_S} s|the collective timeout) in the"
+                    r" .*, at step 2$", survivor["error"]), survivor
 
 
 # ---------------------------------------------------------------------------------------------- a lossy network
