@@ -18,7 +18,8 @@ FAULTS = ("stop", "kill", "corrupt")
 
 
 class Fault(Callback):
-    """At training batch ``batch`` of rank ``rank``: ``"stop"`` the process (it answers nothing and holds its
+    """At training batch ``batch`` of rank ``rank`` (as it starts, or ``at="backward"`` as its backward pass starts):
+    ``"stop"`` the process (it answers nothing and holds its
     sockets open, as a frozen machine would), ``"kill"`` it, or ``"corrupt"`` one byte of the body of the first
     chunk its forward exchange sends (once; the receiver's CRC check fails).
 
@@ -27,16 +28,28 @@ class Fault(Callback):
         rank: The rank it hits.
         batch: The training batch index (of the fit's first epoch) it hits at.
         workdir: Where to write ``pid_<rank>``; ``None``: nowhere.
+        at: ``"batch_start"`` or ``"backward"``.
     """
 
-    def __init__(self, how: str, rank: int = 1, batch: int = 2, workdir: str | None = None) -> None:
+    def __init__(self, how: str, rank: int = 1, batch: int = 2, workdir: str | None = None,
+                 at: str = "batch_start") -> None:
         if how not in FAULTS:
             raise ValueError(f"how must be one of {FAULTS}, got {how!r}")
-        self.how, self.rank, self.batch, self.workdir = how, rank, batch, workdir
+        if at not in ("batch_start", "backward"):
+            raise ValueError(f"at must be 'batch_start' or 'backward', got {at!r}")
+        self.how, self.rank, self.batch, self.workdir, self.at = how, rank, batch, workdir, at
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
-        if trainer.global_rank != self.rank or batch_idx != self.batch or trainer.current_epoch:
-            return
+        if self.at == "batch_start" and trainer.global_rank == self.rank and batch_idx == self.batch \
+                and not trainer.current_epoch:
+            self._hit()
+
+    def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
+        # one epoch, one batch per step: the step is the batch
+        if self.at == "backward" and trainer.global_rank == self.rank and trainer.global_step == self.batch:
+            self._hit()
+
+    def _hit(self) -> None:
         if self.workdir is not None:
             (Path(self.workdir) / f"pid_{self.rank}").write_text(str(os.getpid()))
         if self.how == "stop":

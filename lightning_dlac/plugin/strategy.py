@@ -4,9 +4,6 @@ rest, registered as ``Trainer(strategy="dlac")``."""
 from __future__ import annotations
 
 import atexit
-import contextlib
-import traceback
-from collections.abc import Iterator
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
@@ -31,7 +28,6 @@ from typing_extensions import override
 from lightning_dlac.adaptive.bounds import ErrorBounds
 from lightning_dlac.checks import parse_enum
 from lightning_dlac.comm.config import CompressionOptions
-from lightning_dlac.comm.liveness import PeerTimeoutError, peer_timeout, phase_name, progress_of
 from lightning_dlac.comm.stats import CommStats
 from lightning_dlac.engine import elastic as _elastic
 from lightning_dlac.engine._torchrec import require_torchrec
@@ -51,6 +47,7 @@ from lightning_dlac.plugin._checks import (
     refuse_unpipelinable_run,
 )
 from lightning_dlac.plugin._deprecated import flat_options
+from lightning_dlac.plugin._liveness import complete_timeout, watch_step
 from lightning_dlac.plugin._names import DESCRIPTION, STRATEGY_NAME
 
 if TYPE_CHECKING:
@@ -94,6 +91,12 @@ class _DMPForwardRedirection(_DDPForwardRedirection):
     @override
     def on_after_outer_forward(self, wrapper_module: nn.Module, original_module: pl.LightningModule) -> None:
         super().on_after_outer_forward(self._inner(wrapper_module), original_module)
+
+    def __call__(self, wrapper_module: nn.Module, original_module: pl.LightningModule, method_name: str, *args: Any,
+                 **kwargs: Any) -> Any:
+        # Every step's forward (training, validation, test, predict) passes here: its collectives are watched.
+        with watch_step(original_module._trainer, "forward"):
+            return super().__call__(wrapper_module, original_module, method_name, *args, **kwargs)
 
 
 class DLACStrategy(DDPStrategy):
@@ -196,7 +199,7 @@ class DLACStrategy(DDPStrategy):
         self._group: ExchangeGroup | None = None
         self._dmp: DistributedModelParallel | None = None
         self._static_graph_flushed = False
-        self._pipeline_kind = self._parse_pipeline(pipeline)
+        self._pipeline_kind = _parse_pipeline(pipeline)
         self._pipeline: SparseDistPipeline | None = None
         self._checkpoints = Checkpointer(verify=self._checkpointing.verify, owner=name)
 
@@ -371,21 +374,16 @@ class DLACStrategy(DDPStrategy):
                        f" {self.world_size} rank(s): {plan_summary(plan)}")
         return self._dmp
 
-    @property
-    def _dense_ddp(self) -> DistributedDataParallel | None:
-        inner = getattr(self._dmp, "_dmp_wrapped_module", None)
-        return inner if isinstance(inner, DistributedDataParallel) else None
-
     @override
     def pre_backward(self, closure_loss: torch.Tensor) -> None:
-        ddp = self._dense_ddp
+        ddp = _dense_ddp(self._dmp)
         if ddp is not None and not self.lightning_module.automatic_optimization:
             prepare_for_backward(ddp, closure_loss)
 
     @override
     def post_backward(self, closure_loss: torch.Tensor) -> None:
         # DDP's first-iteration static-graph flush, which manual optimization must trigger itself.
-        ddp = self._dense_ddp
+        ddp = _dense_ddp(self._dmp)
         if ddp is None or self.lightning_module.automatic_optimization or self._static_graph_flushed:
             return
         if getattr(ddp, "static_graph", False):
@@ -402,14 +400,6 @@ class DLACStrategy(DDPStrategy):
         super().teardown()
 
     # ------------------------------------------------------------------ the train pipeline (pipeline="sparse_dist")
-
-    @staticmethod
-    def _parse_pipeline(pipeline: str | None) -> Pipeline | None:
-        if pipeline is None:
-            return None
-        from lightning_dlac.engine.pipeline import Pipeline
-
-        return parse_enum(Pipeline, pipeline, "pipeline")
 
     def _setup_pipeline(self) -> None:
         """Trace the sharded model into TorchRec's pipeline (a model it cannot trace is refused here); the pipeline
@@ -434,53 +424,17 @@ class DLACStrategy(DDPStrategy):
 
     @override
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
-        with self._watched("forward"):
-            if self._pipeline is None:
-                return super().training_step(*args, **kwargs)
-            batch = args[0] if args else kwargs.get("batch")
-            last = self.lightning_module.trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
-            with self._pipeline.step(batch, last=last):
-                return super().training_step(*args, **kwargs)
+        if self._pipeline is None:
+            return super().training_step(*args, **kwargs)
+        batch = args[0] if args else kwargs.get("batch")
+        last = self.lightning_module.trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+        with self._pipeline.step(batch, last=last):
+            return super().training_step(*args, **kwargs)
 
     @override
     def backward(self, closure_loss: torch.Tensor, optimizer: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
-        with self._watched("backward"):
+        with watch_step(self.lightning_module.trainer, "backward"):  # the forward's watch: _DMPForwardRedirection
             return super().backward(closure_loss, optimizer, *args, **kwargs)
-
-    @override
-    def validation_step(self, *args: Any, **kwargs: Any) -> Any:
-        with self._watched("forward"):
-            return super().validation_step(*args, **kwargs)
-
-    @override
-    def test_step(self, *args: Any, **kwargs: Any) -> Any:
-        with self._watched("forward"):
-            return super().test_step(*args, **kwargs)
-
-    @override
-    def predict_step(self, *args: Any, **kwargs: Any) -> Any:
-        with self._watched("forward"):
-            return super().predict_step(*args, **kwargs)
-
-    @contextlib.contextmanager
-    def _watched(self, phase: str) -> Iterator[None]:
-        """Mark the start of this step's ``phase`` in the process group's store and turn a collective of it that
-        times out into a :class:`~lightning_dlac.comm.liveness.PeerTimeoutError` naming the silent rank (the
-        exchanges mark and watch their own collectives; this covers the rest: TorchRec's input all-to-all, DDP's
-        all-reduce)."""
-        if self.world_size < 2 or not dist.is_initialized():
-            yield
-            return
-        trainer = self.lightning_module.trainer
-        stage = trainer.state.stage
-        label = f"{stage.value if stage else 'step'} step {trainer.global_step}, {phase_name(phase)}"
-        try:
-            with progress_of(dist.group.WORLD).watch(phase=phase, mark=label):
-                yield
-        except PeerTimeoutError as error:
-            if error.exchange is None and error.collective == "a collective":
-                error.collective = _collective_of(error.__cause__, phase)
-            raise
 
     @override
     def on_train_end(self) -> None:
@@ -555,11 +509,7 @@ class DLACStrategy(DDPStrategy):
             exception: What ended the run.
         """
         super().on_exception(exception)
-        timeout = peer_timeout(exception)
-        module = self.lightning_module
-        if timeout is None or module is None or module._trainer is None:
-            return
-        _complete_timeout(timeout, module.trainer)
+        complete_timeout(exception, self.lightning_module)
 
     @override
     def remove_checkpoint(self, filepath: str | Path) -> None:
@@ -568,26 +518,20 @@ class DLACStrategy(DDPStrategy):
             remove_checkpoint(filepath)
 
 
-def _collective_of(error: BaseException | None, phase: str) -> str:
-    """What timed out in a step's ``phase``, from the frames ``error`` passed through: TorchRec's input all-to-all
-    (the ids, in the forward pass), else in the backward pass DDP's all-reduce of the dense gradients."""
-    frames = traceback.extract_tb(error.__traceback__) if error is not None else []
-    if any("torchrec/distributed/dist_data" in frame.filename for frame in frames):
-        return "TorchRec's input all-to-all"
-    return "DDP's gradient all-reduce" if phase == "backward" else "a collective"
+def _dense_ddp(dmp: nn.Module | None) -> DistributedDataParallel | None:
+    """The DDP that DMP keeps the dense parameters in, ``None`` before sharding."""
+    inner = getattr(dmp, "_dmp_wrapped_module", None)
+    return inner if isinstance(inner, DistributedDataParallel) else None
 
 
-def _complete_timeout(timeout: PeerTimeoutError, trainer: pl.Trainer) -> None:
-    """Put the step (and the stage where it is not training) and the last checkpoint's directory into ``timeout``."""
-    timeout.step = trainer.global_step
-    stage = trainer.state.stage
-    timeout.stage = None if stage is None else str(stage.value)
-    for callback in trainer.checkpoint_callbacks:
-        dirpath = getattr(callback, "dirpath", None)
-        name = getattr(callback, "CHECKPOINT_NAME_LAST", "last")
-        if dirpath and Path(dirpath).is_dir() and any(Path(dirpath).glob(f"{name}*")):
-            timeout.resume = f"ckpt_path='last' (its last checkpoint is in {dirpath})"
-            return
+def _parse_pipeline(pipeline: str | None) -> Pipeline | None:
+    """The ``pipeline`` option as a :class:`~lightning_dlac.engine.pipeline.Pipeline` (validated), ``None`` for none.
+    A function of the option alone, so it lives beside the class, not in it."""
+    if pipeline is None:
+        return None
+    from lightning_dlac.engine.pipeline import Pipeline
+
+    return parse_enum(Pipeline, pipeline, "pipeline")
 
 
 def _resumed_mid_epoch(trainer: pl.Trainer) -> bool:

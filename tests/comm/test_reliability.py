@@ -218,7 +218,7 @@ def _store_in_rank_0(rank: int) -> None:
     os.environ["MASTER_PORT"] = parent.get("rank0_store_port").decode()
 
 
-def _train_until_a_peer_stops(rank: int, world_size: int, workdir: str, stops: int) -> dict:
+def _train_until_a_peer_stops(rank: int, world_size: int, workdir: str, stops: int, at: str = "batch_start") -> dict:
     """Fit until rank ``stops`` stops itself at batch 2 (where it is rank 0, the store is in its process); the
     other rank reports its error, then kills the stopped rank."""
     import torchrec.distributed.model_parallel  # noqa: F401 - imported before the fit, as above
@@ -230,7 +230,7 @@ def _train_until_a_peer_stops(rank: int, world_size: int, workdir: str, stops: i
     if stops == 0:
         _store_in_rank_0(rank)
     t = trainer(world_size, DLACStrategy(timeout=SILENT_PEER_TIMEOUT_S), max_epochs=1,
-                callbacks=[Fault("stop", rank=stops, batch=2, workdir=workdir)], limit_val_batches=0)
+                callbacks=[Fault("stop", rank=stops, batch=2, workdir=workdir, at=at)], limit_val_batches=0)
     model, data = small_dlrm(), small_data(train_batches=6)
     native_available()
     _in_step(Path(workdir), rank, world_size)
@@ -260,6 +260,21 @@ def test_a_peer_that_stops_answering_is_named_with_the_step_and_the_exchange(tmp
     assert re.match(rf"rank 1 stopped answering: rank 0 waited {SILENT_PEER_TIMEOUT_S} s in the "
                     r"(forward pass \(TorchRec's input all-to-all\)|forward exchange \((sizes|payload)\), call 3), "
                     r"at step 2 \(last mark: rank 1: backward exchange, call 2\)$", message), message
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_peer_that_stops_before_its_backward_pass_is_named_in_the_backward_pass(tmp_path: Path) -> None:
+    """Rank 1 stops as its backward pass of step 2 starts; rank 0 waits in its own backward pass (DDP's all-reduce
+    of the dense gradients, or the gradient exchange), and its error names rank 1, step 2 and that wait (where
+    rank 0 waits before its own next mark, rank 1 is named as having reached the same point)."""
+    survivor, _ = run_ranks(_train_until_a_peer_stops, 2, str(tmp_path), 1, "backward", timeout=110,
+                            expect_exit={1: -9})
+    assert survivor["type"] == "PeerTimeoutError" and survivor["silent"] == [1], survivor
+    assert re.match(rf"rank 1 stopped answering: rank 0 waited {SILENT_PEER_TIMEOUT_S} s in the (backward pass \(DDP's"
+                    r" gradient all-reduce\)|backward exchange \((sizes|payload)\), call 3), at step 2 \((reached it"
+                    r" too, then went silent; )?last mark: rank 1: train step 2, backward pass\)$",
+                    survivor["error"]), survivor
 
 
 @pytest.mark.slow
