@@ -14,7 +14,8 @@ so when a collective times out the marks tell the ranks apart:
 | ahead | it went on past this point: not silent (it waits for this rank somewhere later) |
 | unreadable | the store's host (rank 0 under Lightning's launcher) is stopped, or the network is down |
 
-A mark costs one store round trip; the watch around the collectives costs nothing until one fails. The exchanges
+A mark costs the step no store round trip (a thread of its own puts the newest one in the store); the watch around
+the collectives costs nothing until one fails. The exchanges
 raise :class:`PeerTimeoutError` naming the silent ranks; the strategy adds the training step and where to resume.
 """
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import re
 import threading
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -31,6 +33,9 @@ import torch.distributed as dist
 # How long reading the other ranks' marks may take once a collective has timed out: the store answers at once
 # unless its host is itself stopped.
 READ_TIMEOUT = timedelta(seconds=5)
+# The writer thread looks for a new mark this often and puts the newest in the store, so marks cost the steps no store
+# round trip; a collective timeout is seconds, far longer.
+WRITE_INTERVAL_S = 0.05
 _KEY = "dlac/progress/{group}/{rank}"
 _GLOO_TIMEOUT = re.compile(r"Timed out waiting (\d+)\s*ms")
 
@@ -70,7 +75,8 @@ class PeerTimeoutError(RuntimeError):
         phase: The part of the training step it waited in (``"forward"``, ``"backward"``), where the strategy
             watched it; ``None`` otherwise.
         silent: The ranks that stopped answering; empty where the store could not be read.
-        last_seen: The last point each silent rank marked (``"backward exchange, call 11"``).
+        last_seen: The last mark of each silent rank in the store (``"backward exchange, call 11"``): a stopped
+            rank's newest, or one it made shortly before it stopped.
         stopped_inside: The silent ranks reached the point this rank waits at and went silent after it (no rank
             was behind this one).
         store_unreachable: The marks could not be read: the store's host or the network is down.
@@ -153,12 +159,14 @@ class Progress:
         try:
             self._ranks = dist.get_process_group_ranks(pg)  # global ranks, in the group's order
             self._me = dist.get_rank()
-        except (RuntimeError, ValueError):  # not a group torch.distributed made (a stand-in): nothing to mark
+        except (RuntimeError, ValueError, KeyError):  # not a group torch.distributed made (a stand-in): no marks
             self._ranks, self._me = [0], 0
         self._group = _group_name(pg)
         self._store = store if store is not None else _default_store()
         self._count = 0
         self._marking = self._store is not None and len(self._ranks) > 1
+        self._latest = ""  # the newest mark, which the writer thread puts in the store
+        self._writer: threading.Thread | None = None
 
     @property
     def count(self) -> int:
@@ -168,22 +176,39 @@ class Progress:
     def mark(self, label: str) -> None:
         """Record that this rank reaches the point ``label`` names (``"forward exchange, call 3"``).
 
+        The step only notes the mark: a thread of its own puts the newest one in the store, looking every
+        :data:`WRITE_INTERVAL_S`, so no step waits for a store round trip or wakes a thread. By the time a collective
+        times out, every live rank's newest mark is in the store; a stopped rank's is its newest or an earlier one
+        (it reads as behind all the same).
+
         Args:
             label: What the point is, as a silent rank's error names its last one.
-
-        Raises:
-            PeerTimeoutError: The store did not answer (its host, rank 0 under Lightning's launcher, is stopped or
-                gone), within the store's timeout: the process group's.
         """
         self._count += 1
         if not self._marking:
             return
-        try:
-            self._store.set(self._key(self._me), f"{self._count} {label}")
-        except (RuntimeError, OSError) as error:  # the store's host is stopped or gone: a peer is
-            timeout = PeerTimeoutError(self._me, "store", str(error))
-            timeout.store_unreachable = True
-            raise timeout from error
+        self._latest = f"{self._count} {label}"
+        if self._writer is None:
+            self._writer = threading.Thread(target=self._write, name="dlac-progress-marks", daemon=True)
+            self._writer.start()
+
+    def _write(self) -> None:
+        """The writer thread: every :data:`WRITE_INTERVAL_S`, put the newest mark in the store if it changed. A store
+        that stops answering (its host stopped) leaves it waiting; the collectives then time out and say so."""
+        key, written = self._key(self._me), ""
+        while True:
+            latest = self._latest
+            if latest != written:
+                try:
+                    self._store.set(key, latest)
+                except (RuntimeError, OSError):  # the store is gone (the run is ending): nothing left to mark
+                    return
+                written = latest
+            time.sleep(WRITE_INTERVAL_S)
+
+    def _read(self, rank: int) -> str | None:
+        key = self._key(rank)
+        return self._store.get(key).decode() if self._store.check([key]) else None
 
     def _key(self, rank: int) -> str:
         return _KEY.format(group=self._group, rank=rank)
@@ -213,11 +238,11 @@ class Progress:
             for rank in self._ranks:
                 if rank == self._me:
                     continue
-                key = self._key(rank)
-                if not self._store.check([key]):
+                value = self._read(rank)
+                if value is None:
                     out[rank] = None
                     continue
-                count, _, label = self._store.get(key).decode().partition(" ")
+                count, _, label = value.partition(" ")
                 out[rank] = (int(count), label)
         except (RuntimeError, OSError):  # the store's host is stopped or gone, or the network is down
             return None
@@ -257,14 +282,13 @@ class Progress:
             call: That exchange's call number.
             phase: The part of the training step the block is (``"forward"``, ``"backward"``).
             collective: What timed out, where the collective does not say (a raw timeout from the block).
-            mark: :meth:`mark` this label first, within the watch (a store that does not answer is reported as
-                the block's).
+            mark: :meth:`mark` this label first.
 
         Yields:
             Nothing.
 
         Raises:
-            PeerTimeoutError: A collective in the block timed out, or the store did not take the mark.
+            PeerTimeoutError: A collective in the block timed out.
         """
         try:
             if mark is not None:

@@ -4,6 +4,8 @@ command. The 2-rank runs that raise it are in tests/comm/test_reliability.py and
 
 from __future__ import annotations
 
+import time
+
 import torch.distributed as dist
 
 from lightning_dlac.comm import PeerTimeoutError
@@ -12,11 +14,16 @@ from lightning_dlac.comm.liveness import Progress, is_timeout, peer_timeout
 GLOO = "[gloo/transport/tcp/unbound_buffer.cc:129] Timed out waiting 30000ms for send operation to complete"
 
 
+class _Group:
+    """A stand-in for a process group torch.distributed did not make (the progress of one rank, 0)."""
+
+    group_name = "0"
+
+
 def _progress(marks: dict[int, str], count: int, store: object | None = None) -> Progress:
     """Rank 0's progress on a 3-rank group at ``count`` marks, the other ranks' marks in a hash store."""
-    progress = Progress.__new__(Progress)
-    progress._ranks, progress._me, progress._group, progress._count, progress._marking = [0, 1, 2], 0, "0", count, True
-    progress._store = store if store is not None else dist.HashStore()
+    progress = Progress(_Group(), store if store is not None else dist.HashStore())
+    progress._ranks, progress._marking, progress._count = [0, 1, 2], True, count
     for rank, value in marks.items():
         progress._store.set(progress._key(rank), value)
     return progress
@@ -96,3 +103,14 @@ def test_the_resume_message_and_the_resume_command() -> None:
     assert _resume_command(["fit", "--config", "my run.yaml", "--ckpt_path", "old.ckpt", "--trainer.max_steps=9"]) \
         == "dlac fit --config 'my run.yaml' --trainer.max_steps=9 --ckpt_path=last"
     assert _resume_command(["fit", "--ckpt_path=old.ckpt"]) == "dlac fit --ckpt_path=last"
+
+
+def test_marks_reach_the_store_from_a_thread_of_their_own_the_newest_last() -> None:
+    progress = _progress({}, 0)
+    for call in range(1, 201):
+        progress.mark(f"forward exchange, call {call}")
+    assert progress.count == 200
+    deadline = time.monotonic() + 10
+    while progress._read(0) != "200 forward exchange, call 200" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert progress._read(0) == "200 forward exchange, call 200"

@@ -566,8 +566,8 @@ def test_a_peer_that_stops_answering_ends_dlac_fit_with_one_line_and_the_resume_
     (line,) = [line for line in out.splitlines() if line.startswith("dlac fit: error:")]
     resume = shlex.join(["dlac", *args, "--ckpt_path=last"])
     assert re.fullmatch(r"dlac fit: error: rank 1 stopped answering: rank 0 waited 20 s in the forward pass"
-                        r" \(TorchRec's input all-to-all\), at step 3 \(last mark: rank 1: backward exchange,"
-                        r" call \d+\); resume: "
+                        r" \(TorchRec's input all-to-all\), at step 3 \(last mark: rank 1: [^;()]+\);"
+                        r" resume: "
                         + re.escape(resume) + r" \(run with --debug or DLAC_DEBUG=1 to see the traceback\)",
                         line), line
     assert (work / "checkpoints" / "dlrm_elastic" / "last.ckpt").is_dir()
