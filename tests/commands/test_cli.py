@@ -571,3 +571,35 @@ def test_a_peer_that_stops_answering_ends_dlac_fit_with_one_line_and_the_resume_
                         + re.escape(resume) + r" \(run with --debug or DLAC_DEBUG=1 to see the traceback\)",
                         line), line
     assert (work / "checkpoints" / "dlrm_elastic" / "last.ckpt").is_dir()
+
+
+def _fit_stopped_by_a_silent_peer(args: Any, run: bool = True) -> Any:
+    """In place of build_cli: a fit whose rank 1 went silent, after the strategy completed the error."""
+    from lightning_dlac.comm import PeerTimeoutError
+
+    error = PeerTimeoutError(0, "TorchRec's input all-to-all", "Timed out waiting 30000ms for send operation")
+    error.phase, error.step, error.silent, error.last_seen = "forward", 41, (1,), {1: "train step 40, backward pass"}
+    error.resume = "ckpt_path='last' (its last checkpoint is in checkpoints)"
+    raise RuntimeError("fit failed") from error
+
+
+def test_a_silent_peer_ends_dlac_with_one_line_the_resume_command_and_status_1(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The line `dlac fit` ends with when a peer went silent, in-process: the error's message, the user's own
+    command line with --ckpt_path=last (its own --ckpt_path replaced), exit status 1; with --debug the error itself,
+    with its traceback. The 2-rank run behind it: test_a_peer_that_stops_answering_ends_dlac_fit_with_one_line_..."""
+    import lightning_dlac.commands.cli as cli
+
+    monkeypatch.setattr(cli, "build_cli", _fit_stopped_by_a_silent_peer)
+    monkeypatch.setenv("DLAC_DEBUG", "0")  # and restored at the end: main() sets it for the ranks it would launch
+    with pytest.raises(SystemExit) as stopped:
+        main(["fit", "--config", "my run.yaml", "--ckpt_path", "old"])
+    assert stopped.value.code == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == ("dlac fit: error: rank 1 stopped answering: rank 0 waited 30 s in the forward pass (TorchRec's"
+                    " input all-to-all), at step 41 (last mark: rank 1: train step 40, backward pass); resume: dlac fit"
+                    " --config 'my run.yaml' --ckpt_path=last (run with --debug or DLAC_DEBUG=1 to see the"
+                    " traceback)")
+    with pytest.raises(RuntimeError, match="fit failed") as raised:
+        main(["fit", "--config", "my run.yaml", "--debug"])
+    assert "rank 1 stopped answering" in str(raised.value.__cause__)
