@@ -4,18 +4,19 @@ A collective that times out on gloo says only that it waited ("Timed out waiting
 complete"), not for whom. So every rank marks, in the store its process group was made with (the c10d TCPStore the
 ranks met at), the points it passes: each exchange direction it enters (:class:`~lightning_dlac.comm.base.
 RecordedExchange`), and the start of each training step's forward and backward where the strategy marks them. A mark
-is one ``set`` of a count that grows by one per mark, and a label. The ranks pass the same points in the same order,
+is a count that grows by one per mark, and a label. The ranks pass the same points in the same order,
 so when a collective times out the marks tell the ranks apart:
 
 | the other rank's count | what it means |
 |---|---|
 | behind this rank's | it never reached the point this rank waits at: it is the silent one |
-| equal (and no rank is behind) | it reached the same point and went silent after it |
+| equal (no rank behind) | it reached the same point; the silent ones are those among these whose heartbeat stopped |
 | ahead | it went on past this point: not silent (it waits for this rank somewhere later) |
 | unreadable | the store's host (rank 0 under Lightning's launcher) is stopped, or the network is down |
 
-A mark costs the step no store round trip (a thread of its own puts the newest one in the store); the watch around
-the collectives costs nothing until one fails. The exchanges
+A mark costs the step no store round trip: the step only notes it, and a thread of its own puts the newest one in
+the store, with a heartbeat count that it advances at least every second, so a stopped process (its heartbeat still)
+is told from one alive but waiting. The watch around the collectives costs nothing until one fails. The exchanges
 raise :class:`PeerTimeoutError` naming the silent ranks; the strategy adds the training step and where to resume.
 """
 
@@ -36,6 +37,8 @@ READ_TIMEOUT = timedelta(seconds=5)
 # The writer thread looks for a new mark this often and puts the newest in the store, so marks cost the steps no store
 # round trip; a collective timeout is seconds, far longer.
 WRITE_INTERVAL_S = 0.05
+# And writes it at least this often, a heartbeat: a rank whose heartbeat does not move is stopped, not waiting.
+HEARTBEAT_S = 1.0
 _KEY = "dlac/progress/{group}/{rank}"
 _GLOO_TIMEOUT = re.compile(r"Timed out waiting (\d+)\s*ms")
 
@@ -77,6 +80,8 @@ class PeerTimeoutError(RuntimeError):
         silent: The ranks that stopped answering; empty where the store could not be read.
         last_seen: The last mark of each silent rank in the store (``"backward exchange, call 11"``): a stopped
             rank's newest, or one it made shortly before it stopped.
+        frozen: The other ranks whose heartbeat stopped (their process is stopped or their machine frozen); a rank
+            alive but not answering is not among them.
         stopped_inside: The silent ranks reached the point this rank waits at and went silent after it (no rank
             was behind this one).
         store_unreachable: The marks could not be read: the store's host or the network is down.
@@ -99,6 +104,7 @@ class PeerTimeoutError(RuntimeError):
         self.phase: str | None = None
         self.silent: tuple[int, ...] = ()
         self.last_seen: dict[int, str] = {}
+        self.frozen: tuple[int, ...] = ()
         self.stopped_inside = False
         self.store_unreachable = False
         self.step: int | None = None
@@ -130,6 +136,8 @@ class PeerTimeoutError(RuntimeError):
                     f" is unreachable; rank {self.rank} waited {waited} in {self.where()}")
         elif self.silent:
             who = f"rank{'s' if len(self.silent) > 1 else ''} {', '.join(map(str, self.silent))}"
+            if self.stopped_inside and len(self.silent) > 1 and not set(self.silent) <= set(self.frozen):
+                who = f"one of {who}"  # alive and at the same point: the marks cannot tell which
             line = f"{who} stopped answering: rank {self.rank} waited {waited} in {self.where()}"
             seen = ", ".join(f"rank {r}: {self.last_seen.get(r, 'nothing yet')}" for r in self.silent)
             line += f" (reached it too, then went silent; last mark: {seen})" if self.stopped_inside else \
@@ -193,17 +201,21 @@ class Progress:
             self._writer.start()
 
     def _write(self) -> None:
-        """The writer thread: every :data:`WRITE_INTERVAL_S`, put the newest mark in the store if it changed. A store
-        that stops answering (its host stopped) leaves it waiting; the collectives then time out and say so."""
-        key, written = self._key(self._me), ""
+        """The writer thread: every :data:`WRITE_INTERVAL_S`, put the newest mark in the store if it changed, and at
+        least every :data:`HEARTBEAT_S` in any case, with a heartbeat count that grows at each write: a process that
+        is alive, even one blocked in a collective, keeps it growing; a stopped one does not. A store that stops
+        answering (its host stopped) leaves the thread waiting; the collectives then time out and say so."""
+        key, written, beat, beaten = self._key(self._me), "", 0, time.monotonic()
         while True:
-            latest = self._latest
-            if latest != written:
+            latest, now = self._latest, time.monotonic()
+            if latest != written or now - beaten >= HEARTBEAT_S:
+                beat += 1
+                count, _, label = latest.partition(" ")
                 try:
-                    self._store.set(key, latest)
+                    self._store.set(key, f"{count} {beat} {label}")
                 except (RuntimeError, OSError):  # the store is gone (the run is ending): nothing left to mark
                     return
-                written = latest
+                written, beaten = latest, now
             time.sleep(WRITE_INTERVAL_S)
 
     def _read(self, rank: int) -> str | None:
@@ -213,16 +225,16 @@ class Progress:
     def _key(self, rank: int) -> str:
         return _KEY.format(group=self._group, rank=rank)
 
-    def marks(self) -> dict[int, tuple[int, str] | None] | None:
-        """Every other rank's last mark (count, label), ``None`` for a rank that has made none; ``None`` altogether
-        where the store does not answer within :data:`READ_TIMEOUT`.
+    def marks(self) -> dict[int, tuple[int, int, str] | None] | None:
+        """Every other rank's last mark (count, heartbeat, label), ``None`` for a rank that has made none; ``None``
+        altogether where the store does not answer within :data:`READ_TIMEOUT`.
 
         Returns:
             The marks by global rank.
         """
         if self._store is None:
             return None
-        found: list[dict[int, tuple[int, str] | None] | None] = []
+        found: list[dict[int, tuple[int, int, str] | None] | None] = []
         # In a thread of its own: a request to a store whose host is stopped can wait for ever (a TCPStore client's
         # `check` has no timeout); left waiting, the thread ends with the process.
         reader = threading.Thread(target=lambda: found.append(self._read_marks()), name="dlac-read-marks",
@@ -231,8 +243,8 @@ class Progress:
         reader.join(READ_TIMEOUT.total_seconds())
         return found[0] if found else None
 
-    def _read_marks(self) -> dict[int, tuple[int, str] | None] | None:
-        out: dict[int, tuple[int, str] | None] = {}
+    def _read_marks(self) -> dict[int, tuple[int, int, str] | None] | None:
+        out: dict[int, tuple[int, int, str] | None] = {}
         try:
             self._store.set_timeout(READ_TIMEOUT)  # the store's own timeout is the run's: long, and already spent
             for rank in self._ranks:
@@ -242,14 +254,18 @@ class Progress:
                 if value is None:
                     out[rank] = None
                     continue
-                count, _, label = value.partition(" ")
-                out[rank] = (int(count), label)
+                count, beat, label = value.split(" ", 2)
+                out[rank] = (int(count), int(beat), label)
         except (RuntimeError, OSError):  # the store's host is stopped or gone, or the network is down
             return None
         return out
 
     def locate(self, error: PeerTimeoutError) -> PeerTimeoutError:
-        """Fill in ``error``'s silent ranks from the other ranks' marks.
+        """Fill in ``error``'s silent ranks from the other ranks' marks, read twice :data:`HEARTBEAT_S` and a half
+        apart: a rank whose heartbeat did not move in between is stopped (or its machine frozen).
+
+        A rank behind this one is silent. Where none is, the ranks at the same point whose heartbeat stopped are;
+        where none of those is either (they are alive but do not answer), every rank at the same point is named.
 
         Args:
             error: The timeout this rank raised.
@@ -259,17 +275,26 @@ class Progress:
         """
         if not self._marking or error.store_unreachable:
             return error
-        marks = self.marks()
+        first = self.marks()
+        self._pause(1.5 * HEARTBEAT_S)
+        marks = self.marks() if first is not None else None
         if marks is None:
             error.store_unreachable = True
             return error
+        error.frozen = tuple(r for r, m in marks.items() if m is not None and first.get(r) is not None and
+                             first[r][1] == m[1])
         silent = tuple(r for r, m in marks.items() if m is None or m[0] < self._count)
         if not silent:
-            silent = tuple(r for r, m in marks.items() if m is not None and m[0] == self._count)
+            level = tuple(r for r, m in marks.items() if m is not None and m[0] == self._count)
+            silent = tuple(r for r in level if r in error.frozen) or level
             error.stopped_inside = bool(silent)
         error.silent = silent
-        error.last_seen = {r: marks[r][1] for r in silent if marks[r] is not None}
+        error.last_seen = {r: marks[r][2] for r in silent if marks[r] is not None}
         return error
+
+    def _pause(self, seconds: float) -> None:
+        """Wait between the two reads of the marks (a test replaces it)."""
+        time.sleep(seconds)
 
     @contextlib.contextmanager
     def watch(self, *, exchange: str | None = None, call: int | None = None, phase: str | None = None,

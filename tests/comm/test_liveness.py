@@ -20,12 +20,20 @@ class _Group:
     group_name = "0"
 
 
-def _progress(marks: dict[int, str], count: int, store: object | None = None) -> Progress:
-    """Rank 0's progress on a 3-rank group at ``count`` marks, the other ranks' marks in a hash store."""
+def _progress(marks: dict[int, str], count: int, store: object | None = None, alive: tuple[int, ...] = (1, 2)
+              ) -> Progress:
+    """Rank 0's progress on a 3-rank group at ``count`` marks, the other ranks' marks (``"count label"``) in a hash
+    store; between the two reads of a timeout, the heartbeat of the ranks in ``alive`` moves on."""
     progress = Progress(_Group(), store if store is not None else dist.HashStore())
     progress._ranks, progress._marking, progress._count = [0, 1, 2], True, count
-    for rank, value in marks.items():
-        progress._store.set(progress._key(rank), value)
+
+    def write(beat: int) -> None:
+        for rank, value in marks.items():
+            mark_count, _, label = value.partition(" ")
+            progress._store.set(progress._key(rank), f"{mark_count} {beat if rank in alive else 1} {label}")
+
+    write(1)
+    progress._pause = lambda seconds: write(2)
     return progress
 
 
@@ -46,8 +54,8 @@ def test_a_rank_with_no_mark_yet_is_behind() -> None:
 def test_with_no_rank_behind_those_at_the_same_point_are_named() -> None:
     error = PeerTimeoutError(0, "TorchRec's input all-to-all", GLOO)
     error.phase, error.step = "forward", 4
-    _progress({1: "9 train step 4, forward pass", 2: "10 forward exchange, call 5"}, 9).locate(error)
-    assert error.silent == (1,) and error.stopped_inside
+    _progress({1: "9 train step 4, forward pass", 2: "10 forward exchange, call 5"}, 9, alive=(2,)).locate(error)
+    assert error.silent == (1,) and error.stopped_inside and error.frozen == (1,)
     assert str(error) == ("rank 1 stopped answering: rank 0 waited 30 s in the forward pass (TorchRec's input"
                           " all-to-all), at step 4 (reached it too, then went silent; last mark: rank 1: train step 4,"
                           " forward pass)")
@@ -64,6 +72,20 @@ class _StoppedStore:
 
     def check(self, keys: list[str]) -> bool:
         raise RuntimeError("Socket Timeout")
+
+
+def test_at_the_same_point_the_rank_whose_heartbeat_stopped_is_the_silent_one() -> None:
+    """Three ranks at the same mark, rank 2 stopped inside the collective: its heartbeat is still, rank 1's moves
+    (alive, waiting as rank 0 does): rank 2 is named, not rank 1. Where both are alive, both are named, as "one of"."""
+    level = {1: "9 forward exchange, call 5", 2: "9 forward exchange, call 5"}
+    error = _progress(level, 9, alive=(1,)).locate(PeerTimeoutError(0, "payload", GLOO))
+    assert error.silent == (2,) and error.frozen == (2,) and str(error).startswith("rank 2 stopped answering")
+    error = PeerTimeoutError(0, "payload", GLOO)
+    error.exchange, error.call = "forward", 5
+    _progress(level, 9, alive=(1, 2)).locate(error)
+    assert error.silent == (1, 2) and error.frozen == ()
+    assert str(error).startswith("one of ranks 1, 2 stopped answering: rank 0 waited 30 s in the forward exchange"
+                                 " (payload), call 5")
 
 
 def test_an_unreachable_store_is_said_to_be_one() -> None:
@@ -111,6 +133,11 @@ def test_marks_reach_the_store_from_a_thread_of_their_own_the_newest_last() -> N
         progress.mark(f"forward exchange, call {call}")
     assert progress.count == 200
     deadline = time.monotonic() + 10
-    while progress._read(0) != "200 forward exchange, call 200" and time.monotonic() < deadline:
+    while not (progress._read(0) or "").startswith("200 ") and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert progress._read(0) == "200 forward exchange, call 200"
+    count, beat, label = progress._read(0).split(" ", 2)
+    assert (count, label) == ("200", "forward exchange, call 200") and int(beat) >= 1
+    # the heartbeat moves on with no new mark
+    while progress._read(0).split(" ", 2)[1] == beat and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert progress._read(0).split(" ", 2)[1] != beat
