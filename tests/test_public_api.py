@@ -50,7 +50,7 @@ EXPORTS: dict[str, list[str]] = {
                                 "value_homogenization_index"],
     "lightning_dlac.comm": ["BackwardCompression", "CommStats", "CompressedExchangeError",
                             "CompressedPooledEmbeddingsAllToAll", "CompressionConfig", "CompressionOptions",
-                            "ExchangeGroup", "install_compressed_all_to_all"],
+                            "ExchangeGroup", "PeerTimeoutError", "install_compressed_all_to_all"],
     "lightning_dlac.engine": ["CheckpointOptions", "Checkpointer", "EmbeddingOptimizer", "IncompleteCheckpointError",
                               "NoEmbeddingTablesError", "Pipeline", "PipelineError", "SHARDING_TYPES",
                               "ShardingOptions", "SparseDistPipeline", "check_directory", "dense_parameters",

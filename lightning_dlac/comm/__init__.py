@@ -13,6 +13,7 @@ Its per-table bounds come from the layer below, :class:`lightning_dlac.adaptive.
 | ``pieces`` | a pooled exchange sent in pieces; ``buffers``: result tensors whose memory is reused |
 | ``peers`` | which peers a rank compresses for (``compress_peers``) |
 | ``group``, ``inject`` | the :class:`ExchangeGroup`; installing the exchanges into a sharded model |
+| ``liveness`` | progress marks in the store, and :class:`PeerTimeoutError` naming a peer that stopped answering |
 | ``config``, ``stats``, ``timing`` | the settings, the counters that only grow, the phase timers |
 | ``fallback``, ``collectives``, ``null_codec`` | the uncompressed fallback, the collectives, a stand-in codec |
 
@@ -33,6 +34,7 @@ _EXPORTS = {
     "CompressedExchangeError": "exchange",
     "CompressedPooledEmbeddingsAllToAll": "all_to_all",
     "ExchangeGroup": "group",
+    "PeerTimeoutError": "liveness",
     "install_compressed_all_to_all": "inject",
 }
 __all__ = [
@@ -43,6 +45,7 @@ __all__ = [
     "CompressionConfig",
     "CompressionOptions",
     "ExchangeGroup",
+    "PeerTimeoutError",
     "install_compressed_all_to_all",
 ]
 
@@ -52,6 +55,7 @@ if TYPE_CHECKING:
     from lightning_dlac.comm.exchange import CompressedExchangeError
     from lightning_dlac.comm.group import ExchangeGroup
     from lightning_dlac.comm.inject import install_compressed_all_to_all
+    from lightning_dlac.comm.liveness import PeerTimeoutError
     from lightning_dlac.comm.stats import CommStats
 
 

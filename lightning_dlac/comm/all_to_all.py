@@ -47,6 +47,7 @@ class _Call:
     """One exchange between its launch and its wait, in both directions: what the wait and the backward need."""
 
     batch_size_per_rank: list[int]
+    number: int  # this exchange's forward call count, 1 for its first (a silent peer's error names it)
     on_record: bool  # counts in the statistics (decided at launch: an off-the-record block may end before the wait)
     timer: PhaseTimer
     dtype: torch.dtype  # of local_embs: the output and the gradient come back in it
@@ -172,8 +173,9 @@ class CompressedPooledEmbeddingsAllToAll(RecordedExchange):
                 raise ValueError(f"{world} ranks do not divide the global batch size {total}.")
             batch_size_per_rank = [total // world] * world
         on_record = self.recorder.on_record
-        call = _Call(list(batch_size_per_rank), on_record, self.recorder.call_timer(local_embs.device, on_record),
-                     local_embs.dtype)
+        self._calls += 1
+        call = _Call(list(batch_size_per_rank), self._calls, on_record,
+                     self.recorder.call_timer(local_embs.device, on_record), local_embs.dtype)
         launched = _ExchangeLaunch.apply(local_embs, self, call)
         if self._overlap:
             pending: Awaitable[torch.Tensor] = _PendingExchange(self, call, launched)
@@ -451,12 +453,14 @@ class _ExchangeLaunch(torch.autograd.Function):
     @staticmethod
     def forward(ctx, local_embs: torch.Tensor, a2a: CompressedPooledEmbeddingsAllToAll, call: _Call):  # noqa: ANN001, ANN205
         ctx.a2a, ctx.call = a2a, call
-        a2a._launch_forward(local_embs, call)
+        with a2a._enter("forward", call.number):
+            a2a._launch_forward(local_embs, call)
         return local_embs.new_zeros(1)  # ties the launch to the wait in the autograd graph
 
     @staticmethod
     def backward(ctx, _unused: torch.Tensor):  # noqa: ANN001, ANN205
-        grad = ctx.a2a._wait_backward(ctx.call)
+        with ctx.a2a._watch("backward", ctx.call.number):
+            grad = ctx.a2a._wait_backward(ctx.call)
         ctx.call.grad = None
         return grad.to(ctx.call.dtype), None, None
 
@@ -469,9 +473,11 @@ class _ExchangeWait(torch.autograd.Function):
     def forward(ctx, launched: torch.Tensor, a2a: CompressedPooledEmbeddingsAllToAll, call: _Call):  # noqa: ANN001, ANN205
         ctx.a2a, ctx.call = a2a, call
         ctx.launched_shape = launched.shape
-        return a2a._wait_forward(call).to(call.dtype)
+        with a2a._watch("forward", call.number):
+            return a2a._wait_forward(call).to(call.dtype)
 
     @staticmethod
     def backward(ctx, grad_output: torch.Tensor):  # noqa: ANN001, ANN205
-        ctx.a2a._launch_backward(grad_output, ctx.call)
+        with ctx.a2a._enter("backward", ctx.call.number):
+            ctx.a2a._launch_backward(grad_output, ctx.call)
         return grad_output.new_zeros(ctx.launched_shape), None, None

@@ -25,6 +25,7 @@ from torchrec.distributed.types import Awaitable
 
 from lightning_dlac.adaptive.bounds import BoundSource
 from lightning_dlac.comm.config import CompressionConfig
+from lightning_dlac.comm.liveness import Progress, progress_of
 from lightning_dlac.comm.peers import PeerPlan, backend_of, discover_nodes
 from lightning_dlac.comm.recorder import Observer, Recorder
 from lightning_dlac.comm.stats import CommStats
@@ -130,6 +131,22 @@ class RecordedExchange(nn.Module):
         if self.peers.world != pg.size():
             raise ValueError(f"a peer plan of {self.peers.world} ranks for a process group of {pg.size()}.")
         self.recorder = Recorder(config, bounds)
+        self._calls = 0  # forward calls so far: the number a silent peer's error names
+
+    @cached_property
+    def _progress(self) -> Progress:
+        """This rank's progress marks on the exchange's group, which name a silent peer on a timeout."""
+        return progress_of(self._pg)
+
+    def _enter(self, exchange: str, call: int) -> contextlib.AbstractContextManager[None]:
+        """Mark that this rank enters the ``call``-th ``exchange`` (``"forward"``, ``"backward"``) in the group's
+        store, and watch the block: a collective in it that times out raises
+        :class:`~lightning_dlac.comm.liveness.PeerTimeoutError` naming the silent rank."""
+        return self._progress.watch(exchange=exchange, call=call, mark=f"{exchange} exchange, call {call}")
+
+    def _watch(self, exchange: str, call: int) -> contextlib.AbstractContextManager[None]:
+        """Watch the block as :meth:`_enter` does, without a new mark (the second half of a launched exchange)."""
+        return self._progress.watch(exchange=exchange, call=call)
 
     def count_links(self, send_bytes: Sequence[int], compressed_to: Sequence[bool]) -> None:
         """Count a payload's bytes to each destination by link class (same node / other nodes), and those sent as

@@ -46,6 +46,7 @@ import torch
 import torch.distributed as dist
 
 from lightning_dlac.codec import decode_grid, encode_grid
+from lightning_dlac.comm.liveness import PeerTimeoutError, is_timeout
 from lightning_dlac.comm.peers import runs
 
 
@@ -116,10 +117,22 @@ class InFlight(NamedTuple):
 
     def wait(self) -> torch.Tensor:
         """Block until the bytes have arrived (on a GPU: until the current stream is ordered after them); return the
-        receive buffer."""
+        receive buffer. Raises :class:`~lightning_dlac.comm.liveness.PeerTimeoutError` where a peer never sent."""
         if self.work is not None:
-            self.work.wait()
+            try:
+                self.work.wait()
+            except RuntimeError as error:
+                _raise_timeout(error, "payload")
+                raise
         return self.received
+
+
+def _raise_timeout(error: RuntimeError, collective: str) -> None:
+    """Raise ``error`` as a :class:`~lightning_dlac.comm.liveness.PeerTimeoutError` of ``collective`` where it is a
+    collective's timeout (the exchange around it names the silent rank); return otherwise."""
+    if is_timeout(error):
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        raise PeerTimeoutError(rank, collective, str(error)) from error
 
 
 def _all_to_all(out: torch.Tensor, inp: torch.Tensor, out_splits: list[int], in_splits: list[int], pg,
@@ -256,10 +269,18 @@ def exchange_sizes(sizes: torch.Tensor, send_counts: Sequence[int], recv_counts:
 
     Returns:
         The records received, grouped by source in rank order, shaped like ``sizes``.
+
+    Raises:
+        PeerTimeoutError: A peer did not answer within the process group's timeout.
     """
     width = sizes.size(1) if sizes.dim() == 2 else 1
     received = torch.empty(sum(recv_counts) * width, dtype=torch.int64, device=sizes.device)
-    _all_to_all(received, sizes.reshape(-1), [c * width for c in recv_counts], [c * width for c in send_counts], pg)
+    try:
+        _all_to_all(received, sizes.reshape(-1), [c * width for c in recv_counts], [c * width for c in send_counts],
+                    pg)
+    except RuntimeError as error:
+        _raise_timeout(error, "sizes")
+        raise
     return received.view(-1, width) if sizes.dim() == 2 else received
 
 

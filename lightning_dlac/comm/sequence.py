@@ -373,9 +373,13 @@ class _SequenceExchange(torch.autograd.Function):
     @staticmethod
     def forward(ctx, local_embs: torch.Tensor, a2a: CompressedSequenceEmbeddingsAllToAll, call: _SeqCall):  # noqa: ANN001, ANN205
         ctx.a2a, ctx.call, ctx.rows, ctx.dtype = a2a, call, local_embs.size(0), local_embs.dtype
-        return a2a._exchange_forward(local_embs, call).to(local_embs.dtype)
+        a2a._calls += 1
+        ctx.number = a2a._calls
+        with a2a._enter("forward", ctx.number):
+            return a2a._exchange_forward(local_embs, call).to(local_embs.dtype)
 
     @staticmethod
     def backward(ctx, grad_output: torch.Tensor):  # noqa: ANN001, ANN205
-        grad = ctx.a2a._exchange_backward(grad_output, ctx.call, ctx.rows)
+        with ctx.a2a._enter("backward", ctx.number):
+            grad = ctx.a2a._exchange_backward(grad_output, ctx.call, ctx.rows)
         return grad.to(ctx.dtype), None, None

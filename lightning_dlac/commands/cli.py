@@ -12,12 +12,15 @@
 This module imports only the standard library: the subcommand decides what else loads, so the light ones start at
 once. A user error raised while a Trainer subcommand builds its model, data, strategy or callbacks (a bad value, a
 missing file) ends the command with the library's message, the option that set the value as it was given, and exit
-status 2; ``--debug`` (anywhere on the command line) or ``DLAC_DEBUG=1`` shows the traceback instead.
+status 2; ``--debug`` (anywhere on the command line) or ``DLAC_DEBUG=1`` shows the traceback instead. A run that a
+peer ended by going silent (:class:`~lightning_dlac.comm.PeerTimeoutError`) ends likewise with one line, naming the
+silent rank, the step and the exchange, and where the run checkpoints the command that resumes it; exit status 1.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 import time
 from collections.abc import Sequence
@@ -27,6 +30,7 @@ from lightning_dlac.commands.errors import USER_ERROR_STATUS, CLIUserError
 
 ENV_DEBUG = "DLAC_DEBUG"
 DEBUG_FLAG = "--debug"
+FAULT_STATUS = 1  # exit status of a run a fault ended (a peer that stopped answering), as for an uncaught error
 TRAINER_SUBCOMMANDS = ("fit", "validate", "test", "predict")
 
 __all__ = ["CLIUserError", "build_cli", "main"]
@@ -59,8 +63,8 @@ def _debug_requested(argv: list[str]) -> bool:
     return flagged or os.environ.get(ENV_DEBUG, "").strip().lower() in ("1", "true", "yes")
 
 
-def _stop(subcommand: str | None, message: str, rank: int = 0) -> None:
-    """End the command on a user error with one line on stderr and exit status 2. Rank 0 writes it; another rank
+def _stop(subcommand: str | None, message: str, rank: int = 0, status: int = USER_ERROR_STATUS) -> None:
+    """End the command with one line on stderr and exit ``status`` (2: a user error). Rank 0 writes it; another rank
     writes it (prefixed with its rank) only where rank 0 may not have the same error: under an external launcher
     (torchrun, SLURM), or when rank 0, the process that Lightning's own launcher started it from, is still running
     a while later."""
@@ -69,9 +73,9 @@ def _stop(subcommand: str | None, message: str, rank: int = 0) -> None:
     if rank != 0:
         if not _rank_zero_stopped_too():
             print(f"[rank {rank}] {line}", file=sys.stderr, flush=True)
-        sys.exit(USER_ERROR_STATUS)
+        sys.exit(status)
     print(line, file=sys.stderr, flush=True)
-    sys.exit(USER_ERROR_STATUS)
+    sys.exit(status)
 
 
 def _rank_zero_stopped_too(grace_s: float = 10.0) -> bool:
@@ -85,6 +89,36 @@ def _rank_zero_stopped_too(grace_s: float = 10.0) -> bool:
             return True
         time.sleep(0.1)
     return False
+
+
+def _peer_timeout(error: BaseException) -> Any:
+    """The ``PeerTimeoutError`` behind ``error`` (a peer stopped answering), if any."""
+    from lightning_dlac.comm.liveness import peer_timeout
+
+    return peer_timeout(error)
+
+
+def _resume_command(argv: Sequence[str]) -> str:
+    """The command line that resumes the run ``argv`` (after ``dlac``) from its last checkpoint: ``argv`` with its
+    own ``--ckpt_path`` replaced by ``--ckpt_path=last``.
+
+    Args:
+        argv: The command line after ``dlac``, as given.
+
+    Returns:
+        The command, quoted for a POSIX shell.
+    """
+    kept, skip = [], False
+    for token in argv:
+        if skip:
+            skip = False
+            continue
+        if token == "--ckpt_path":
+            skip = True
+            continue
+        if not token.startswith("--ckpt_path="):
+            kept.append(token)
+    return shlex.join(["dlac", *kept, "--ckpt_path=last"])
 
 
 def main(args: Sequence[str] | None = None) -> None:
@@ -130,6 +164,11 @@ def main(args: Sequence[str] | None = None) -> None:
             raise
         _stop(subcommand, str(error))
     except Exception as error:
+        timeout = None if debug else _peer_timeout(error)
+        if timeout is not None:  # a peer stopped answering: who, where, and how to resume, in one line
+            if timeout.resume is not None:
+                timeout.resume = _resume_command(argv)
+            _stop(subcommand, str(timeout), rank=timeout.rank, status=FAULT_STATUS)
         # An error of the run itself (a Lightning setting the data cannot meet, a malformed input file), raised on
         # every rank: one line from rank 0, the ranks' tracebacks behind --debug.
         from lightning_dlac.commands.trainer import run_error

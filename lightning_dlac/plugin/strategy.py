@@ -47,6 +47,7 @@ from lightning_dlac.plugin._checks import (
     refuse_unpipelinable_run,
 )
 from lightning_dlac.plugin._deprecated import flat_options
+from lightning_dlac.plugin._liveness import complete_timeout, watch_step
 from lightning_dlac.plugin._names import DESCRIPTION, STRATEGY_NAME
 
 if TYPE_CHECKING:
@@ -90,6 +91,12 @@ class _DMPForwardRedirection(_DDPForwardRedirection):
     @override
     def on_after_outer_forward(self, wrapper_module: nn.Module, original_module: pl.LightningModule) -> None:
         super().on_after_outer_forward(self._inner(wrapper_module), original_module)
+
+    def __call__(self, wrapper_module: nn.Module, original_module: pl.LightningModule, method_name: str, *args: Any,
+                 **kwargs: Any) -> Any:
+        # Every step's forward (training, validation, test, predict) passes here: its collectives are watched.
+        with watch_step(original_module._trainer, "forward"):
+            return super().__call__(wrapper_module, original_module, method_name, *args, **kwargs)
 
 
 class DLACStrategy(DDPStrategy):
@@ -192,7 +199,7 @@ class DLACStrategy(DDPStrategy):
         self._group: ExchangeGroup | None = None
         self._dmp: DistributedModelParallel | None = None
         self._static_graph_flushed = False
-        self._pipeline_kind = self._parse_pipeline(pipeline)
+        self._pipeline_kind = _parse_pipeline(pipeline)
         self._pipeline: SparseDistPipeline | None = None
         self._checkpoints = Checkpointer(verify=self._checkpointing.verify, owner=name)
 
@@ -367,21 +374,16 @@ class DLACStrategy(DDPStrategy):
                        f" {self.world_size} rank(s): {plan_summary(plan)}")
         return self._dmp
 
-    @property
-    def _dense_ddp(self) -> DistributedDataParallel | None:
-        inner = getattr(self._dmp, "_dmp_wrapped_module", None)
-        return inner if isinstance(inner, DistributedDataParallel) else None
-
     @override
     def pre_backward(self, closure_loss: torch.Tensor) -> None:
-        ddp = self._dense_ddp
+        ddp = _dense_ddp(self._dmp)
         if ddp is not None and not self.lightning_module.automatic_optimization:
             prepare_for_backward(ddp, closure_loss)
 
     @override
     def post_backward(self, closure_loss: torch.Tensor) -> None:
         # DDP's first-iteration static-graph flush, which manual optimization must trigger itself.
-        ddp = self._dense_ddp
+        ddp = _dense_ddp(self._dmp)
         if ddp is None or self.lightning_module.automatic_optimization or self._static_graph_flushed:
             return
         if getattr(ddp, "static_graph", False):
@@ -398,14 +400,6 @@ class DLACStrategy(DDPStrategy):
         super().teardown()
 
     # ------------------------------------------------------------------ the train pipeline (pipeline="sparse_dist")
-
-    @staticmethod
-    def _parse_pipeline(pipeline: str | None) -> Pipeline | None:
-        if pipeline is None:
-            return None
-        from lightning_dlac.engine.pipeline import Pipeline
-
-        return parse_enum(Pipeline, pipeline, "pipeline")
 
     def _setup_pipeline(self) -> None:
         """Trace the sharded model into TorchRec's pipeline (a model it cannot trace is refused here); the pipeline
@@ -436,6 +430,11 @@ class DLACStrategy(DDPStrategy):
         last = self.lightning_module.trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
         with self._pipeline.step(batch, last=last):
             return super().training_step(*args, **kwargs)
+
+    @override
+    def backward(self, closure_loss: torch.Tensor, optimizer: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+        with watch_step(self.lightning_module.trainer, "backward"):  # the forward's watch: _DMPForwardRedirection
+            return super().backward(closure_loss, optimizer, *args, **kwargs)
 
     @override
     def on_train_end(self) -> None:
@@ -502,10 +501,37 @@ class DLACStrategy(DDPStrategy):
         self._checkpoints.on_train_start(resumed_mid_epoch=_resumed_mid_epoch(self.lightning_module.trainer))
 
     @override
+    def on_exception(self, exception: BaseException) -> None:
+        """Complete a :class:`~lightning_dlac.comm.liveness.PeerTimeoutError` with the step it stopped at and where
+        the run can resume from (the message then names both).
+
+        Args:
+            exception: What ended the run.
+        """
+        super().on_exception(exception)
+        complete_timeout(exception, self.lightning_module)
+
+    @override
     def remove_checkpoint(self, filepath: str | Path) -> None:
         """Remove a checkpoint (rank 0): its name disappears at once, so no part of it is ever loaded."""
         if self.is_global_zero:
             remove_checkpoint(filepath)
+
+
+def _dense_ddp(dmp: nn.Module | None) -> DistributedDataParallel | None:
+    """The DDP that DMP keeps the dense parameters in, ``None`` before sharding."""
+    inner = getattr(dmp, "_dmp_wrapped_module", None)
+    return inner if isinstance(inner, DistributedDataParallel) else None
+
+
+def _parse_pipeline(pipeline: str | None) -> Pipeline | None:
+    """The ``pipeline`` option as a :class:`~lightning_dlac.engine.pipeline.Pipeline` (validated), ``None`` for none.
+    A function of the option alone, so it lives beside the class, not in it."""
+    if pipeline is None:
+        return None
+    from lightning_dlac.engine.pipeline import Pipeline
+
+    return parse_enum(Pipeline, pipeline, "pipeline")
 
 
 def _resumed_mid_epoch(trainer: pl.Trainer) -> bool:

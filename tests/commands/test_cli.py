@@ -7,10 +7,12 @@ import dataclasses
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,6 +20,7 @@ from lightning_dlac import DLACCallback, DLACStrategy
 from lightning_dlac.commands.cli import CLIUserError, build_cli, main
 from lightning_dlac.commands.errors import name_option
 from lightning_dlac.testing import hosted_store, run_session
+from tests._faults import kill_stopped
 from tests.conftest import write_criteo_tsv
 
 CONFIGS = Path(__file__).resolve().parents[2] / "examples" / "configs"
@@ -262,19 +265,21 @@ SHORT_RUN = ["--trainer.max_steps=8", "--trainer.val_check_interval=4", "--train
              "--model.over_arch_layer_sizes=[16, 1]"]
 
 
-def _dlac(args: list[str], cwd: Path, timeout: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def _dlac(args: list[str], cwd: Path, timeout: float, env: dict[str, str] | None = None,
+          **stdio: Any) -> subprocess.CompletedProcess:
     """Run the installed `dlac` console script as a user would, Lightning's launcher starting the other ranks, with
     one difference: the rendezvous port is one this test holds (a store hosted here, which the ranks join as
     clients), where Lightning would pick a free port, close it and hand it on (another process could take it in
     between). No other launcher variable is set (``env`` adds to them). The command runs in a session of its own,
-    killed with the ranks it started if it outlives ``timeout``."""
+    killed with the ranks it started if it outlives ``timeout``. Its output is captured as text, unless ``stdio``
+    gives ``stdout`` and ``stderr`` of its own."""
     script = Path(sys.executable).with_name("dlac")
     command = [str(script)] if script.is_file() else [sys.executable, "-m", "lightning_dlac.commands.cli"]
     with hosted_store() as store:
         env = {**{k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}, "MASTER_ADDR": "127.0.0.1",
                "MASTER_PORT": str(store.port), "TORCHELASTIC_USE_AGENT_STORE": "True", **(env or {})}
-        return run_session([*command, *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           text=True, timeout=timeout)  # fmt: skip
+        stdio = stdio or {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+        return run_session([*command, *args], cwd=cwd, env=env, text=True, timeout=timeout, **stdio)
 
 
 def _number(pattern: str, text: str) -> list[float]:
@@ -528,3 +533,74 @@ def test_light_subcommands_import_neither_torch_nor_lightning(argv: list[str]) -
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "usage: dlac" in proc.stdout
     assert "LOADED []" in proc.stdout, proc.stdout[-2000:]
+
+
+@pytest.mark.slow  # a fresh `dlac fit` on 2 ranks
+@pytest.mark.timeout(300)
+def test_a_peer_that_stops_answering_ends_dlac_fit_with_one_line_and_the_resume_command(tmp_path: Path) -> None:
+    """`dlac fit` whose rank 1 stops (SIGSTOP) at batch 3: rank 0 ends at the strategy's timeout with one line
+    naming rank 1, the step and where rank 0 waited, and the command that resumes the run from its last checkpoint
+    (the elastic config checkpoints every 2 steps here); no traceback, exit status 1. The timeout also bounds the
+    ranks' start-up (Lightning's launcher starts rank 1 once rank 0 runs), so it leaves room for a busy machine."""
+    work = tmp_path / "cwd"
+    work.mkdir()
+    text = (CONFIGS / "dlrm_elastic.yaml").read_text()
+    for old, new in (("every_n_train_steps: 40", "every_n_train_steps: 2"), ("save_dir: logs", f"save_dir: {tmp_path}"),
+                     ("  callbacks:\n", f"  callbacks:\n    - class_path: tests._faults.Fault\n      init_args: {{how:"
+                                       f" stop, rank: 1, batch: 3, workdir: {tmp_path}}}\n")):
+        assert old in text, old
+        text = text.replace(old, new)
+    config = tmp_path / "stops.yaml"
+    config.write_text(text)
+    args = ["fit", "--config", str(config), "--trainer.strategy.init_args.timeout=20", *SHORT_RUN]
+    output = tmp_path / "output.txt"
+    # To a file, not a pipe: the stopped rank holds its end of the command's output open until the test kills it.
+    try:
+        with output.open("w") as sink:
+            proc = _dlac(args, cwd=work, timeout=240, env={"PYTHONPATH": str(CONFIGS.parents[1])}, stdout=sink,
+                         stderr=subprocess.STDOUT)
+    finally:
+        kill_stopped(tmp_path, rank=1)
+    out = output.read_text()
+    assert proc.returncode == 1, out[-6000:]
+    assert "Traceback" not in out, out[-6000:]
+    (line,) = [line for line in out.splitlines() if line.startswith("dlac fit: error:")]
+    resume = shlex.join(["dlac", *args, "--ckpt_path=last"])
+    assert re.fullmatch(r"dlac fit: error: rank 1 stopped answering: rank 0 waited 20 s in the forward pass"
+                        r" \(TorchRec's input all-to-all\), at step 3 \(last mark: rank 1: [^;()]+\);"
+                        r" resume: "
+                        + re.escape(resume) + r" \(run with --debug or DLAC_DEBUG=1 to see the traceback\)",
+                        line), line
+    assert (work / "checkpoints" / "dlrm_elastic" / "last.ckpt").is_dir()
+
+
+def _fit_stopped_by_a_silent_peer(args: Any, run: bool = True) -> Any:
+    """In place of build_cli: a fit whose rank 1 went silent, after the strategy completed the error."""
+    from lightning_dlac.comm import PeerTimeoutError
+
+    error = PeerTimeoutError(0, "TorchRec's input all-to-all", "Timed out waiting 30000ms for send operation")
+    error.phase, error.step, error.silent, error.last_seen = "forward", 41, (1,), {1: "train step 40, backward pass"}
+    error.resume = "ckpt_path='last' (its last checkpoint is in checkpoints)"
+    raise RuntimeError("fit failed") from error
+
+
+def test_a_silent_peer_ends_dlac_with_one_line_the_resume_command_and_status_1(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The line `dlac fit` ends with when a peer went silent, in-process: the error's message, the user's own
+    command line with --ckpt_path=last (its own --ckpt_path replaced), exit status 1; with --debug the error itself,
+    with its traceback. The 2-rank run behind it: test_a_peer_that_stops_answering_ends_dlac_fit_with_one_line_..."""
+    import lightning_dlac.commands.cli as cli
+
+    monkeypatch.setattr(cli, "build_cli", _fit_stopped_by_a_silent_peer)
+    monkeypatch.setenv("DLAC_DEBUG", "0")  # and restored at the end: main() sets it for the ranks it would launch
+    with pytest.raises(SystemExit) as stopped:
+        main(["fit", "--config", "my run.yaml", "--ckpt_path", "old"])
+    assert stopped.value.code == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == ("dlac fit: error: rank 1 stopped answering: rank 0 waited 30 s in the forward pass (TorchRec's"
+                    " input all-to-all), at step 41 (last mark: rank 1: train step 40, backward pass); resume: dlac fit"
+                    " --config 'my run.yaml' --ckpt_path=last (run with --debug or DLAC_DEBUG=1 to see the"
+                    " traceback)")
+    with pytest.raises(RuntimeError, match="fit failed") as raised:
+        main(["fit", "--config", "my run.yaml", "--debug"])
+    assert "rank 1 stopped answering" in str(raised.value.__cause__)
