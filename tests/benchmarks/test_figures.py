@@ -303,6 +303,11 @@ ALLOWED = {
     "1.8x": "a target (issue 14)",
     "0.97x": "a target (issue 25: compress=\"auto\" unthrottled)",
     "2%": "a target (issue 56: the soak's growth per 10,000 steps)",
+    "50 ms": "a constant of lightning_dlac/comm/liveness.py (WRITE_INTERVAL_S: how often the marks reach the store)",
+    "1.5 s": "a constant of lightning_dlac/comm/liveness.py (the pause between two reads of the marks)",
+    "5 s": "a constant of lightning_dlac/comm/liveness.py (READ_TIMEOUT: reading the marks gives up)",
+    "1%": "a setting (issue 56: the emulated network's packet loss)",
+    "5-50 ms": "a setting (issue 56: the emulated network's jitter)",
 }
 
 
