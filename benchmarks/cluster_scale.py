@@ -30,11 +30,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.lib.cluster_scale import scale_rank, summarize, table, targets
+from benchmarks.lib.cluster_scale import rejudge, scale_rank, summarize, table, targets
 from benchmarks.lib.launch import run_ranks
 from benchmarks.lib.paths import REPO, RESULTS
 from benchmarks.lib.plan import outputs_help
-from benchmarks.lib.results import start_run, write_results
+from benchmarks.lib.results import load_results, start_run, write_results
 from benchmarks.lib.rule import verdict_text
 
 
@@ -73,6 +73,9 @@ def main() -> None:
                         help="pairs of blocks, in ABBA order (DLAC first in even repeats)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds a launch may take")
     parser.add_argument("--json-out", type=Path, default=RESULTS / "cluster_scale.json")
+    parser.add_argument("--rejudge", type=Path, default=None,
+                        help="judge the rows of this results file again by this code's targets and rewrite it (its"
+                        " rows and their metadata kept; 'rejudged' says when)")
     parser.add_argument("--_inside", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--_rows-out", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -88,6 +91,12 @@ def main() -> None:
         return
 
     metadata = start_run(__spec__.name, vars(args))
+    if args.rejudge is not None:
+        data = rejudge(load_results(args.rejudge), metadata)
+        args.rejudge.write_text(json.dumps(data, indent=1, default=str) + "\n")
+        for t in data["targets"]:
+            print(f"{t['target']}: {verdict_text(t)}")
+        return
     if args.rate != "unthrottled" and not re.fullmatch(r"\d+(\.\d+)?([kmg]?bit|[kmg]?bps)", args.rate):
         parser.error(f"rate {args.rate!r} is not a tc rate like '1gbit' (or 'unthrottled')")
     if sys.platform != "linux" or os.geteuid() != 0:
