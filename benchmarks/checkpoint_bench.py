@@ -41,15 +41,13 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.lib.checkpoint import tables
+from benchmarks.lib.launch import child_env
 from benchmarks.lib.paths import REPO, RESULTS
 from benchmarks.lib.plan import outputs_help
 from benchmarks.lib.results import start_run, write_results
 
 ELASTIC = REPO / "examples" / "configs" / "dlrm_elastic.yaml"
 CLOCK = "DLAC_CLOCK "  # the prefix of StepClock's lines in the workers' output
-LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "MASTER_ADDR",
-               "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
-               "TORCHELASTIC_MAX_RESTARTS", "GROUP_WORLD_SIZE", "PL_GLOBAL_SEED")  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------- save and load
@@ -112,17 +110,10 @@ def _save_load(spec: dict[str, Any]) -> None:
     trainer.fit(model, datamodule=data)
 
 
-def _with_repo(env: dict[str, str]) -> str:
-    """``PYTHONPATH`` with the repository first: the processes this script starts import ``benchmarks`` from a
-    working directory of their own."""
-    return os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-
-
 def _run_save_load(scale: int, verify: bool, repeats: int, workdir: Path, timeout: float) -> list[dict[str, Any]]:
     directory = Path(tempfile.mkdtemp(prefix=f"save_load_x{scale}_", dir=workdir))
     spec = dict(scale=scale, verify=verify, repeats=repeats, dir=str(directory), out=str(directory / "result"))
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=_with_repo(env))
+    env = child_env()
     done = subprocess.run([sys.executable, "-m", __spec__.name, "--child", json.dumps(spec)], env=env, cwd=directory,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)  # fmt: skip
     if done.returncode != 0:
@@ -196,8 +187,7 @@ def _run_restart(kill_step: int, kill_rank: int, workdir: Path, timeout: float) 
     config, every = _restart_config(run)
     if kill_step <= every:
         raise SystemExit(f"--kill-step {kill_step} must come after the first checkpoint (step {every}).")
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=_with_repo(env))  # StepClock is imported from this module
+    env = child_env()  # StepClock is imported from this module
     dlac = str(Path(sys.executable).with_name("dlac"))
     command = [str(Path(sys.executable).with_name("torchrun")), "--standalone", "--nproc-per-node=2",
                "--max-restarts=1", "--no-python", dlac, "fit", "--config", str(config), "--ckpt_path=last"]

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -29,13 +28,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.lib.paths import REPO, RESULTS
+from benchmarks.lib.launch import child_env
+from benchmarks.lib.paths import RESULTS
 from benchmarks.lib.plan import outputs_help
 from benchmarks.lib.results import start_run, write_results
 from benchmarks.lib.soak import Sampler, judge, rank_file, step_windows, table
-
-LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "MASTER_ADDR",
-               "MASTER_PORT", "PL_GLOBAL_SEED")  # fmt: skip
 
 
 def _child(spec: dict[str, Any]) -> None:
@@ -100,8 +97,7 @@ def main() -> None:
     spec = dict(dir=str(run), out=str(run / "sampler"), steps=args.steps, epoch_batches=args.epoch_batches,
                 batch_size=args.batch_size, sample_every=args.sample_every, checkpoint_every=args.checkpoint_every,
                 calibration_start=args.calibration_start, recalibrate_every=args.recalibrate_every)  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p))
+    env = child_env()
     try:
         done = subprocess.run([sys.executable, "-m", __spec__.name, "--child", json.dumps(spec)], env=env, cwd=run,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

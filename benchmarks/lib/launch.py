@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any
+
+from benchmarks.lib.paths import REPO
+
+# What a launcher (Lightning's, torchrun) sets in a rank's environment: a fresh launch from a benchmark must not
+# inherit them, or it would join the benchmark's own process group instead of making its own.
+LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "MASTER_ADDR",
+               "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
+               "TORCHELASTIC_MAX_RESTARTS", "GROUP_WORLD_SIZE", "PL_GLOBAL_SEED")  # fmt: skip
 
 
 def run_ranks(fn: Any, world_size: int = 2, *args: Any, **kwargs: Any) -> list[Any]:
@@ -20,3 +29,12 @@ def error_line(text: str) -> str:
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     named = [line for line in lines if re.match(r"^[\w.]+(Error|Exception|Failed)\b", line)]
     return (named or lines or [""])[-1][:500]
+
+
+def child_env() -> dict[str, str]:
+    """The environment of a launch a benchmark starts as a command of its own (``python -m benchmarks.<script>
+    --child ...``, or ``torchrun``): no launcher variables, one thread per process, and the repository first on
+    ``PYTHONPATH``, since the command runs in a working directory of its own and imports ``benchmarks``."""
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p))
+    return env
