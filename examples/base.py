@@ -75,30 +75,37 @@ DEFAULT_MAX_ROWS: int = 10_000
 _MAX_TABLE_ROWS: int = 2**31 - 1
 
 
-def table_sizes(num_embeddings_per_feature: Sequence[int] | None, max_rows: int = DEFAULT_MAX_ROWS) -> list[int]:
-    """The 26 Criteo table sizes a DataModule was given, or Criteo Kaggle's capped at ``max_rows`` when ``None``.
+def table_sizes(
+    num_embeddings_per_feature: Sequence[int] | None, max_rows: int = DEFAULT_MAX_ROWS, any_count: bool = False
+) -> list[int]:
+    """The table sizes a DataModule was given, or Criteo Kaggle's 26 capped at ``max_rows`` when ``None``.
 
     Args:
         num_embeddings_per_feature: The sizes given, one per categorical feature; ``None``: Criteo Kaggle's.
         max_rows: The cap on Criteo Kaggle's sizes.
+        any_count: Accept any number of tables (a synthetic source); otherwise exactly Criteo's 26.
 
     Returns:
         The table sizes, as ints.
 
     Raises:
-        ValueError: Not one size per categorical feature, or a size outside ``[1, 2**31 - 1]``.
+        ValueError: No size, not one size per Criteo feature (unless ``any_count``), or a size outside
+            ``[1, 2**31 - 1]``.
     """
     if num_embeddings_per_feature is None:
         return capped_cardinalities(max_rows)
     sizes = [int(n) for n in num_embeddings_per_feature]
-    if len(sizes) != len(FEATURE_NAMES):
+    if any_count and not sizes:
+        raise ValueError("num_embeddings_per_feature is empty: give at least one table size.")
+    if not any_count and len(sizes) != len(FEATURE_NAMES):
         raise ValueError(
             f"num_embeddings_per_feature needs one table size per categorical feature ({len(FEATURE_NAMES)}), "
             f"got {len(sizes)}. Leave it unset to use the Criteo Kaggle sizes capped at max_rows."
         )
-    bad = [(name, n) for name, n in zip(FEATURE_NAMES, sizes) if not 1 <= n <= _MAX_TABLE_ROWS]
+    names = range(len(sizes)) if any_count else FEATURE_NAMES
+    bad = [(name, n) for name, n in zip(names, sizes) if not 1 <= n <= _MAX_TABLE_ROWS]
     if bad:
-        raise ValueError(f"Every table size must lie in [1, {_MAX_TABLE_ROWS}]; got {bad}.")
+        raise ValueError(f"Every table size must lie in [1, {_MAX_TABLE_ROWS}]; got (table, size) {bad[:8]}.")
     return sizes
 
 

@@ -31,7 +31,7 @@ from lightning_dlac.criteo.format import (
 )
 from lightning_dlac.criteo.multi_hot import multi_hot_from_one_hot
 
-from .base import DEFAULT_MAX_ROWS, RankShardedDataModule, make_batch, stream_seed, table_sizes
+from .base import _MAX_TABLE_ROWS, DEFAULT_MAX_ROWS, RankShardedDataModule, make_batch, stream_seed, table_sizes
 
 __all__ = [
     "MULTI_HOT_DISTRIBUTIONS",
@@ -47,8 +47,6 @@ _SPLIT_STREAMS = {"train": _TRAIN, "val": _VAL}
 _HASH_MASK = (1 << 62) - 1
 MULTI_HOT_DISTRIBUTIONS = ("per_id", "independent")
 POOLINGS = ("one_hot", "mlperf")
-# Ids index int64 tensors and the permutation multiplies two ids; 2**31 keeps that product in int64.
-_MAX_TABLE_ROWS = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -366,15 +364,7 @@ def _shape_of(
                 " num_embeddings_per_feature / multi_hot_sizes, not both."
             )
         return shape.table_sizes(), shape.pooling_factors()
-    if num_embeddings_per_feature is None:
-        sizes = table_sizes(None, max_rows)
-    else:
-        sizes = [int(n) for n in num_embeddings_per_feature]
-        if not sizes:
-            raise ValueError("num_embeddings_per_feature is empty: give at least one table size.")
-        bad = [(k, n) for k, n in enumerate(sizes) if not 1 <= n <= _MAX_TABLE_ROWS]
-        if bad:
-            raise ValueError(f"Every table size must lie in [1, {_MAX_TABLE_ROWS}]; got (table, size) {bad[:8]}.")
+    sizes = table_sizes(num_embeddings_per_feature, max_rows, any_count=True)
     if multi_hot_sizes is not None:
         multi_hot_sizes = check_multi_hot_sizes(multi_hot_sizes, count=len(sizes))
     return sizes, multi_hot_sizes
