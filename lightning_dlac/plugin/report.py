@@ -236,8 +236,16 @@ def _markdown(run: dict[str, Any], plots: dict[str, str], baseline: dict[str, An
     return "\n".join(out).rstrip() + "\n"
 
 
-# Tables the ratio plot names one by one in its legend (Criteo's 26 and a little more).
+# Tables the ratio and bound plots name one by one in their legends (Criteo's 26 and a little more).
 MAX_NAMED_TABLES = 40
+
+
+def _table_style(table: str, k: int, count: int) -> dict[str, Any]:
+    """How table ``k`` of ``count`` is drawn: its own line and legend entry up to :data:`MAX_NAMED_TABLES`, beyond
+    that a thin grey line, the first of them standing for all in the legend."""
+    if count <= MAX_NAMED_TABLES:
+        return {"label": table}
+    return {"color": "0.6", "alpha": 0.4, "label": f"each of {count} tables" if k == 0 else None}
 
 
 def _plot(run: dict[str, Any], log_dir: Path, baseline: dict[str, Any] | None = None) -> dict[str, str]:
@@ -262,16 +270,12 @@ def _plot(run: dict[str, Any], log_dir: Path, baseline: dict[str, Any] | None = 
         written[name] = PLOTS[name]
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    # A legend entry per table reads up to a few dozen tables; beyond, each table is a thin grey line.
-    named = len(tables) <= MAX_NAMED_TABLES
     for k, t in enumerate(tables):
-        style = {"label": t} if named else {"color": "0.7", "alpha": 0.5,
-                                            "label": f"each of {len(tables)} tables" if k == 0 else None}
-        ax.plot(*_series(history, f"dlac/ratio/{t}"), linewidth=1, **style)
+        ax.plot(*_series(history, f"dlac/ratio/{t}"), linewidth=1, **_table_style(t, k, len(tables)))
     ax.plot(*_series(history, "dlac/ratio"), color="black", linewidth=2.5, label="all tables")
     ax.set(xlabel="training batch", ylabel="raw / sent bytes", title="Forward all-to-all compression ratio",
            yscale="log")
-    ax.legend(fontsize=6, ncol=3 if named and len(tables) > 10 else 1, loc="best")
+    ax.legend(fontsize=6, ncol=3 if 10 < len(tables) <= MAX_NAMED_TABLES else 1, loc="best")
     save(fig, "ratio")
 
     # The schedule is a function of the batch: draw it exactly, not only at the metrics writes.
@@ -282,17 +286,14 @@ def _plot(run: dict[str, Any], log_dir: Path, baseline: dict[str, Any] | None = 
     top.set(ylabel="m(t)", title="Iteration-wise multiplier m(t) and each table's effective bound")
     bounds, start = run.get("table_bounds") or {}, run.get("calibrated_at")
     default, cap = run.get("default_eps") or 0.01, run.get("max_eps") or 0.5
-    named = len(bounds) <= MAX_NAMED_TABLES
     for k, t in enumerate(_table_order(bounds) or ["all tables"]):
         eps = [min((bounds.get(t, default) if start is not None and i >= start else default) * m(i), cap)
                for i in steps]
-        style = {"label": t} if named else {"color": "0.5", "alpha": 0.3,
-                                            "label": f"each of {len(bounds)} tables" if k == 0 else None}
-        bottom.step(steps, eps, where="post", linewidth=1, **style)
+        bottom.step(steps, eps, where="post", linewidth=1, **_table_style(t, k, len(bounds)))
     if start is not None and start > 0:
         bottom.axvline(start, color="grey", linestyle=":", label="calibrated")
     bottom.set(xlabel="training batch", ylabel="effective eps")
-    bottom.legend(fontsize=6, ncol=3 if named and len(bounds) > 10 else 1, loc="best")
+    bottom.legend(fontsize=6, ncol=3 if 10 < len(bounds) <= MAX_NAMED_TABLES else 1, loc="best")
     save(fig, "bounds")
 
     fig, ax = plt.subplots(figsize=(8, 4))
