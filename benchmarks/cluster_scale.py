@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -31,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.lib.cluster_scale import rejudge, scale_rank, summarize, table, targets
-from benchmarks.lib.launch import run_ranks
+from benchmarks.lib.launch import is_tc_rate, run_ranks, shape_loopback
 from benchmarks.lib.paths import REPO, RESULTS
 from benchmarks.lib.plan import outputs_help
 from benchmarks.lib.results import load_results, start_run, write_results
@@ -39,10 +38,7 @@ from benchmarks.lib.rule import verdict_text
 
 
 def _inside_namespace(rate: str, points: list[tuple[int, int]], cfg: dict[str, Any], out: Path) -> None:
-    subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
-    if rate != "unthrottled":
-        subprocess.run(["tc", "qdisc", "add", "dev", "lo", "root", "tbf", "rate", rate, "burst", "1mb", "latency",
-                        "20ms"], check=True)  # fmt: skip
+    shape_loopback(rate)
     rows = []
     for world, tables in points:
         t0 = time.perf_counter()
@@ -97,7 +93,7 @@ def main() -> None:
         for t in data["targets"]:
             print(f"{t['target']}: {verdict_text(t)}")
         return
-    if args.rate != "unthrottled" and not re.fullmatch(r"\d+(\.\d+)?([kmg]?bit|[kmg]?bps)", args.rate):
+    if not is_tc_rate(args.rate):
         parser.error(f"rate {args.rate!r} is not a tc rate like '1gbit' (or 'unthrottled')")
     if sys.platform != "linux" or os.geteuid() != 0:
         sys.exit("benchmarks.cluster_scale emulates the network with `unshare -n` and `tc`: run it as root on Linux.")

@@ -45,7 +45,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -69,7 +68,7 @@ from benchmarks.lib.e2e import (
     table,
     train_rank,
 )
-from benchmarks.lib.launch import error_line, run_ranks
+from benchmarks.lib.launch import error_line, is_tc_rate, run_ranks, shape_loopback
 from benchmarks.lib.paths import REPO, RESULTS
 from benchmarks.lib.pipeline import alternate_problem, pipeline_lines, pipeline_table
 from benchmarks.lib.plan import outputs_help
@@ -79,12 +78,7 @@ from benchmarks.lib.results import start_run, write_results
 def _inside_namespace(rate: str, variants: list[str], cfg: dict[str, Any], out: Path) -> None:
     from lightning_dlac.testing import RanksFailed
 
-    subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
-    if rate != "unthrottled":
-        subprocess.run(
-            ["tc", "qdisc", "add", "dev", "lo", "root", "tbf", "rate", rate, "burst", "1mb", "latency", "20ms"],
-            check=True,
-        )
+    shape_loopback(rate)
     # Launches drift on a shared machine (+-20% between otherwise identical launches), so each variant is launched
     # `repeats` times, in ABBA order over the repeats, and its steps are pooled.
     launches: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
@@ -201,7 +195,7 @@ def main() -> None:
     metadata = start_run(__spec__.name, vars(args))
     rates = [r.strip() for r in args.rates.split(",") if r.strip()]
     for r in rates:
-        if r != "unthrottled" and not re.fullmatch(r"\d+(\.\d+)?([kmg]?bit|[kmg]?bps)", r):
+        if not is_tc_rate(r):
             parser.error(f"rate {r!r} is not a tc rate like '1gbit' or '500mbit' (or 'unthrottled')")
     if sys.platform != "linux" or os.geteuid() != 0:
         sys.exit("benchmarks.e2e_bandwidth emulates the interconnect with `unshare -n` and `tc`: run it as root on"

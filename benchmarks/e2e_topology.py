@@ -60,7 +60,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import signal
 import statistics
@@ -85,6 +84,7 @@ from benchmarks.lib.e2e import (
     summarize,
     train_rank,
 )
+from benchmarks.lib.launch import is_tc_rate
 from benchmarks.lib.paths import REPO, RESULTS
 from benchmarks.lib.plan import outputs_help
 from benchmarks.lib.results import load_results, start_run, write_results
@@ -473,7 +473,7 @@ def main() -> None:
         parser.error("--steps, --batch-size and --repeats must be >= 1, --warmup >= 0")
     rates = [r.strip() for r in args.rates.split(",") if r.strip()]
     for r in rates:
-        if r != "unthrottled" and not re.fullmatch(r"\d+(\.\d+)?([kmg]?bit|[kmg]?bps)", r):
+        if not is_tc_rate(r):
             parser.error(f"rate {r!r} is not a tc rate like '1gbit' or '500mbit' (or 'unthrottled')")
     if sys.platform != "linux" or os.geteuid() != 0 or not (shutil.which("ip") and shutil.which("tc")):
         sys.exit("benchmarks.e2e_topology emulates two nodes with `ip netns`, a veth pair and `tc`: run it as root on"

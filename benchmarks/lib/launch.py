@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 from typing import Any
 
 from benchmarks.lib.paths import REPO
@@ -38,3 +39,18 @@ def child_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p))
     return env
+
+
+def is_tc_rate(rate: str) -> bool:
+    """Whether ``rate`` is a rate ``tc`` takes (``1gbit``, ``500mbit``, ``2.5gbit``) or ``unthrottled``."""
+    return rate == "unthrottled" or re.fullmatch(r"\d+(\.\d+)?([kmg]?bit|[kmg]?bps)", rate) is not None
+
+
+def shape_loopback(rate: str) -> None:
+    """Inside a private network namespace (``unshare -n``): bring its loopback up and shape it to ``rate`` with a
+    token bucket (``tc qdisc add dev lo root tbf rate <rate> burst 1mb latency 20ms``), or leave it unshaped for
+    ``unthrottled``. Every process of the namespace shares that one link."""
+    subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+    if rate != "unthrottled":
+        subprocess.run(["tc", "qdisc", "add", "dev", "lo", "root", "tbf", "rate", rate, "burst", "1mb", "latency",
+                        "20ms"], check=True)  # fmt: skip
